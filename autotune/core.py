@@ -1,0 +1,479 @@
+"""Core types: what the cluster has, what a job asks for, and what autotune decides.
+
+Every type is a frozen, slotted, keyword-only dataclass whose invariants are checked in
+``__post_init__`` (the torchtitan ``ParallelDims`` habit): an invalid value raises
+``ValueError`` naming the field and the value, so a bad request fails where it enters
+and never deep inside the Planner. ``autotune.serde`` turns them into JSON and back.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Literal, get_args
+
+__all__ = [
+    "COMPRESSION_KINDS",
+    "DECISION_SOURCES",
+    "MODULE_CLASSES",
+    "PRECISIONS",
+    "CompressionKind",
+    "CompressionSpec",
+    "Decision",
+    "DecisionSource",
+    "JobConfig",
+    "JobSpec",
+    "Layout",
+    "ModelProfile",
+    "NodeInfo",
+    "Placement",
+    "Precision",
+    "PrecisionMap",
+    "RankSlot",
+]
+
+Precision = Literal["fp32", "bf16", "fp16", "fp8"]
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+
+CompressionKind = Literal["none", "topk", "int8", "fp8", "powersgd"]
+COMPRESSION_KINDS: tuple[CompressionKind, ...] = get_args(CompressionKind)
+
+DecisionSource = Literal["policy", "override", "fallback", "static"]
+DECISION_SOURCES: tuple[DecisionSource, ...] = get_args(DecisionSource)
+
+# Identifiers travel through URLs, logs and file names: keep them to a safe alphabet.
+_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+
+# A whole GPU in milli-GPU, the unit of the Alibaba trace and of Kubernetes GPU sharing.
+MILLI_PER_GPU = 1000
+
+
+def _fail(owner: str, name: str, value: object, why: str) -> ValueError:
+    return ValueError(f"{owner}.{name}={value!r}: {why}")
+
+
+def _check_id(owner: str, name: str, value: str) -> None:
+    if not isinstance(value, str) or not _ID_PATTERN.match(value):
+        raise _fail(owner, name, value, "must be 1-128 characters of [A-Za-z0-9._:-]")
+
+
+def _check_int(owner: str, name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _fail(owner, name, value, f"must be an integer >= {minimum}")
+
+
+def _check_number(owner: str, name: str, value: float, *, positive: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _fail(owner, name, value, "must be a finite number")
+    if positive and value <= 0:
+        raise _fail(owner, name, value, "must be > 0")
+    if not positive and value < 0:
+        raise _fail(owner, name, value, "must be >= 0")
+
+
+# --------------------------------------------------------------------------------------
+# The cluster
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class NodeInfo:
+    """One machine of the cluster and what it offers to jobs."""
+
+    node_id: str
+    """Unique name of the node (the Alibaba trace's ``sn``, a Ray node id, a hostname)."""
+    gpu_model: str
+    """Catalog name of the GPU model (``autotune.devices``); ``""`` for a CPU-only node."""
+    gpu_count: int
+    """GPUs on the node."""
+    gpu_memory_bytes: int
+    """Memory of one GPU, in bytes."""
+    peak_tflops: Mapping[str, float] = field(default_factory=dict)
+    """Dense peak TFLOP/s of one GPU per precision (``fp32``, ``bf16``, ``fp16``, ``fp8``).
+    A precision the GPU cannot run natively is absent."""
+    intra_node_bandwidth_gbps: float
+    """GPU-to-GPU bandwidth inside the node, GB/s per direction (NVLink or PCIe)."""
+    inter_node_bandwidth_gbps: float
+    """Network bandwidth of the node to the rest of the cluster, GB/s per direction."""
+    cpu_milli: int
+    """Allocatable CPU in milli-cores."""
+    memory_mib: int
+    """Allocatable host memory in MiB."""
+
+    def __post_init__(self) -> None:
+        owner = "NodeInfo"
+        _check_id(owner, "node_id", self.node_id)
+        if not isinstance(self.gpu_model, str):
+            raise _fail(owner, "gpu_model", self.gpu_model, "must be a string")
+        _check_int(owner, "gpu_count", self.gpu_count, 0)
+        _check_int(owner, "gpu_memory_bytes", self.gpu_memory_bytes, 0)
+        if self.gpu_count > 0 and (not self.gpu_model or self.gpu_memory_bytes <= 0):
+            raise _fail(
+                owner, "gpu_model", self.gpu_model, "a node with GPUs needs a model and memory"
+            )
+        for precision, tflops in self.peak_tflops.items():
+            if precision not in PRECISIONS:
+                raise _fail(
+                    owner, "peak_tflops", precision, f"precision must be one of {PRECISIONS}"
+                )
+            _check_number(owner, f"peak_tflops[{precision}]", tflops, positive=True)
+        _check_number(
+            owner, "intra_node_bandwidth_gbps", self.intra_node_bandwidth_gbps, positive=True
+        )
+        _check_number(
+            owner, "inter_node_bandwidth_gbps", self.inter_node_bandwidth_gbps, positive=True
+        )
+        _check_int(owner, "cpu_milli", self.cpu_milli, 0)
+        _check_int(owner, "memory_mib", self.memory_mib, 0)
+
+
+# --------------------------------------------------------------------------------------
+# Jobs
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class ModelProfile:
+    """What the Planner and the performance model need to know about a model."""
+
+    name: str
+    parameters: int
+    """Trainable parameters."""
+    flops_per_sample: float
+    """Training FLOPs per sample, forward and backward (about 6 x parameters x tokens for a
+    transformer, Kaplan et al. 2020)."""
+    activation_bytes_per_sample: float
+    """Activation memory kept for the backward pass per sample, whole model, in 16-bit
+    precision and without activation checkpointing."""
+    num_layers: int
+    """Repeated blocks; pipeline stages and activation checkpointing work at this grain."""
+
+    def __post_init__(self) -> None:
+        owner = "ModelProfile"
+        if not isinstance(self.name, str) or not self.name:
+            raise _fail(owner, "name", self.name, "must be a non-empty string")
+        _check_int(owner, "parameters", self.parameters, 1)
+        _check_number(owner, "flops_per_sample", self.flops_per_sample, positive=True)
+        _check_number(
+            owner, "activation_bytes_per_sample", self.activation_bytes_per_sample, positive=False
+        )
+        _check_int(owner, "num_layers", self.num_layers, 1)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class JobSpec:
+    """A training job as submitted: what it trains and the resources it may use."""
+
+    job_id: str
+    model: ModelProfile | None = None
+    """``None`` for an opaque job (a trace pod): no model-based memory check is possible."""
+    global_batch: int = 1
+    """Samples per optimizer step, summed over data-parallel ranks."""
+    min_gpus: int = 1
+    max_gpus: int = 1
+    gpu_milli: int = MILLI_PER_GPU
+    """Share of each GPU a rank uses, in milli-GPU; below 1000 the job is a single rank
+    that may share its GPU with other such jobs."""
+    gpu_types: tuple[str, ...] | None = None
+    """GPU models the job may run on; ``None`` means any."""
+    max_nodes: int | None = None
+    """Most nodes the job may span; 1 for a job that must stay on one machine (a pod)."""
+    cpu_milli: int = 0
+    """Host CPU for the whole job, in milli-cores, split evenly over its ranks."""
+    memory_mib: int = 0
+    """Host memory for the whole job, in MiB, split evenly over its ranks."""
+    priority: int = 0
+    """Higher goes first."""
+    submitted_at: float = 0.0
+    """Submission time in seconds; earlier goes first among equal priorities."""
+
+    def __post_init__(self) -> None:
+        owner = "JobSpec"
+        _check_id(owner, "job_id", self.job_id)
+        _check_int(owner, "global_batch", self.global_batch, 1)
+        _check_int(owner, "min_gpus", self.min_gpus, 1)
+        _check_int(owner, "max_gpus", self.max_gpus, 1)
+        if self.max_gpus < self.min_gpus:
+            raise _fail(owner, "max_gpus", self.max_gpus, f"must be >= min_gpus={self.min_gpus}")
+        _check_int(owner, "gpu_milli", self.gpu_milli, 1)
+        if self.gpu_milli > MILLI_PER_GPU:
+            raise _fail(owner, "gpu_milli", self.gpu_milli, "must be <= 1000 (one whole GPU)")
+        if self.gpu_milli < MILLI_PER_GPU and self.max_gpus != 1:
+            raise _fail(
+                owner, "gpu_milli", self.gpu_milli, "a fraction of a GPU is only for 1-GPU jobs"
+            )
+        if self.gpu_types is not None:
+            if not self.gpu_types or not all(isinstance(t, str) and t for t in self.gpu_types):
+                raise _fail(owner, "gpu_types", self.gpu_types, "must be non-empty model names")
+            object.__setattr__(self, "gpu_types", tuple(sorted(set(self.gpu_types))))
+        if self.max_nodes is not None:
+            _check_int(owner, "max_nodes", self.max_nodes, 1)
+        _check_int(owner, "cpu_milli", self.cpu_milli, 0)
+        _check_int(owner, "memory_mib", self.memory_mib, 0)
+        _check_int(owner, "priority", self.priority, -(2**31))
+        _check_number(owner, "submitted_at", self.submitted_at, positive=False)
+
+    def allows(self, gpu_model: str) -> bool:
+        """Whether the job may run on GPUs of this model."""
+        return self.gpu_types is None or gpu_model in self.gpu_types
+
+
+# --------------------------------------------------------------------------------------
+# The configuration autotune chooses for a job
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Layout:
+    """Parallel layout ``dp x tp x pp == world_size``; one degree may be ``-1``: the rest.
+
+    Ranks are numbered with tensor parallelism innermost, then data, then pipeline
+    (``rank = (pp_index * dp + dp_index) * tp + tp_index``), the order torchtitan's
+    device mesh uses, so the ranks of a tensor-parallel group are consecutive.
+    """
+
+    world_size: int
+    dp: int = -1
+    tp: int = 1
+    pp: int = 1
+    micro_batches: int = 1
+    """Micro-batches per step: pipeline micro-batches, or gradient accumulation steps
+    when ``pp == 1``."""
+    activation_checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        owner = "Layout"
+        _check_int(owner, "world_size", self.world_size, 1)
+        degrees = {"dp": self.dp, "tp": self.tp, "pp": self.pp}
+        rest = [name for name, degree in degrees.items() if degree == -1]
+        if len(rest) > 1:
+            raise _fail(owner, rest[1], -1, "only one of dp, tp, pp may be -1")
+        for name, degree in degrees.items():
+            if degree != -1:
+                _check_int(owner, name, degree, 1)
+        if rest:
+            known = math.prod(d for d in degrees.values() if d != -1)
+            if self.world_size % known:
+                raise _fail(
+                    owner, rest[0], -1, f"world_size={self.world_size} is not divisible by {known}"
+                )
+            object.__setattr__(self, rest[0], self.world_size // known)
+        if self.dp * self.tp * self.pp != self.world_size:
+            raise _fail(
+                owner,
+                "world_size",
+                self.world_size,
+                f"must equal dp*tp*pp = {self.dp}*{self.tp}*{self.pp}",
+            )
+        _check_int(owner, "micro_batches", self.micro_batches, 1)
+        if not isinstance(self.activation_checkpointing, bool):
+            raise _fail(owner, "activation_checkpointing", self.activation_checkpointing, "bool")
+
+
+MODULE_CLASSES: tuple[str, ...] = (
+    "embedding",
+    "attention_qkv",
+    "attention_out",
+    "ffn",
+    "norm",
+    "head",
+    "optimizer_state",
+)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class PrecisionMap:
+    """Precision per module class.
+
+    ``fp8`` is e4m3 with per-block scales (DeepSeek-V3's fine-grained FP8); it is for
+    matmul-heavy classes only. Optimizer moments stay in fp32 or bf16.
+    """
+
+    embedding: Precision = "fp32"
+    attention_qkv: Precision = "fp32"
+    attention_out: Precision = "fp32"
+    ffn: Precision = "fp32"
+    norm: Precision = "fp32"
+    head: Precision = "fp32"
+    optimizer_state: Precision = "fp32"
+
+    def __post_init__(self) -> None:
+        for name in MODULE_CLASSES:
+            value = getattr(self, name)
+            if value not in PRECISIONS:
+                raise _fail("PrecisionMap", name, value, f"must be one of {PRECISIONS}")
+        if self.norm == "fp8":
+            raise _fail("PrecisionMap", "norm", self.norm, "normalisation cannot run in fp8")
+        if self.optimizer_state not in ("fp32", "bf16"):
+            raise _fail(
+                "PrecisionMap", "optimizer_state", self.optimizer_state, "must be fp32 or bf16"
+            )
+
+    @classmethod
+    def uniform(cls, precision: Precision) -> PrecisionMap:
+        """Every matmul class in ``precision``; norms and optimizer state stay fp32
+        (the usual mixed-precision recipe). fp8 keeps embedding and head in bf16."""
+        edge: Precision = "bf16" if precision == "fp8" else precision
+        return cls(
+            embedding=edge,
+            attention_qkv=precision,
+            attention_out=precision,
+            ffn=precision,
+            head=edge,
+        )
+
+    def as_dict(self) -> dict[str, Precision]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def lowest(self) -> Precision:
+        """The narrowest precision any compute class uses."""
+        order = {p: i for i, p in enumerate(PRECISIONS)}  # fp32 < bf16 < fp16 < fp8
+        compute = [getattr(self, n) for n in MODULE_CLASSES if n != "optimizer_state"]
+        return max(compute, key=lambda p: order[p])
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class CompressionSpec:
+    """How a job compresses gradients in its data-parallel reduction."""
+
+    kind: CompressionKind = "none"
+    ratio: float | None = None
+    """Fraction of gradient entries kept by top-k, in (0, 1); only for ``topk``."""
+    rank: int | None = None
+    """Rank of the low-rank approximation; only for ``powersgd``."""
+
+    def __post_init__(self) -> None:
+        owner = "CompressionSpec"
+        if self.kind not in COMPRESSION_KINDS:
+            raise _fail(owner, "kind", self.kind, f"must be one of {COMPRESSION_KINDS}")
+        if self.kind == "topk":
+            if self.ratio is None or isinstance(self.ratio, bool):
+                raise _fail(owner, "ratio", self.ratio, "topk needs a ratio in (0, 1)")
+            _check_number(owner, "ratio", self.ratio, positive=True)
+            if self.ratio >= 1:
+                raise _fail(owner, "ratio", self.ratio, "must be in (0, 1)")
+        elif self.ratio is not None:
+            raise _fail(owner, "ratio", self.ratio, f"only topk takes a ratio, not {self.kind}")
+        if self.kind == "powersgd":
+            if self.rank is None:
+                raise _fail(owner, "rank", self.rank, "powersgd needs a rank >= 1")
+            _check_int(owner, "rank", self.rank, 1)
+        elif self.rank is not None:
+            raise _fail(owner, "rank", self.rank, f"only powersgd takes a rank, not {self.kind}")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class JobConfig:
+    """How a job trains: parallel layout, precision per module class, gradient compression."""
+
+    layout: Layout
+    precision: PrecisionMap = field(default_factory=PrecisionMap)
+    compression: CompressionSpec = field(default_factory=CompressionSpec)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @classmethod
+    def data_parallel(cls, world_size: int) -> JobConfig:
+        """Plain data parallelism in fp32 without compression."""
+        return cls(layout=Layout(world_size=world_size))
+
+
+# --------------------------------------------------------------------------------------
+# Where ranks run, and the record of a decision
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RankSlot:
+    """One rank of a job on one GPU of one node."""
+
+    rank: int
+    node_id: str
+    gpu_index: int
+    gpu_milli: int = MILLI_PER_GPU
+
+    def __post_init__(self) -> None:
+        owner = "RankSlot"
+        _check_int(owner, "rank", self.rank, 0)
+        _check_id(owner, "node_id", self.node_id)
+        _check_int(owner, "gpu_index", self.gpu_index, 0)
+        _check_int(owner, "gpu_milli", self.gpu_milli, 1)
+        if self.gpu_milli > MILLI_PER_GPU:
+            raise _fail(owner, "gpu_milli", self.gpu_milli, "must be <= 1000")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Placement:
+    """Where every rank of a job runs: ranks ``0..n-1`` each on a distinct GPU."""
+
+    job_id: str
+    ranks: tuple[RankSlot, ...]
+
+    def __post_init__(self) -> None:
+        owner = "Placement"
+        _check_id(owner, "job_id", self.job_id)
+        object.__setattr__(self, "ranks", tuple(sorted(self.ranks, key=lambda s: s.rank)))
+        if not self.ranks:
+            raise _fail(owner, "ranks", self.ranks, "must hold at least one rank")
+        numbers = [s.rank for s in self.ranks]
+        if numbers != list(range(len(numbers))):
+            raise _fail(owner, "ranks", numbers, "ranks must be 0..n-1, each once")
+        gpus = [(s.node_id, s.gpu_index) for s in self.ranks]
+        if len(set(gpus)) != len(gpus):
+            raise _fail(owner, "ranks", gpus, "two ranks of one job on the same GPU")
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Distinct nodes in rank order."""
+        return tuple(dict.fromkeys(s.node_id for s in self.ranks))
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Decision:
+    """What autotune decided for a job, by whom, and why."""
+
+    job_id: str
+    config: JobConfig
+    placement: Placement | None
+    """``None`` when the job could not be placed (then ``reason`` says why)."""
+    source: DecisionSource
+    policy_version: str
+    reason: str
+    decided_at: datetime = field(default_factory=utc_now)
+    decision_id: int | None = None
+    """Assigned by the database when the decision is committed."""
+
+    def __post_init__(self) -> None:
+        owner = "Decision"
+        _check_id(owner, "job_id", self.job_id)
+        if self.source not in DECISION_SOURCES:
+            raise _fail(owner, "source", self.source, f"must be one of {DECISION_SOURCES}")
+        if not isinstance(self.policy_version, str) or not self.policy_version:
+            raise _fail(owner, "policy_version", self.policy_version, "must be a non-empty string")
+        if not isinstance(self.reason, str) or not self.reason:
+            raise _fail(owner, "reason", self.reason, "must say why")
+        if self.decided_at.tzinfo is None:
+            raise _fail(owner, "decided_at", self.decided_at, "must be timezone-aware")
+        if self.placement is not None:
+            if self.placement.job_id != self.job_id:
+                raise _fail(owner, "placement", self.placement.job_id, f"is not {self.job_id}")
+            if self.placement.world_size != self.config.world_size:
+                raise _fail(
+                    owner,
+                    "placement",
+                    self.placement.world_size,
+                    f"ranks placed != world_size {self.config.world_size}",
+                )
