@@ -1,0 +1,160 @@
+"""Database tables (SQLAlchemy 2.0 typed models). Schema changes go through Alembic
+(``autotune/db/migrations``); ``tests/test_storage.py`` checks the two agree."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+__all__ = [
+    "Base",
+    "DecisionRow",
+    "JobRow",
+    "MetricRow",
+    "NodeRow",
+    "OverrideRow",
+    "PolicyVersionRow",
+    "TransitionRow",
+]
+
+JsonDict = dict[str, Any]
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite keeps no zone: store naive
+    UTC, hand back aware UTC)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: autotune stores UTC-aware times")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(
+        naming_convention={
+            "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+            "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+            "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+            "pk": "pk_%(table_name)s",
+        }
+    )
+    type_annotation_map: ClassVar[dict[Any, Any]] = {JsonDict: JSON, datetime: UTCDateTime}
+
+
+class NodeRow(Base):
+    """A node of the cluster as the daemon last saw it."""
+
+    __tablename__ = "nodes"
+
+    node_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpu_model: Mapped[str] = mapped_column(String(64))
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    info: Mapped[JsonDict]
+    """The ``NodeInfo``, as ``autotune.serde.to_json`` writes it."""
+    updated_at: Mapped[datetime]
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    job_id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    spec: Mapped[JsonDict]
+    """The ``JobSpec``."""
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    """pending, running, finished, failed or cancelled."""
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    """Fraction of the job's work done, 0 to 1."""
+    submitted_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class DecisionRow(Base):
+    __tablename__ = "decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    source: Mapped[str] = mapped_column(String(16), index=True)
+    policy_version: Mapped[str] = mapped_column(String(128))
+    decided_at: Mapped[datetime] = mapped_column(index=True)
+    reason: Mapped[str] = mapped_column(Text)
+    config: Mapped[JsonDict]
+    placement: Mapped[JsonDict | None]
+    override_id: Mapped[int | None] = mapped_column(ForeignKey("overrides.id"))
+    applied_at: Mapped[datetime | None]
+    """Set once the backend has applied the decision; committed before that."""
+
+
+class OverrideRow(Base):
+    __tablename__ = "overrides"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
+    pin: Mapped[JsonDict]
+    """The subset of the job's config or placement the user pinned."""
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    deleted_at: Mapped[datetime | None]
+
+
+class TransitionRow(Base):
+    """One step of experience, for offline retraining of the policy."""
+
+    __tablename__ = "transitions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    policy_version: Mapped[str] = mapped_column(String(128), index=True)
+    observation: Mapped[JsonDict]
+    action: Mapped[JsonDict]
+    reward: Mapped[float] = mapped_column(Float)
+    next_observation: Mapped[JsonDict]
+    action_logp: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class MetricRow(Base):
+    __tablename__ = "metrics"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(128), index=True)
+    value: Mapped[float] = mapped_column(Float)
+    job_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    labels: Mapped[JsonDict]
+    recorded_at: Mapped[datetime] = mapped_column(index=True)
+
+
+class PolicyVersionRow(Base):
+    __tablename__ = "policy_versions"
+
+    version: Mapped[str] = mapped_column(String(128), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    """rules, ppo, bc, ..."""
+    checkpoint_path: Mapped[str | None] = mapped_column(Text)
+    active: Mapped[bool] = mapped_column(Boolean, default=False)
+    metrics: Mapped[JsonDict]
+    created_at: Mapped[datetime]
