@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from autotune.api.deps import SessionDep, TelemetryDep
+from autotune.api.schemas import ClusterPublic, NodePublic
+from autotune.core import MILLI_PER_GPU
+from autotune.db import repository as repo
+
+router = APIRouter(prefix="/cluster", tags=["cluster"])
+
+
+@router.get("", response_model=ClusterPublic)
+def get_cluster(session: SessionDep, telemetry: TelemetryDep) -> ClusterPublic:
+    """Nodes, what running jobs hold on them, and jobs per state."""
+    nodes = repo.list_nodes(session=session)
+    allocated: dict[str, int] = {}
+    for placement in repo.running_placements(session=session).values():
+        for slot in placement.ranks:
+            allocated[slot.node_id] = allocated.get(slot.node_id, 0) + slot.gpu_milli
+    public = [
+        NodePublic(
+            node_id=n.node_id,
+            gpu_model=n.gpu_model,
+            gpu_count=n.gpu_count,
+            gpus_allocated=allocated.get(n.node_id, 0) / MILLI_PER_GPU,
+            gpu_memory_bytes=n.gpu_memory_bytes,
+            cpu_milli=n.cpu_milli,
+            memory_mib=n.memory_mib,
+        )
+        for n in nodes
+    ]
+    return ClusterPublic(
+        telemetry=telemetry,
+        gpus_total=sum(n.gpu_count for n in nodes),
+        gpus_allocated=sum(p.gpus_allocated for p in public),
+        jobs=repo.job_counts(session=session),
+        nodes=public,
+    )

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+
+from autotune.api.deps import SessionDep
+from autotune.api.schemas import DecisionPublic, DecisionsPublic
+from autotune.db import repository as repo
+from autotune.serde import to_json
+
+router = APIRouter(prefix="/decisions", tags=["decisions"])
+
+SourceQuery = Annotated[str | None, Query(pattern="^(policy|override|fallback|static)$")]
+
+
+def _public(record: repo.DecisionRecord) -> DecisionPublic:
+    decision = record.decision
+    assert decision.decision_id is not None
+    return DecisionPublic(
+        id=decision.decision_id,
+        job_id=decision.job_id,
+        source=decision.source,
+        policy_version=decision.policy_version,
+        decided_at=decision.decided_at,
+        applied_at=record.applied_at,
+        reason=decision.reason,
+        config=to_json(decision.config),
+        placement=None if decision.placement is None else to_json(decision.placement),
+    )
+
+
+@router.get("", response_model=DecisionsPublic)
+def list_decisions(
+    session: SessionDep,
+    job: str | None = None,
+    source: SourceQuery = None,
+    since: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> DecisionsPublic:
+    """Decisions, newest first; filter by job, source and time (ISO 8601 with zone)."""
+    if since is not None and since.tzinfo is None:
+        raise HTTPException(status_code=422, detail="since needs a time zone, e.g. ...Z")
+    records, count = repo.list_decisions(
+        session=session, job_id=job, source=source, since=since, limit=limit, offset=offset
+    )
+    return DecisionsPublic(data=[_public(r) for r in records], count=count)
+
+
+@router.get("/{decision_id}", response_model=DecisionPublic)
+def get_decision(session: SessionDep, decision_id: int) -> DecisionPublic:
+    """One decision."""
+    record = repo.get_decision(session=session, decision_id=decision_id)
+    if record is None:
+        raise HTTPException(status_code=404, detail=f"no decision {decision_id}")
+    return _public(record)

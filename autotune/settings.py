@@ -1,0 +1,91 @@
+"""Daemon settings: defaults < TOML file < ``AUTOTUNE_*`` environment < command line.
+
+The TOML file is the one named by ``--config`` or ``AUTOTUNE_CONFIG``; its keys are the
+field names below (``tick_s = 5``).
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from platformdirs import user_data_dir
+from pydantic import Field, ValidationError
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from autotune.db.engine import sqlite_url
+from autotune.errors import InputError
+
+__all__ = ["Settings", "load_settings"]
+
+_toml_file: ContextVar[Path | None] = ContextVar("_toml_file", default=None)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AUTOTUNE_", extra="forbid")
+
+    data_dir: Path = Field(default_factory=lambda: Path(user_data_dir("autotune")))
+    """Where the SQLite database and other state live."""
+    db_url: str | None = None
+    """Any SQLAlchemy URL; default: SQLite file ``autotune.db`` in ``data_dir``."""
+    host: str = "127.0.0.1"
+    """Address the REST API binds to; loopback unless told otherwise."""
+    port: int = Field(default=8000, ge=1, le=65535)
+    tick_s: float = Field(default=2.0, gt=0, le=3600)
+    """Seconds between decision rounds."""
+    seed: int = Field(default=0, ge=0)
+    """Seed of the simulated cluster's job stream."""
+    sim_seconds_per_tick: float = Field(default=120.0, gt=0)
+    """Simulated seconds that pass at each tick of the built-in simulated cluster."""
+    sim_mean_interarrival_s: float = Field(default=300.0, gt=0)
+    """Mean simulated seconds between job arrivals in the built-in job stream."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+
+    @property
+    def database_url(self) -> str:
+        return self.db_url or sqlite_url(self.data_dir / "autotune.db")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_file = _toml_file.get()
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from all sources; ``overrides`` set to ``None`` are ignored. Bad values
+    raise ``InputError`` naming the setting and the value."""
+    path = config_file or (Path(p) if (p := os.environ.get("AUTOTUNE_CONFIG")) else None)
+    if path is not None and not path.is_file():
+        raise InputError("config file not found", path=str(path))
+    token = _toml_file.set(path)
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise InputError(
+            f"setting {field}={first.get('input')!r}: {first['msg']}",
+            path=str(path) if path else None,
+        ) from exc
+    except ValueError as exc:  # malformed TOML
+        raise InputError(str(exc).splitlines()[0], path=str(path) if path else None) from exc
+    finally:
+        _toml_file.reset(token)

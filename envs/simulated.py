@@ -1,0 +1,221 @@
+"""The built-in simulated cluster: a small default cluster and a seeded job stream.
+
+It lets the daemon run anywhere with nothing attached. Jobs arrive as a Poisson process
+with models from ``autotune.models``; a running job advances at the compute-bound rate
+of ``autotune.perfmodel`` for its config and placement, and frees its GPUs when done.
+The clock moves by ``seconds_per_tick`` at each ``observe()``, so a run is a pure
+function of the seed and the decisions applied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from autotune.backend import ClusterSnapshot, JobStatus
+from autotune.core import MILLI_PER_GPU, Decision, JobSpec, NodeInfo
+from autotune.devices import node_info
+from autotune.models import MODEL_CATALOG
+from autotune.perfmodel import compute_bound_samples_per_s
+
+__all__ = ["SimulatedCluster", "SimulatedClusterConfig", "default_nodes"]
+
+
+def default_nodes() -> list[NodeInfo]:
+    """Two 8xA100 servers, one 8xV100-32GB and two 4xT4: 32 GPUs of three generations."""
+
+    def make(node_id: str, model: str, gpus: int, cores: int, gib: int) -> NodeInfo:
+        return node_info(
+            node_id,
+            gpu_model=model,
+            gpu_count=gpus,
+            cpu_milli=cores * 1000,
+            memory_mib=gib * 1024,
+        )
+
+    return [
+        make("a100-0", "A100", 8, 128, 1024),
+        make("a100-1", "A100", 8, 128, 1024),
+        make("v100-0", "V100M32", 8, 96, 512),
+        make("t4-0", "T4", 4, 64, 256),
+        make("t4-1", "T4", 4, 64, 256),
+    ]
+
+
+# (model, share of arrivals, min GPUs, max GPUs): small models dominate, as in the
+# Helios and Philly traces where most jobs use 1-8 GPUs.
+_JOB_MIX: tuple[tuple[str, float, int, int], ...] = (
+    ("gpt-125m", 0.30, 1, 8),
+    ("gpt-350m", 0.20, 1, 8),
+    ("bert-large", 0.20, 1, 8),
+    ("resnet-50", 0.20, 1, 4),
+    ("gpt-1.3b", 0.10, 2, 16),
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulatedClusterConfig:
+    seed: int = 0
+    seconds_per_tick: float = 120.0
+    """Simulated seconds that pass at each ``observe()``."""
+    mean_interarrival_s: float = 300.0
+    """Mean simulated seconds between job arrivals."""
+    initial_jobs: int = 6
+    """Jobs waiting when the cluster starts."""
+    max_jobs: int | None = None
+    """Stop generating jobs after this many (``None``: never)."""
+    nodes: tuple[NodeInfo, ...] = field(default_factory=lambda: tuple(default_nodes()))
+
+    def __post_init__(self) -> None:
+        if not self.seconds_per_tick > 0:
+            raise ValueError(f"seconds_per_tick={self.seconds_per_tick!r}: must be > 0")
+        if not self.mean_interarrival_s > 0:
+            raise ValueError(f"mean_interarrival_s={self.mean_interarrival_s!r}: must be > 0")
+        if self.initial_jobs < 0:
+            raise ValueError(f"initial_jobs={self.initial_jobs!r}: must be >= 0")
+
+
+@dataclass(slots=True, kw_only=True)
+class _SimJob:
+    status: JobStatus
+    target_samples: float
+    done_samples: float = 0.0
+
+
+class SimulatedCluster:
+    """A ``Backend`` over a simulated cluster."""
+
+    name = "simulator"
+
+    def __init__(self, config: SimulatedClusterConfig | None = None) -> None:
+        self.config = config or SimulatedClusterConfig()
+        self._rng = np.random.default_rng(self.config.seed)
+        self._nodes = {n.node_id: n for n in self.config.nodes}
+        self._jobs: dict[str, _SimJob] = {}
+        self._time_s = 0.0
+        self._observed = False
+        self._generated = 0
+        self._next_arrival_s = 0.0
+        for _ in range(self.config.initial_jobs):
+            self._arrive(0.0)
+        self._next_arrival_s = self._rng.exponential(self.config.mean_interarrival_s)
+
+    # --- the job stream ---------------------------------------------------------------
+
+    def _arrive(self, at_s: float) -> None:
+        limit = self.config.max_jobs
+        if limit is not None and self._generated >= limit:
+            return
+        shares = np.array([share for _, share, _, _ in _JOB_MIX])
+        model_name, _, min_gpus, max_gpus = _JOB_MIX[
+            int(self._rng.choice(len(_JOB_MIX), p=shares / shares.sum()))
+        ]
+        # Steps log-uniform in [1e3, 1e4] at a global batch of 256 samples.
+        steps = math.exp(self._rng.uniform(math.log(1e3), math.log(1e4)))
+        spec = JobSpec(
+            job_id=f"job-{self._generated:05d}",
+            model=MODEL_CATALOG[model_name],
+            global_batch=256,
+            min_gpus=min_gpus,
+            max_gpus=max_gpus,
+            submitted_at=at_s,
+        )
+        self._generated += 1
+        self._jobs[spec.job_id] = _SimJob(
+            status=JobStatus(spec=spec, state="pending"), target_samples=steps * 256
+        )
+
+    # --- Backend ----------------------------------------------------------------------
+
+    def observe(self) -> ClusterSnapshot:
+        if self._observed:
+            self._advance(self.config.seconds_per_tick)
+        self._observed = True
+        return ClusterSnapshot(
+            time_s=self._time_s,
+            nodes=list(self._nodes.values()),
+            jobs=[j.status for j in self._jobs.values()],
+            telemetry=self.name,
+            gpu_utilization=self._allocated_milli() / self._total_milli(),
+        )
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        for decision in decisions:
+            job = self._jobs.get(decision.job_id)
+            if job is None:
+                raise KeyError(f"no job {decision.job_id!r} in the simulated cluster")
+            if decision.placement is None or job.status.state not in ("pending", "running"):
+                continue
+            job.status = replace(
+                job.status,
+                state="running",
+                config=decision.config,
+                placement=decision.placement,
+            )
+            self._check_capacity()
+            self._update_rate(job)
+
+    def close(self) -> None:
+        self._jobs.clear()
+
+    # --- physics ----------------------------------------------------------------------
+
+    def _advance(self, dt_s: float) -> None:
+        end = self._time_s + dt_s
+        for job in self._jobs.values():
+            status = job.status
+            if status.state != "running":
+                continue
+            job.done_samples += status.samples_per_s * dt_s
+            progress = min(1.0, job.done_samples / job.target_samples)
+            if progress >= 1.0:
+                job.status = replace(
+                    status, state="finished", progress=1.0, placement=None, samples_per_s=0.0
+                )
+            else:
+                job.status = replace(status, progress=progress)
+        while self._next_arrival_s <= end:
+            self._arrive(self._next_arrival_s)
+            self._next_arrival_s += self._rng.exponential(self.config.mean_interarrival_s)
+        self._time_s = end
+
+    def _update_rate(self, job: _SimJob) -> None:
+        status = job.status
+        assert status.config is not None
+        assert status.placement is not None
+        model = status.spec.model
+        rate = (
+            compute_bound_samples_per_s(model, status.config, status.placement, self._nodes)
+            if model is not None
+            else 0.0
+        )
+        job.status = replace(status, samples_per_s=rate)
+
+    def _check_capacity(self) -> None:
+        used: dict[tuple[str, int], int] = {}
+        for job in self._jobs.values():
+            placement = job.status.placement
+            if job.status.state != "running" or placement is None:
+                continue
+            for slot in placement.ranks:
+                node = self._nodes.get(slot.node_id)
+                if node is None or slot.gpu_index >= node.gpu_count:
+                    raise ValueError(f"{job.status.spec.job_id}: no GPU {slot}")
+                key = (slot.node_id, slot.gpu_index)
+                used[key] = used.get(key, 0) + slot.gpu_milli
+                if used[key] > MILLI_PER_GPU:
+                    raise ValueError(f"GPU {key} over-committed by {job.status.spec.job_id}")
+
+    def _allocated_milli(self) -> int:
+        return sum(
+            slot.gpu_milli
+            for job in self._jobs.values()
+            if job.status.state == "running" and job.status.placement is not None
+            for slot in job.status.placement.ranks
+        )
+
+    def _total_milli(self) -> int:
+        return max(1, sum(n.gpu_count for n in self._nodes.values()) * MILLI_PER_GPU)
