@@ -77,6 +77,8 @@ class Daemon:
         snapshot = self.backend.observe()
         decisions, unplaced = self._decide(snapshot)
         with self.db.session() as session:  # committed before anything is applied
+            if self._nodes_written is None:
+                self._reconcile(session, snapshot)
             self._write_cluster(session, snapshot, unplaced)
             stored = [repo.create_decision(session=session, decision=d) for d in decisions]
         self.backend.apply(stored)
@@ -124,6 +126,25 @@ class Daemon:
             gpu_utilization=snapshot.gpu_utilization,
         )
 
+    def _reconcile(self, session: Session, snapshot: ClusterSnapshot) -> None:
+        """At the first tick: a job the database holds as pending or running that the
+        backend does not know (the daemon restarted, the simulated cluster started
+        afresh) is marked failed, with the reason."""
+        known = {j.spec.job_id for j in snapshot.jobs}
+        for state in ("pending", "running"):
+            records, _ = repo.list_jobs(session=session, state=state, limit=1_000_000)
+            for record in records:
+                if record.spec.job_id in known:
+                    continue
+                repo.set_job_state(
+                    session=session,
+                    job_id=record.spec.job_id,
+                    state="failed",
+                    reason=f"{state} when the daemon stopped; the {self.backend.name} "
+                    "backend no longer knows it",
+                )
+                event("job.lost", job=record.spec.job_id, was=state)
+
     def _decide(self, snapshot: ClusterSnapshot) -> tuple[list[Decision], dict[str, str]]:
         choices = self.policy.decide(snapshot)
         active = snapshot.by_state("pending", "running")
@@ -168,6 +189,9 @@ class Daemon:
             self._nodes_written = nodes
         for job in snapshot.jobs:
             self._write_job(session, job, unplaced.get(job.spec.job_id, ""))
+        # Job rows before decision rows: without relationship() the unit of work does not
+        # know the foreign key orders them.
+        session.flush()
 
     def _write_job(self, session: Session, job: JobStatus, reason: str) -> None:
         row = (job.state, reason, round(job.progress, 4))
