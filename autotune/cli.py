@@ -271,3 +271,7 @@ def _print_plan_summary(report: dict[str, Any], *, total: int) -> None:
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

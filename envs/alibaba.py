@@ -48,7 +48,6 @@ def _read(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
         raise InputError(
             f"missing column(s) {', '.join(missing)}; found {', '.join(map(str, frame.columns))}",
             path=str(path),
-            column=missing[0],
         )
     return frame
 
