@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autotune.db import Database, sqlite_url
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+ALIBABA = SHARED_DATA / "alibaba-v2023"
+
+
+@pytest.fixture
+def alibaba_dir() -> Path:
+    if not ALIBABA.is_dir():
+        pytest.skip(f"public traces not present at {ALIBABA} (a checkout without ../shared)")
+    return ALIBABA
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Database:
+    db = Database(sqlite_url(tmp_path / "autotune.db"))
+    db.upgrade()
+    yield db
+    db.dispose()

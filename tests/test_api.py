@@ -1,0 +1,92 @@
+"""The REST API over a database filled by real ticks of the decision loop."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from autotune.api.app import create_app
+from autotune.core import utc_now
+from autotune.daemon import Daemon
+from autotune.db import Database
+from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+from autotune.policies.rules import RulesPolicy
+
+
+@pytest.fixture
+def client(database: Database) -> Iterator[TestClient]:
+    daemon = Daemon(
+        db=database, backend=SimulatedCluster(SimulatedClusterConfig(seed=1)), policy=RulesPolicy()
+    )
+    daemon.start()
+    for _ in range(8):
+        daemon.tick()
+    with TestClient(create_app(db=database, telemetry="simulator")) as test_client:
+        yield test_client
+
+
+def test_health_and_openapi(client: TestClient) -> None:
+    assert client.get("/api/v1/healthz").json()["status"] == "ok"
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {
+        "/api/v1/healthz",
+        "/api/v1/cluster",
+        "/api/v1/jobs",
+        "/api/v1/jobs/{job_id}",
+        "/api/v1/decisions",
+        "/api/v1/decisions/{decision_id}",
+    } <= set(paths)
+    assert client.get("/docs").status_code == 200
+
+
+def test_cluster_reports_nodes_and_what_running_jobs_hold(client: TestClient) -> None:
+    cluster = client.get("/api/v1/cluster").json()
+    assert cluster["telemetry"] == "simulator"
+    assert cluster["gpus_total"] == 32
+    running = client.get("/api/v1/jobs", params={"state": "running"}).json()["data"]
+    held = 0.0
+    for job in running:
+        decisions = client.get("/api/v1/decisions", params={"job": job["job_id"], "limit": 1})
+        placement = decisions.json()["data"][0]["placement"]
+        held += sum(r["gpu_milli"] for r in placement["ranks"]) / 1000
+    assert cluster["gpus_allocated"] == pytest.approx(held)
+    assert cluster["jobs"]["running"] == len(running)
+
+
+def test_jobs_list_filter_and_show(client: TestClient) -> None:
+    everything = client.get("/api/v1/jobs").json()
+    assert everything["count"] == len(everything["data"]) > 0
+    job = everything["data"][0]
+    shown = client.get(f"/api/v1/jobs/{job['job_id']}").json()
+    assert shown["spec"]["job_id"] == job["job_id"]
+    assert client.get("/api/v1/jobs/nope").status_code == 404
+    assert client.get("/api/v1/jobs", params={"state": "sleeping"}).status_code == 422
+
+
+def test_decisions_pages_filters_and_detail(client: TestClient) -> None:
+    first = client.get("/api/v1/decisions", params={"limit": 2}).json()
+    assert first["count"] >= 3
+    assert len(first["data"]) == 2
+    second = client.get("/api/v1/decisions", params={"limit": 2, "offset": 2}).json()
+    ids = [d["id"] for d in first["data"] + second["data"]]
+    assert ids == sorted(ids, reverse=True)
+    assert len(set(ids)) == len(ids)
+    detail = client.get(f"/api/v1/decisions/{ids[0]}").json()
+    assert detail["source"] == "policy"
+    assert detail["applied_at"] is not None
+    assert detail["reason"]
+    assert detail["config"]["layout"]["world_size"] == len(detail["placement"]["ranks"])
+    job = detail["job_id"]
+    for_job = client.get("/api/v1/decisions", params={"job": job}).json()
+    assert all(d["job_id"] == job for d in for_job["data"])
+    later = (utc_now() + timedelta(hours=1)).isoformat()
+    assert client.get("/api/v1/decisions", params={"since": later}).json()["count"] == 0
+    assert client.get("/api/v1/decisions", params={"source": "override"}).json()["count"] == 0
+    assert client.get("/api/v1/decisions", params={"source": "magic"}).status_code == 422
+    assert (
+        client.get("/api/v1/decisions", params={"since": "2026-01-01T00:00:00"}).status_code == 422
+    )
+    assert client.get("/api/v1/decisions/999999").status_code == 404

@@ -1,0 +1,195 @@
+"""The decision loop in process, and the real daemon as a user starts and stops it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from helpers import autotune_command
+
+from autotune.backend import ClusterSnapshot
+from autotune.core import Decision
+from autotune.daemon import Daemon
+from autotune.db import Database
+from autotune.db import repository as repo
+from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+from autotune.planner import verify_placements
+from autotune.policies.rules import RulesPolicy
+
+
+class RecordingCluster(SimulatedCluster):
+    """The simulated cluster, checking at apply() time that every decision is already
+    committed (a new connection sees it) and not yet marked applied."""
+
+    def __init__(self, db: Database, config: SimulatedClusterConfig) -> None:
+        super().__init__(config)
+        self.db = db
+        self.applied: list[Decision] = []
+        self.snapshots: list[ClusterSnapshot] = []
+
+    def observe(self) -> ClusterSnapshot:
+        snapshot = super().observe()
+        self.snapshots.append(snapshot)
+        return snapshot
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        with self.db.session() as session:
+            for decision in decisions:
+                assert decision.decision_id is not None
+                record = repo.get_decision(session=session, decision_id=decision.decision_id)
+                assert record is not None, "applied before it was committed"
+                assert record.applied_at is None
+        self.applied.extend(decisions)
+        super().apply(decisions)
+
+
+def run_ticks(database: Database, ticks: int, seed: int = 0) -> RecordingCluster:
+    backend = RecordingCluster(database, SimulatedClusterConfig(seed=seed))
+    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
+    daemon.start()
+    for _ in range(ticks):
+        daemon.tick()
+    return backend
+
+
+def test_decisions_are_committed_before_applied_and_the_cluster_stays_valid(
+    database: Database,
+) -> None:
+    backend = run_ticks(database, ticks=60)
+    assert len(backend.applied) >= 6
+    for snapshot in backend.snapshots:
+        running = {
+            j.spec.job_id: j.placement
+            for j in snapshot.by_state("running")
+            if j.placement is not None
+        }
+        specs = [j.spec for j in snapshot.jobs]
+        assert verify_placements(specs, snapshot.nodes, running) == []
+    final = backend.snapshots[-1]
+    assert final.by_state("finished"), "no job finished in 60 ticks (2 simulated hours)"
+    with database.session() as session:
+        _, total = repo.list_decisions(session=session)
+        assert total == len(backend.applied)
+        assert all(
+            repo.get_decision(session=session, decision_id=d.decision_id).applied_at
+            for d in backend.applied
+            if d.decision_id
+        )  # type: ignore[union-attr]
+        counts = repo.job_counts(session=session)
+        assert counts["finished"] == len(final.by_state("finished"))
+
+
+def test_same_seed_same_decisions(tmp_path: Path) -> None:
+    def decisions(name: str) -> list[tuple[str, object, str]]:
+        db = Database(f"sqlite:///{tmp_path / name}")
+        db.upgrade()
+        applied = run_ticks(db, ticks=20, seed=3).applied
+        db.dispose()
+        return [(d.job_id, d.placement, d.reason) for d in applied]
+
+    assert decisions("a.db") == decisions("b.db")
+
+
+def test_restart_marks_jobs_the_backend_forgot_as_failed(database: Database) -> None:
+    run_ticks(database, ticks=5, seed=0)
+    with database.session() as session:
+        active = {
+            r.spec.job_id
+            for s in ("pending", "running")
+            for r in repo.list_jobs(session=session, state=s)[0]
+        }
+    assert active
+    # A different job stream: none of the old job ids exist any more.
+    backend = SimulatedCluster(SimulatedClusterConfig(seed=0, initial_jobs=0, max_jobs=0))
+    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
+    daemon.start()
+    daemon.tick()
+    with database.session() as session:
+        for job_id in active:
+            record = repo.get_job(session=session, job_id=job_id)
+            assert record is not None
+            assert record.state == "failed"
+            assert "no longer knows it" in record.state_reason
+
+
+# --- the real daemon ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str) -> dict[str, object]:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_daemon_serves_decisions_within_10s_and_stops_cleanly(
+    tmp_path: Path, stop_signal: signal.Signals
+) -> None:
+    port = free_port()
+    env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp_path / "data")}
+    env.pop("AUTOTUNE_DB_URL", None)
+    env.pop("AUTOTUNE_CONFIG", None)
+    started = time.monotonic()
+    process = subprocess.Popen(
+        [*autotune_command(), "daemon", "--port", str(port), "--tick-s", "1"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        body: dict[str, object] = {}
+        while time.monotonic() - started < 10:
+            try:
+                body = get_json(f"http://127.0.0.1:{port}/api/v1/decisions")
+                if body["count"]:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert body.get("count"), f"no decisions within 10 s: {body}"
+        assert get_json(f"http://127.0.0.1:{port}/api/v1/healthz")["status"] == "ok"
+        process.send_signal(stop_signal)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    lines = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    events = [line["event"] for line in lines]
+    assert "decision" in events
+    assert events[-1] == "daemon.stop"
+    decision = next(line for line in lines if line["event"] == "decision")
+    assert {"job", "placement", "reason", "decision_id"} <= set(decision)
+    assert (tmp_path / "data" / "autotune.db").exists()
+
+
+def test_bad_settings_exit_2_before_touching_the_database(tmp_path: Path) -> None:
+    env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run(
+        [*autotune_command(), "daemon", "--tick-s", "-1"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert done.stderr.startswith("error: setting tick_s=-1.0")
+    assert not (tmp_path / "data").exists()

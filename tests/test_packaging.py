@@ -1,0 +1,83 @@
+"""Packaging promises: the folder mapping, a light ``import autotune``, lint and types."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("module", "folder"),
+    [
+        ("autotune.envs", "envs"),
+        ("autotune.policies", "policies"),
+        ("autotune.executor", "executor"),
+        ("autotune.kernels", "kernels"),
+        ("autotune.api", "api"),
+    ],
+)
+def test_subpackages_live_in_their_top_level_folders(module: str, folder: str) -> None:
+    path = Path(importlib.import_module(module).__file__ or "").resolve()
+    assert path == (REPO / folder / "__init__.py").resolve()
+
+
+def test_import_autotune_and_its_core_pulls_no_heavy_framework(tmp_path: Path) -> None:
+    code = (
+        "import sys, autotune, autotune.core, autotune.planner, autotune.cli, autotune.daemon\n"
+        "heavy = [m for m in ('ray', 'torch', 'ray.rllib', 'gymnasium', 'triton')"
+        " if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == ""
+
+
+def test_cli_help_explains_every_command() -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    runner = CliRunner()
+    top = runner.invoke(app, ["--help"])
+    assert top.exit_code == 0
+    for command in ("daemon", "plan", "db", "version"):
+        assert command in top.stdout
+        assert runner.invoke(app, [command, "--help"]).exit_code == 0
+
+
+def tool(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    if path.exists():
+        return str(path)
+    found = shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: install the dev extra (pip install -e '.[dev]')")
+    return found
+
+
+def test_ruff_is_clean() -> None:
+    done = subprocess.run([tool("ruff"), "check", "."], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = subprocess.run(
+        [tool("ruff"), "format", "--check", "."], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_is_clean() -> None:
+    done = subprocess.run(
+        [tool("mypy"), "autotune", "envs", "policies", "executor", "kernels", "api"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,407 @@
+"""The Planner against a brute-force optimum, and its constraints on random instances.
+
+The oracle here is written independently of the Planner's vectorised code: a plain-loop
+fragmentation measure, the cost terms from their definitions, and exhaustive search over
+every assignment of jobs to nodes and GPUs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from autotune.core import JobConfig, JobSpec, Layout, NodeInfo, Placement, PrecisionMap, RankSlot
+from autotune.devices import node_info
+from autotune.memory import rank_memory
+from autotune.models import MODEL_CATALOG
+from autotune.perfmodel import effective_peak_tflops
+from autotune.planner import UNPLACED_COST, CostWeights, first_fit, plan
+
+MODELS = ("A100", "T4", "V100M32")
+
+
+# --------------------------------------------------------------------------------------
+# An independent checker of placements
+# --------------------------------------------------------------------------------------
+
+
+def assert_valid(
+    jobs: Sequence[JobSpec],
+    nodes: Sequence[NodeInfo],
+    configs: dict[str, JobConfig],
+    placements: dict[str, Placement],
+) -> None:
+    by_id = {n.node_id: n for n in nodes}
+    milli: dict[tuple[str, int], int] = {}
+    cpu: dict[str, float] = {}
+    mem: dict[str, float] = {}
+    for job in jobs:
+        placement = placements.get(job.job_id)
+        if placement is None:
+            continue
+        config = configs.get(job.job_id) or JobConfig.data_parallel(job.min_gpus)
+        # gang: every rank of the config, each once
+        assert sorted(s.rank for s in placement.ranks) == list(range(config.world_size))
+        tp = config.layout.tp
+        for group in range(config.world_size // tp):
+            members = placement.ranks[group * tp : (group + 1) * tp]
+            assert len({s.node_id for s in members}) == 1, "a TP group spans nodes"
+        if job.max_nodes is not None:
+            assert len({s.node_id for s in placement.ranks}) <= job.max_nodes
+        for slot in placement.ranks:
+            node = by_id[slot.node_id]
+            assert slot.gpu_index < node.gpu_count
+            assert job.gpu_types is None or node.gpu_model in job.gpu_types
+            assert slot.gpu_milli == job.gpu_milli
+            if job.model is not None:
+                estimate = rank_memory(job.model, config, job.global_batch)
+                assert estimate.fits(node.gpu_memory_bytes, job.gpu_milli)
+            key = (slot.node_id, slot.gpu_index)
+            milli[key] = milli.get(key, 0) + slot.gpu_milli
+            cpu[slot.node_id] = cpu.get(slot.node_id, 0) + job.cpu_milli / config.world_size
+            mem[slot.node_id] = mem.get(slot.node_id, 0) + job.memory_mib / config.world_size
+    assert all(v <= 1000 for v in milli.values()), "a GPU is over-committed"
+    assert all(v <= by_id[n].cpu_milli + 1e-6 for n, v in cpu.items()), "CPU over-committed"
+    assert all(v <= by_id[n].memory_mib + 1e-6 for n, v in mem.items()), "memory over-committed"
+
+
+# --------------------------------------------------------------------------------------
+# Random instances
+# --------------------------------------------------------------------------------------
+
+
+@st.composite
+def nodes_strategy(draw: st.DrawFn, max_nodes: int = 4) -> list[NodeInfo]:
+    count = draw(st.integers(1, max_nodes))
+    return [
+        node_info(
+            f"n{i}",
+            gpu_model=draw(st.sampled_from(MODELS)),
+            gpu_count=draw(st.integers(1, 4)),
+            cpu_milli=draw(st.sampled_from([8000, 16000, 32000])),
+            memory_mib=draw(st.sampled_from([16384, 65536])),
+        )
+        for i in range(count)
+    ]
+
+
+@st.composite
+def job_strategy(draw: st.DrawFn, index: int) -> JobSpec:
+    shared = draw(st.booleans())
+    gpus = 1 if shared else draw(st.integers(1, 4))
+    types = draw(st.none() | st.sets(st.sampled_from(MODELS), min_size=1).map(tuple))
+    model = draw(st.sampled_from([None, "gpt-350m", "gpt-1.3b"]))
+    return JobSpec(
+        job_id=f"j{index}",
+        model=None if model is None else MODEL_CATALOG[model],
+        global_batch=8,
+        min_gpus=gpus,
+        max_gpus=gpus,
+        gpu_milli=draw(st.sampled_from([200, 450, 500, 700, 1000])) if shared else 1000,
+        gpu_types=types,
+        max_nodes=1,
+        cpu_milli=draw(st.sampled_from([0, 2000, 6000, 12000])),
+        memory_mib=draw(st.sampled_from([0, 8192, 32768])),
+        submitted_at=float(index),
+    )
+
+
+@st.composite
+def jobs_strategy(draw: st.DrawFn, max_jobs: int = 4) -> list[JobSpec]:
+    return [draw(job_strategy(i)) for i in range(draw(st.integers(1, max_jobs)))]
+
+
+# --------------------------------------------------------------------------------------
+# The oracle
+# --------------------------------------------------------------------------------------
+
+
+def fragmentation(free: list[int], cpu: int, mem: int, model: str, classes: list[tuple]) -> float:  # type: ignore[type-arg]
+    """Expected free GPU milli a request drawn from ``classes`` could not use."""
+    total = sum(free)
+    expected = 0.0
+    for weight, gpus, milli, c_cpu, c_mem, allowed in classes:
+        usable = [f for f in free if f >= milli]
+        fits = model in allowed and len(usable) >= gpus and cpu >= c_cpu and mem >= c_mem
+        expected += weight * (sum(f for f in free if f < milli) if fits else total)
+    return expected
+
+
+def brute_force(
+    jobs: list[JobSpec], nodes: list[NodeInfo], weights: CostWeights
+) -> tuple[int, float, set[str]]:
+    """(unplaced jobs, total cost) of the best assignment of jobs to distinct nodes,
+    and the jobs that fit nowhere at all."""
+    config = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
+    present = sorted({n.gpu_model for n in nodes})
+    rep = {m: next(n for n in nodes if n.gpu_model == m) for m in present}
+
+    def allowed(job: JobSpec) -> set[str]:
+        out = set()
+        for m in present:
+            if not job.allows(m):
+                continue
+            if not any(
+                n.gpu_model == m
+                and n.gpu_count >= job.min_gpus
+                and n.cpu_milli >= job.cpu_milli
+                and n.memory_mib >= job.memory_mib
+                for n in nodes
+            ):
+                continue  # no node of this model could ever host it
+            if job.model is not None and not rank_memory(
+                job.model, config[job.job_id], job.global_batch
+            ).fits(rep[m].gpu_memory_bytes, job.gpu_milli):
+                continue
+            out.add(m)
+        return out
+
+    ok = {j.job_id: allowed(j) for j in jobs}
+    hopeless = {j.job_id for j in jobs if not ok[j.job_id]}
+    live = [j for j in jobs if j.job_id not in hopeless]
+
+    def unit_cpu(j: JobSpec) -> int:
+        return j.cpu_milli
+
+    # workload classes: host requests rounded up to 1 core and 1 GiB
+    counts: dict[tuple, int] = {}  # type: ignore[type-arg]
+    for j in live:
+        key = (
+            j.min_gpus,
+            j.gpu_milli,
+            math.ceil(j.cpu_milli / 1000) * 1000,
+            math.ceil(j.memory_mib / 1024) * 1024,
+            frozenset(ok[j.job_id]),
+        )
+        counts[key] = counts.get(key, 0) + j.min_gpus * j.gpu_milli  # GPU demand
+    total = sum(counts.values())
+    classes = [(c / total, *key) for key, c in counts.items()]
+
+    # pressure: demand spread over allowed models in proportion to their free GPUs
+    free_by_model = {m: float(sum(n.gpu_count for n in nodes if n.gpu_model == m)) for m in present}
+    demand = dict.fromkeys(present, 0.0)
+    for j in live:
+        share = sum(free_by_model[m] for m in ok[j.job_id])
+        for m in ok[j.job_id]:
+            demand[m] += j.min_gpus * j.gpu_milli / 1000 * free_by_model[m] / share
+    pressure = {m: demand[m] / free_by_model[m] for m in present}
+
+    def per_model_cost(j: JobSpec, m: str) -> float:
+        gpus = j.min_gpus
+        cost = weights.scarcity * pressure[m] * gpus * j.gpu_milli / 1000
+        if j.model is not None:
+            cfg = config[j.job_id]
+            best = max(effective_peak_tflops(rep[a], cfg.precision) for a in present if j.allows(a))
+            cost += (
+                weights.compute * gpus * (best / effective_peak_tflops(rep[m], cfg.precision) - 1)
+            )
+            used = rank_memory(j.model, cfg, j.global_batch).total_bytes / (
+                rep[m].gpu_memory_bytes * j.gpu_milli / 1000
+            )
+            cost += weights.memory_headroom * gpus * max(0.0, used - 0.9) / 0.1
+        return cost
+
+    def options(j: JobSpec, n: NodeInfo) -> list[float]:
+        if (
+            n.gpu_model not in ok[j.job_id]
+            or n.cpu_milli < unit_cpu(j)
+            or n.memory_mib < j.memory_mib
+        ):
+            return []
+        free = [1000] * n.gpu_count
+        before = fragmentation(free, n.cpu_milli, n.memory_mib, n.gpu_model, classes)
+        picks = (
+            [[g] for g in range(n.gpu_count)]
+            if j.min_gpus == 1
+            else [list(range(j.min_gpus))]
+            if j.min_gpus <= n.gpu_count
+            else []
+        )
+        costs = []
+        for gpus in picks:
+            after_free = [f - j.gpu_milli if g in gpus else f for g, f in enumerate(free)]
+            after = fragmentation(
+                after_free,
+                n.cpu_milli - unit_cpu(j),
+                n.memory_mib - j.memory_mib,
+                n.gpu_model,
+                classes,
+            )
+            costs.append(
+                weights.fragmentation * (after - before) / 1000 + per_model_cost(j, n.gpu_model)
+            )
+        return costs
+
+    best = (len(live) + 1, math.inf)
+    choices = [[None, *list(range(len(nodes)))] for _ in live]
+    for assignment in itertools.product(*choices):
+        used = [a for a in assignment if a is not None]
+        if len(used) != len(set(used)):
+            continue
+        cost, unplaced, feasible = 0.0, 0, True
+        for j, a in zip(live, assignment, strict=True):
+            if a is None:
+                unplaced += 1
+                continue
+            opts = options(j, nodes[a])
+            if not opts:
+                feasible = False
+                break
+            cost += min(opts)
+        if feasible and (unplaced, cost) < best:
+            best = (unplaced, cost)
+    return best[0], best[1], hopeless
+
+
+# --------------------------------------------------------------------------------------
+# Tests
+# --------------------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=nodes_strategy(), jobs=jobs_strategy())
+def test_one_round_total_cost_equals_brute_force_optimum(
+    nodes: list[NodeInfo], jobs: list[JobSpec]
+) -> None:
+    weights = CostWeights()
+    unplaced, optimum, hopeless = brute_force(jobs, nodes, weights)
+    # When the best assignment places every job, one round must find it.
+    assume(unplaced == 0)
+    result = plan(jobs, nodes, {})
+    assert set(result.unplaced) == hopeless
+    assert set(result.placements) == {j.job_id for j in jobs} - hopeless
+    assert result.rounds == (1 if len(hopeless) < len(jobs) else 0)
+    assert result.total_cost == pytest.approx(optimum, rel=1e-9, abs=1e-9)
+    assert_valid(jobs, nodes, {}, result.placements)
+
+
+@settings(max_examples=150, deadline=None)
+@given(nodes=nodes_strategy(max_nodes=3), jobs=jobs_strategy(max_jobs=10))
+def test_constraints_hold_and_every_job_is_accounted_for(
+    nodes: list[NodeInfo], jobs: list[JobSpec]
+) -> None:
+    result = plan(jobs, nodes, {}, round_size=3)
+    assert set(result.placements) | set(result.unplaced) == {j.job_id for j in jobs}
+    assert not set(result.placements) & set(result.unplaced)
+    assert all(reason for reason in result.unplaced.values())
+    assert_valid(jobs, nodes, {}, result.placements)
+    again = plan(jobs, nodes, {}, round_size=3)
+    assert again.placements == result.placements, "planning is not deterministic"
+
+
+@settings(max_examples=60, deadline=None)
+@given(nodes=nodes_strategy(), jobs=jobs_strategy(max_jobs=8))
+def test_first_fit_obeys_the_same_constraints(nodes: list[NodeInfo], jobs: list[JobSpec]) -> None:
+    result = first_fit(jobs, nodes, {})
+    assert set(result.placements) | set(result.unplaced) == {j.job_id for j in jobs}
+    assert_valid(jobs, nodes, {}, result.placements)
+
+
+def cluster(*specs: tuple[str, int]) -> list[NodeInfo]:
+    return [
+        node_info(f"n{i}", gpu_model=model, gpu_count=gpus, cpu_milli=64000, memory_mib=262144)
+        for i, (model, gpus) in enumerate(specs)
+    ]
+
+
+def test_gang_all_ranks_or_none() -> None:
+    nodes = cluster(("A100", 2))
+    jobs = [
+        JobSpec(job_id="big", min_gpus=4, max_gpus=4, submitted_at=0),
+        JobSpec(job_id="small", min_gpus=1, max_gpus=1, submitted_at=1),
+    ]
+    result = plan(jobs, nodes, {"big": JobConfig.data_parallel(4)})
+    assert "big" in result.unplaced
+    assert result.unplaced["big"].startswith("no capacity")
+    assert set(result.placements) == {"small"}
+
+
+def test_multi_node_job_is_split_in_node_sized_blocks_and_tp_groups_stay_local() -> None:
+    nodes = cluster(("A100", 4), ("A100", 4), ("A100", 4))
+    blocker = JobSpec(job_id="blocker", min_gpus=2, max_gpus=2, max_nodes=1, submitted_at=0)
+    job = JobSpec(job_id="tp", min_gpus=8, max_gpus=8, submitted_at=1)
+    configs = {"tp": JobConfig(layout=Layout(world_size=8, tp=2))}
+    result = plan([blocker, job], nodes, configs)
+    assert set(result.placements) == {"blocker", "tp"}
+    assert_valid([blocker, job], nodes, configs, result.placements)
+    # 8 ranks over 4-GPU nodes with one node half taken: two whole nodes.
+    assert len(result.placements["tp"].nodes) == 2
+    assert "n0" not in result.placements["tp"].nodes or "n1" not in result.placements["tp"].nodes
+
+
+def test_fractional_jobs_share_a_gpu_up_to_1000_milli() -> None:
+    nodes = cluster(("T4", 1))
+    jobs = [JobSpec(job_id=f"s{i}", gpu_milli=400, submitted_at=i) for i in range(3)]
+    result = plan(jobs, nodes, {})
+    assert set(result.placements) == {"s0", "s1"}
+    assert {p.ranks[0].gpu_index for p in result.placements.values()} == {0}
+    assert "s2" in result.unplaced
+    assert_valid(jobs, nodes, {}, result.placements)
+
+
+def test_gpu_type_constraints_are_honoured_or_reported() -> None:
+    nodes = cluster(("A100", 4), ("T4", 4))
+    jobs = [
+        JobSpec(job_id="t4", gpu_types=("T4",), min_gpus=2, max_gpus=2),
+        JobSpec(job_id="h100", gpu_types=("H100",)),
+    ]
+    result = plan(jobs, nodes, {"t4": JobConfig.data_parallel(2)})
+    assert result.placements["t4"].nodes == ("n1",)
+    assert result.unplaced["h100"] == "no node has an allowed GPU model (H100)"
+
+
+def test_a_config_that_cannot_fit_memory_comes_back_with_the_reason() -> None:
+    nodes = cluster(("A100", 8))
+    model = MODEL_CATALOG["gpt-7b"]
+    jobs = [
+        JobSpec(job_id="dp", model=model, global_batch=8, min_gpus=1, max_gpus=8),
+        JobSpec(job_id="tp", model=model, global_batch=8, min_gpus=1, max_gpus=8),
+    ]
+    bf16 = PrecisionMap.uniform("bf16")
+    configs = {
+        "dp": JobConfig(layout=Layout(world_size=1)),
+        "tp": JobConfig(
+            layout=Layout(world_size=8, tp=8, activation_checkpointing=True), precision=bf16
+        ),
+    }
+    result = plan(jobs, nodes, configs)
+    assert result.unplaced["dp"].startswith("out of memory: needs ")
+    assert "GiB per rank" in result.unplaced["dp"]
+    assert set(result.placements) == {"tp"}
+
+
+def test_running_jobs_keep_their_placement_and_moves_are_avoided() -> None:
+    nodes = cluster(("A100", 4), ("A100", 4))
+    running = Placement(job_id="r", ranks=(RankSlot(rank=0, node_id="n1", gpu_index=2),))
+    jobs = [JobSpec(job_id="r", min_gpus=1, max_gpus=4), JobSpec(job_id="new")]
+    result = plan(jobs, nodes, {"r": JobConfig.data_parallel(1)}, {"r": running})
+    assert result.placements["r"] == running
+    assert result.kept == {"r"}
+    # Growing from 1 to 2 GPUs re-places the job; it stays on its node.
+    grown = plan(jobs, nodes, {"r": JobConfig.data_parallel(2)}, {"r": running})
+    assert "r" not in grown.kept
+    assert grown.placements["r"].nodes == ("n1",)
+
+
+def test_higher_priority_goes_first_when_capacity_is_short() -> None:
+    nodes = cluster(("A100", 1))
+    jobs = [
+        JobSpec(job_id="early", submitted_at=0),
+        JobSpec(job_id="urgent", priority=5, submitted_at=9),
+    ]
+    result = plan(jobs, nodes, {})
+    assert set(result.placements) == {"urgent"}
+
+
+def test_unmatched_cost_exceeds_any_real_entry() -> None:
+    # Sanity of the matching's scale: a job on the worst node costs far less than
+    # leaving it out, so the matching maximises the units it places.
+    nodes = cluster(("T4", 1), ("A100", 8))
+    job = JobSpec(job_id="j", model=MODEL_CATALOG["gpt-350m"], global_batch=8)
+    result = plan([job], nodes, {}, weights=CostWeights(compute=100.0))
+    assert result.total_cost < UNPLACED_COST / 1000

@@ -1,0 +1,153 @@
+"""Storage: migrations match the models, WAL mode, repository round-trips."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import inspect, text
+
+from autotune.core import Decision, JobConfig, JobSpec, Placement, RankSlot, utc_now
+from autotune.db import Database, sqlite_url
+from autotune.db import repository as repo
+from autotune.db.models import Base
+from autotune.devices import node_info
+from autotune.errors import InputError
+
+
+def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision:
+    placement = Placement(
+        job_id=job_id,
+        ranks=tuple(RankSlot(rank=r, node_id="n0", gpu_index=r) for r in range(world)),
+    )
+    return Decision(
+        job_id=job_id,
+        config=JobConfig.data_parallel(world),
+        placement=placement,
+        source=source,
+        policy_version="rules-test",
+        reason="test",
+    )  # type: ignore[arg-type]
+
+
+def test_migrations_create_exactly_the_models_schema(database: Database) -> None:
+    assert database.current_revision() == "0001"
+    with database.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+        tables = set(inspect(connection).get_table_names())
+    assert tables >= {
+        "nodes",
+        "jobs",
+        "decisions",
+        "overrides",
+        "transitions",
+        "metrics",
+        "policy_versions",
+        "alembic_version",
+    }
+
+
+def test_sqlite_runs_in_wal_mode_with_foreign_keys(database: Database) -> None:
+    with database.engine.connect() as connection:
+        assert connection.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
+    with pytest.raises(Exception, match="FOREIGN KEY"), database.session() as session:
+        repo.create_decision(session=session, decision=decision("no-such-job"))
+
+
+def test_jobs_decisions_round_trip_with_filters_and_pages(database: Database) -> None:
+    with database.session() as session:
+        repo.upsert_nodes(
+            session=session,
+            nodes=[node_info("n0", gpu_model="A100", gpu_count=8, cpu_milli=1000, memory_mib=1024)],
+        )
+        for i in range(3):
+            repo.upsert_job(session=session, spec=JobSpec(job_id=f"j{i}"), state="pending")
+    start = utc_now()
+    with database.session() as session:
+        stored = [
+            repo.create_decision(
+                session=session,
+                decision=decision(f"j{i % 3}", source="policy" if i < 4 else "fallback"),
+            )
+            for i in range(6)
+        ]
+    assert [d.decision_id for d in stored] == [1, 2, 3, 4, 5, 6]
+    with database.session() as session:
+        page, total = repo.list_decisions(session=session, limit=4, offset=0)
+        assert total == 6
+        assert [r.decision.decision_id for r in page] == [6, 5, 4, 3]
+        page, total = repo.list_decisions(session=session, limit=4, offset=4)
+        assert [r.decision.decision_id for r in page] == [2, 1]
+        _, total = repo.list_decisions(session=session, job_id="j1")
+        assert total == 2
+        _, total = repo.list_decisions(session=session, source="fallback")
+        assert total == 2
+        _, total = repo.list_decisions(session=session, since=start + timedelta(hours=1))
+        assert total == 0
+        record = repo.get_decision(session=session, decision_id=2)
+        assert record is not None
+        assert record.applied_at is None
+        assert record.decision == stored[1]
+        assert record.decision.decided_at.tzinfo is not None
+        latest = repo.latest_decisions(session=session)
+        assert {k: v.decision_id for k, v in latest.items()} == {"j0": 4, "j1": 5, "j2": 6}
+        repo.mark_decision_applied(session=session, decision_ids=[6])
+        repo.set_job_state(session=session, job_id="j2", state="running")
+        assert repo.running_placements(session=session) == {"j2": stored[5].placement}
+        assert repo.job_counts(session=session)["running"] == 1
+        assert repo.list_nodes(session=session)[0].gpu_count == 8
+    with database.session() as session:
+        record = repo.get_decision(session=session, decision_id=6)
+        assert record is not None
+        assert record.applied_at is not None
+
+
+def test_a_failed_transaction_leaves_nothing_behind(database: Database) -> None:
+    def write_then_crash() -> None:
+        with database.session() as session:
+            repo.upsert_job(session=session, spec=JobSpec(job_id="ghost"), state="pending")
+            raise RuntimeError("crash between write and commit")
+
+    with pytest.raises(RuntimeError, match="crash"):
+        write_then_crash()
+    with database.session() as session:
+        assert repo.get_job(session=session, job_id="ghost") is None
+
+
+def test_policy_versions_have_one_active(database: Database) -> None:
+    with database.session() as session:
+        repo.register_policy_version(session=session, version="a", kind="rules", activate=True)
+        repo.register_policy_version(session=session, version="b", kind="ppo", activate=True)
+        repo.register_policy_version(session=session, version="a", kind="rules")
+    with database.session() as session:
+        assert repo.active_policy_version(session=session) == "b"
+
+
+def test_transitions_and_metrics_are_stored(database: Database) -> None:
+    with database.session() as session:
+        tid = repo.create_transition(
+            session=session,
+            policy_version="v",
+            observation={"x": [1.0]},
+            action={"compression": 2},
+            reward=0.5,
+            next_observation={"x": [2.0]},
+            action_logp=-0.7,
+        )
+        repo.record_metrics(session=session, values=[("gpu_utilization", 0.5, None)])
+    assert tid == 1
+    with database.engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM metrics")).scalar() == 1
+
+
+def test_bad_database_urls_are_input_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not a database URL"):
+        Database("not a url")
+    with pytest.raises(InputError, match="directory of the database does not exist"):
+        Database(sqlite_url(tmp_path / "missing" / "x.db"))
+    assert not (tmp_path / "missing").exists()
