@@ -136,9 +136,16 @@ class ClusterState:
         self.free_milli: IntArray = np.full((len(nodes), max(width, 1)), -1, dtype=np.int64)
         for i, n in enumerate(nodes):
             self.free_milli[i, : n.gpu_count] = MILLI_PER_GPU
-        self.free_cpu: IntArray = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
-        self.free_mem: IntArray = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        self.capacity_gpus: IntArray = np.array([n.gpu_count for n in nodes], dtype=np.int64)
+        self.capacity_cpu: IntArray = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
+        self.capacity_mem: IntArray = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        self.free_cpu: IntArray = self.capacity_cpu.copy()
+        self.free_mem: IntArray = self.capacity_mem.copy()
         self.version: IntArray = np.zeros(len(nodes), dtype=np.int64)
+        # Per-model figures (GPU memory, peak TFLOP/s) come from the first node of each.
+        self.representative = [
+            nodes[int(np.argmax(self.model_of == m))] for m in range(len(self.models))
+        ]
 
     def take(self, node: int, gpus: Sequence[int], milli: int, cpu: int, mem: int) -> None:
         for g in gpus:
@@ -184,6 +191,36 @@ class WorkloadClasses:
     eight-GPU pods unplaced and allocated 5,695 GPUs; the GPU weighting, 5,812."""
 
 
+def _class_terms(free_milli: IntArray, c: WorkloadClasses) -> tuple[IntArray, IntArray, IntArray]:
+    """Per node state and class: GPUs with enough free milli for the class, the free
+    milli of the others (the fragments), and the node's total free milli."""
+    free = np.clip(free_milli, 0, None)
+    usable = free[:, None, :] >= c.milli[None, :, None]  # (K, M, G)
+    fragment = np.where(usable, 0, free[:, None, :]).sum(axis=2)
+    return usable.sum(axis=2), fragment, free.sum(axis=1)
+
+
+def _expected_fragment(
+    usable: IntArray,
+    fragment: IntArray,
+    total: IntArray,
+    cpu: IntArray,
+    mem: IntArray,
+    model: IntArray,
+    c: WorkloadClasses,
+) -> FloatArray:
+    """Expected fragment over the classes; leading axes broadcast, classes last."""
+    fits = (
+        (usable >= c.gpus)
+        & (cpu[..., None] >= c.cpu)
+        & (mem[..., None] >= c.mem)
+        & np.moveaxis(c.allowed[:, model], 0, -1)
+    )
+    per_class = np.where(fits, fragment, total[..., None])
+    result: FloatArray = per_class.astype(np.float64) @ c.weight
+    return result
+
+
 def _fragmentation(
     free_milli: IntArray, cpu: IntArray, mem: IntArray, model: IntArray, c: WorkloadClasses
 ) -> FloatArray:
@@ -194,19 +231,34 @@ def _fragmentation(
     asks per GPU, enough CPU and memory), the GPUs with less free than that are
     fragments; for a class it cannot host, all its free GPU capacity is.
     """
-    free = np.clip(free_milli, 0, None)
-    total = free.sum(axis=1)
-    usable = free[:, None, :] >= c.milli[None, :, None]  # (K, M, G)
-    fits = (
-        (usable.sum(axis=2) >= c.gpus[None, :])
-        & (cpu[:, None] >= c.cpu[None, :])
-        & (mem[:, None] >= c.mem[None, :])
-        & c.allowed[:, model].T
+    return _expected_fragment(*_class_terms(free_milli, c), cpu, mem, model, c)
+
+
+def _fragmentation_one_gpu(
+    free_milli: IntArray,
+    milli: int,
+    cpu: IntArray,
+    mem: IntArray,
+    model: IntArray,
+    c: WorkloadClasses,
+) -> FloatArray:
+    """``_fragmentation`` of each node after ``milli`` is taken from each of its GPUs in
+    turn, (K, G) -> (K, G), updating the class terms for the one GPU that changes
+    instead of recounting all of them."""
+    usable, fragment, total = _class_terms(free_milli, c)
+    before = np.clip(free_milli, 0, None)[:, :, None]  # (K, G, 1)
+    after = before - milli
+    was = before >= c.milli
+    now = after >= c.milli
+    return _expected_fragment(
+        usable[:, None, :] - was + now,
+        fragment[:, None, :] - np.where(was, 0, before) + np.where(now, 0, after),
+        np.broadcast_to(total[:, None] - milli, free_milli.shape),
+        np.broadcast_to(cpu[:, None], free_milli.shape),
+        np.broadcast_to(mem[:, None], free_milli.shape),
+        np.broadcast_to(model[:, None], free_milli.shape),
+        c,
     )
-    fragment = np.where(usable, 0, free[:, None, :]).sum(axis=2)
-    per_class = np.where(fits, fragment, total[:, None])
-    result: FloatArray = per_class.astype(np.float64) @ c.weight
-    return result
 
 
 # --------------------------------------------------------------------------------------
@@ -218,7 +270,6 @@ def _fragmentation(
 class _Job:
     spec: JobSpec
     config: JobConfig
-    order: int
     allowed: BoolArray
     """Per GPU model: type allowed and a rank fits its memory."""
     compute: FloatArray
@@ -228,7 +279,6 @@ class _Job:
     block: int
     """Ranks per unit."""
     current: Placement | None = None
-    moved_reason: str = ""
 
     @property
     def world(self) -> int:
@@ -299,26 +349,16 @@ class _CostModel:
         model = s.model_of[nodes]
         before = _fragmentation(free, s.free_cpu[nodes], s.free_mem[nodes], model, self.classes)
         host_ok = (cpu_left >= 0) & (mem_left >= 0)
-        n, width = free.shape
+        n, _width = free.shape
         if gpus == 1:
             # Try every GPU as the one the rank goes to; keep the best per node.
-            after_free = np.repeat(free[:, None, :], width, axis=1)  # (n, G options, G)
-            idx = np.arange(width)
-            after_free[:, idx, idx] -= milli
-            flat = after_free.reshape(n * width, width)
-            after = _fragmentation(
-                flat,
-                np.repeat(cpu_left, width),
-                np.repeat(mem_left, width),
-                np.repeat(model, width),
-                self.classes,
-            ).reshape(n, width)
+            after = _fragmentation_one_gpu(free, milli, cpu_left, mem_left, model, self.classes)
             fits = free >= milli
-            # Ties go to the GPU left with least free capacity (best fit), then the lowest.
-            leftover = np.where(fits, free - milli, MILLI_PER_GPU + 1)
             score = np.where(fits, after - before[:, None], np.inf)
-            key = score * (MILLI_PER_GPU + 2) + leftover
-            option = np.argmin(np.where(fits, key, np.inf), axis=1)
+            # Among the GPUs that grow fragmentation least, the one left with the least
+            # free capacity (best fit), then the lowest index.
+            tied = fits & (score <= score.min(axis=1, keepdims=True) + 1e-9)
+            option = np.argmin(np.where(tied, free - milli, MILLI_PER_GPU + 1), axis=1)
             delta = score[np.arange(n), option]
         else:
             # Whole GPUs: any set of free GPUs gives the same node state up to order.
@@ -403,9 +443,7 @@ def _pressure(jobs: Sequence[_Job], state: ClusterState) -> FloatArray:
 # --------------------------------------------------------------------------------------
 
 
-def _prepare(
-    spec: JobSpec, config: JobConfig, state: ClusterState, order: int
-) -> tuple[_Job | None, str]:
+def _prepare(spec: JobSpec, config: JobConfig, state: ClusterState) -> tuple[_Job | None, str]:
     """The job's per-model feasibility and cost terms, or ``None`` and the reason.
     Per-model figures (memory, peak) come from the first node of each model."""
     world = config.world_size
@@ -413,10 +451,7 @@ def _prepare(
         return None, (
             f"config asks for {world} GPUs, the job allows {spec.min_gpus}-{spec.max_gpus}"
         )
-    representative = {
-        m: next(n for n in state.nodes if n.gpu_count > 0 and n.gpu_model == m)
-        for m in state.models
-    }
+    representative = state.representative
     type_ok = np.array([spec.allows(m) for m in state.models], dtype=bool)
     if not type_ok.any():
         if spec.gpu_types is None:
@@ -427,27 +462,17 @@ def _prepare(
     memory_ok = np.ones(len(state.models), dtype=bool)
     if spec.model is not None:
         estimate = rank_memory(spec.model, config, spec.global_batch)
-        for i, m in enumerate(state.models):
-            node = representative[m]
+        for i, node in enumerate(representative):
             share = node.gpu_memory_bytes * spec.gpu_milli / MILLI_PER_GPU
             memory_ok[i] = estimate.fits(node.gpu_memory_bytes, spec.gpu_milli)
             headroom[i] = max(0.0, estimate.total_bytes / share - _HEADROOM_LINE) / (
                 1 - _HEADROOM_LINE
             )
-        allowed_peaks = [
-            effective_peak_tflops(representative[m], config.precision)
-            for m in np.array(state.models)[type_ok]
-        ]
-        best = max(allowed_peaks)
-        compute = np.array(
-            [
-                best / effective_peak_tflops(representative[m], config.precision) - 1
-                for m in state.models
-            ]
-        )
+        peaks = np.array([effective_peak_tflops(n, config.precision) for n in representative])
+        compute = peaks[type_ok].max() / peaks - 1
         if not (type_ok & memory_ok).any():
             largest = max(
-                representative[m].gpu_memory_bytes for m in np.array(state.models)[type_ok]
+                n.gpu_memory_bytes for n, ok in zip(representative, type_ok, strict=True) if ok
             )
             return None, (
                 f"out of memory: needs {estimate.describe()}; the largest allowed GPU has "
@@ -456,7 +481,6 @@ def _prepare(
     job = _Job(
         spec=spec,
         config=config,
-        order=order,
         allowed=type_ok & memory_ok,
         compute=compute,
         headroom=headroom,
@@ -472,15 +496,16 @@ def _prepare(
     # A model none of whose nodes can host a unit (GPUs, cores, memory) is not an option:
     # leaving it in the mask would hide from the scarcity term that a 120-core pod can
     # only go to the few nodes that have 120 cores.
+    gpu_nodes = state.model_of >= 0
     hostable = np.zeros(len(state.models), dtype=bool)
-    for node, model in zip(state.nodes, state.model_of, strict=True):
-        if model >= 0 and not hostable[model]:
-            hostable[model] = any(
-                node.gpu_count >= b
-                and node.cpu_milli >= math.ceil(spec.cpu_milli * b / world)
-                and node.memory_mib >= math.ceil(spec.memory_mib * b / world)
-                for b in sizes
-            )
+    for b in sizes:
+        fits = (
+            gpu_nodes
+            & (state.capacity_gpus >= b)
+            & (state.capacity_cpu >= math.ceil(spec.cpu_milli * b / world))
+            & (state.capacity_mem >= math.ceil(spec.memory_mib * b / world))
+        )
+        hostable[state.model_of[fits]] = True
     if not (job.allowed & hostable).any():
         return None, (
             f"no node of an allowed model can host {job.block} of its ranks with "
@@ -492,12 +517,9 @@ def _prepare(
 
 
 def _max_gpus_per_node(job: _Job, state: ClusterState) -> int:
-    counts = [
-        n.gpu_count
-        for n, m in zip(state.nodes, state.model_of, strict=True)
-        if m >= 0 and job.allowed[m]
-    ]
-    return max(counts, default=0)
+    gpu_nodes = state.model_of >= 0
+    eligible = gpu_nodes & job.allowed[np.where(gpu_nodes, state.model_of, 0)]
+    return int(state.capacity_gpus[eligible].max(initial=0))
 
 
 def _unplaced_reason(job: _Job, state: ClusterState) -> str:
@@ -654,7 +676,7 @@ def plan(
     for i in _queue_order(jobs):
         spec = jobs[i]
         config = configs.get(spec.job_id) or JobConfig.data_parallel(spec.min_gpus)
-        job, reason = _prepare(spec, config, state, i)
+        job, reason = _prepare(spec, config, state)
         if job is None:
             unplaced[spec.job_id] = reason
         else:
@@ -826,7 +848,7 @@ def first_fit(
     for i in _queue_order(jobs):
         spec = jobs[i]
         config = configs.get(spec.job_id) or JobConfig.data_parallel(spec.min_gpus)
-        job, reason = _prepare(spec, config, state, i)
+        job, reason = _prepare(spec, config, state)
         if job is None:
             unplaced[spec.job_id] = reason
             continue
