@@ -151,3 +151,18 @@ def test_bad_database_urls_are_input_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="directory of the database does not exist"):
         Database(sqlite_url(tmp_path / "missing" / "x.db"))
     assert not (tmp_path / "missing").exists()
+
+
+def test_db_upgrade_command_creates_the_schema(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    url = sqlite_url(tmp_path / "cli.db")
+    result = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
+    assert result.exit_code == 0, result.output
+    assert "revision 0001" in result.stdout
+    assert Database(url).current_revision() == "0001"
+    bad = CliRunner().invoke(app, ["db", "upgrade", "--db", "nonsense"])
+    assert bad.exit_code == 2
+    assert bad.stderr.startswith("error: not a database URL")
