@@ -663,26 +663,13 @@ def plan(
         raise ValueError(f"round_size={round_size!r}: must be >= 1")
     current = current or {}
     state = ClusterState(nodes)
-    ids = [j.job_id for j in jobs]
-    if len(set(ids)) != len(ids):
-        duplicate = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"jobs: job_id {duplicate!r} appears twice")
-
     placements: dict[str, Placement] = {}
-    unplaced: dict[str, str] = {}
     kept: set[str] = set()
     pending: list[_Job] = []
-    prepared: list[tuple[_Job, Placement | None]] = []
-    for i in _queue_order(jobs):
-        spec = jobs[i]
-        config = configs.get(spec.job_id) or JobConfig.data_parallel(spec.min_gpus)
-        job, reason = _prepare(spec, config, state)
-        if job is None:
-            unplaced[spec.job_id] = reason
-        else:
-            prepared.append((job, current.get(spec.job_id)))
+    prepared, unplaced = _prepare_all(jobs, configs, state)
     # Running jobs keep what still holds before anything new is placed.
-    for job, placement in prepared:
+    for job in prepared:
+        placement = current.get(job.spec.job_id)
         if placement is not None and _keep(job, placement, state):
             placements[job.spec.job_id] = placement
             kept.add(job.spec.job_id)
@@ -744,9 +731,26 @@ def plan(
     )
 
 
-def _queue_order(jobs: Sequence[JobSpec]) -> list[int]:
-    """Higher priority first, then earlier submission, then the order given."""
-    return sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, jobs[i].submitted_at, i))
+def _prepare_all(
+    jobs: Sequence[JobSpec], configs: Mapping[str, JobConfig], state: ClusterState
+) -> tuple[list[_Job], dict[str, str]]:
+    """The jobs that can be placed somewhere, in queue order (higher priority first,
+    then earlier submission, then the order given), and why the others cannot."""
+    ids = [j.job_id for j in jobs]
+    if len(set(ids)) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"jobs: job_id {duplicate!r} appears twice")
+    prepared: list[_Job] = []
+    unplaced: dict[str, str] = {}
+    for i in sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, jobs[i].submitted_at, i)):
+        spec = jobs[i]
+        config = configs.get(spec.job_id) or JobConfig.data_parallel(spec.min_gpus)
+        job, reason = _prepare(spec, config, state)
+        if job is None:
+            unplaced[spec.job_id] = reason
+        else:
+            prepared.append(job)
+    return prepared, unplaced
 
 
 def _keep(job: _Job, placement: Placement, state: ClusterState) -> bool:
@@ -844,14 +848,8 @@ def first_fit(
     started = time.perf_counter()
     state = ClusterState(nodes)
     placements: dict[str, Placement] = {}
-    unplaced: dict[str, str] = {}
-    for i in _queue_order(jobs):
-        spec = jobs[i]
-        config = configs.get(spec.job_id) or JobConfig.data_parallel(spec.min_gpus)
-        job, reason = _prepare(spec, config, state)
-        if job is None:
-            unplaced[spec.job_id] = reason
-            continue
+    prepared, unplaced = _prepare_all(jobs, configs, state)
+    for job in prepared:
         placement = None
         for block in _block_sizes(job, _max_gpus_per_node(job, state)):
             job.block = block
@@ -859,9 +857,9 @@ def first_fit(
             if placement is not None:
                 break
         if placement is None:
-            unplaced[spec.job_id] = _unplaced_reason(job, state)
+            unplaced[job.spec.job_id] = _unplaced_reason(job, state)
         else:
-            placements[spec.job_id] = placement
+            placements[job.spec.job_id] = placement
     return PlanResult(
         placements=placements,
         unplaced=unplaced,
