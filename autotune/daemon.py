@@ -12,7 +12,7 @@ import contextlib
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 
 import uvicorn
@@ -46,20 +46,15 @@ def _placement_summary(placement: Placement) -> str:
     return ", ".join(f"{node}:{','.join(map(str, gpus))}" for node, gpus in by_node.items())
 
 
-@dataclass(slots=True)
-class _Written:
-    """What the job rows last said, so unchanged jobs are not rewritten every tick."""
-
-    rows: dict[str, tuple[str, str, float]] = field(default_factory=dict)
-
-
 class Daemon:
     def __init__(self, *, db: Database, backend: Backend, policy: Policy) -> None:
         self.db = db
         self.backend = backend
         self.policy = policy
-        self._written = _Written()
+        # What the job rows last said, so unchanged jobs are not rewritten every tick.
+        self._job_rows: dict[str, tuple[str, str, float]] = {}
         self._nodes_written: tuple[object, ...] | None = None
+        self._reconciled = False
 
     def start(self) -> None:
         """Record the active policy version."""
@@ -77,8 +72,9 @@ class Daemon:
         snapshot = self.backend.observe()
         decisions, unplaced = self._decide(snapshot)
         with self.db.session() as session:  # committed before anything is applied
-            if self._nodes_written is None:
+            if not self._reconciled:
                 self._reconcile(session, snapshot)
+                self._reconciled = True
             self._write_cluster(session, snapshot, unplaced)
             stored = [repo.create_decision(session=session, decision=d) for d in decisions]
         self.backend.apply(stored)
@@ -88,7 +84,7 @@ class Daemon:
             )
             for decision in stored:
                 repo.set_job_state(session=session, job_id=decision.job_id, state="running")
-                self._written.rows.pop(decision.job_id, None)
+                self._job_rows.pop(decision.job_id, None)
             duration = time.perf_counter() - started
             pending_ids = {j.spec.job_id for j in snapshot.by_state("pending")}
             started_now = sum(1 for d in stored if d.job_id in pending_ids)
@@ -195,12 +191,12 @@ class Daemon:
 
     def _write_job(self, session: Session, job: JobStatus, reason: str) -> None:
         row = (job.state, reason, round(job.progress, 4))
-        if self._written.rows.get(job.spec.job_id) == row:
+        if self._job_rows.get(job.spec.job_id) == row:
             return
         repo.upsert_job(
             session=session, spec=job.spec, state=job.state, reason=reason, progress=row[2]
         )
-        self._written.rows[job.spec.job_id] = row
+        self._job_rows[job.spec.job_id] = row
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
         """Tick every ``tick_s`` seconds until ``stop`` is set; a tick in progress
