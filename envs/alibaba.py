@@ -13,7 +13,7 @@ A pod becomes a ``JobSpec`` that must stay on one node (``max_nodes=1``) and ask
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -34,6 +34,8 @@ class PodTrace:
     """GPU pods in creation order."""
     skipped_cpu_only: int
     """Pods that ask for no GPU."""
+    rows: list[int] = field(default_factory=list)
+    """File line of each job's pod (the header is line 1), parallel to ``jobs``."""
 
 
 def _read(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
@@ -111,7 +113,11 @@ def load_nodes(path: str | Path) -> list[NodeInfo]:
 def load_pods(path: str | Path, *, limit: int | None = None) -> PodTrace:
     """GPU pods in creation order (all, or the first ``limit``)."""
     path = Path(path)
-    frame = _read(path, _POD_COLUMNS)
+    return _pods_from_frame(_read(path, _POD_COLUMNS), path, limit=limit)
+
+
+def _pods_from_frame(frame: pd.DataFrame, path: Path, *, limit: int | None = None) -> PodTrace:
+    """``load_pods`` on a pod list already read as strings; ``path`` names it in errors."""
     cpu = _integers(frame, "cpu_milli", path)
     memory = _integers(frame, "memory_mib", path)
     num_gpu = _integers(frame, "num_gpu", path)
@@ -121,9 +127,11 @@ def load_pods(path: str | Path, *, limit: int | None = None) -> PodTrace:
         if "creation_time" in frame.columns
         else list(range(len(frame)))
     )
+    names = frame["name"].tolist()
     specs = frame["gpu_spec"].tolist() if "gpu_spec" in frame.columns else [""] * len(frame)
     rows = sorted(range(len(frame)), key=lambda i: created[i])  # stable: file order on ties
     jobs: list[JobSpec] = []
+    job_rows: list[int] = []
     skipped = 0
     for i in rows:
         if num_gpu[i] == 0:
@@ -144,7 +152,7 @@ def load_pods(path: str | Path, *, limit: int | None = None) -> PodTrace:
         try:
             jobs.append(
                 JobSpec(
-                    job_id=str(frame["name"].iat[i]),
+                    job_id=str(names[i]),
                     min_gpus=num_gpu[i],
                     max_gpus=num_gpu[i],
                     gpu_milli=milli,
@@ -157,4 +165,5 @@ def load_pods(path: str | Path, *, limit: int | None = None) -> PodTrace:
             )
         except ValueError as exc:
             raise InputError(str(exc), path=str(path), row=row) from exc
-    return PodTrace(jobs=jobs, skipped_cpu_only=skipped)
+        job_rows.append(row)
+    return PodTrace(jobs=jobs, skipped_cpu_only=skipped, rows=job_rows)
