@@ -150,6 +150,18 @@ class ModelProfile:
     precision and without activation checkpointing."""
     num_layers: int
     """Repeated blocks; pipeline stages and activation checkpointing work at this grain."""
+    hidden_size: int = 0
+    """Transformer hidden size (tensor-parallel message sizes); 0 for other models."""
+    seq_len: int = 1
+    """Tokens per sample (tensor-parallel message sizes); 1 for other models."""
+    reference_batch: int = 32
+    """Global batch at which statistical efficiency is 1 (Pollux's M0)."""
+    noise_scale: float = 0.0
+    """Gradient noise scale in samples (McCandlish et al. 2018); 0: batch size costs no
+    statistical efficiency."""
+    precision_sensitivity: float = 0.0
+    """Chance per hour that 16-bit or fp8 activations diverge (NaN/Inf) without a safer
+    map, in [0, 1]."""
 
     def __post_init__(self) -> None:
         owner = "ModelProfile"
@@ -161,6 +173,13 @@ class ModelProfile:
             owner, "activation_bytes_per_sample", self.activation_bytes_per_sample, positive=False
         )
         _check_int(owner, "num_layers", self.num_layers, 1)
+        _check_int(owner, "hidden_size", self.hidden_size, 0)
+        _check_int(owner, "seq_len", self.seq_len, 1)
+        _check_int(owner, "reference_batch", self.reference_batch, 1)
+        _check_number(owner, "noise_scale", self.noise_scale, positive=False)
+        _check_number(owner, "precision_sensitivity", self.precision_sensitivity, positive=False)
+        if self.precision_sensitivity > 1:
+            raise _fail(owner, "precision_sensitivity", self.precision_sensitivity, "must be <= 1")
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -20,12 +20,22 @@ from types import MappingProxyType
 from typing import Final
 
 from autotune.core import ModelProfile
+from autotune.pollux import POLLUX_APPS
 
 __all__ = ["MODEL_CATALOG", "transformer"]
 
 
 def transformer(
-    name: str, *, hidden: int, layers: int, heads: int, seq_len: int, vocab: int = 50_257
+    name: str,
+    *,
+    hidden: int,
+    layers: int,
+    heads: int,
+    seq_len: int,
+    vocab: int = 50_257,
+    reference_batch: int = 32,
+    noise_scale: float = 0.0,
+    precision_sensitivity: float = 0.0,
 ) -> ModelProfile:
     parameters = 12 * layers * hidden**2 + 2 * vocab * hidden
     return ModelProfile(
@@ -36,24 +46,66 @@ def transformer(
             layers * seq_len * hidden * (34 + 5 * heads * seq_len / hidden)
         ),
         num_layers=layers,
+        hidden_size=hidden,
+        seq_len=seq_len,
+        reference_batch=reference_batch,
+        noise_scale=noise_scale,
+        precision_sensitivity=precision_sensitivity,
     )
 
 
+# Gradient noise scales (samples) where no measurement ships: McCandlish et al. 2018
+# (fig. 4) put GPT-2-class language models' critical batch at a few hundred sequences
+# early in training, ImageNet ResNets at a few thousand images. Larger models are more
+# sensitive to low precision (loss spikes; Wortsman et al. 2023); the rates are assumed.
+_LM = {"reference_batch": 32, "noise_scale": 512.0}
 _PROFILES: Final = (
-    transformer("gpt-125m", hidden=768, layers=12, heads=12, seq_len=1024),
-    transformer("gpt-350m", hidden=1024, layers=24, heads=16, seq_len=1024),
-    transformer("gpt-1.3b", hidden=2048, layers=24, heads=16, seq_len=2048),
-    transformer("gpt-7b", hidden=4096, layers=32, heads=32, seq_len=2048, vocab=32_000),
-    transformer("bert-large", hidden=1024, layers=24, heads=16, seq_len=512, vocab=30_522),
+    transformer("gpt-125m", hidden=768, layers=12, heads=12, seq_len=1024, **_LM),
+    transformer("gpt-350m", hidden=1024, layers=24, heads=16, seq_len=1024, **_LM),
+    transformer(
+        "gpt-1.3b", hidden=2048, layers=24, heads=16, seq_len=2048, precision_sensitivity=0.02,
+        **_LM,
+    ),
+    transformer(
+        "gpt-7b", hidden=4096, layers=32, heads=32, seq_len=2048, vocab=32_000,
+        precision_sensitivity=0.05, **_LM,
+    ),
+    transformer(
+        "gpt-13b", hidden=5120, layers=40, heads=40, seq_len=2048, vocab=32_000,
+        precision_sensitivity=0.08, **_LM,
+    ),
+    transformer(
+        "gpt-30b", hidden=6656, layers=60, heads=52, seq_len=2048, vocab=32_000,
+        precision_sensitivity=0.1, **_LM,
+    ),
+    transformer(
+        "gpt-70b", hidden=8192, layers=80, heads=64, seq_len=4096, vocab=32_000,
+        precision_sensitivity=0.15, **_LM,
+    ),
+    transformer("bert-large", hidden=1024, layers=24, heads=16, seq_len=512, vocab=30_522, **_LM),
     ModelProfile(
         name="resnet-50",
         parameters=25_557_032,
         flops_per_sample=3 * 4.1e9,
         activation_bytes_per_sample=54e6,
         num_layers=16,
+        reference_batch=256,
+        noise_scale=4096.0,
+    ),
+    # ResNet-152: 60.2 M parameters, 11.5 GFLOPs per forward (He et al. 2016, table 1);
+    # activations scale with depth: about 2.1x ResNet-50's.
+    ModelProfile(
+        name="resnet-152",
+        parameters=60_192_808,
+        flops_per_sample=3 * 11.5e9,
+        activation_bytes_per_sample=115e6,
+        num_layers=50,
+        reference_batch=256,
+        noise_scale=4096.0,
     ),
 )
 
+
 MODEL_CATALOG: Final[MappingProxyType[str, ModelProfile]] = MappingProxyType(
-    {p.name: p for p in _PROFILES}
+    {p.name: p for p in (*_PROFILES, *POLLUX_APPS.values())}
 )

@@ -1,23 +1,218 @@
-"""Performance model: how fast a job trains under a config and placement.
+"""Performance model: step time, throughput, goodput and power of a job under a config.
 
-This holds the compute-bound part, which the Planner and the built-in simulated cluster
-use; communication (alpha-beta all-reduce), stragglers and statistical efficiency are
-not modelled here yet, so these figures are upper bounds for jobs that span nodes.
+Every term below is a formula with its units and source; the free coefficients (what a
+measurement can change) live in ``Coefficients`` and are calibrated per model from
+measured runs (``autotune.calibration``). Notation: ``d, t, p`` are the data-, tensor-
+and pipeline-parallel degrees, ``m`` the micro-batches, ``B`` the global batch.
+
+Step time of one rank (seconds)::
+
+    T_compute = (F * B / (d*t*p)) / (peak_dtype * mfu) * recompute / (1 - bubble)
+                * straggler(d*t*p) + T_tp + T_pp + overhead
+    T_sync    = ring all-reduce (or all-gather for top-k) of the gradient shard
+                + compression kernel time
+    T_step    = (T_compute^g + T_sync^g)^(1/g)           (Pollux's overlap model, g >= 1)
+
+- ``peak_dtype``: the device's dense peak for each module class's precision, weighted by
+  the class's share of the FLOPs (``memory.PARAMETER_SHARE``: FLOPs follow parameters in
+  a dense transformer); see ``class_time_factor``.
+- ``recompute`` = 4/3 with activation checkpointing: the forward (1/3 of a training step's
+  FLOPs, Kaplan et al. 2020) runs twice.
+- ``bubble`` = (p-1)/(m+p-1), the idle share of a GPipe/1F1B pipeline (Huang et al. 2019).
+- ``straggler(n)`` = 1 + cv * e(n): synchronous ranks wait for the slowest of n; e(n) is
+  the expected maximum of n standard normal draws (Blom's approximation) and cv the
+  per-iteration coefficient of variation of worker batch times measured in Alibaba's
+  PAI cluster (``autotune.stragglers``).
+- Ring all-reduce of S bytes over n ranks (Patarasuk & Yuan 2009; Thakur et al. 2005):
+  2(n-1) * alpha + 2(n-1)/n * S / (bandwidth * efficiency); all-gather is half of it.
+  Inside one node the link is the GPUs' (NVLink or PCIe); across nodes it is the NIC,
+  shared by the ranks of a node: the inter-node term grows as (ranks per node)^delta.
+- Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): 4 all-reduces per layer per
+  micro-batch (2 forward, 2 backward) of micro_batch * seq_len * hidden activations in
+  16-bit, always inside one node (the Planner keeps tensor-parallel groups on a node).
+- Pipeline parallelism: each stage sends and receives one activation per micro-batch each
+  way.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
-from autotune.core import JobConfig, ModelProfile, NodeInfo, Placement, PrecisionMap
+from autotune.core import (
+    MILLI_PER_GPU,
+    CompressionSpec,
+    JobConfig,
+    ModelProfile,
+    NodeInfo,
+    Placement,
+    Precision,
+    PrecisionMap,
+)
+from autotune.devices import DEFAULT_INTER_NODE_GBPS, DeviceSpec, device
+from autotune.memory import PARAMETER_SHARE, rank_memory
 
-__all__ = ["MFU", "compute_bound_samples_per_s", "effective_peak_tflops", "pipeline_bubble"]
+__all__ = [
+    "MFU",
+    "Coefficients",
+    "Estimate",
+    "Shape",
+    "StepTime",
+    "batch_efficiency",
+    "compression_efficiency",
+    "compute_bound_samples_per_s",
+    "divergence_rate_per_hour",
+    "effective_peak_tflops",
+    "estimate",
+    "expected_max_normal",
+    "pipeline_bubble",
+    "precision_efficiency",
+    "ring_allreduce_s",
+    "shape_of",
+    "step_time",
+]
 
 # Model FLOPs utilisation of a well-tuned dense training step. Megatron-LM reaches 52% of
 # peak for GPT-3 175B on A100s (Narayanan et al., SC'21, table 1); PaLM 46% on TPU v4
 # (Chowdhery et al. 2022, table 3). 40% leaves room for smaller, less efficient jobs.
 MFU: Final = 0.40
+
+# Recomputing the forward pass under activation checkpointing: forward = 1/3 of the
+# step's FLOPs, so the step does 4/3 of the work (Chen et al. 2016).
+RECOMPUTE_FACTOR: Final = 4 / 3
+
+# A device with no fast path for a 16-bit type runs it through fp32 units after a
+# conversion; half the fp32 peak is what such emulation keeps (assumed; T4/V100 bf16).
+EMULATED_16BIT_FRACTION: Final = 0.5
+
+# fp8 where the device has no fp8 matmul: the 16-bit path plus quantize/dequantize
+# passes over activations and weights, about 10% on top (assumed from the memory traffic
+# of blockwise scaling: 1 byte out + 1/128 scale per element, read back once).
+FP8_EMULATION_OVERHEAD: Final = 0.10
+
+# Memory-bound kernels reach about 70% of the datasheet bandwidth (typical STREAM-like
+# efficiency on HBM; the kernels' own goal).
+KERNEL_BANDWIDTH_EFFICIENCY: Final = 0.70
+
+# Bytes moved per gradient element by each compression kernel (read + write), before
+# communication: top-k reads grad and residual, estimates a threshold over 4 passes of
+# |acc| and writes the residual back; quantization reads fp32 and writes 1 byte + scales,
+# dequantization reads them back and writes fp32.
+TOPK_BYTES_PER_ELEMENT: Final = 4 * (2 + 4 + 1)
+QUANT_BYTES_PER_ELEMENT: Final = 2 * (4 + 1)
+INDEX_BYTES: Final = 4
+
+# Idle power of a datacenter GPU as a share of its TDP (NVIDIA's nvidia-smi readings:
+# A100 ~50 W of 400 W, H100 ~70-100 W of 700 W, T4 ~10 W of 70 W).
+IDLE_POWER_FRACTION: Final = 0.15
+
+# Quality cost of each compression kind, as a multiplier on progress per sample
+# (assumed, documented): int8/fp8 blockwise reductions are within noise of fp32
+# (Dettmers 2016, 8-bit approximations); PowerSGD at rank >= 4 matches SGD on ResNet and
+# LSTM tasks (Vogels et al. 2019, table 4) and degrades at rank 1-2; error-feedback top-k
+# converges at SGD's rate after a delay that grows with 1/ratio (Stich et al. 2018), so
+# extreme ratios cost more: 1 - 0.04 * log10(1/ratio)^2 (0.96 at 10%, 0.84 at 1%).
+_QUANTIZED_EFFICIENCY: Final[dict[str, float]] = {"int8": 0.995, "fp8": 0.99}
+_TOPK_PENALTY: Final = 0.04
+
+# Quality cost of low precision per unit of FLOP share: 16-bit mixed precision matches
+# fp32 (Micikevicius et al. 2018); fp8 with fine-grained scales stays within 0.25% of
+# bf16's loss (DeepSeek-V3 report, section 3.3), counted here as 2% slower progress.
+_PRECISION_PENALTY: Final[dict[Precision, float]] = {
+    "fp32": 0.0,
+    "bf16": 0.0,
+    "fp16": 0.0,
+    "fp8": 0.02,
+}
+# Relative risk of divergence (NaN/Inf) per unit of share, scaled by the model's
+# ``precision_sensitivity``: fp16's 5-bit exponent overflows without loss scaling, bf16
+# rarely, fp8 e4m3 (max 448) most; a norm below fp32 is the classic failure.
+_DIVERGENCE_RISK: Final[dict[Precision, float]] = {
+    "fp32": 0.0,
+    "bf16": 0.1,
+    "fp16": 1.0,
+    "fp8": 3.0,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Coefficients:
+    """The model's free coefficients; defaults are literature values, calibration fits
+    them per model from measured step and synchronisation times."""
+
+    mfu: float = MFU
+    """Achieved share of the device's dense peak in the compute phase."""
+    compute_overhead_s: float = 0.005
+    """Fixed per-step time: optimizer step, data loading, kernel launches (s)."""
+    intra_latency_s: float = 10e-6
+    """alpha of one ring step inside a node (NCCL over NVLink/PCIe: ~5-10 us)."""
+    inter_latency_s: float = 50e-6
+    """alpha of one ring step between nodes (TCP or RDMA: ~20-100 us)."""
+    intra_bw_efficiency: float = 0.7
+    """Achieved bus bandwidth / link bandwidth inside a node (nccl-tests: 70-80%)."""
+    inter_bw_efficiency: float = 0.7
+    """Achieved bus bandwidth / NIC bandwidth between nodes."""
+    node_sharing_exponent: float = 1.0
+    """delta: inter-node time grows as (ranks per node)^delta, the ranks of a node sharing
+    its NIC (1: each rank's traffic crosses it; 0: hierarchical reduction)."""
+    overlap_gamma: float = 1.0
+    """Pollux's gamma: T = (Tc^g + Ts^g)^(1/g); 1 is no overlap, larger overlaps more."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "mfu",
+            "intra_bw_efficiency",
+            "inter_bw_efficiency",
+        ):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ValueError(f"Coefficients.{name}: must be in (0, 1], got {value}")
+        if self.overlap_gamma < 1:
+            raise ValueError(f"Coefficients.overlap_gamma: must be >= 1, got {self.overlap_gamma}")
+        for name in ("compute_overhead_s", "intra_latency_s", "inter_latency_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Coefficients.{name}: must be >= 0")
+
+
+DEFAULT_COEFFICIENTS: Final = Coefficients()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """Where a job's ranks sit, as far as its speed is concerned: the slowest GPU model,
+    the ranks per node, and the share of each GPU it holds."""
+
+    gpu_model: str
+    ranks_per_node: tuple[int, ...]
+    inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS
+    gpu_milli: int = MILLI_PER_GPU
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.ranks_per_node)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.ranks_per_node)
+
+
+def shape_of(placement: Placement, nodes: Mapping[str, NodeInfo]) -> Shape:
+    """The speed-relevant summary of a placement: the slowest node's GPU model (by fp32
+    peak) and the number of ranks on each node."""
+    per_node: dict[str, int] = {}
+    for slot in placement.ranks:
+        per_node[slot.node_id] = per_node.get(slot.node_id, 0) + 1
+    slowest = min(per_node, key=lambda n: nodes[n].peak_tflops.get("fp32", 0.0))
+    milli = min(slot.gpu_milli for slot in placement.ranks)
+    return Shape(
+        gpu_model=nodes[slowest].gpu_model or "CPU",
+        ranks_per_node=tuple(per_node.values()),
+        inter_node_gbps=min(nodes[n].inter_node_bandwidth_gbps for n in per_node),
+        gpu_milli=milli,
+    )
 
 
 def effective_peak_tflops(node: NodeInfo, precision: PrecisionMap) -> float:
@@ -51,3 +246,295 @@ def compute_bound_samples_per_s(
     busy = 1.0 - pipeline_bubble(layout.pp, layout.micro_batches)
     flops_per_s = slowest * 1e12 * MFU * layout.world_size * busy
     return flops_per_s / model.flops_per_sample
+
+
+def _dtype_tflops(spec: DeviceSpec, dtype: Precision) -> float:
+    """Dense TFLOP/s of ``spec`` for matmuls in ``dtype``, emulated where no fast path."""
+    peaks = spec.peak_tflops
+    fp32 = peaks["fp32"]
+    if dtype == "fp32":
+        return fp32
+    if dtype in peaks:
+        return peaks[dtype]
+    if dtype == "fp8":
+        sixteen = max(peaks.get("bf16", 0.0), peaks.get("fp16", 0.0))
+        if sixteen:
+            return sixteen / (1 + FP8_EMULATION_OVERHEAD)
+    return fp32 * EMULATED_16BIT_FRACTION
+
+
+def class_time_factor(spec: DeviceSpec, model: ModelProfile, precision: PrecisionMap) -> float:
+    """Seconds per TFLOP of the model's training FLOPs on ``spec`` (at 100% of peak):
+    sum over module classes of share_c / peak(dtype_c). Models without a transformer
+    shape count all FLOPs at the feed-forward class's precision."""
+    if model.hidden_size == 0:
+        return 1.0 / _dtype_tflops(spec, precision.ffn)
+    total_share = sum(PARAMETER_SHARE.values())
+    return sum(
+        share / total_share / _dtype_tflops(spec, getattr(precision, cls))
+        for cls, share in PARAMETER_SHARE.items()
+    )
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n standard normals] by Blom's approximation: Phi^-1((n-0.375)/(n+0.25))."""
+    if n <= 1:
+        return 0.0
+    return _normal_quantile((n - 0.375) / (n + 0.25))
+
+
+@lru_cache(maxsize=1024)
+def _normal_quantile(q: float) -> float:
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(q)
+
+
+def ring_allreduce_s(
+    size_bytes: float, ranks: int, *, latency_s: float, bandwidth_gbps: float
+) -> float:
+    """Ring all-reduce: 2(n-1) steps of alpha plus 2(n-1)/n of the bytes over the link."""
+    if ranks <= 1 or size_bytes <= 0:
+        return 0.0
+    return 2 * (ranks - 1) * latency_s + 2 * (ranks - 1) / ranks * size_bytes / (
+        bandwidth_gbps * 1e9
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepTime:
+    compute_s: float
+    """Forward and backward of one step on the slowest rank, stragglers and bubble in."""
+    tp_comm_s: float
+    pp_comm_s: float
+    sync_s: float
+    """Gradient synchronisation across data-parallel ranks, compression kernels in."""
+    compress_s: float
+    step_s: float
+    samples_per_s: float
+    bubble: float
+    straggler_factor: float
+    bytes_sent: float
+    """Bytes one data-parallel rank sends per step."""
+    dense_bytes: float
+    """What a dense all-reduce would have sent."""
+
+
+def _gradient_width(precision: PrecisionMap) -> int:
+    """Bytes per gradient element: 16-bit unless the matmuls run in fp32."""
+    return 4 if precision.ffn == "fp32" else 2
+
+
+def _link(shape: Shape, spec: DeviceSpec, coeffs: Coefficients) -> tuple[float, float]:
+    """(alpha s, effective GB/s) of the data-parallel ring for this shape."""
+    if shape.nodes <= 1:
+        return coeffs.intra_latency_s, spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency
+    per_node = shape.world_size / shape.nodes
+    bandwidth = shape.inter_node_gbps * coeffs.inter_bw_efficiency
+    return coeffs.inter_latency_s, bandwidth / per_node**coeffs.node_sharing_exponent
+
+
+def _sync(
+    model: ModelProfile,
+    config: JobConfig,
+    shape: Shape,
+    spec: DeviceSpec,
+    coeffs: Coefficients,
+) -> tuple[float, float, float, float]:
+    """(sync s, compress kernel s, bytes sent, dense bytes) of one data-parallel step."""
+    layout = config.layout
+    elements = model.parameters / (layout.tp * layout.pp)
+    width = _gradient_width(config.precision)
+    dense = elements * width
+    d = layout.dp
+    if d <= 1:
+        return 0.0, 0.0, 0.0, 0.0
+    alpha, gbps = _link(shape, spec, coeffs)
+    kernel_bw = spec.memory_bandwidth_gbps * 1e9 * KERNEL_BANDWIDTH_EFFICIENCY
+    comp: CompressionSpec = config.compression
+    dense_sent = 2 * (d - 1) / d * dense
+    if comp.kind == "topk":
+        assert comp.ratio is not None
+        per_rank = math.ceil(comp.ratio * elements) * (width + INDEX_BYTES)
+        sent = (d - 1) / d * d * per_rank  # all-gather: every rank's k values and indices
+        comm = (d - 1) * alpha + sent / (gbps * 1e9)
+        kernel = elements * TOPK_BYTES_PER_ELEMENT / kernel_bw
+        kernel += d * per_rank * 2 / kernel_bw  # scatter-add of d ranks' entries
+        return comm + kernel, kernel, sent, dense_sent
+    if comp.kind in ("int8", "fp8"):
+        size = elements * (1 + 4 / 128)
+        comm = ring_allreduce_s(size, d, latency_s=alpha, bandwidth_gbps=gbps)
+        kernel = elements * QUANT_BYTES_PER_ELEMENT / kernel_bw
+        return comm + kernel, kernel, 2 * (d - 1) / d * size, dense_sent
+    if comp.kind == "powersgd":
+        assert comp.rank is not None
+        dim = model.hidden_size or max(1.0, math.sqrt(model.parameters / model.num_layers))
+        share = min(1.0, 2 * comp.rank / dim)
+        size = dense * share
+        comm = 2 * ring_allreduce_s(size / 2, d, latency_s=alpha, bandwidth_gbps=gbps)
+        flops = 4 * elements * comp.rank  # two thin matmuls and their transposes
+        kernel = flops / (spec.peak_tflops["fp32"] * 1e12 * 0.3) + 2 * dense / kernel_bw
+        return comm + kernel, kernel, 2 * (d - 1) / d * size, dense_sent
+    comm = ring_allreduce_s(dense, d, latency_s=alpha, bandwidth_gbps=gbps)
+    return comm, 0.0, dense_sent, dense_sent
+
+
+def step_time(
+    model: ModelProfile,
+    config: JobConfig,
+    shape: Shape,
+    global_batch: int,
+    *,
+    coeffs: Coefficients = DEFAULT_COEFFICIENTS,
+    straggler_cv: float = 0.0,
+) -> StepTime:
+    """Time of one optimizer step of ``global_batch`` samples (see the module docstring)."""
+    layout = config.layout
+    if shape.world_size != layout.world_size:
+        raise ValueError(
+            f"placement has {shape.world_size} ranks, layout needs {layout.world_size}"
+        )
+    spec = device(shape.gpu_model)
+    share = shape.gpu_milli / MILLI_PER_GPU
+    flops = model.flops_per_sample * global_batch / layout.world_size
+    seconds = flops / 1e12 * class_time_factor(spec, model, config.precision) / coeffs.mfu
+    seconds /= share
+    if layout.activation_checkpointing:
+        seconds *= RECOMPUTE_FACTOR
+    bubble = pipeline_bubble(layout.pp, layout.micro_batches)
+    seconds /= 1 - bubble
+    straggler = 1 + straggler_cv * expected_max_normal(layout.world_size)
+    compute = seconds * straggler + coeffs.compute_overhead_s
+
+    micro = max(1.0, global_batch / (layout.dp * layout.micro_batches))
+    act_width = 4 if config.precision.ffn == "fp32" else 2
+    message = micro * model.seq_len * max(model.hidden_size, 1) * act_width
+    tp_comm = 0.0
+    if layout.tp > 1 and model.hidden_size:
+        per = ring_allreduce_s(
+            message,
+            layout.tp,
+            latency_s=coeffs.intra_latency_s,
+            bandwidth_gbps=spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency,
+        )
+        tp_comm = 4 * model.num_layers / layout.pp * layout.micro_batches * per
+    pp_comm = 0.0
+    if layout.pp > 1:
+        gbps = (
+            shape.inter_node_gbps * coeffs.inter_bw_efficiency
+            if shape.nodes > 1
+            else spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency
+        )
+        pp_comm = 2 * layout.micro_batches * (message / layout.tp / (gbps * 1e9))
+    compute += tp_comm + pp_comm
+
+    sync, kernel, sent, dense = _sync(model, config, shape, spec, coeffs)
+    g = coeffs.overlap_gamma
+    step = (compute**g + sync**g) ** (1 / g) if sync > 0 else compute
+    return StepTime(
+        compute_s=compute,
+        tp_comm_s=tp_comm,
+        pp_comm_s=pp_comm,
+        sync_s=sync,
+        compress_s=kernel,
+        step_s=step,
+        samples_per_s=global_batch / step,
+        bubble=bubble,
+        straggler_factor=straggler,
+        bytes_sent=sent,
+        dense_bytes=dense,
+    )
+
+
+def batch_efficiency(model: ModelProfile, global_batch: int) -> float:
+    """Progress per sample at batch M relative to M0 = ``reference_batch``:
+    (phi + M0) / (phi + M), phi the gradient noise scale in samples (Pollux, Qiao et al.
+    OSDI'21, eq. 5; McCandlish et al. 2018). 1 when phi is unknown (0)."""
+    phi = model.noise_scale
+    if phi <= 0:
+        return 1.0
+    return (phi + model.reference_batch) / (phi + global_batch)
+
+
+def compression_efficiency(spec: CompressionSpec) -> float:
+    """Progress per sample under gradient compression relative to dense SGD."""
+    if spec.kind == "none":
+        return 1.0
+    if spec.kind in _QUANTIZED_EFFICIENCY:
+        return _QUANTIZED_EFFICIENCY[spec.kind]
+    if spec.kind == "powersgd":
+        assert spec.rank is not None
+        return 1.0 if spec.rank >= 4 else 0.97 + 0.01 * (spec.rank - 1)
+    assert spec.ratio is not None
+    return max(0.1, 1 - _TOPK_PENALTY * math.log10(1 / spec.ratio) ** 2)
+
+
+def _shares(precision: PrecisionMap) -> dict[Precision, float]:
+    total = sum(PARAMETER_SHARE.values())
+    out: dict[Precision, float] = {}
+    for cls, share in PARAMETER_SHARE.items():
+        dtype: Precision = getattr(precision, cls)
+        out[dtype] = out.get(dtype, 0.0) + share / total
+    return out
+
+
+def precision_efficiency(precision: PrecisionMap) -> float:
+    """Progress per sample under a precision map relative to fp32."""
+    return 1 - sum(_PRECISION_PENALTY[dtype] * s for dtype, s in _shares(precision).items())
+
+
+def divergence_rate_per_hour(model: ModelProfile, precision: PrecisionMap) -> float:
+    """Expected NaN/Inf events per hour of training: the model's sensitivity times the
+    share-weighted risk of its low-precision classes; a norm below fp32 triples it."""
+    risk = sum(_DIVERGENCE_RISK[dtype] * s for dtype, s in _shares(precision).items())
+    if precision.norm != "fp32":
+        risk *= 3
+    return model.precision_sensitivity * risk
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Estimate:
+    step: StepTime
+    goodput: float
+    """Samples/s times statistical efficiency: progress in reference-batch samples/s."""
+    efficiency: float
+    memory_bytes: float
+    oom: bool
+    power_watts: float
+    """All the job's GPUs together."""
+    divergence_per_hour: float
+
+
+def estimate(
+    model: ModelProfile,
+    config: JobConfig,
+    shape: Shape,
+    global_batch: int,
+    *,
+    coeffs: Coefficients = DEFAULT_COEFFICIENTS,
+    straggler_cv: float = 0.0,
+) -> Estimate:
+    """Everything the simulator and the policies need about one job under one config."""
+    step = step_time(
+        model, config, shape, global_batch, coeffs=coeffs, straggler_cv=straggler_cv
+    )
+    spec = device(shape.gpu_model)
+    memory = rank_memory(model, config, global_batch).total_bytes
+    oom = memory > spec.memory_bytes * shape.gpu_milli / MILLI_PER_GPU
+    efficiency = (
+        batch_efficiency(model, global_batch)
+        * compression_efficiency(config.compression)
+        * precision_efficiency(config.precision)
+    )
+    busy = min(1.0, step.compute_s / step.step_s) if step.step_s > 0 else 0.0
+    watts = spec.tdp_watts * (IDLE_POWER_FRACTION + (1 - IDLE_POWER_FRACTION) * busy)
+    return Estimate(
+        step=step,
+        goodput=0.0 if oom else step.samples_per_s * efficiency,
+        efficiency=efficiency,
+        memory_bytes=memory,
+        oom=oom,
+        power_watts=watts * shape.world_size * shape.gpu_milli / MILLI_PER_GPU,
+        divergence_per_hour=divergence_rate_per_hour(model, config.precision),
+    )
+

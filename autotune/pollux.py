@@ -1,0 +1,419 @@
+"""The six Pollux applications: profiles, calibrated coefficients and the fidelity check.
+
+Pollux (Qiao et al., OSDI'21) measured six training jobs on 16 AWS g4dn.12xlarge nodes
+(4 NVIDIA T4 each, 50 Gb/s network) and published, per job, step and gradient
+synchronisation times for placements of 1-16 replicas over 1-4 nodes
+(``traces/<app>/placements.csv``) and the statistical efficiency of each batch size
+(``validation-<batch>.csv``). This module:
+
+- builds a ``ModelProfile`` per application from its architecture (parameters and FLOPs
+  below, with sources) and from the measurements (reference batch M0 = the smallest
+  validated batch; gradient noise scale phi = M0 * median(grad_var / grad_sqr) over that
+  run; work = the run's final progress in M0-batches times M0 samples);
+- fits the performance model's free coefficients (``perfmodel.Coefficients``) to the
+  measured step and sync times by least squares on log times;
+- ``validate``: fits on placements spanning at most 2 nodes and reports the error on
+  placements spanning 3 or more, which the fit never saw.
+
+The shipped ``data/pollux_apps.json`` holds the measured profile values and the
+coefficients fitted on all placements, so simulations run without the traces;
+``calibrate`` regenerates it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+import numpy as np
+
+from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
+from autotune.errors import InputError
+from autotune.perfmodel import Coefficients, Shape, step_time
+
+__all__ = [
+    "APPS",
+    "POLLUX_APPS",
+    "POLLUX_GPU",
+    "POLLUX_INTER_NODE_GBPS",
+    "AppMeasurements",
+    "calibrate",
+    "coefficients",
+    "load_app",
+    "target_samples",
+    "validate",
+]
+
+APPS: Final = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
+POLLUX_GPU: Final = "T4"
+# g4dn.12xlarge: "up to 50 Gbps" networking (AWS instance type page) = 6.25 GB/s.
+POLLUX_INTER_NODE_GBPS: Final = 6.25
+
+# Architecture figures (parameters; training FLOPs per sample = 3 x forward):
+# bert: BERT-base fine-tuned on SQuAD, 110 M parameters, sequences of 384 tokens:
+#   6 x 110e6 x 384 FLOPs (Devlin et al. 2019; Kaplan et al. 2020).
+# cifar10: ResNet-18 for 32x32 inputs, 11.2 M parameters, 0.56 GFLOPs forward.
+# deepspeech2: DeepSpeech2 (Amodei et al. 2016) as in AdaptDL's example, about 38 M
+#   parameters; assumed 20 GFLOPs forward per utterance (GRU layers over ~400 frames).
+# imagenet: ResNet-50, 25.6 M parameters, 4.1 GFLOPs forward (He et al. 2016).
+# ncf: NeuMF on MovieLens (He et al. 2017), assumed 15 M parameters (embeddings),
+#   0.1 MFLOPs forward per sample (a 4-layer MLP).
+# yolov3: YOLOv3 at 416x416, 61.9 M parameters, 65.9 GFLOPs forward (Redmon & Farhadi
+#   2018).
+# Activation bytes per sample (16-bit) are assumed from the architectures' layer outputs;
+# they only bound the local batch on a 16 GB T4, which the measurements already do.
+_ARCH: Final[dict[str, dict[str, Any]]] = {
+    "bert": {"parameters": 110_000_000, "flops": 6 * 110e6 * 384, "act": 350e6, "layers": 12,
+             "hidden": 768, "seq": 384},
+    "cifar10": {"parameters": 11_200_000, "flops": 3 * 0.56e9, "act": 5e6, "layers": 8,
+                "hidden": 0, "seq": 1},
+    "deepspeech2": {"parameters": 38_000_000, "flops": 3 * 20e9, "act": 200e6, "layers": 7,
+                    "hidden": 0, "seq": 1},
+    "imagenet": {"parameters": 25_557_032, "flops": 3 * 4.1e9, "act": 54e6, "layers": 16,
+                 "hidden": 0, "seq": 1},
+    "ncf": {"parameters": 15_000_000, "flops": 3 * 0.1e6, "act": 0.1e6, "layers": 4,
+            "hidden": 0, "seq": 1},
+    "yolov3": {"parameters": 61_949_149, "flops": 3 * 65.9e9, "act": 400e6, "layers": 75,
+               "hidden": 0, "seq": 1},
+}
+
+# Coefficients the fit may change, with the bounds that keep them physical.
+_FREE: Final[dict[str, tuple[float, float]]] = {
+    "mfu": (1e-4, 1.0),
+    "compute_overhead_s": (1e-6, 5.0),
+    "intra_latency_s": (1e-7, 0.05),
+    "inter_latency_s": (1e-7, 0.5),
+    "intra_bw_efficiency": (1e-4, 1.0),
+    "inter_bw_efficiency": (1e-4, 1.0),
+    "node_sharing_exponent": (0.0, 2.0),
+    "overlap_gamma": (1.0, 10.0),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppMeasurements:
+    """One application's placement measurements as arrays (one entry per row)."""
+
+    app: str
+    ranks_per_node: list[tuple[int, ...]]
+    local_batch: np.ndarray
+    step_time: np.ndarray
+    sync_time: np.ndarray
+
+    @property
+    def nodes(self) -> np.ndarray:
+        return np.array([len(r) for r in self.ranks_per_node])
+
+    def subset(self, mask: np.ndarray) -> AppMeasurements:
+        return AppMeasurements(
+            app=self.app,
+            ranks_per_node=[r for r, keep in zip(self.ranks_per_node, mask, strict=True) if keep],
+            local_batch=self.local_batch[mask],
+            step_time=self.step_time[mask],
+            sync_time=self.sync_time[mask],
+        )
+
+
+def _profile(app: str, reference_batch: int, noise_scale: float) -> ModelProfile:
+    arch = _ARCH[app]
+    return ModelProfile(
+        name=app,
+        parameters=arch["parameters"],
+        flops_per_sample=arch["flops"],
+        activation_bytes_per_sample=arch["act"],
+        num_layers=arch["layers"],
+        hidden_size=arch["hidden"],
+        seq_len=arch["seq"],
+        reference_batch=reference_batch,
+        noise_scale=noise_scale,
+    )
+
+
+@cache
+def _shipped() -> dict[str, Any]:
+    text = resources.files("autotune").joinpath("data/pollux_apps.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def _load_profiles() -> MappingProxyType[str, ModelProfile]:
+    apps = _shipped()["apps"]
+    return MappingProxyType(
+        {
+            app: _profile(app, int(apps[app]["reference_batch"]), float(apps[app]["noise_scale"]))
+            for app in APPS
+        }
+    )
+
+
+POLLUX_APPS: Final = _load_profiles()
+
+
+def coefficients(app: str) -> Coefficients:
+    """The shipped coefficients of ``app``, fitted on all its measured placements."""
+    return Coefficients(**_shipped()["apps"][app]["coefficients"])
+
+
+def target_samples(app: str) -> float:
+    """Samples at the reference batch (statistical efficiency 1) to finish training."""
+    return float(_shipped()["apps"][app]["target_samples"])
+
+
+def max_local_batch(app: str) -> int:
+    """The largest per-GPU batch measured on a T4 (what fits its memory)."""
+    return int(_shipped()["apps"][app]["max_local_batch"])
+
+
+# --------------------------------------------------------------------------------------
+# Reading the traces
+# --------------------------------------------------------------------------------------
+
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> Any:
+    import pandas as pd
+
+    if not path.is_file():
+        raise InputError("file not found", path=str(path))
+    try:
+        frame = pd.read_csv(path, dtype={"placement": str})
+    except Exception as exc:
+        raise InputError(f"cannot read as CSV: {exc}".splitlines()[0], path=str(path)) from exc
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise InputError(f"missing column(s) {', '.join(missing)}", path=str(path))
+    for column in columns:
+        if column == "placement":
+            continue
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = np.flatnonzero(~np.isfinite(values.to_numpy(dtype=float)) | (values <= 0))
+        if column in ("iteration", "progress", "metric", "grad_sqr", "grad_var"):
+            bad = np.flatnonzero(~np.isfinite(values.to_numpy(dtype=float)))
+        if bad.size:
+            raise InputError(
+                f"not a positive number: {frame[column].iat[bad[0]]!r}",
+                path=str(path),
+                row=int(bad[0]) + 2,
+                column=column,
+            )
+        frame[column] = values
+    return frame
+
+
+def load_app(directory: str | Path, app: str) -> AppMeasurements:
+    """``<directory>/<app>/placements.csv`` as arrays; a bad cell names its row."""
+    path = Path(directory) / app / "placements.csv"
+    frame = _read_csv(path, ("placement", "local_bsz", "step_time", "sync_time"))
+    ranks: list[tuple[int, ...]] = []
+    for i, text in enumerate(frame["placement"].astype(str).tolist()):
+        if not re.fullmatch(r"[1-9]+", text.strip()):
+            raise InputError(
+                f"placement must be digits 1-9 (replicas per node), got {text!r}",
+                path=str(path),
+                row=i + 2,
+                column="placement",
+            )
+        ranks.append(tuple(int(c) for c in text.strip()))
+    return AppMeasurements(
+        app=app,
+        ranks_per_node=ranks,
+        local_batch=frame["local_bsz"].to_numpy(dtype=float),
+        step_time=frame["step_time"].to_numpy(dtype=float),
+        sync_time=frame["sync_time"].to_numpy(dtype=float),
+    )
+
+
+def _statistics(directory: Path, app: str) -> dict[str, float]:
+    """Reference batch, noise scale and work from the smallest validated batch."""
+    runs = sorted(
+        (int(m.group(1)), p)
+        for p in (directory / app).glob("validation-*.csv")
+        if (m := re.fullmatch(r"validation-(\d+)\.csv", p.name))
+    )
+    if not runs:
+        raise InputError("no validation-<batch>.csv files", path=str(directory / app))
+    batch, path = runs[0]
+    frame = _read_csv(path, ("progress", "grad_sqr", "grad_var"))
+    ratio = (frame["grad_var"] / frame["grad_sqr"]).to_numpy(dtype=float)
+    ratio = ratio[np.isfinite(ratio) & (ratio > 0)]
+    return {
+        "reference_batch": batch,
+        "noise_scale": round(float(batch * np.median(ratio)), 3),
+        "target_samples": round(float(frame["progress"].max()) * batch, 1),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Fitting
+# --------------------------------------------------------------------------------------
+
+
+def _predict(
+    profile: ModelProfile, data: AppMeasurements, coeffs: Coefficients
+) -> tuple[np.ndarray, np.ndarray]:
+    steps = np.empty(len(data.local_batch))
+    syncs = np.empty(len(data.local_batch))
+    precision = PrecisionMap()
+    none = CompressionSpec()
+    for i, (ranks, local) in enumerate(zip(data.ranks_per_node, data.local_batch, strict=True)):
+        world = sum(ranks)
+        config = JobConfig(
+            layout=Layout(world_size=world), precision=precision, compression=none
+        )
+        shape = Shape(
+            gpu_model=POLLUX_GPU, ranks_per_node=ranks, inter_node_gbps=POLLUX_INTER_NODE_GBPS
+        )
+        est = step_time(profile, config, shape, int(local) * world, coeffs=coeffs)
+        steps[i] = est.step_s
+        syncs[i] = est.sync_s
+    return steps, syncs
+
+
+# Coefficients fitted on their own scale (they may be 0); the rest on a log scale.
+_LINEAR: Final = frozenset({"node_sharing_exponent"})
+
+
+def _to_theta(name: str, value: float) -> float:
+    return value if name in _LINEAR else math.log(value)
+
+
+def _encode(coeffs: Coefficients) -> np.ndarray:
+    return np.array([_to_theta(name, getattr(coeffs, name)) for name in _FREE])
+
+
+def _decode(theta: np.ndarray) -> Coefficients:
+    values = {}
+    for (name, (low, high)), x in zip(_FREE.items(), theta, strict=True):
+        value = float(x) if name in _LINEAR else math.exp(x)
+        values[name] = min(max(value, low), high)
+    return Coefficients(**values)
+
+
+def fit(profile: ModelProfile, data: AppMeasurements) -> Coefficients:
+    """Least squares on log step time and log sync time (multi-replica rows), from the
+    literature defaults; bounded to physical values."""
+    from scipy.optimize import least_squares
+
+    multi = np.array([sum(r) > 1 for r in data.ranks_per_node])
+    log_step = np.log(data.step_time)
+    log_sync = np.log(data.sync_time[multi])
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        steps, syncs = _predict(profile, data, _decode(theta))
+        return np.concatenate(
+            [np.log(steps) - log_step, 0.5 * (np.log(np.maximum(syncs[multi], 1e-9)) - log_sync)]
+        )
+
+    start = Coefficients(node_sharing_exponent=0.5, overlap_gamma=1.5)
+    theta0 = _encode(start)
+    lower = np.array([_to_theta(name, b[0]) for name, b in _FREE.items()])
+    upper = np.array([_to_theta(name, b[1]) for name, b in _FREE.items()])
+    theta0 = np.clip(theta0, lower + 1e-9, upper - 1e-9)
+    result = least_squares(residuals, theta0, bounds=(lower, upper), loss="soft_l1")
+    return _decode(result.x)
+
+
+def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(predicted - measured) / measured))
+
+
+def validate(
+    directory: str | Path,
+    *,
+    apps: tuple[str, ...] = APPS,
+    max_fit_nodes: int = 2,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Fit each application on placements spanning at most ``max_fit_nodes`` nodes and
+    report the mean absolute percentage error on the others."""
+    directory = Path(directory)
+    report: dict[str, Any] = {"apps": {}, "residuals": {}}
+    for app in apps:
+        if progress:
+            progress(app)
+        data = load_app(directory, app)
+        stats = _statistics(directory, app)
+        profile = _profile(app, int(stats["reference_batch"]), stats["noise_scale"])
+        seen = data.nodes <= max_fit_nodes
+        train, test = data.subset(seen), data.subset(~seen)
+        if len(test.local_batch) == 0 or len(train.local_batch) == 0:
+            raise InputError(
+                f"{app}: need placements on both sides of {max_fit_nodes} nodes",
+                path=str(directory / app / "placements.csv"),
+            )
+        coeffs = fit(profile, train)
+        steps, syncs = _predict(profile, test, coeffs)
+        report["apps"][app] = {
+            "n_fit": len(train.local_batch),
+            "n_test": len(test.local_batch),
+            "mape_step_time": round(_mape(steps, test.step_time), 4),
+            "mape_sync_time": round(_mape(syncs, test.sync_time), 4),
+            "coefficients": {f.name: getattr(coeffs, f.name) for f in fields(coeffs)},
+        }
+        report["residuals"][app] = {
+            "nodes": test.nodes.tolist(),
+            "measured_step_s": test.step_time.tolist(),
+            "predicted_step_s": steps.tolist(),
+        }
+    report["mape_step_time_mean"] = round(
+        float(np.mean([a["mape_step_time"] for a in report["apps"].values()])), 4
+    )
+    report["mape_sync_time_mean"] = round(
+        float(np.mean([a["mape_sync_time"] for a in report["apps"].values()])), 4
+    )
+    return report
+
+
+def calibrate(directory: str | Path) -> dict[str, Any]:
+    """The ``data/pollux_apps.json`` document: measured statistics and coefficients
+    fitted on every placement of each application."""
+    directory = Path(directory)
+    out: dict[str, Any] = {
+        "source": "petuum/adaptdl osdi21-artifact simulator/traces (Apache-2.0)",
+        "gpu": POLLUX_GPU,
+        "inter_node_gbps": POLLUX_INTER_NODE_GBPS,
+        "apps": {},
+    }
+    for app in APPS:
+        data = load_app(directory, app)
+        stats = _statistics(directory, app)
+        profile = _profile(app, int(stats["reference_batch"]), stats["noise_scale"])
+        coeffs = fit(profile, data)
+        out["apps"][app] = {
+            **stats,
+            "max_local_batch": int(data.local_batch.max()),
+            "coefficients": {k: round(v, 8) for k, v in asdict(coeffs).items()},
+        }
+    return out
+
+
+def plot_residuals(report: dict[str, Any], path: str | Path) -> None:
+    """Measured vs predicted step time on the held-out placements, one colour per app."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # an optional extra
+        raise InputError("--plot needs matplotlib (pip install 'autotune[plot]')") from exc
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for app, res in report["residuals"].items():
+        measured = np.array(res["measured_step_s"])
+        predicted = np.array(res["predicted_step_s"])
+        ax.scatter(measured, (predicted - measured) / measured * 100, s=6, label=app, alpha=0.6)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel("measured step time (s)")
+    ax.set_ylabel("prediction error (%)")
+    ax.set_title(f"Held-out placements (3+ nodes): mean MAPE {report['mape_step_time_mean']:.1%}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
