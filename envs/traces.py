@@ -334,7 +334,13 @@ def philly_jobs(path: str | Path, *, seed: int = 0) -> list[TraceJob]:
 def helios_load(path: str | Path, column: str = "gpu_utilization") -> LoadSeries:
     """One column of a Helios per-minute load file, against minutes since its first row."""
     path = Path(path)
-    frame = _read(path, ("time", column))
+    frame = _read(path, ("time",))
+    if column not in frame.columns:
+        raise InputError(
+            f"no such column; available: {', '.join(map(str, frame.columns))}",
+            path=str(path),
+            column=column,
+        )
     if frame.empty:
         raise InputError("no data rows", path=str(path))
     text = frame["time"].astype(str).str.strip()
