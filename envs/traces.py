@@ -53,7 +53,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from autotune.core import JobSpec
-from autotune.envs.alibaba import _integers, _pods_from_frame, _read
+from autotune.envs.alibaba import _POD_COLUMNS, _integers, _pods_from_frame, _read
 from autotune.errors import InputError
 
 __all__ = [
@@ -82,7 +82,6 @@ than a node up to 7 B. Every name is a key of ``autotune.models.MODEL_CATALOG``.
 POLLUX_APPLICATIONS: Final = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 """Applications of the Pollux workloads, whose throughput the Pollux artifact measured."""
 
-_ALIBABA_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 _ALIBABA_TIMES = ("creation_time", "deletion_time")
 _POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 _PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus")
@@ -229,7 +228,7 @@ def alibaba_jobs(path: str | Path, *, seed: int = 0, limit: int | None = None) -
     """The GPU pods of an Alibaba v2023 pod list as jobs, in creation order (all, or the
     first ``limit``); models from ``assign_model(name, num_gpus, seed)``."""
     path = Path(path)
-    frame = _read(path, _ALIBABA_COLUMNS)
+    frame = _read(path, _POD_COLUMNS)
     missing = [c for c in _ALIBABA_TIMES if c not in frame.columns]
     if missing:
         raise InputError(
