@@ -53,7 +53,7 @@ import numpy.typing as npt
 import pandas as pd
 
 from autotune.core import JobSpec
-from autotune.envs.alibaba import _integers, _pods_from_frame, _read
+from autotune.envs.alibaba import _POD_COLUMNS, _integers, _pods_from_frame, _read
 from autotune.errors import InputError
 
 __all__ = [
@@ -82,7 +82,6 @@ than a node up to 7 B. Every name is a key of ``autotune.models.MODEL_CATALOG``.
 POLLUX_APPLICATIONS: Final = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 """Applications of the Pollux workloads, whose throughput the Pollux artifact measured."""
 
-_ALIBABA_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 _ALIBABA_TIMES = ("creation_time", "deletion_time")
 _POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 _PHILLY_COLUMNS = ("timestamp", "duration", "num_gpus")
@@ -229,7 +228,7 @@ def alibaba_jobs(path: str | Path, *, seed: int = 0, limit: int | None = None) -
     """The GPU pods of an Alibaba v2023 pod list as jobs, in creation order (all, or the
     first ``limit``); models from ``assign_model(name, num_gpus, seed)``."""
     path = Path(path)
-    frame = _read(path, _ALIBABA_COLUMNS)
+    frame = _read(path, _POD_COLUMNS)
     missing = [c for c in _ALIBABA_TIMES if c not in frame.columns]
     if missing:
         raise InputError(
@@ -334,7 +333,13 @@ def philly_jobs(path: str | Path, *, seed: int = 0) -> list[TraceJob]:
 def helios_load(path: str | Path, column: str = "gpu_utilization") -> LoadSeries:
     """One column of a Helios per-minute load file, against minutes since its first row."""
     path = Path(path)
-    frame = _read(path, ("time", column))
+    frame = _read(path, ("time",))
+    if column not in frame.columns:
+        raise InputError(
+            f"no such column; available: {', '.join(map(str, frame.columns))}",
+            path=str(path),
+            column=column,
+        )
     if frame.empty:
         raise InputError("no data rows", path=str(path))
     text = frame["time"].astype(str).str.strip()

@@ -9,6 +9,8 @@ from autotune.db import Database, sqlite_url
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 ALIBABA = SHARED_DATA / "alibaba-v2023"
+POLLUX = SHARED_DATA / "pollux"
+HELIOS = SHARED_DATA / "helios"
 
 
 @pytest.fixture
@@ -16,6 +18,20 @@ def alibaba_dir() -> Path:
     if not ALIBABA.is_dir():
         pytest.skip(f"public traces not present at {ALIBABA} (a checkout without ../shared)")
     return ALIBABA
+
+
+@pytest.fixture
+def pollux_dir() -> Path:
+    if not POLLUX.is_dir():
+        pytest.skip(f"public traces not present at {POLLUX} (a checkout without ../shared)")
+    return POLLUX
+
+
+@pytest.fixture
+def helios_dir() -> Path:
+    if not HELIOS.is_dir():
+        pytest.skip(f"public traces not present at {HELIOS} (a checkout without ../shared)")
+    return HELIOS
 
 
 @pytest.fixture
