@@ -33,6 +33,8 @@ app = typer.Typer(
 )
 db_app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+model_app = typer.Typer(help="Check and calibrate the performance model.", no_args_is_help=True)
+app.add_typer(model_app, name="model")
 
 _err = Console(stderr=True)
 P = ParamSpec("P")
@@ -255,6 +257,189 @@ def _progress(*, enabled: bool, total: int) -> Iterator[Callable[[int, int], Non
             progress.update(task, completed=done)
 
         yield update
+
+
+@model_app.command("validate")
+@_user_errors
+def model_validate(
+    pollux: Annotated[
+        Path,
+        typer.Option(help="Pollux traces folder (<app>/placements.csv ...).", show_default=False),
+    ],
+    max_fit_nodes: Annotated[
+        int, typer.Option(min=1, help="Fit on placements spanning at most this many nodes.")
+    ] = 2,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write the residual plot (PNG) here; needs matplotlib.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Fit the performance model per Pollux application on small placements and report
+    its error on the larger placements it never saw (mean absolute percentage error)."""
+    from autotune.pollux import plot_residuals, validate
+
+    report = validate(
+        pollux,
+        max_fit_nodes=max_fit_nodes,
+        progress=None if as_json else lambda app: _err.print(f"fitting {app}"),
+    )
+    if plot is not None:
+        plot_residuals(report, plot)
+    report.pop("residuals")
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    out = Console()
+    for app_name, row in report["apps"].items():
+        out.print(
+            f"{app_name:12s} fit {row['n_fit']:4d}  test {row['n_test']:5d}  "
+            f"step MAPE {row['mape_step_time']:6.1%}  sync MAPE {row['mape_sync_time']:6.1%}"
+        )
+    out.print(f"[bold]mean step-time MAPE {report['mape_step_time_mean']:.1%}[/]")
+
+
+@model_app.command("calibrate")
+@_user_errors
+def model_calibrate(
+    pollux: Annotated[
+        Path,
+        typer.Option(help="Pollux traces folder (<app>/placements.csv ...).", show_default=False),
+    ],
+    out: Annotated[Path, typer.Option(help="Where to write the calibration JSON.")],
+) -> None:
+    """Fit every Pollux application on all its placements and write the document the
+    package ships as autotune/data/pollux_apps.json."""
+    from autotune.pollux import calibrate
+
+    out.write_text(json.dumps(calibrate(pollux), indent=1) + "\n")
+    _err.print(f"wrote {out}")
+
+
+@app.command("eval")
+@_user_errors
+def eval_policies(
+    nodes: Annotated[
+        Path | None, typer.Option(help="Alibaba v2023 node list (with --jobs).")
+    ] = None,
+    jobs: Annotated[Path | None, typer.Option(help="Alibaba v2023 pod list.")] = None,
+    pollux_workload: Annotated[
+        Path | None, typer.Option(help="Pollux workload CSV (name,time,application,...).")
+    ] = None,
+    philly_jobs: Annotated[
+        Path | None, typer.Option(help="Philly-style job list (timestamp,duration,num_gpus).")
+    ] = None,
+    gpus: Annotated[
+        int, typer.Option(min=1, help="Cluster size for Pollux (4 T4 per node) or Philly (8 P100).")
+    ] = 64,
+    limit_jobs: Annotated[int | None, typer.Option(min=1, help="Replay the first N jobs.")] = None,
+    policies: Annotated[
+        str, typer.Option(help="Comma-separated: static, rules, random, tiresias, oracle.")
+    ] = "static,rules,tiresias,oracle",
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy.")] = 3,
+    slots: Annotated[int, typer.Option(min=1, help="Jobs a policy decides per round.")] = 32,
+    interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 300.0,
+    trace_seed: Annotated[int, typer.Option(help="Seed of model assignment to trace jobs.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Replay a trace in the simulator under several policies, same jobs and seeds, and
+    compare job completion time, makespan, goodput and GPU utilisation."""
+    from autotune.devices import node_info
+    from autotune.envs import traces
+    from autotune.envs.alibaba import load_nodes
+    from autotune.envs.workloads import jobs_from_trace
+    from autotune.policies.baselines import BASELINES
+    from autotune.policies.evaluate import evaluate
+    from autotune.pollux import POLLUX_INTER_NODE_GBPS
+
+    sources = [x is not None for x in (jobs, pollux_workload, philly_jobs)]
+    if sum(sources) != 1:
+        raise InputError("give one trace: --nodes/--jobs, --pollux-workload or --philly-jobs")
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in BASELINES]
+    if unknown or not names:
+        raise InputError(f"unknown policy {unknown}; known: {', '.join(BASELINES)}")
+    if jobs is not None:
+        if nodes is None:
+            raise InputError("--jobs needs --nodes")
+        node_list = load_nodes(nodes)
+        trace = traces.alibaba_jobs(jobs, seed=trace_seed, limit=limit_jobs)
+        info = {"kind": "alibaba", "path": str(jobs)}
+    elif pollux_workload is not None:
+        if gpus % 4:
+            raise InputError(f"--gpus {gpus}: Pollux nodes have 4 GPUs each")
+        node_list = [
+            node_info(
+                f"t4-{i}",
+                gpu_model="T4",
+                gpu_count=4,
+                cpu_milli=48_000,
+                memory_mib=192 * 1024,
+                inter_node_bandwidth_gbps=POLLUX_INTER_NODE_GBPS,
+            )
+            for i in range(gpus // 4)
+        ]
+        trace = traces.pollux_workload(pollux_workload)[:limit_jobs]
+        info = {"kind": "pollux", "path": str(pollux_workload)}
+    else:
+        assert philly_jobs is not None
+        if gpus % 8:
+            raise InputError(f"--gpus {gpus}: Philly-style nodes have 8 GPUs each")
+        node_list = [
+            node_info(
+                f"p100-{i}", gpu_model="P100", gpu_count=8, cpu_milli=64_000, memory_mib=512 * 1024
+            )
+            for i in range(gpus // 8)
+        ]
+        trace = traces.philly_jobs(philly_jobs, seed=trace_seed)[:limit_jobs]
+        info = {"kind": "philly", "path": str(philly_jobs)}
+    total = sum(n.gpu_count for n in node_list)
+    too_big = [t.job_id for t in trace if t.num_gpus > total]
+    if too_big:
+        raise InputError(
+            f"{len(too_big)} job(s) ask for more than the {total} GPUs, e.g. {too_big[0]}"
+        )
+    sim_jobs = jobs_from_trace(trace)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} runs"),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=True,
+        disable=as_json or not _err.is_terminal,
+    )
+    with progress:
+        task = progress.add_task("evaluating", total=len(names) * seeds)
+        report = evaluate(
+            nodes=node_list,
+            jobs=sim_jobs,
+            policies=names,
+            seeds=seeds,
+            slots=slots,
+            interval_s=interval,
+            trace=info,
+            progress=lambda name, seed: progress.update(
+                task, advance=1, description=f"{name} seed {seed}"
+            ),
+        )
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    out = Console()
+    out.print(
+        f"{report['trace']['jobs']} jobs on {report['trace']['gpus']} GPUs, "
+        f"{seeds} seed(s); means over seeds"
+    )
+    out.print(
+        f"{'policy':10s} {'avg JCT s':>10s} {'p99 JCT s':>10s} {'makespan s':>11s} "
+        f"{'goodput':>8s} {'GPU util':>8s} {'done':>6s}"
+    )
+    for name, row in report["policies"].items():
+        out.print(
+            f"{name:10s} {row['avg_jct_s']:10.0f} {row['p99_jct_s']:10.0f} "
+            f"{row['makespan_s']:11.0f} {row['goodput']:8.2f} {row['gpu_util']:8.1%} "
+            f"{row['n_jobs_done']:6.0f}"
+        )
 
 
 def _print_plan_summary(report: dict[str, Any], *, total: int) -> None:

@@ -515,9 +515,7 @@ def estimate(
     straggler_cv: float = 0.0,
 ) -> Estimate:
     """Everything the simulator and the policies need about one job under one config."""
-    step = step_time(
-        model, config, shape, global_batch, coeffs=coeffs, straggler_cv=straggler_cv
-    )
+    step = step_time(model, config, shape, global_batch, coeffs=coeffs, straggler_cv=straggler_cv)
     spec = device(shape.gpu_model)
     memory = rank_memory(model, config, global_batch).total_bytes
     oom = memory > spec.memory_bytes * shape.gpu_milli / MILLI_PER_GPU
@@ -537,4 +535,3 @@ def estimate(
         power_watts=watts * shape.world_size * shape.gpu_milli / MILLI_PER_GPU,
         divergence_per_hour=divergence_rate_per_hour(model, config.precision),
     )
-

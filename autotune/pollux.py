@@ -71,18 +71,54 @@ POLLUX_INTER_NODE_GBPS: Final = 6.25
 # Activation bytes per sample (16-bit) are assumed from the architectures' layer outputs;
 # they only bound the local batch on a 16 GB T4, which the measurements already do.
 _ARCH: Final[dict[str, dict[str, Any]]] = {
-    "bert": {"parameters": 110_000_000, "flops": 6 * 110e6 * 384, "act": 350e6, "layers": 12,
-             "hidden": 768, "seq": 384},
-    "cifar10": {"parameters": 11_200_000, "flops": 3 * 0.56e9, "act": 5e6, "layers": 8,
-                "hidden": 0, "seq": 1},
-    "deepspeech2": {"parameters": 38_000_000, "flops": 3 * 20e9, "act": 200e6, "layers": 7,
-                    "hidden": 0, "seq": 1},
-    "imagenet": {"parameters": 25_557_032, "flops": 3 * 4.1e9, "act": 54e6, "layers": 16,
-                 "hidden": 0, "seq": 1},
-    "ncf": {"parameters": 15_000_000, "flops": 3 * 0.1e6, "act": 0.1e6, "layers": 4,
-            "hidden": 0, "seq": 1},
-    "yolov3": {"parameters": 61_949_149, "flops": 3 * 65.9e9, "act": 400e6, "layers": 75,
-               "hidden": 0, "seq": 1},
+    "bert": {
+        "parameters": 110_000_000,
+        "flops": 6 * 110e6 * 384,
+        "act": 350e6,
+        "layers": 12,
+        "hidden": 768,
+        "seq": 384,
+    },
+    "cifar10": {
+        "parameters": 11_200_000,
+        "flops": 3 * 0.56e9,
+        "act": 5e6,
+        "layers": 8,
+        "hidden": 0,
+        "seq": 1,
+    },
+    "deepspeech2": {
+        "parameters": 38_000_000,
+        "flops": 3 * 20e9,
+        "act": 200e6,
+        "layers": 7,
+        "hidden": 0,
+        "seq": 1,
+    },
+    "imagenet": {
+        "parameters": 25_557_032,
+        "flops": 3 * 4.1e9,
+        "act": 54e6,
+        "layers": 16,
+        "hidden": 0,
+        "seq": 1,
+    },
+    "ncf": {
+        "parameters": 15_000_000,
+        "flops": 3 * 0.1e6,
+        "act": 0.1e6,
+        "layers": 4,
+        "hidden": 0,
+        "seq": 1,
+    },
+    "yolov3": {
+        "parameters": 61_949_149,
+        "flops": 3 * 65.9e9,
+        "act": 400e6,
+        "layers": 75,
+        "hidden": 0,
+        "seq": 1,
+    },
 }
 
 # Coefficients the fit may change, with the bounds that keep them physical.
@@ -122,13 +158,22 @@ class AppMeasurements:
         )
 
 
-def _profile(app: str, reference_batch: int, noise_scale: float) -> ModelProfile:
+def _profile(
+    app: str, reference_batch: int, noise_scale: float, max_local: int | None = None
+) -> ModelProfile:
     arch = _ARCH[app]
+    activations = float(arch["act"])
+    if max_local:
+        # The measurements ran up to ``max_local`` samples per T4 in fp32: activations
+        # can take at most what the 16 GiB left after weights, gradients, Adam's moments
+        # and 1 GiB of runtime (``memory.rank_memory``), in 16-bit units as profiles count.
+        free = 16 * (1 << 30) - arch["parameters"] * 16 - (1 << 30)
+        activations = min(activations, free / max_local / 2)
     return ModelProfile(
         name=app,
         parameters=arch["parameters"],
         flops_per_sample=arch["flops"],
-        activation_bytes_per_sample=arch["act"],
+        activation_bytes_per_sample=activations,
         num_layers=arch["layers"],
         hidden_size=arch["hidden"],
         seq_len=arch["seq"],
@@ -148,7 +193,12 @@ def _load_profiles() -> MappingProxyType[str, ModelProfile]:
     apps = _shipped()["apps"]
     return MappingProxyType(
         {
-            app: _profile(app, int(apps[app]["reference_batch"]), float(apps[app]["noise_scale"]))
+            app: _profile(
+                app,
+                int(apps[app]["reference_batch"]),
+                float(apps[app]["noise_scale"]),
+                int(apps[app]["max_local_batch"]),
+            )
             for app in APPS
         }
     )
@@ -264,9 +314,7 @@ def _predict(
     none = CompressionSpec()
     for i, (ranks, local) in enumerate(zip(data.ranks_per_node, data.local_batch, strict=True)):
         world = sum(ranks)
-        config = JobConfig(
-            layout=Layout(world_size=world), precision=precision, compression=none
-        )
+        config = JobConfig(layout=Layout(world_size=world), precision=precision, compression=none)
         shape = Shape(
             gpu_model=POLLUX_GPU, ranks_per_node=ranks, inter_node_gbps=POLLUX_INTER_NODE_GBPS
         )

@@ -8,6 +8,8 @@ module only when an environment is made.
 
 from __future__ import annotations
 
+import contextlib
+
 
 def _register() -> None:
     from gymnasium.envs.registration import register, registry
@@ -34,7 +36,5 @@ def _register() -> None:
         )
 
 
-try:
+with contextlib.suppress(ImportError):  # gymnasium is a dependency; tolerate its absence
     _register()
-except ImportError:  # gymnasium is a dependency; tolerate a broken install at import
-    pass

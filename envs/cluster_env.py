@@ -82,8 +82,9 @@ GLOBAL_FEATURES: Final = MAX_GPU_TYPES * 2 + 4
 def small_nodes() -> list[NodeInfo]:
     """Two 4xA100 and two 4xT4 servers."""
     return [
-        node_info(f"{m.lower()}-{i}", gpu_model=m, gpu_count=4, cpu_milli=64_000,
-                  memory_mib=256 * 1024)
+        node_info(
+            f"{m.lower()}-{i}", gpu_model=m, gpu_count=4, cpu_milli=64_000, memory_mib=256 * 1024
+        )
         for m in ("A100", "T4")
         for i in range(2)
     ]
@@ -143,6 +144,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self.weights = (oom_penalty, nan_penalty, restart_penalty, energy_weight)
         self.action_space = spaces.MultiDiscrete(np.array(ACTION_DIMS * slots, dtype=np.int64))
         size = GLOBAL_FEATURES + slots * SLOT_FEATURES
+        self._obs_size = size
         self.observation_space = spaces.Box(-np.inf, np.inf, shape=(size,), dtype=np.float32)
         self.forecast: float | None = None
         """Predicted busy share of the cluster 15 minutes ahead; a forecaster sets it."""
@@ -166,9 +168,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
                 mean_interarrival_s=self.mean_interarrival_s,
                 median_duration_s=self.median_duration_s,
             )
-        self.sim = ClusterSimulator(
-            self.nodes, jobs, config=self.sim_config, rng=self.np_random
-        )
+        self.sim = ClusterSimulator(self.nodes, jobs, config=self.sim_config, rng=self.np_random)
         self.sim.skip_idle()
         self.steps = 0
         self._last_busy = 0.0
@@ -209,7 +209,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def _observe(self) -> np.ndarray:
         sim = self._require()
-        obs = np.zeros(self.observation_space.shape, dtype=np.float32)
+        obs = np.zeros(self._obs_size, dtype=np.float32)
         total = float(sim.total_gpus)
         for i, model in enumerate(sim.gpu_models[:MAX_GPU_TYPES]):
             obs[2 * i] = sum(n.gpu_count for n in sim.nodes if n.gpu_model == model) / total

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 import numpy as np
@@ -61,6 +61,10 @@ GPU_OPTIONS: Final = (1, 2, 4, 8, 16, 32, 64)
 LAYOUT_MODES: Final = ("dp", "dp x tp2", "dp x pp2")
 BATCH_SCALES: Final = (0.5, 1.0, 2.0, 4.0)
 N_LAYOUTS: Final = len(GPU_OPTIONS) * len(LAYOUT_MODES)
+# Tiresias' queue threshold: jobs past one GPU-hour of service drop to the low queue
+# (the paper's 2-queue setting tunes it per trace; one GPU-hour is its order).
+LAS_THRESHOLD_GPU_S: Final = 3600.0
+MAX_ACCUMULATION: Final = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,8 @@ class Job:
     """Goodput of the requested GPUs, data parallel, fp32, reference batch: the unit of
     normalized goodput."""
     oom: bool = False
+    failed: bool = False
+    """Its config ran out of memory: the job crashed and left the cluster."""
     nan_events: int = 0
 
     @property
@@ -199,9 +205,18 @@ class ClusterSimulator:
             self.gpu_models,
             key=lambda m: sum(n.gpu_count for n in self.nodes if n.gpu_model == m),
         )
+        # A job runs on GPUs of one model: it can use at most the largest such pool.
+        pool = max(
+            sum(n.gpu_count for n in self.nodes if n.gpu_model == m) for m in self.gpu_models
+        )
+        for job in jobs:
+            job.max_gpus = min(job.max_gpus, pool)
+            job.requested_gpus = min(job.requested_gpus, pool)
+            job.min_gpus = min(job.min_gpus, job.max_gpus)
         self.pending = sorted(jobs, key=lambda j: j.submit_s)
         self.arrived: list[Job] = []
         self.finished: list[Job] = []
+        self.failed: list[Job] = []
         self.now = 0.0
         self._cache: dict[tuple[object, ...], Estimate] = {}
         for job in self.pending:
@@ -226,7 +241,8 @@ class ClusterSimulator:
         """Arrived, unfinished jobs in queue order (running ones keep their place)."""
         jobs = [j for j in self.arrived if not j.done]
         if self.config.queue_order == "las":
-            jobs.sort(key=lambda j: (j.attained_gpu_s, j.submit_s))
+            # Tiresias' two priority queues, FIFO within each (Gu et al., NSDI'19).
+            jobs.sort(key=lambda j: (j.attained_gpu_s >= LAS_THRESHOLD_GPU_S, j.submit_s))
         return jobs
 
     @property
@@ -235,7 +251,8 @@ class ClusterSimulator:
 
     def free_gpus(self, gpu_model: str | None = None) -> int:
         return sum(
-            f for f, n in zip(self.free, self.nodes, strict=True)
+            f
+            for f, n in zip(self.free, self.nodes, strict=True)
             if gpu_model is None or n.gpu_model == gpu_model
         )
 
@@ -247,6 +264,14 @@ class ClusterSimulator:
         hit = self._cache.get(key)
         if hit is None:
             hit = estimate(job.model, config, shape, batch, coeffs=job.coeffs, straggler_cv=cv)
+            micro = config.layout.micro_batches
+            while hit.oom and micro < MAX_ACCUMULATION and micro * 2 * config.layout.dp <= batch:
+                # Gradient accumulation (or more pipeline micro-batches) until it fits, as
+                # the executor does before it gives up.
+                micro *= 2
+                layout = replace(config.layout, micro_batches=micro)
+                fitted = replace(config, layout=layout)
+                hit = estimate(job.model, fitted, shape, batch, coeffs=job.coeffs, straggler_cv=cv)
             if len(self._cache) > 200_000:
                 self._cache.clear()
             self._cache[key] = hit
@@ -275,8 +300,11 @@ class ClusterSimulator:
                 job.downtime_s = self.config.restart_s
                 self._release(job)
             job.choice = choice
+        order = self.active
+        if self.config.queue_order == "las":
+            restarts += self._preempt(order)
         blocked = False
-        for job in self.active:
+        for job in order:
             if job.running:
                 continue
             if job.choice is None:
@@ -290,6 +318,25 @@ class ClusterSimulator:
             if job.start_s is None:
                 job.start_s = self.now
         return self._run(restarts)
+
+    def _preempt(self, order: list[Job]) -> int:
+        """Least-attained-service: the jobs that fit first in priority order run; running
+        jobs outside that set are preempted (they pay a restart when they resume)."""
+        room = self.total_gpus
+        keep: set[str] = set()
+        for job in order:
+            config, _ = job_config(job, job.choice or Choice.for_gpus(job.requested_gpus))
+            if config.layout.world_size > room:
+                break
+            room -= config.layout.world_size
+            keep.add(job.job_id)
+        preempted = 0
+        for job in order:
+            if job.running and job.job_id not in keep:
+                self._release(job)
+                job.downtime_s = self.config.restart_s
+                preempted += 1
+        return preempted
 
     def _run(self, restarts: int) -> RoundOutcome:
         dt = self.config.interval_s
@@ -316,7 +363,12 @@ class ClusterSimulator:
             job.attained_gpu_s += job.gpus * dt
             energy_j += est.power_watts * dt
             if est.oom:
+                # Out of memory at start-up: the job crashes and leaves the cluster.
                 ooms += 1
+                job.failed = True
+                job.finish_s = self.now
+                self._release(job)
+                self.failed.append(job)
                 continue
             rate = est.divergence_per_hour * run_s / 3600
             events = int(self.rng.poisson(rate)) if self.config.noise and rate > 0 else 0
@@ -424,4 +476,3 @@ class ClusterSimulator:
 
 def _unit_batch_index() -> int:
     return BATCH_SCALES.index(1.0)
-

@@ -1,0 +1,140 @@
+"""The performance model: each term against its formula, and its monotonic behaviour."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
+from autotune.models import MODEL_CATALOG
+from autotune.perfmodel import (
+    Coefficients,
+    Shape,
+    batch_efficiency,
+    compression_efficiency,
+    estimate,
+    expected_max_normal,
+    ring_allreduce_s,
+    step_time,
+)
+from autotune.stragglers import derive, job_cvs
+
+GPT = MODEL_CATALOG["gpt-350m"]
+
+
+def _config(world: int, *, compression: CompressionSpec | None = None, **layout: int) -> JobConfig:
+    return JobConfig(
+        layout=Layout(world_size=world, **layout),
+        precision=PrecisionMap.uniform("bf16"),
+        compression=compression or CompressionSpec(),
+    )
+
+
+def test_ring_allreduce_matches_the_alpha_beta_formula() -> None:
+    # 8 ranks, 1 GB at 10 GB/s, alpha 1 ms: 14 * 1 ms + 2 * 7/8 * 0.1 s
+    assert ring_allreduce_s(1e9, 8, latency_s=1e-3, bandwidth_gbps=10) == pytest.approx(
+        0.014 + 0.175
+    )
+    assert ring_allreduce_s(1e9, 1, latency_s=1e-3, bandwidth_gbps=10) == 0.0
+
+
+def test_expected_max_of_normals_grows_slowly() -> None:
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(0.564, abs=0.03)  # exact 1/sqrt(pi); Blom 0.589
+    assert expected_max_normal(16) == pytest.approx(1.766, abs=0.03)
+
+
+def test_single_gpu_step_is_compute_plus_overhead() -> None:
+    coeffs = Coefficients(compute_overhead_s=0.0)
+    step = step_time(
+        GPT, _config(1), Shape(gpu_model="A100", ranks_per_node=(1,)), 8, coeffs=coeffs
+    )
+    expected = GPT.flops_per_sample * 8 / (312e12 * coeffs.mfu)
+    assert step.sync_s == 0.0
+    assert step.step_s == pytest.approx(expected, rel=1e-2)  # norms stay fp32
+
+
+def test_crossing_nodes_and_sharing_a_nic_slow_synchronisation() -> None:
+    config = _config(8)
+    one_node = step_time(GPT, config, Shape(gpu_model="A100", ranks_per_node=(8,)), 64)
+    two_nodes = step_time(GPT, config, Shape(gpu_model="A100", ranks_per_node=(4, 4)), 64)
+    eight_nodes = step_time(GPT, config, Shape(gpu_model="A100", ranks_per_node=(1,) * 8), 64)
+    assert one_node.sync_s < eight_nodes.sync_s < two_nodes.sync_s
+
+
+def test_compression_shrinks_bytes_sent() -> None:
+    shape = Shape(gpu_model="V100M32", ranks_per_node=(1,) * 8)
+    dense = step_time(GPT, _config(8), shape, 64)
+    topk = step_time(
+        GPT, _config(8, compression=CompressionSpec(kind="topk", ratio=0.01)), shape, 64
+    )
+    int8 = step_time(GPT, _config(8, compression=CompressionSpec(kind="int8")), shape, 64)
+    assert topk.bytes_sent < int8.bytes_sent < dense.bytes_sent
+    assert dense.bytes_sent == pytest.approx(dense.dense_bytes)
+    assert topk.compress_s > 0
+    assert topk.sync_s < dense.sync_s
+
+
+def test_pipeline_bubble_and_checkpointing_cost_time() -> None:
+    shape = Shape(gpu_model="A100", ranks_per_node=(4,))
+    plain = step_time(GPT, _config(4), shape, 64)
+    piped = step_time(GPT, _config(4, dp=2, pp=2, micro_batches=1), shape, 64)
+    assert piped.bubble == pytest.approx(0.5)
+    ckpt = step_time(GPT, _config(4, activation_checkpointing=True), shape, 64)
+    assert ckpt.compute_s > plain.compute_s
+
+
+def test_low_precision_is_faster_where_the_device_has_it() -> None:
+    shape = Shape(gpu_model="T4", ranks_per_node=(1,))
+    fp32 = JobConfig(layout=Layout(world_size=1), precision=PrecisionMap.uniform("fp32"))
+    fp16 = JobConfig(layout=Layout(world_size=1), precision=PrecisionMap.uniform("fp16"))
+    bf16 = JobConfig(layout=Layout(world_size=1), precision=PrecisionMap.uniform("bf16"))
+    t = {
+        name: step_time(GPT, c, shape, 8).step_s
+        for name, c in {"fp32": fp32, "fp16": fp16, "bf16": bf16}.items()
+    }
+    assert t["fp16"] < t["fp32"] < t["bf16"]  # T4 has no bf16 units
+
+
+def test_statistical_efficiency_terms() -> None:
+    assert batch_efficiency(GPT, GPT.reference_batch) == 1.0
+    assert batch_efficiency(GPT, 4 * GPT.reference_batch) < 1.0
+    assert compression_efficiency(CompressionSpec()) == 1.0
+    assert (
+        compression_efficiency(CompressionSpec(kind="topk", ratio=0.001))
+        < compression_efficiency(CompressionSpec(kind="topk", ratio=0.1))
+        < 1.0
+    )
+
+
+def test_oom_gives_no_goodput() -> None:
+    big = MODEL_CATALOG["gpt-70b"]
+    est = estimate(big, _config(1), Shape(gpu_model="T4", ranks_per_node=(1,)), 8)
+    assert est.oom
+    assert est.goodput == 0.0
+    small = estimate(GPT, _config(1), Shape(gpu_model="A100", ranks_per_node=(1,)), 8)
+    assert not small.oom
+    assert small.goodput > 0
+    assert small.power_watts > 0
+
+
+def test_shipped_straggler_table_matches_the_trace(tmp_path: Path) -> None:
+    source = Path(__file__).resolve().parents[2] / "shared/data/alibaba-v2020-minibatch"
+    path = source / "coefficient_variation.csv.gz"
+    if not path.is_file():
+        pytest.skip(f"public traces not present at {source}")
+    assert tuple(derive(path)) == job_cvs()
+    assert all(math.isfinite(v) and v >= 0 for v in job_cvs())
+
+
+def test_straggler_file_errors_name_the_row(tmp_path: Path) -> None:
+    bad = tmp_path / "cv.csv"
+    bad.write_text(",0,1\njob_0,0.1,0.2\njob_1,-0.5,0.1\n")
+    from autotune.errors import InputError
+
+    with pytest.raises(InputError, match="row 3"):
+        derive(bad)
+    assert json.loads(json.dumps(job_cvs()))  # the shipped table is plain numbers
