@@ -32,6 +32,7 @@ __all__ = [
     "backend",
     "cast_rne",
     "cdiv",
+    "constexpr",
     "interpreting",
     "jit",
     "max_programs",
@@ -54,6 +55,12 @@ def jit(fn: Any) -> Any:
     """``triton.jit`` where Triton is installed; the function unchanged elsewhere (it is
     then never launched)."""
     return fn if triton is None else triton.jit(fn)
+
+
+def constexpr(value: float) -> Any:
+    """A module-level constant a kernel may read (``tl.constexpr``; the number itself
+    without Triton)."""
+    return value if tl is None else tl.constexpr(value)
 
 
 def _probe() -> None:

@@ -47,7 +47,8 @@ QDTYPE: Final[dict[str, torch.dtype]] = {"int8": torch.int8, "fp8_e4m3": torch.f
 _FLOATS: Final = (torch.float32, torch.bfloat16, torch.float16)
 _TILE: Final = 4096
 _TILE_INTERPRETER: Final = 1 << 16
-_RNE_MAGIC: Final = 12582912.0  # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22
+# 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer, ties to even.
+_RNE_MAGIC: Final = _launch.constexpr(12582912.0)
 
 
 def _check_block_size(block_size: int) -> None:
