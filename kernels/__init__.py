@@ -17,7 +17,11 @@ forces the choice within a ``with`` block.
 """
 
 from autotune.kernels._launch import Backend, backend, use_backend
-from autotune.kernels.layernorm_gelu import layernorm_gelu, layernorm_gelu_reference
+from autotune.kernels.layernorm_gelu import (
+    MAX_FUSED_N,
+    layernorm_gelu,
+    layernorm_gelu_reference,
+)
 from autotune.kernels.quantize import (
     Format,
     dequantize_blockwise,
@@ -29,6 +33,7 @@ from autotune.kernels.scatter import scatter_add_decompress, scatter_add_decompr
 from autotune.kernels.topk import topk_compress, topk_compress_reference, topk_count
 
 __all__ = [
+    "MAX_FUSED_N",
     "Backend",
     "Format",
     "backend",
