@@ -335,14 +335,17 @@ def _topk_triton(
     if size is not None:
         threshold = _sample_threshold(grad, acc, size, ratio, seed)
         # Select every key >= threshold: all ties taken.
-        state = torch.stack([threshold.to(torch.int64), threshold.new_tensor(n, dtype=torch.int64)])
+        state = torch.full((2,), n, dtype=torch.int64, device=device)
+        state[0] = threshold
         count(state, accumulate=True)
         accumulated = True
         total = int(above.sum() + tied.sum())
         if _within_tolerance(total, k):
             return write(state, total)
 
-    state = torch.tensor([0, k], dtype=torch.int64, device=device)
+    # Filled on the device: copying a host list would wait for the GPU's queued work.
+    state = torch.full((2,), k, dtype=torch.int64, device=device)
+    state[0] = 0
     digits = _DIGITS[key_mask]
     hist = torch.zeros(sum(1 << width for _, width in digits), dtype=torch.int32, device=device)
     programs = min(num_blocks, _launch.max_programs(device))
