@@ -1,10 +1,16 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from autotune.db import Database, sqlite_url
+
+# The kernel tests run Triton's interpreter on CPU tensors. Triton reads this once, when
+# it is imported (nothing above imports it), so it is set before any test module loads;
+# TRITON_INTERPRET=0 keeps compiled kernels, on a GPU.
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
