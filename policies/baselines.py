@@ -24,6 +24,7 @@ observation; ``queue_order`` tells the evaluator how the queue is ordered.
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Final, Protocol
 
@@ -68,14 +69,15 @@ def _sim(env: ClusterEnv) -> ClusterSimulator:
     return env.sim
 
 
-class _SetOnArrival:
+class _SetOnArrival(ABC):
     """Decides a job's config the first time it appears in a slot, then keeps it."""
 
     name = ""
     queue_order = "fifo"
 
+    @abstractmethod
     def choose(self, sim: ClusterSimulator, job: Job) -> Choice:
-        raise NotImplementedError
+        """The config of ``job``, decided once."""
 
     def act(self, env: ClusterEnv, observation: np.ndarray) -> np.ndarray:
         sim = _sim(env)
