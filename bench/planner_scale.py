@@ -22,16 +22,22 @@ from autotune.planner import plan
 def one(gpus: int, seed: int) -> tuple[float, int, int]:
     rng = np.random.default_rng(seed)
     nodes = [
-        node_info(f"n{i}", gpu_model="A100", gpu_count=8, cpu_milli=128_000,
-                  memory_mib=1 << 20)
+        node_info(f"n{i}", gpu_model="A100", gpu_count=8, cpu_milli=128_000, memory_mib=1 << 20)
         for i in range(gpus // 8)
     ]
     jobs: list[JobSpec] = []
     asked = 0
     while asked < 1.2 * gpus:
         size = int(rng.choice([1, 2, 4, 8], p=[0.4, 0.3, 0.2, 0.1]))
-        jobs.append(JobSpec(job_id=f"j{len(jobs)}", min_gpus=size, max_gpus=size,
-                            cpu_milli=4_000, memory_mib=16_384))
+        jobs.append(
+            JobSpec(
+                job_id=f"j{len(jobs)}",
+                min_gpus=size,
+                max_gpus=size,
+                cpu_milli=4_000,
+                memory_mib=16_384,
+            )
+        )
         asked += size
     start = time.perf_counter()
     result = plan(jobs, nodes, {}, {})
