@@ -1,0 +1,444 @@
+"""Runs one job on Ray: one actor per rank, in a placement group whose bundles are pinned
+to the nodes the Planner chose; checkpoints, restarts after a rank dies, and reconfigures
+a running job (``apply``) without losing its step or optimizer state.
+
+Checkpoints are layout-independent: full (unsharded) weights and Adam moments, the step,
+the current precision map and the loss scale, written atomically as
+``<dir>/step-XXXXXXXX.pt``; the newest two are kept. Restoring loads the newest that
+loads, reporting any that does not. Error-feedback residuals of top-k compression and
+PowerSGD's warm-start memories are not checkpointed: they start empty after a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotune.core import JobConfig, Placement
+from autotune.executor.parallel import ParallelError
+from autotune.executor.tasks import TaskError, load_task
+from autotune.executor.worker import RankWorker, WorkerSpec
+
+__all__ = ["ExecutorError", "JobResult", "JobRunner", "check_config", "ensure_ray"]
+
+log = logging.getLogger(__name__)
+
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+class ExecutorError(RuntimeError):
+    """The job could not be started or continued; the message says why."""
+
+
+def check_config(config: JobConfig) -> None:
+    """Refuse, before any actor starts, what the executor cannot run."""
+    layout, compression = config.layout, config.compression
+    if compression.kind == "powersgd" and (layout.tp > 1 or layout.pp > 1):
+        raise ParallelError(
+            "PowerSGD runs as DDP's communication hook, here for data-parallel layouts only "
+            "(tp = pp = 1): use topk, int8 or fp8 with tp or pp > 1"
+        )
+
+
+def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
+    """Connect to Ray: the cluster at ``address``, or a local one. Returns whether this
+    call started Ray (and so should shut it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+    else:
+        cpus = max(num_cpus or 1, os.cpu_count() or 1)
+        ray.init(
+            num_cpus=cpus,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    return True
+
+
+@dataclass
+class JobResult:
+    steps: int
+    losses: list[float]
+    step_times_s: list[float]
+    bytes_sent: int
+    bytes_dense: int
+    samples_per_step: int
+    placement: list[dict[str, Any]]
+    events: list[dict[str, Any]]
+    steps_redone: int = 0
+    peak_memory_bytes: int = 0
+    power_watts: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        median = statistics.median(self.step_times_s) if self.step_times_s else 0.0
+        return {
+            "steps": self.steps,
+            "loss_first": self.losses[0] if self.losses else None,
+            "loss_last": self.losses[-1] if self.losses else None,
+            "bytes_sent": self.bytes_sent,
+            "bytes_dense": self.bytes_dense,
+            "step_time_s_median": median,
+            "samples_per_s": self.samples_per_step / median if median > 0 else 0.0,
+            "steps_redone": self.steps_redone,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "power_watts_mean": statistics.fmean(self.power_watts) if self.power_watts else None,
+            "placement": self.placement,
+            "events": self.events,
+        }
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+class JobRunner:
+    """Trains ``task`` under ``config`` on ``placement`` (Ray node ids per rank; ``None``
+    lets Ray pack the ranks) for ``steps`` steps.
+
+    ``on_step(runner, step, metrics)`` is called after every step (from the training
+    thread); ``apply`` may be called from it or from any thread and takes effect before
+    the next step.
+    """
+
+    def __init__(
+        self,
+        task: str,
+        config: JobConfig,
+        *,
+        steps: int,
+        placement: Placement | None = None,
+        batch_size: int | None = None,
+        seed: int = 0,
+        checkpoint_dir: str | Path | None = None,
+        checkpoint_every: int = 50,
+        device: str = "cpu",
+        learning_rate: float | None = None,
+        on_step: Callable[[JobRunner, int, dict[str, Any]], None] | None = None,
+        max_restarts: int = 3,
+        placement_timeout_s: float = 120.0,
+    ) -> None:
+        if steps < 1:
+            raise ExecutorError(f"steps must be >= 1, not {steps}")
+        if checkpoint_every < 1:
+            raise ExecutorError(f"checkpoint interval must be >= 1, not {checkpoint_every}")
+        probe = load_task(task, batch_size=batch_size)  # fail fast, in the caller
+        self.samples_per_step = int(getattr(probe, "batch_size", 0) or 0)
+        check_config(config)
+        self._check_placement(config, placement)
+        self.task, self.steps, self.seed = task, steps, seed
+        self.batch_size, self.device, self.learning_rate = batch_size, device, learning_rate
+        self.config, self.placement = config, placement
+        self._own_dir = checkpoint_dir is None
+        self.checkpoint_dir = Path(checkpoint_dir or tempfile.mkdtemp(prefix="autotune-ckpt-"))
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_every = checkpoint_every
+        self.on_step = on_step
+        self.max_restarts = max_restarts
+        self.placement_timeout_s = placement_timeout_s
+        self.step = 0
+        self.workers: list[Any] = []
+        self._group: Any = None
+        self._pending: tuple[JobConfig, Placement | None] | None = None
+        self._lock = threading.Lock()
+        self._result = JobResult(
+            steps=0,
+            losses=[],
+            step_times_s=[],
+            bytes_sent=0,
+            bytes_dense=0,
+            samples_per_step=self.samples_per_step,
+            placement=[],
+            events=[],
+        )
+
+    @staticmethod
+    def _check_placement(config: JobConfig, placement: Placement | None) -> None:
+        if placement is not None and placement.world_size != config.world_size:
+            raise ExecutorError(
+                f"placement has {placement.world_size} ranks but the layout needs "
+                f"{config.world_size}"
+            )
+
+    # ----------------------------------------------------------------- public
+
+    def apply(self, config: JobConfig, placement: Placement | None = None) -> None:
+        """Reconfigure the running job: checkpoint, tear down, start the new layout on
+        the new placement, restore, continue (before the next step)."""
+        check_config(config)
+        self._check_placement(config, placement)
+        with self._lock:
+            self._pending = (config, placement)
+
+    def run(self) -> JobResult:
+        restarts = 0
+        try:
+            self._start(self._load_checkpoint())
+            while self.step < self.steps:
+                with self._lock:
+                    pending, self._pending = self._pending, None
+                if pending is not None:
+                    self._reconfigure(*pending)
+                try:
+                    metrics = self._step_all()
+                except _WorkerDied as died:
+                    restarts += 1
+                    if restarts > self.max_restarts:
+                        raise ExecutorError(
+                            f"a rank died {restarts} times; giving up at step {self.step}: {died}"
+                        ) from None
+                    self._recover(str(died))
+                    continue
+                self.step += 1
+                self._record(metrics)
+                if self.step % self.checkpoint_every == 0 or self.step == self.steps:
+                    self._save_checkpoint()
+                if self.on_step is not None:
+                    self.on_step(self, self.step, self._last)
+        finally:
+            self._stop()
+            if self._own_dir:
+                shutil.rmtree(self.checkpoint_dir, ignore_errors=True)
+        self._result.steps = self.step
+        return self._result
+
+    # ----------------------------------------------------------------- actors
+
+    def _start(self, state: dict[str, Any] | None) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        config, placement = self.config, self.placement
+        world = config.world_size
+        gpu = self.device == "cuda"
+        bundles = [{"CPU": 1.0, **({"GPU": 1.0} if gpu else {})} for _ in range(world)]
+        selectors = None
+        if placement is not None:
+            selectors = [{NODE_ID_LABEL: slot.node_id} for slot in placement.ranks]
+        self._group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
+        try:
+            ray.get(self._group.ready(), timeout=self.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            wanted = "the nodes asked for" if placement is not None else "the cluster"
+            self._remove_group()
+            raise ExecutorError(
+                f"could not reserve {world} rank slots ({bundles[0]} each) on {wanted} "
+                f"within {self.placement_timeout_s:.0f} s"
+            ) from None
+        spec = WorkerSpec(
+            task=self.task,
+            config=config,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            device=self.device,
+            kernel_backend="auto" if gpu else "reference",
+            learning_rate=self.learning_rate,
+        )
+        env = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
+        actor = ray.remote(RankWorker)
+        self.workers = [
+            actor.options(
+                num_cpus=1,
+                num_gpus=1 if gpu else 0,
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=self._group, placement_group_bundle_index=rank
+                ),
+                runtime_env={"env_vars": env} if env else None,
+            ).remote(rank, spec)
+            for rank in range(world)
+        ]
+        try:
+            where = ray.get([w.where.remote() for w in self.workers])
+            address, port = ray.get(self.workers[0].rendezvous.remote())
+            self._wait_all([w.setup.remote(address, port, state) for w in self.workers])
+        except _WorkerDied as died:
+            self._stop()
+            raise ExecutorError(f"starting the job's ranks failed: {died}") from None
+        except ray.exceptions.RayActorError as exc:
+            self._stop()
+            raise ExecutorError(f"starting the job's ranks failed: {exc}") from None
+        self._result.placement = [{"rank": w["rank"], "node": w["node"]} for w in where]
+        self.step = int(state["step"]) if state is not None else 0
+
+    def _wait_all(self, refs: list[Any]) -> list[Any]:
+        """Results of ``refs`` in order; the first failure kills the job's actors (the
+        survivors may be blocked in a collective with the dead rank)."""
+        import ray
+
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
+                if isinstance(cause, TaskError | ParallelError):
+                    self._stop()
+                    raise cause from None
+                raise _WorkerDied(_first_line(exc)) from None
+        return list(ray.get(refs))
+
+    def _step_all(self) -> list[dict[str, Any]]:
+        return self._wait_all([w.step.remote() for w in self.workers])
+
+    def _stop(self) -> None:
+        import ray
+
+        for worker in self.workers:
+            try:
+                ray.kill(worker, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.workers = []
+        self._remove_group()
+
+    def _remove_group(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        if self._group is not None:
+            try:
+                remove_placement_group(self._group)
+            except Exception:
+                pass
+            self._group = None
+
+    # ----------------------------------------------------------------- recovery
+
+    def _recover(self, why: str) -> None:
+        lost_at = self.step
+        self._stop()
+        state = self._load_checkpoint()
+        resumed = int(state["step"]) if state is not None else 0
+        self._result.steps_redone += lost_at - resumed
+        self._result.events.append(
+            {"step": lost_at, "kind": "rank_died", "detail": why, "resumed_from": resumed}
+        )
+        log.warning("a rank died at step %d (%s); resuming from step %d", lost_at, why, resumed)
+        # Metrics of steps about to be redone are replaced by the redone ones.
+        del self._result.losses[resumed:]
+        del self._result.step_times_s[resumed:]
+        self._start(state)
+
+    def _reconfigure(self, config: JobConfig, placement: Placement | None) -> None:
+        state = self._gather_state()
+        old = self.config
+        self._stop()
+        self.config, self.placement = config, placement
+        self._start(state)
+        self._result.events.append(
+            {
+                "step": self.step,
+                "kind": "reconfigured",
+                "from": _describe(old),
+                "to": _describe(config),
+            }
+        )
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def _gather_state(self) -> dict[str, Any]:
+        parts = [p for p in self._wait_all([w.state.remote() for w in self.workers]) if p]
+        parts.sort(key=lambda p: p["stage"])
+        merged: dict[str, Any] = {
+            "step": parts[0]["step"],
+            "model": dict(parts[0]["model"]),
+            "optim": {},
+            "precision": parts[0]["precision"],
+            "scaler": parts[0]["scaler"],
+        }
+        for part in parts:
+            for name in part["optim"]:  # the parameters this stage trains
+                merged["model"][name] = part["model"][name]
+            merged["optim"].update(part["optim"])
+        return merged
+
+    def _save_checkpoint(self) -> None:
+        state = self._gather_state()
+        path = self.checkpoint_dir / f"step-{self.step:08d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        for old in sorted(self.checkpoint_dir.glob("step-*.pt"))[:-2]:
+            old.unlink(missing_ok=True)
+
+    def _load_checkpoint(self) -> dict[str, Any] | None:
+        for path in sorted(self.checkpoint_dir.glob("step-*.pt"), reverse=True):
+            try:
+                state: dict[str, Any] = torch.load(path, weights_only=False)
+                return state
+            except Exception as exc:
+                self._result.events.append(
+                    {"step": self.step, "kind": "checkpoint_unreadable", "path": str(path),
+                     "detail": _first_line(exc)}
+                )
+                log.warning("checkpoint %s does not load (%s); trying an older one", path, exc)
+        return None
+
+    # ----------------------------------------------------------------- metrics
+
+    def _record(self, metrics: list[dict[str, Any]]) -> None:
+        losses = [m["loss"] for m in metrics if m["loss"] is not None]
+        step_time = max(m["step_time_s"] for m in metrics)
+        result = self._result
+        if losses:
+            result.losses.append(sum(losses) / len(losses))
+        result.step_times_s.append(step_time)
+        result.bytes_sent += sum(m["bytes_sent"] for m in metrics)
+        result.bytes_dense += sum(m["bytes_dense"] for m in metrics)
+        result.peak_memory_bytes = max(
+            result.peak_memory_bytes, *(m["peak_memory_bytes"] for m in metrics)
+        )
+        power = [m["power_watts"] for m in metrics if m["power_watts"] is not None]
+        if power:
+            result.power_watts.append(sum(power))
+        seen = set()
+        for m in metrics:
+            for event in m["events"]:
+                key = (event["step"], event["kind"], event.get("module_class"))
+                if key not in seen:  # every rank reports the agreed events
+                    seen.add(key)
+                    result.events.append(event)
+        self._last = {
+            "step": self.step,
+            "loss": result.losses[-1] if losses else None,
+            "step_time_s": step_time,
+            "samples_per_s": self.samples_per_step / step_time if step_time > 0 else 0.0,
+            "bytes_sent": sum(m["bytes_sent"] for m in metrics),
+            "bytes_dense": sum(m["bytes_dense"] for m in metrics),
+            "nan_events": sum(1 for m in metrics[:1] for e in m["events"] if e["kind"] == "nonfinite"),
+            "peak_memory_bytes": result.peak_memory_bytes,
+            "power_watts": sum(power) if power else None,
+        }
+
+
+def _describe(config: JobConfig) -> dict[str, Any]:
+    layout = config.layout
+    return {
+        "dp": layout.dp,
+        "tp": layout.tp,
+        "pp": layout.pp,
+        "compression": config.compression.kind,
+        "precision": config.precision.as_dict(),
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,420 @@
+"""One rank of a job: builds the task's model in the job's layout and trains it step by
+step. The runner makes one Ray actor of this class per rank; it runs without Ray too.
+
+The rank's coordinates follow ``Layout``: ``rank = (pp_index * dp + dp_index) * tp +
+tp_index``, the device mesh ``("pp", "dp", "tp")``.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from itertools import islice
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from autotune.core import JobConfig, PrecisionMap
+from autotune.executor.compression import (
+    ByteCounter,
+    GradientReducer,
+    count_powersgd_traffic,
+    local_grad,
+)
+from autotune.executor.parallel import (
+    ParallelError,
+    StageModule,
+    apply_activation_checkpointing,
+    apply_tensor_parallel,
+    derive_split_points,
+    find_blocks,
+    replay,
+    stage_ranges,
+)
+from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
+from autotune.executor.tasks import TrainingTask, load_task
+
+__all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerSpec:
+    task: str
+    config: JobConfig
+    seed: int = 0
+    batch_size: int | None = None
+    device: str = "cpu"
+    """``cpu`` (gloo) or ``cuda`` (NCCL)."""
+    kernel_backend: str = "reference"
+    """Which kernel implementation compression and fp8 use: ``reference`` on CPU (the
+    Triton interpreter is for correctness tests), ``auto`` on GPUs."""
+    learning_rate: float | None = None
+    threads: int = 1
+
+
+def gpu_power_watts(index: int) -> float | None:
+    """The GPU's power draw through NVML; ``None`` without NVML or GPU."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return float(pynvml.nvmlDeviceGetPowerUsage(handle)) / 1000.0
+    except Exception:
+        return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def _split(value: Any, parts: int) -> list[Any]:
+    if isinstance(value, Tensor):
+        return list(value.tensor_split(parts))
+    if isinstance(value, tuple | list):
+        columns = [_split(v, parts) for v in value]
+        return [type(value)(c[i] for c in columns) for i in range(parts)]
+    raise ParallelError("micro-batches need batches made of tensors (or tuples of them)")
+
+
+def _full(t: Tensor) -> Tensor:
+    full_tensor = getattr(t, "full_tensor", None)
+    out = full_tensor() if full_tensor is not None else t
+    return out.detach().cpu().clone()
+
+
+class RankWorker:
+    def __init__(self, rank: int, spec: WorkerSpec) -> None:
+        self.rank = rank
+        self.spec = spec
+        layout = spec.config.layout
+        self.pp, self.dp, self.tp = layout.pp, layout.dp, layout.tp
+        self.pp_index = rank // (self.dp * self.tp)
+        self.dp_index = (rank // self.tp) % self.dp
+        self.tp_index = rank % self.tp
+        self.step_count = 0
+        self.events: list[dict[str, Any]] = []
+        torch.set_num_threads(spec.threads)
+
+    # ----------------------------------------------------------------- placement
+
+    def where(self) -> dict[str, Any]:
+        try:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id()
+        except Exception:
+            node = socket.gethostname()
+        return {"rank": self.rank, "node": node, "pid": os.getpid()}
+
+    def rendezvous(self) -> tuple[str, int]:
+        try:
+            import ray
+
+            address = ray.util.get_node_ip_address()
+        except Exception:
+            address = "127.0.0.1"
+        return address, _free_port()
+
+    # ----------------------------------------------------------------- building
+
+    def setup(self, address: str, port: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
+        spec = self.spec
+        world = spec.config.world_size
+        backend = "nccl" if spec.device == "cuda" else "gloo"
+        if spec.device == "cuda":
+            torch.cuda.set_device(0)  # Ray gives each actor its own visible GPU
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{address}:{port}",
+            rank=self.rank,
+            world_size=world,
+            timeout=timedelta(seconds=300),
+        )
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(
+            spec.device, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp")
+        )
+        self.device = torch.device(spec.device, 0) if spec.device == "cuda" else torch.device("cpu")
+        self.task: TrainingTask = load_task(spec.task, batch_size=spec.batch_size)
+        torch.manual_seed(spec.seed)
+        model = self.task.build_model()
+        if state is not None:
+            model.load_state_dict(state["model"])
+        model.to(self.device)
+        self.model = model
+        self._build(model, state)
+        return {"rank": self.rank, "tp_plan": self.tp_plan, "stage_blocks": self.stage_blocks}
+
+    def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
+        spec, layout = self.spec, self.spec.config.layout
+        precision = spec.config.precision
+        if state is not None and "precision" in state:
+            precision = PrecisionMap(**state["precision"])
+        self.precision = PrecisionController(model, precision)
+        train_module: nn.Module = model
+        self.stage_blocks: list[int] | None = None
+        blocks: nn.ModuleList | None = None
+        span: range | None = None
+        if self.pp > 1:
+            points_fn = getattr(self.task, "split_points", None)
+            points = list(points_fn()) if callable(points_fn) else derive_split_points(model, self.pp)
+            parent, ranges = stage_ranges(model, points, self.pp)
+            blocks_module = dict(model.named_modules())[parent]
+            assert isinstance(blocks_module, nn.ModuleList)
+            blocks, span = blocks_module, ranges[self.pp_index]
+            self.stage_blocks = list(span)
+            train_module = StageModule(model, blocks, span, last=self.pp_index == self.pp - 1)
+        if layout.activation_checkpointing:
+            if blocks is None:
+                _, blocks = find_blocks(model)
+                span = range(len(blocks))
+            assert span is not None
+            apply_activation_checkpointing(nn.ModuleList(blocks[i] for i in span))
+        self.tp_plan: dict[str, str] = {}
+        if self.tp > 1:
+            plan_fn = getattr(self.task, "tp_plan", None)
+            self.tp_plan = apply_tensor_parallel(
+                model, self.mesh["tp"], dict(plan_fn()) if callable(plan_fn) else None
+            )
+        compression = spec.config.compression
+        self.counter = ByteCounter()
+        self.ddp: nn.Module | None = None
+        dp_group = self.mesh["dp"].get_group()
+        if compression.kind == "powersgd":
+            if self.tp > 1 or self.pp > 1:
+                raise ParallelError(
+                    "PowerSGD runs as DDP's communication hook, here for data-parallel "
+                    "layouts only (tp = pp = 1): use topk, int8 or fp8 with tp or pp > 1"
+                )
+            if self.dp > 1:
+                from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+                from torch.nn.parallel import DistributedDataParallel
+
+                count_powersgd_traffic(self.counter)
+                # One bucket: PowerSGD chains all-reduces in future callbacks, and with
+                # several buckets ranks can issue them in different orders.
+                size_mb = sum(p.numel() * 4 for p in model.parameters()) / 2**20 + 1
+                ddp = DistributedDataParallel(
+                    train_module,
+                    process_group=dp_group,
+                    bucket_cap_mb=size_mb,
+                )
+                assert compression.rank is not None
+                hook_state = powerSGD_hook.PowerSGDState(
+                    process_group=dp_group,
+                    matrix_approximation_rank=compression.rank,
+                    start_powerSGD_iter=2,
+                    random_seed=spec.seed,
+                )
+                ddp.register_comm_hook(hook_state, powerSGD_hook.powerSGD_hook)
+                self.ddp = train_module = ddp
+        self.reducer = GradientReducer(
+            spec=compression if compression.kind != "powersgd" else replace(compression, kind="none", rank=None),
+            group=dp_group,
+            size=self.dp,
+            rank=self.dp_index,
+        )
+        self.train_module = train_module
+        self.named = list(model.named_parameters())
+        lr = spec.learning_rate or float(getattr(self.task, "learning_rate", 1e-3))
+        self.optimizer = torch.optim.AdamW([p for _, p in self.named], lr=lr, weight_decay=0.0)
+        self.scaler = LossScaler() if self.precision.uses_fp16 else None
+        if state is not None:
+            self._restore(state)
+        self.pipeline: Any = None
+        if self.pp > 1:
+            from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+            stage = PipelineStage(
+                train_module,
+                self.pp_index,
+                self.pp,
+                self.device,
+                group=self.mesh["pp"].get_group(),
+            )
+            # The stage infers shapes by running its module on uninitialised tensors:
+            # what those produce is not watched for NaN/Inf.
+            inference = getattr(stage, "_forward_metadata_inference", None)
+            if inference is not None:
+
+                def unwatched(*args: Any, **kwargs: Any) -> Any:
+                    with self.precision.paused():
+                        return inference(*args, **kwargs)
+
+                stage._forward_metadata_inference = unwatched  # type: ignore[method-assign]
+            self.pipeline = ScheduleGPipe(
+                stage,
+                n_microbatches=layout.micro_batches,
+                loss_fn=self._pipeline_loss,
+                scale_grads=True,
+            )
+        self.batches: Iterator[Any] = islice(
+            self.task.batches(self.dp_index, self.dp, spec.seed), self.step_count, None
+        )
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        self.step_count = int(state["step"])
+        saved = state.get("optim", {})
+        for name, p in self.named:
+            entry = saved.get(name)
+            if entry is None:
+                continue
+            restored: dict[str, Any] = {}
+            for key, value in entry.items():
+                value = value.to(self.device)
+                if key != "step" and isinstance(p, DTensor):
+                    value = distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None)
+                restored[key] = value
+            self.optimizer.state[p] = restored
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load(state["scaler"])
+
+    # ----------------------------------------------------------------- training
+
+    def _pipeline_loss(self, output: Tensor, target: Tensor) -> Tensor:
+        loss = self.task.loss(replay(output), (None, target))
+        return loss * self._loss_scale
+
+    def _forward_backward(self, batch: Any, scale: float) -> float | None:
+        m = self.spec.config.layout.micro_batches
+        if self.pipeline is not None:
+            if not (isinstance(batch, tuple | list) and len(batch) == 2):
+                raise ParallelError("pipeline parallelism needs batches of (inputs, targets)")
+            inputs, targets = batch
+            self._loss_scale = scale
+            stage = self.train_module.module if self.ddp is not None else self.train_module
+            assert isinstance(stage, StageModule)
+            if self.pp_index == 0:
+                self.pipeline.step(inputs.to(self.device))
+                return None
+            stage.template = _split(inputs, m)[0].to(self.device)
+            if self.pp_index < self.pp - 1:
+                self.pipeline.step()
+                return None
+            losses: list[Tensor] = []
+            self.pipeline.step(target=targets.to(self.device), losses=losses)
+            return float(torch.stack([x.detach().float() for x in losses]).mean()) / scale
+        chunks = _split(batch, m) if m > 1 else [batch]
+        total = 0.0
+        for chunk in chunks:
+            chunk = _to(chunk, self.device)
+            loss = self.task.loss(self.train_module, chunk) / len(chunks)
+            (loss * scale).backward()
+            total += float(loss.detach())
+        return total
+
+    def step(self) -> dict[str, Any]:
+        from autotune.kernels import use_backend
+
+        start = time.perf_counter()
+        batch = next(self.batches)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.precision.nonfinite.clear()
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        with use_backend(self.spec.kernel_backend):  # type: ignore[arg-type]
+            loss = self._forward_backward(batch, scale)
+            params = [p for _, p in self.named]
+            flags = torch.zeros(len(COMPUTE_CLASSES) + 1)
+            for i, cls in enumerate(COMPUTE_CLASSES):
+                flags[i] = float(cls in self.precision.nonfinite)
+            grads = [g for g in (local_grad(p) for p in params) if g is not None]
+            flags[-1] = float(any(not bool(torch.isfinite(g).all()) for g in grads))
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            bad = {cls for i, cls in enumerate(COMPUTE_CLASSES) if flags[i] > 0}
+            events: list[dict[str, Any]] = []
+            sent = dense = 0
+            if bad:
+                for change in self.precision.fall_back(bad):
+                    events.append({"step": self.step_count, "kind": "nonfinite", **change})
+                if self.scaler is not None:
+                    self.scaler.update(True)
+            elif flags[-1] > 0:
+                events.append(
+                    {"step": self.step_count, "kind": "grad_overflow", "loss_scale": scale}
+                )
+                if self.scaler is not None:
+                    self.scaler.update(True)
+            else:
+                if self.ddp is not None:
+                    sent, _ = self.counter.take()
+                    dense = sum(g.numel() * 4 for g in grads) if self.dp > 1 else 0
+                else:
+                    sent, dense = self.reducer.reduce(params, self.step_count)
+                if scale != 1.0:
+                    for g in grads:
+                        g.div_(scale)
+                self.optimizer.step()
+                self.precision.round_optimizer_state(self.optimizer)
+                if self.scaler is not None:
+                    self.scaler.update(False)
+        self.step_count += 1
+        self.events.extend(events)
+        elapsed = time.perf_counter() - start
+        reports_loss = self.pp_index == self.pp - 1 and self.tp_index == 0
+        return {
+            "rank": self.rank,
+            "step": self.step_count,
+            "loss": loss if reports_loss else None,
+            "step_time_s": elapsed,
+            "bytes_sent": int(sent),
+            "bytes_dense": int(dense),
+            "events": events,
+            "peak_memory_bytes": self._peak_memory(),
+            "power_watts": gpu_power_watts(0) if self.spec.device == "cuda" else None,
+        }
+
+    def _peak_memory(self) -> int:
+        if self.spec.device == "cuda":
+            return int(torch.cuda.max_memory_allocated())
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    # ----------------------------------------------------------------- checkpoints
+
+    def state(self) -> dict[str, Any] | None:
+        """This rank's part of a layout-independent checkpoint: full (unsharded) weights
+        and optimizer moments of the parameters its stage trains. Every rank must call
+        it (tensor-parallel shards are gathered); data-parallel replicas other than the
+        first, and tensor-parallel peers other than the first, return ``None``."""
+        weights = {name: _full(p) for name, p in self.named}
+        optim: dict[str, dict[str, Tensor]] = {}
+        for name, p in self.named:
+            entry = self.optimizer.state.get(p)
+            if entry:
+                optim[name] = {k: _full(v) if isinstance(v, Tensor) else v for k, v in entry.items()}
+        if self.dp_index or self.tp_index:
+            return None
+        return {
+            "stage": self.pp_index,
+            "step": self.step_count,
+            "model": weights,
+            "optim": optim,
+            "precision": self.precision.precision.as_dict(),
+            "scaler": self.scaler.state() if self.scaler is not None else None,
+        }
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(device)
+    if isinstance(value, tuple | list):
+        return type(value)(_to(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
+    return value
