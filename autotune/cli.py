@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune import __version__
 from autotune.errors import InputError
+from autotune.job_cli import job_app
 
 __all__ = ["app", "main"]
 
@@ -35,6 +36,7 @@ db_app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 model_app = typer.Typer(help="Check and calibrate the performance model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+app.add_typer(job_app, name="job")
 
 _err = Console(stderr=True)
 P = ParamSpec("P")

@@ -25,6 +25,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from autotune.errors import InputError
+
 __all__ = [
     "ParallelError",
     "StageModule",
@@ -46,7 +48,7 @@ _QKV_NAMES = (
 _OUT_NAMES = ("out_proj", "o_proj", "wo", "out", "c_proj", "proj", "dense")
 
 
-class ParallelError(ValueError):
+class ParallelError(InputError):
     """A model that cannot be split as asked; the message says why and what to provide."""
 
 

@@ -106,6 +106,13 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
+def _finite(value: Any) -> bool:
+    if not (isinstance(value, Tensor) and value.is_floating_point()):
+        return True
+    local = value.to_local() if hasattr(value, "to_local") else value
+    return bool(torch.isfinite(local).all())
+
+
 def fake_quantize_fp8(t: Tensor) -> Tensor:
     """``t`` rounded through blockwise e4m3 (per-128 scales), in bf16, with a
     straight-through gradient."""
@@ -147,7 +154,7 @@ class PrecisionController:
     precision: PrecisionMap
     classes: dict[str, str] = field(default_factory=dict)
     nonfinite: set[str] = field(default_factory=set)
-    """Classes whose output was not finite in the current step."""
+    """Classes that turned finite inputs into NaN/Inf in the current step."""
     watching: bool = True
 
     def __post_init__(self) -> None:
@@ -175,10 +182,8 @@ class PrecisionController:
                 with _parameters_as(module, lambda p: p.to(dtype)):
                     out = original(*_cast(args, dtype), **kwargs)
             first = out[0] if isinstance(out, tuple) else out
-            if self.watching and isinstance(first, Tensor) and first.is_floating_point():
-                local = first.to_local() if hasattr(first, "to_local") else first
-                if not bool(torch.isfinite(local).all()):
-                    self.nonfinite.add(cls)
+            if self.watching and not _finite(first) and all(_finite(a) for a in args):
+                self.nonfinite.add(cls)  # this module made finite inputs non-finite
             return out
 
         return forward

@@ -18,7 +18,8 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,19 @@ def check_config(config: JobConfig) -> None:
         )
 
 
+@contextmanager
+def _neutral_working_directory() -> Iterator[None]:
+    """Ray puts the driver's working directory on every worker's ``sys.path``; started
+    from a source checkout, its ``autotune/`` folder would shadow the installed package
+    in the workers. Start Ray from the temporary directory instead."""
+    here = os.getcwd()
+    os.chdir(tempfile.gettempdir())
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     """Connect to Ray: the cluster at ``address``, or a local one. Returns whether this
     call started Ray (and so should shut it down)."""
@@ -58,16 +72,17 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bo
 
     if ray.is_initialized():
         return False
-    if address:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-    else:
-        cpus = max(num_cpus or 1, os.cpu_count() or 1)
-        ray.init(
-            num_cpus=cpus,
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-            log_to_driver=False,
-        )
+    with _neutral_working_directory():
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        else:
+            cpus = max(num_cpus or 1, os.cpu_count() or 1)
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+            )
     return True
 
 
@@ -231,6 +246,13 @@ class JobRunner:
         selectors = None
         if placement is not None:
             selectors = [{NODE_ID_LABEL: slot.node_id} for slot in placement.ranks]
+        total = ray.cluster_resources()
+        for resource in bundles[0]:
+            if total.get(resource, 0) < world * bundles[0][resource]:
+                raise ExecutorError(
+                    f"the job needs {world} ranks with {bundles[0]} each, but the Ray cluster "
+                    f"has {total.get(resource, 0):g} {resource} in all"
+                )
         self._group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
         try:
             ray.get(self._group.ready(), timeout=self.placement_timeout_s)

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from autotune.errors import InputError
+
 __all__ = [
     "BUILTIN_TASKS",
     "GPTChar",
@@ -43,7 +45,7 @@ __all__ = [
 ]
 
 
-class TaskError(ValueError):
+class TaskError(InputError):
     """A task that cannot be loaded or used; the message names it."""
 
 

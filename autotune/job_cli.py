@@ -1,0 +1,225 @@
+"""``autotune job run``: train one job directly with a given configuration (no policy)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
+from autotune.errors import InputError
+
+__all__ = ["job_app", "parse_compression", "parse_precision"]
+
+job_app = typer.Typer(help="Run and manage training jobs.", no_args_is_help=True)
+_err = Console(stderr=True)
+
+
+def parse_compression(text: str) -> CompressionSpec:
+    """``none`` | ``topk:RATIO`` | ``int8`` | ``fp8`` | ``powersgd:RANK``."""
+    kind, _, arg = text.partition(":")
+    try:
+        if kind == "topk":
+            return CompressionSpec(kind="topk", ratio=float(arg))
+        if kind == "powersgd":
+            return CompressionSpec(kind="powersgd", rank=int(arg))
+        if kind in ("none", "int8", "fp8") and not arg:
+            return CompressionSpec(kind=kind)
+    except ValueError as exc:
+        raise InputError(f"--compression {text!r}: {exc}") from None
+    raise InputError(f"--compression {text!r}: use none, topk:RATIO, int8, fp8 or powersgd:RANK")
+
+
+def parse_precision(text: str) -> PrecisionMap:
+    """A precision for every matmul class (``fp32``, ``bf16``, ``fp16``, ``fp8``) or a JSON
+    file mapping module classes to precisions."""
+    if text in ("fp32", "bf16", "fp16", "fp8"):
+        return PrecisionMap.uniform(text)
+    path = Path(text)
+    if not path.is_file():
+        raise InputError(f"--precision {text!r}: not fp32|bf16|fp16|fp8 and no such file")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON: {exc}", path=str(path)) from None
+    if not isinstance(data, dict):
+        raise InputError("expected a JSON object of module class -> precision", path=str(path))
+    try:
+        return PrecisionMap(**data)
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(exc), path=str(path)) from None
+
+
+@job_app.command("run")
+def run(
+    task: Annotated[
+        str,
+        typer.Option(
+            "--task",
+            help="gpt-char, mlp-synthetic, path/to/file.py:ClassName or package.module:ClassName.",
+        ),
+    ],
+    dp: Annotated[int, typer.Option("--dp", help="Data-parallel degree.", min=1)] = 1,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.", min=1)] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel degree.", min=1)] = 1,
+    compression: Annotated[
+        str,
+        typer.Option(
+            "--compression", help="none | topk:RATIO | int8 | fp8 | powersgd:RANK (data-parallel)."
+        ),
+    ] = "none",
+    precision: Annotated[
+        str,
+        typer.Option(
+            "--precision",
+            help="fp32 | bf16 | fp16 | fp8 for every matmul class, or a JSON file of "
+            "module class -> precision.",
+        ),
+    ] = "fp32",
+    steps: Annotated[int, typer.Option("--steps", help="Training steps.", min=1)] = 100,
+    batch_size: Annotated[
+        int | None, typer.Option("--batch-size", help="Global batch (default: the task's).", min=1)
+    ] = None,
+    micro_batches: Annotated[
+        int,
+        typer.Option(
+            "--micro-batches",
+            help="Pipeline micro-batches, or gradient-accumulation steps without pp.",
+            min=1,
+        ),
+    ] = 1,
+    activation_checkpointing: Annotated[
+        bool, typer.Option("--activation-checkpointing", help="Recompute block activations.")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and data.")] = 0,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="Join this Ray cluster (default: start a local one)."),
+    ] = None,
+    checkpoint_dir: Annotated[
+        Path | None,
+        typer.Option("--checkpoint-dir", help="Keep checkpoints here (default: a temporary dir)."),
+    ] = None,
+    checkpoint_every: Annotated[
+        int, typer.Option("--checkpoint-every", help="Steps between checkpoints.", min=1)
+    ] = 50,
+    device: Annotated[
+        str, typer.Option("--device", help="auto | cpu | cuda (auto: cuda when present).")
+    ] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Train one job with the given layout, compression and precision, and report loss,
+    bytes sent against a dense all-reduce, step time and where each rank ran."""
+    try:
+        _run(**locals())
+    except InputError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise typer.Exit(code=2) from None
+
+
+def _run(
+    *,
+    task: str,
+    dp: int,
+    tp: int,
+    pp: int,
+    compression: str,
+    precision: str,
+    steps: int,
+    batch_size: int | None,
+    micro_batches: int,
+    activation_checkpointing: bool,
+    seed: int,
+    ray_address: str | None,
+    checkpoint_dir: Path | None,
+    checkpoint_every: int,
+    device: str,
+    as_json: bool,
+) -> None:
+    import torch
+
+    from autotune.executor.runner import ExecutorError, JobRunner, ensure_ray
+
+    try:
+        config = JobConfig(
+            layout=Layout(
+                world_size=dp * tp * pp,
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                micro_batches=micro_batches,
+                activation_checkpointing=activation_checkpointing,
+            ),
+            precision=parse_precision(precision),
+            compression=parse_compression(compression),
+        )
+    except InputError:
+        raise
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"--device {device!r}: use auto, cpu or cuda")
+    progress = Progress(
+        TextColumn("training"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} steps"),
+        TextColumn("{task.fields[loss]}"),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=True,
+        disable=not _err.is_terminal,
+    )
+    bar = progress.add_task("train", total=steps, loss="")
+
+    def on_step(_runner: Any, step: int, metrics: dict[str, Any]) -> None:
+        loss = metrics.get("loss")
+        progress.update(bar, completed=step, loss=f"loss {loss:.4f}" if loss is not None else "")
+
+    runner = JobRunner(
+        task,
+        config,
+        steps=steps,
+        batch_size=batch_size,
+        seed=seed,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        device=device,
+        on_step=on_step,
+    )
+    started = ensure_ray(ray_address, num_cpus=config.world_size)
+    try:
+        with progress:
+            result = runner.run()
+    except ExecutorError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        raise typer.Exit(code=1) from None
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    summary = result.summary()
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    ratio = summary["bytes_sent"] / summary["bytes_dense"] if summary["bytes_dense"] else None
+    typer.echo(
+        f"{summary['steps']} steps: loss {summary['loss_first']:.4f} -> {summary['loss_last']:.4f}; "
+        f"median step {summary['step_time_s_median'] * 1000:.1f} ms, "
+        f"{summary['samples_per_s']:.1f} samples/s"
+    )
+    if ratio is not None:
+        typer.echo(
+            f"bytes sent {summary['bytes_sent']:,} of {summary['bytes_dense']:,} dense ({ratio:.3%})"
+        )
+    nodes = sorted({p["node"] for p in summary["placement"]})
+    typer.echo(f"ranks on {len(nodes)} node(s): " + ", ".join(n[:12] for n in nodes))
+    for event in summary["events"]:
+        typer.echo(f"event: {json.dumps(event)}")
