@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune import __version__
 from autotune.errors import InputError
-from autotune.job_cli import job_app
+from autotune.job_cli import calibrate_command, job_app
 
 __all__ = ["app", "main"]
 
@@ -37,6 +37,7 @@ app.add_typer(db_app, name="db")
 model_app = typer.Typer(help="Check and calibrate the performance model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 app.add_typer(job_app, name="job")
+app.command("calibrate")(calibrate_command)
 
 _err = Console(stderr=True)
 P = ParamSpec("P")

@@ -1,20 +1,29 @@
-"""``autotune job run``: train one job directly with a given configuration (no policy)."""
+"""Commands that train for real through the executor: ``autotune job run`` (one job with
+a given configuration, no policy) and ``autotune calibrate`` (fit the performance model
+to this machine)."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
+from autotune.core import (
+    CompressionKind,
+    CompressionSpec,
+    JobConfig,
+    Layout,
+    Precision,
+    PrecisionMap,
+)
 from autotune.errors import InputError
 
-__all__ = ["job_app", "parse_compression", "parse_precision"]
+__all__ = ["calibrate_command", "job_app", "parse_compression", "parse_precision"]
 
 job_app = typer.Typer(help="Run and manage training jobs.", no_args_is_help=True)
 _err = Console(stderr=True)
@@ -29,7 +38,7 @@ def parse_compression(text: str) -> CompressionSpec:
         if kind == "powersgd":
             return CompressionSpec(kind="powersgd", rank=int(arg))
         if kind in ("none", "int8", "fp8") and not arg:
-            return CompressionSpec(kind=kind)
+            return CompressionSpec(kind=cast(CompressionKind, kind))
     except ValueError as exc:
         raise InputError(f"--compression {text!r}: {exc}") from None
     raise InputError(f"--compression {text!r}: use none, topk:RATIO, int8, fp8 or powersgd:RANK")
@@ -39,7 +48,7 @@ def parse_precision(text: str) -> PrecisionMap:
     """A precision for every matmul class (``fp32``, ``bf16``, ``fp16``, ``fp8``) or a JSON
     file mapping module classes to precisions."""
     if text in ("fp32", "bf16", "fp16", "fp8"):
-        return PrecisionMap.uniform(text)
+        return PrecisionMap.uniform(cast(Precision, text))
     path = Path(text)
     if not path.is_file():
         raise InputError(f"--precision {text!r}: not fp32|bf16|fp16|fp8 and no such file")
@@ -210,16 +219,82 @@ def _run(
         typer.echo(json.dumps(summary))
         return
     ratio = summary["bytes_sent"] / summary["bytes_dense"] if summary["bytes_dense"] else None
+    first, last = summary["loss_first"], summary["loss_last"]
     typer.echo(
-        f"{summary['steps']} steps: loss {summary['loss_first']:.4f} -> {summary['loss_last']:.4f}; "
+        f"{summary['steps']} steps: loss {first:.4f} -> {last:.4f}; "
         f"median step {summary['step_time_s_median'] * 1000:.1f} ms, "
         f"{summary['samples_per_s']:.1f} samples/s"
     )
     if ratio is not None:
         typer.echo(
-            f"bytes sent {summary['bytes_sent']:,} of {summary['bytes_dense']:,} dense ({ratio:.3%})"
+            f"bytes sent {summary['bytes_sent']:,} of {summary['bytes_dense']:,} dense "
+            f"({ratio:.3%})"
         )
     nodes = sorted({p["node"] for p in summary["placement"]})
     typer.echo(f"ranks on {len(nodes)} node(s): " + ", ".join(n[:12] for n in nodes))
     for event in summary["events"]:
         typer.echo(f"event: {json.dumps(event)}")
+
+
+def calibrate_command(
+    steps: Annotated[
+        int, typer.Option("--steps", help="Measured steps per configuration.", min=2)
+    ] = 20,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and data.")] = 0,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Where to save the profile (default: <data dir>/calibration.json)."
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None, typer.Option("--ray-address", help="Join this Ray cluster.")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Train gpt-char under 12 configurations (layouts x compression x precision) on this
+    machine, fit the performance model's device and coefficients to the measured step
+    times, save the profile, and report the step-time error (target MAPE <= 15%)."""
+    from autotune.executor.calibrate import GRID, calibrate, save_profile
+    from autotune.executor.runner import ensure_ray
+    from autotune.settings import Settings
+
+    target = out or Settings().data_dir / "calibration.json"
+    progress = Progress(
+        TextColumn("calibrating"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} {task.fields[what]}"),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=True,
+        disable=not _err.is_terminal,
+    )
+    bar = progress.add_task("calibrate", total=len(GRID), what="")
+    started = ensure_ray(ray_address, num_cpus=2)
+    try:
+        with progress:
+            report = calibrate(
+                steps=steps,
+                seed=seed,
+                progress=lambda done, _total, what: progress.update(bar, completed=done, what=what),
+            )
+    finally:
+        if started:
+            import ray
+
+            ray.shutdown()
+    report["saved_to"] = str(target)
+    save_profile(report, target)
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    for row in report["configs"]:
+        typer.echo(
+            f"{row['config']:<28} measured {row['measured_step_s'] * 1000:8.1f} ms  "
+            f"fit {row['predicted_step_s'] * 1000:8.1f} ms  "
+            f"held out {row['held_out_predicted_step_s'] * 1000:8.1f} ms"
+        )
+    typer.echo(
+        f"step-time MAPE {report['mape_step_time']:.1%} in sample, "
+        f"{report['mape_step_time_held_out']:.1%} held out (target 15%); saved {target}"
+    )

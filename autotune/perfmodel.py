@@ -387,14 +387,16 @@ def step_time(
     *,
     coeffs: Coefficients = DEFAULT_COEFFICIENTS,
     straggler_cv: float = 0.0,
+    spec: DeviceSpec | None = None,
 ) -> StepTime:
-    """Time of one optimizer step of ``global_batch`` samples (see the module docstring)."""
+    """Time of one optimizer step of ``global_batch`` samples (see the module docstring).
+    ``spec`` replaces the catalog's entry for ``shape.gpu_model`` (a calibrated device)."""
     layout = config.layout
     if shape.world_size != layout.world_size:
         raise ValueError(
             f"placement has {shape.world_size} ranks, layout needs {layout.world_size}"
         )
-    spec = device(shape.gpu_model)
+    spec = spec or device(shape.gpu_model)
     share = shape.gpu_milli / MILLI_PER_GPU
     flops = model.flops_per_sample * global_batch / layout.world_size
     seconds = flops / 1e12 * class_time_factor(spec, model, config.precision) / coeffs.mfu

@@ -30,7 +30,7 @@ def ray_nodes() -> list[NodeInfo]:
     import ray
 
     nodes = []
-    for entry in ray.nodes():
+    for entry in ray.nodes():  # type: ignore[no-untyped-call]
         if not entry.get("Alive"):
             continue
         resources = entry.get("Resources", {})

@@ -139,4 +139,4 @@ def count_powersgd_traffic(counter: ByteCounter) -> None:
     tensors it leaves uncompressed) into ``counter``, in this process."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
-    powerSGD_hook.dist = _CountingDist(counter)  # type: ignore[attr-defined]
+    powerSGD_hook.dist = _CountingDist(counter)  # type: ignore[assignment,attr-defined]

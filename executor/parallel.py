@@ -18,6 +18,7 @@ earlier stage ends the forward and sends its output. Parameters outside a stage'
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ def derive_tp_plan(model: nn.Module) -> dict[str, str]:
                     plan[dot + n] = "colwise"
                 plan[dot + out] = "rowwise"
                 continue
-        for (n1, l1), (n2, l2) in zip(linears, linears[1:], strict=False):
+        for (n1, l1), (n2, l2) in itertools.pairwise(linears):
             if dot + n1 in plan or dot + n2 in plan:
                 continue
             widens = l1.out_features > l1.in_features
@@ -101,7 +102,9 @@ def _check_tp_plan(model: nn.Module, plan: dict[str, Any], tp: int) -> None:
                 )
 
 
-def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: dict[str, Any] | None) -> dict[str, str]:
+def apply_tensor_parallel(
+    model: nn.Module, mesh: Any, plan: dict[str, Any] | None
+) -> dict[str, str]:
     """Shard ``model`` in place over the 1-D ``mesh``; returns the plan used."""
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -123,7 +126,9 @@ def apply_tensor_parallel(model: nn.Module, mesh: Any, plan: dict[str, Any] | No
     for name, style in chosen.items():
         if isinstance(style, str):
             if style not in styles:
-                raise ParallelError(f"tensor-parallel style {style!r} for {name}: use colwise|rowwise")
+                raise ParallelError(
+                    f"tensor-parallel style {style!r} for {name}: use colwise|rowwise"
+                )
             resolved[name] = styles[style]()
         else:
             resolved[name] = style
@@ -165,7 +170,9 @@ def derive_split_points(model: nn.Module, stages: int) -> list[str]:
     return [f"{name}.{c}" for c in cuts]
 
 
-def stage_ranges(model: nn.Module, split_points: Sequence[str], stages: int) -> tuple[str, list[range]]:
+def stage_ranges(
+    model: nn.Module, split_points: Sequence[str], stages: int
+) -> tuple[str, list[range]]:
     """The block stack's name and each stage's range of block indices."""
     if len(split_points) != stages - 1:
         raise ParallelError(
@@ -189,7 +196,7 @@ def stage_ranges(model: nn.Module, split_points: Sequence[str], stages: int) -> 
         raise ParallelError(
             f"split points {list(split_points)} must be increasing and inside 1..{len(blocks) - 1}"
         )
-    return parent, [range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    return parent, [range(a, b) for a, b in itertools.pairwise(bounds)]
 
 
 def _passthrough(x: Any, *args: Any, **kwargs: Any) -> Any:
@@ -215,7 +222,7 @@ class StageModule(nn.Module):
         self._received: Tensor | None = None
         for index, block in enumerate(blocks):
             if index not in span:
-                block.forward = _passthrough  # type: ignore[method-assign]
+                block.forward = _passthrough
         if not self.first:
             blocks[span.start].register_forward_pre_hook(self._inject)
         if not last:
@@ -254,7 +261,7 @@ def apply_activation_checkpointing(blocks: nn.ModuleList) -> None:
         def forward(*args: Any, _inner: Callable[..., Any] = inner, **kwargs: Any) -> Any:
             return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
 
-        block.forward = forward  # type: ignore[method-assign]
+        block.forward = forward
 
 
 def replay(output: Tensor) -> nn.Module:

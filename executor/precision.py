@@ -82,7 +82,9 @@ def classify_modules(model: nn.Module) -> dict[str, str]:
         elif isinstance(module, nn.Linear):
             parent_module = modules.get(parent)
             sibling_names = (
-                {n for n, _ in parent_module.named_children()} if parent_module is not None else set()
+                {n for n, _ in parent_module.named_children()}
+                if parent_module is not None
+                else set()
             )
             is_attention = bool(sibling_names & (_QKV | _QKV_FUSED)) or "attn" in parent.lower()
             if leaf.startswith("embed"):
@@ -163,9 +165,11 @@ class PrecisionController:
         for name, cls in self.classes.items():
             module = modules[name]
             original = module.forward
-            module.forward = self._wrap(module, cls, original)  # type: ignore[method-assign]
+            module.forward = self._wrap(module, cls, original)
 
-    def _wrap(self, module: nn.Module, cls: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def _wrap(
+        self, module: nn.Module, cls: str, original: Callable[..., Any]
+    ) -> Callable[..., Any]:
         def forward(*args: Any, **kwargs: Any) -> Any:
             precision = getattr(self.precision, cls)
             if precision == "fp32":

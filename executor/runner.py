@@ -17,9 +17,8 @@ import shutil
 import statistics
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +117,7 @@ class JobResult:
         }
 
 
-class _WorkerDied(Exception):
+class _WorkerDied(Exception):  # noqa: N818 - control flow within the runner
     pass
 
 
@@ -246,7 +245,7 @@ class JobRunner:
         selectors = None
         if placement is not None:
             selectors = [{NODE_ID_LABEL: slot.node_id} for slot in placement.ranks]
-        total = ray.cluster_resources()
+        total = ray.cluster_resources()  # type: ignore[no-untyped-call]
         for resource in bundles[0]:
             if total.get(resource, 0) < world * bundles[0][resource]:
                 raise ExecutorError(
@@ -324,10 +323,8 @@ class JobRunner:
         import ray
 
         for worker in self.workers:
-            try:
+            with suppress(Exception):  # already dead
                 ray.kill(worker, no_restart=True)
-            except Exception:  # already dead
-                pass
         self.workers = []
         self._remove_group()
 
@@ -335,10 +332,8 @@ class JobRunner:
         from ray.util.placement_group import remove_placement_group
 
         if self._group is not None:
-            try:
+            with suppress(Exception):
                 remove_placement_group(self._group)
-            except Exception:
-                pass
             self._group = None
 
     # ----------------------------------------------------------------- recovery
@@ -407,8 +402,12 @@ class JobRunner:
                 return state
             except Exception as exc:
                 self._result.events.append(
-                    {"step": self.step, "kind": "checkpoint_unreadable", "path": str(path),
-                     "detail": _first_line(exc)}
+                    {
+                        "step": self.step,
+                        "kind": "checkpoint_unreadable",
+                        "path": str(path),
+                        "detail": _first_line(exc),
+                    }
                 )
                 log.warning("checkpoint %s does not load (%s); trying an older one", path, exc)
         return None
@@ -444,7 +443,9 @@ class JobRunner:
             "samples_per_s": self.samples_per_step / step_time if step_time > 0 else 0.0,
             "bytes_sent": sum(m["bytes_sent"] for m in metrics),
             "bytes_dense": sum(m["bytes_dense"] for m in metrics),
-            "nan_events": sum(1 for m in metrics[:1] for e in m["events"] if e["kind"] == "nonfinite"),
+            "nan_events": sum(
+                1 for m in metrics[:1] for e in m["events"] if e["kind"] == "nonfinite"
+            ),
             "peak_memory_bytes": result.peak_memory_bytes,
             "power_watts": sum(power) if power else None,
         }

@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from autotune.errors import InputError
@@ -109,7 +109,8 @@ class CausalSelfAttention(nn.Module):
             for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out_proj(y.transpose(1, 2).reshape(b, t, -1))
+        out: Tensor = self.out_proj(y.transpose(1, 2).reshape(b, t, -1))
+        return out
 
 
 class MLP(nn.Module):
@@ -119,7 +120,8 @@ class MLP(nn.Module):
         self.proj = nn.Linear(4 * width, width)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(F.gelu(self.fc(x)))
+        out: Tensor = self.proj(F.gelu(self.fc(x)))
+        return out
 
 
 class Block(nn.Module):
@@ -132,7 +134,8 @@ class Block(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        out: Tensor = x + self.mlp(self.ln_2(x))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +170,8 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(positions)
         for block in self.blocks:
             x = block(x)
-        return self.lm_head(self.ln_f(x))
+        logits: Tensor = self.lm_head(self.ln_f(x))
+        return logits
 
 
 class GPTChar:
@@ -224,7 +228,8 @@ class MLPNet(nn.Module):
         h = self.embed(x)
         for block in self.blocks:
             h = block(h)
-        return self.head(self.norm(h))
+        out: Tensor = self.head(self.norm(h))
+        return out
 
 
 class MLPBlock(nn.Module):
@@ -235,7 +240,8 @@ class MLPBlock(nn.Module):
         self.down = nn.Linear(2 * width, width)
 
     def forward(self, x: Tensor) -> Tensor:
-        return x + self.down(F.gelu(self.up(self.norm(x))))
+        out: Tensor = x + self.down(F.gelu(self.up(self.norm(x))))
+        return out
 
 
 class MLPSynthetic:
@@ -325,11 +331,15 @@ def load_task(spec: str, *, batch_size: int | None = None) -> TrainingTask:
         task = target() if isinstance(target, type) or callable(target) else target
     except Exception as exc:
         raise TaskError(f"task {spec!r}: constructing it failed: {exc!r}") from exc
-    missing = [m for m in ("build_model", "batches", "loss") if not callable(getattr(task, m, None))]
+    missing = [
+        m for m in ("build_model", "batches", "loss") if not callable(getattr(task, m, None))
+    ]
     if missing:
-        raise TaskError(f"task {spec!r} lacks {', '.join(missing)} (a TrainingTask needs all three)")
+        raise TaskError(
+            f"task {spec!r} lacks {', '.join(missing)} (a TrainingTask needs all three)"
+        )
     if batch_size is not None:
         if batch_size < 1:
             raise TaskError(f"task {spec!r}: batch size must be >= 1, not {batch_size}")
-        task.batch_size = batch_size  # type: ignore[attr-defined]
-    return task
+        task.batch_size = batch_size
+    return cast(TrainingTask, task)

@@ -120,7 +120,7 @@ class RankWorker:
         try:
             import ray
 
-            address = ray.util.get_node_ip_address()
+            address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
         except Exception:
             address = "127.0.0.1"
         return address, _free_port()
@@ -168,7 +168,9 @@ class RankWorker:
         span: range | None = None
         if self.pp > 1:
             points_fn = getattr(self.task, "split_points", None)
-            points = list(points_fn()) if callable(points_fn) else derive_split_points(model, self.pp)
+            points = (
+                list(points_fn()) if callable(points_fn) else derive_split_points(model, self.pp)
+            )
             parent, ranges = stage_ranges(model, points, self.pp)
             blocks_module = dict(model.named_modules())[parent]
             assert isinstance(blocks_module, nn.ModuleList)
@@ -220,7 +222,9 @@ class RankWorker:
                 ddp.register_comm_hook(hook_state, powerSGD_hook.powerSGD_hook)
                 self.ddp = train_module = ddp
         self.reducer = GradientReducer(
-            spec=compression if compression.kind != "powersgd" else replace(compression, kind="none", rank=None),
+            spec=compression
+            if compression.kind != "powersgd"
+            else replace(compression, kind="none", rank=None),
             group=dp_group,
             size=self.dp,
             rank=self.dp_index,
@@ -276,7 +280,9 @@ class RankWorker:
             for key, value in entry.items():
                 value = value.to(self.device)
                 if key != "step" and isinstance(p, DTensor):
-                    value = distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None)
+                    value = distribute_tensor(
+                        value, p.device_mesh, p.placements, src_data_rank=None
+                    )
                 restored[key] = value
             self.optimizer.state[p] = restored
         if self.scaler is not None and state.get("scaler"):
@@ -312,7 +318,7 @@ class RankWorker:
         for chunk in chunks:
             chunk = _to(chunk, self.device)
             loss = self.task.loss(self.train_module, chunk) / len(chunks)
-            (loss * scale).backward()
+            torch.autograd.backward(loss * scale)
             total += float(loss.detach())
         return total
 
@@ -393,7 +399,9 @@ class RankWorker:
         for name, p in self.named:
             entry = self.optimizer.state.get(p)
             if entry:
-                optim[name] = {k: _full(v) if isinstance(v, Tensor) else v for k, v in entry.items()}
+                optim[name] = {
+                    k: _full(v) if isinstance(v, Tensor) else v for k, v in entry.items()
+                }
         if self.dp_index or self.tp_index:
             return None
         return {

@@ -80,10 +80,12 @@ def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path: Path) -> 
         on_step=kill_rank_one,
     )
     assert killed == [13]
-    assert result.steps == 20 and len(result.losses) == 20
+    assert result.steps == 20
+    assert len(result.losses) == 20
     assert result.steps_redone == 3  # steps 11-13 after the checkpoint at 10
     died = [e for e in result.events if e["kind"] == "rank_died"]
-    assert died and died[0]["resumed_from"] == 10
+    assert died
+    assert died[0]["resumed_from"] == 10
     # training continued from the checkpoint as if nothing had happened
     uninterrupted = train("mlp-synthetic", config(dp=2), 20)
     assert result.losses == pytest.approx(uninterrupted.losses, rel=1e-5)
@@ -96,8 +98,10 @@ def test_an_unreadable_checkpoint_falls_back_to_the_previous_one(tmp_path: Path)
     newest[-1].write_bytes(b"truncated")
     resumed = train("mlp-synthetic", config(), 12, checkpoint_dir=tmp_path, checkpoint_every=4)
     unreadable = [e for e in resumed.events if e["kind"] == "checkpoint_unreadable"]
-    assert unreadable and unreadable[0]["path"].endswith("step-00000010.pt")
-    assert resumed.steps == 12 and len(resumed.losses) == 4  # steps 9-12 ran here
+    assert unreadable
+    assert unreadable[0]["path"].endswith("step-00000010.pt")
+    assert resumed.steps == 12
+    assert len(resumed.losses) == 4
 
 
 def test_apply_reconfigures_without_losing_state() -> None:
@@ -168,7 +172,9 @@ def test_topk_one_percent_sends_under_5_percent_and_trains_like_dense() -> None:
     against 2.70: with Adam, error feedback's delayed large updates train this small
     model faster), so the check is one-sided: compression must not cost convergence."""
     dense = train("gpt-char", config(dp=2), 200)
-    topk = train("gpt-char", config(dp=2, compression=CompressionSpec(kind="topk", ratio=0.01)), 200)
+    topk = train(
+        "gpt-char", config(dp=2, compression=CompressionSpec(kind="topk", ratio=0.01)), 200
+    )
     assert topk.bytes_sent <= 0.05 * topk.bytes_dense
     assert topk.bytes_dense == dense.bytes_dense
     final_dense = sum(dense.losses[-20:]) / 20

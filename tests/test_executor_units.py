@@ -34,7 +34,8 @@ def test_builtin_tasks_load_and_compute_a_loss() -> None:
         model = task.build_model()
         batch = next(task.batches(0, 1, seed=0))
         loss = task.loss(model, batch)
-        assert loss.ndim == 0 and torch.isfinite(loss)
+        assert loss.ndim == 0
+        assert torch.isfinite(loss)
 
 
 def test_data_parallel_shards_partition_the_global_batch() -> None:
@@ -67,7 +68,9 @@ def test_user_task_from_file(tmp_path) -> None:
         )
     )
     task = load_task(f"{path}:Wide", batch_size=4)
-    assert isinstance(task, MLPSynthetic) and task.hidden == 32 and task.batch_size == 4
+    assert isinstance(task, MLPSynthetic)
+    assert task.hidden == 32
+    assert task.batch_size == 4
 
 
 def test_user_task_from_module() -> None:
@@ -116,7 +119,8 @@ def test_tp_plan_for_gpt_shards_attention_and_mlp() -> None:
     assert plan["blocks.0.attn.out_proj"] == "rowwise"
     assert plan["blocks.3.mlp.fc"] == "colwise"
     assert plan["blocks.3.mlp.proj"] == "rowwise"
-    assert "lm_head" not in plan and "wte" not in plan
+    assert "lm_head" not in plan
+    assert "wte" not in plan
 
 
 def test_tp_plan_for_torch_transformer_encoder_shards_the_feed_forward() -> None:
@@ -149,7 +153,11 @@ def test_models_without_a_pattern_are_refused_with_a_reason() -> None:
 
 def test_split_points_are_checked() -> None:
     model = GPTChar().build_model()
-    assert stage_ranges(model, ["blocks.1", "blocks.3"], 3)[1] == [range(0, 1), range(1, 3), range(3, 4)]
+    assert stage_ranges(model, ["blocks.1", "blocks.3"], 3)[1] == [
+        range(0, 1),
+        range(1, 3),
+        range(3, 4),
+    ]
     for bad, why in (
         (["blocks.3", "blocks.1"], "increasing"),
         (["blocks"], "not '<module list>.<index>'"),
@@ -222,7 +230,8 @@ def test_fp8_rounds_inputs_and_weights_through_e4m3() -> None:
     expected = rounded(x) @ rounded(linear.weight.detach()).T
     torch.testing.assert_close(out, expected, atol=1e-2, rtol=1e-2)
     out.float().sum().backward()
-    assert linear.weight.grad is not None and linear.weight.grad.dtype == torch.float32
+    assert linear.weight.grad is not None
+    assert linear.weight.grad.dtype == torch.float32
 
 
 def test_nonfinite_outputs_move_the_class_one_step_safer() -> None:

@@ -1,0 +1,82 @@
+"""Calibration: the fit recovers a machine it measured, and ``autotune calibrate`` runs
+its grid for real and saves a profile the performance model loads."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from helpers import autotune_command
+
+from autotune.devices import device
+from autotune.executor.calibrate import (
+    GRID,
+    Measurement,
+    _device,
+    _predict,
+    fit_profile,
+    gpt_char_profile,
+    load_profile,
+)
+from autotune.perfmodel import Coefficients
+
+
+def test_grid_spans_layouts_compression_and_precision() -> None:
+    assert len(GRID) >= 12
+    assert {(c.layout.dp, c.layout.tp, c.layout.pp) for c in GRID} == {
+        (1, 1, 1),
+        (2, 1, 1),
+        (1, 2, 1),
+        (1, 1, 2),
+    }
+    assert {c.compression.kind for c in GRID} == {"none", "topk", "int8"}
+    assert {c.precision.ffn for c in GRID} == {"fp32", "bf16"}
+
+
+def test_fit_recovers_step_times_of_a_known_machine() -> None:
+    profile = gpt_char_profile()
+    base = device("CPU")
+    truth_spec = _device(base, 0.05, 0.6)
+    truth = Coefficients(
+        mfu=1.0,
+        compute_overhead_s=0.02,
+        intra_latency_s=2e-4,
+        intra_bw_efficiency=0.02,
+        overlap_gamma=1.3,
+    )
+    rows = [Measurement(c, 1.0, 0) for c in GRID]
+    times = _predict(profile, rows, truth_spec, truth)
+    rng = np.random.default_rng(0)
+    noisy = [
+        Measurement(c, float(t * rng.uniform(0.97, 1.03)), 0)
+        for c, t in zip(GRID, times, strict=True)
+    ]
+    spec, coeffs = fit_profile(profile, noisy, base)
+    fitted = _predict(profile, noisy, spec, coeffs)
+    assert np.mean(np.abs(fitted - times) / times) < 0.05
+    assert spec.peak_tflops["bf16"] / spec.peak_tflops["fp32"] == pytest.approx(0.6, rel=0.1)
+
+
+@pytest.mark.slow
+def test_calibrate_command_measures_the_grid_and_saves_a_profile(tmp_path) -> None:
+    out = tmp_path / "profile.json"
+    done = subprocess.run(
+        [*autotune_command(), "calibrate", "--steps", "2", "--out", str(out), "--json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert len(report["configs"]) == len(GRID)
+    assert all(row["measured_step_s"] > 0 for row in report["configs"])
+    topk = next(r for r in report["configs"] if "topk" in r["config"])
+    dense = next(r for r in report["configs"] if r["config"] == "dp2xtp1xpp1 none fp32")
+    assert 0 < topk["bytes_sent"] < dense["bytes_sent"]
+    assert 0 <= report["mape_step_time"] <= report["mape_step_time_held_out"] + 1.0
+    spec, coeffs = load_profile(out)
+    assert spec.peak_tflops["fp32"] == report["device"]["peak_tflops"]["fp32"]
+    assert coeffs.compute_overhead_s == report["coefficients"]["compute_overhead_s"]
