@@ -115,9 +115,11 @@ def gpt_char_profile() -> ModelProfile:
     )
 
 
-# Free parameters: (name, lower, upper); all fitted in log space.
+# Free parameters: (name, lower, upper); all fitted in log space. One rank is one core
+# on CPU: 0.5 TFLOP/s is above any core's fp32 peak (2 AVX-512 FMA x 16 lanes x 2 FLOP x
+# 4 GHz = 0.26), so the bound only keeps the fit physical.
 _FREE: tuple[tuple[str, float, float], ...] = (
-    ("peak_fp32_tflops", 1e-3, 10.0),
+    ("peak_fp32_tflops", 1e-4, 0.5),
     ("bf16_speed", 0.05, 4.0),
     ("compute_overhead_s", 1e-5, 1.0),
     ("intra_latency_s", 1e-7, 0.1),
@@ -167,7 +169,7 @@ def fit_profile(
 
     measured = np.log([m.step_time_s for m in rows])
     start = {
-        "peak_fp32_tflops": base.peak_tflops["fp32"] * 0.1,
+        "peak_fp32_tflops": 0.05,
         "bf16_speed": 1.0,
         "compute_overhead_s": 0.01,
         "intra_latency_s": 1e-4,

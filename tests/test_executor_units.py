@@ -290,3 +290,44 @@ def test_job_run_rejects_bad_input_with_exit_code_2(tmp_path) -> None:
         )
         assert done.returncode == 2, done.stderr
         assert message in done.stderr
+
+
+# ----------------------------------------------------------------------------- one rank
+
+
+def run_one_rank(config_kwargs: dict[str, object], steps: int = 3) -> list[float]:
+    """A single rank in this process (a one-member gloo group), no Ray."""
+    import socket
+
+    from autotune.core import JobConfig, Layout
+    from autotune.executor.worker import RankWorker, WorkerSpec
+
+    layout = config_kwargs.pop("layout", {})
+    config = JobConfig(layout=Layout(world_size=1, **layout), **config_kwargs)  # type: ignore[arg-type]
+    worker = RankWorker(0, WorkerSpec(task="gpt-char", config=config, batch_size=8))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    worker.setup("127.0.0.1", port)
+    try:
+        losses = [worker.step()["loss"] for _ in range(steps)]
+        if config.precision.optimizer_state == "bf16":
+            for state in worker.optimizer.state.values():
+                moment = state["exp_avg"]
+                assert torch.equal(moment, moment.bfloat16().float())
+        return losses
+    finally:
+        worker.close()
+
+
+def test_gradient_accumulation_and_activation_checkpointing_keep_the_losses() -> None:
+    plain = run_one_rank({})
+    assert run_one_rank({"layout": {"micro_batches": 2}}) == pytest.approx(plain, rel=1e-5)
+    assert run_one_rank({"layout": {"activation_checkpointing": True}}) == pytest.approx(
+        plain, rel=1e-6
+    )
+
+
+def test_bf16_optimizer_state_is_rounded_to_bf16() -> None:
+    losses = run_one_rank({"precision": PrecisionMap(optimizer_state="bf16")})
+    assert losses[-1] < losses[0]
