@@ -169,6 +169,8 @@ class JobRunner:
         self.workers: list[Any] = []
         self._group: Any = None
         self._pending: tuple[JobConfig, Placement | None] | None = None
+        self._stopping = threading.Event()
+        self._checkpoint_on_stop = False
         self._lock = threading.Lock()
         self._result = JobResult(
             steps=0,
@@ -199,11 +201,21 @@ class JobRunner:
         with self._lock:
             self._pending = (config, placement)
 
+    def stop(self, *, checkpoint: bool = False) -> None:
+        """End the job after the step in progress (from any thread); ``run`` returns the
+        steps done so far, after saving a checkpoint first if ``checkpoint``."""
+        self._checkpoint_on_stop = checkpoint
+        self._stopping.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopping.is_set()
+
     def run(self) -> JobResult:
         restarts = 0
         try:
             self._start(self._load_checkpoint())
-            while self.step < self.steps:
+            while self.step < self.steps and not self._stopping.is_set():
                 with self._lock:
                     pending, self._pending = self._pending, None
                 if pending is not None:
@@ -224,6 +236,8 @@ class JobRunner:
                     self._save_checkpoint()
                 if self.on_step is not None:
                     self.on_step(self, self.step, self._last)
+            if self._stopping.is_set() and self._checkpoint_on_stop and self.step:
+                self._save_checkpoint()
         finally:
             self._stop()
             if self._own_dir:

@@ -59,12 +59,15 @@ class TrainingTask(Protocol):
 
 
 def _shard(global_batch: int, rank: int, world_size: int) -> slice:
-    if global_batch % world_size:
+    """Rank ``rank``'s part of a global batch: equal parts, the first ``global_batch %
+    world_size`` ranks one sample more (``tensor_split``'s rule)."""
+    if global_batch < world_size:
         raise TaskError(
-            f"batch size {global_batch} is not divisible by the data-parallel degree {world_size}"
+            f"batch size {global_batch} is smaller than the data-parallel degree {world_size}"
         )
-    local = global_batch // world_size
-    return slice(rank * local, (rank + 1) * local)
+    base, extra = divmod(global_batch, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
 
 
 # --------------------------------------------------------------------------------------

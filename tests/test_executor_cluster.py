@@ -66,7 +66,7 @@ def test_a_hand_made_placement_is_honoured(nodes: list[NodeInfo]) -> None:
         ranks=tuple(RankSlot(rank=i, node_id=nodes[2 - i].node_id, gpu_index=0) for i in range(3)),
     )
     config = JobConfig(layout=Layout(world_size=3))
-    ran = JobRunner("mlp-synthetic", config, steps=2, batch_size=48, placement=reverse).run()
+    ran = JobRunner("mlp-synthetic", config, steps=2, placement=reverse).run()
     assert [(p["rank"], p["node"]) for p in ran.placement] == where(reverse)
 
 

@@ -104,9 +104,13 @@ def test_bad_tasks_are_named_in_the_error(tmp_path, source, spec, message) -> No
     assert spec.split(":")[0] in str(info.value) or "nope" in str(info.value)
 
 
-def test_batch_must_divide_over_data_parallel_ranks() -> None:
-    with pytest.raises(TaskError, match="not divisible"):
-        next(MLPSynthetic(batch_size=10).batches(0, 3, seed=0))
+def test_batches_split_unevenly_when_they_must() -> None:
+    task = MLPSynthetic(batch_size=10)
+    parts = [next(task.batches(r, 3, seed=0))[0] for r in range(3)]
+    assert [len(p) for p in parts] == [4, 3, 3]
+    assert torch.equal(torch.cat(parts), next(task.batches(0, 1, seed=0))[0])
+    with pytest.raises(TaskError, match="smaller than the data-parallel degree"):
+        next(MLPSynthetic(batch_size=2).batches(0, 3, seed=0))
 
 
 # ----------------------------------------------------------------------------- splitting
