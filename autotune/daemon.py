@@ -12,17 +12,30 @@ import contextlib
 import logging
 import signal
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from sqlalchemy.orm import Session
 
-from autotune.backend import Backend, ClusterSnapshot, JobStatus, Policy
-from autotune.core import Decision, JobConfig, Placement
+from autotune.backend import (
+    Backend,
+    ClusterSnapshot,
+    JobControl,
+    JobStatus,
+    JobSubmission,
+    Policy,
+    PolicyChoice,
+)
+from autotune.core import Decision, DecisionSource, JobConfig, Placement, utc_now
 from autotune.db import Database
 from autotune.db import repository as repo
+from autotune.explain import explain_decision
 from autotune.log import event
+from autotune.overrides import pinned_config, pinned_placement
+from autotune.perfmodel import batch_efficiency, compression_efficiency, precision_efficiency
 from autotune.planner import plan
 
 __all__ = ["Daemon", "TickReport", "serve"]
@@ -46,6 +59,14 @@ def _placement_summary(placement: Placement) -> str:
     return ", ".join(f"{node}:{','.join(map(str, gpus))}" for node, gpus in by_node.items())
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Why:
+    """What a decision records beside itself."""
+
+    override_id: int | None
+    explanation: dict[str, Any]
+
+
 class Daemon:
     def __init__(self, *, db: Database, backend: Backend, policy: Policy) -> None:
         self.db = db
@@ -55,9 +76,15 @@ class Daemon:
         self._job_rows: dict[str, tuple[str, str, float]] = {}
         self._nodes_written: tuple[object, ...] | None = None
         self._reconciled = False
+        # Jobs the backend knows, and per active job the override its newest decision
+        # honoured (None: the policy's); both rebuilt from the database at start().
+        self._known: set[str] = set()
+        self._honoured: dict[str, int | None] = {}
+        self.tick_observers: list[Callable[[TickReport], None]] = []
 
     def start(self) -> None:
-        """Record the active policy version."""
+        """Record the active policy version; resume the database's active jobs on a
+        backend that can (``JobControl``)."""
         with self.db.session() as session:
             repo.register_policy_version(
                 session=session,
@@ -65,18 +92,101 @@ class Daemon:
                 kind=self.policy.name,
                 activate=True,
             )
-        event("daemon.start", backend=self.backend.name, policy=self.policy.version)
+            resumed = self._restore(session)
+        event(
+            "daemon.start", backend=self.backend.name, policy=self.policy.version, resumed=resumed
+        )
+
+    def _restore(self, session: Session) -> int:
+        active = [
+            record
+            for state in ("pending", "running")
+            for record in repo.list_jobs(session=session, state=state, limit=1_000_000)[0]
+        ]
+        latest = repo.latest_decision_records(
+            session=session, job_ids=[r.spec.job_id for r in active]
+        )
+        self._honoured = {job_id: record.override_id for job_id, record in latest.items()}
+        if not isinstance(self.backend, JobControl):
+            return 0
+        jobs: list[tuple[JobSubmission, JobStatus]] = []
+        for record in active:
+            task = record.task or {}
+            if not task.get("name") or not task.get("steps"):
+                continue  # the backend never said what it trains: _reconcile fails it
+            last = latest.get(record.spec.job_id)
+            decision = last.decision if last is not None else None
+            jobs.append(
+                (
+                    JobSubmission(spec=record.spec, task=task["name"], steps=int(task["steps"])),
+                    JobStatus(
+                        spec=record.spec,
+                        state="running" if record.state == "running" else "pending",
+                        config=decision.config if decision is not None else None,
+                        placement=decision.placement if decision is not None else None,
+                        progress=record.progress,
+                    ),
+                )
+            )
+        taken = {r.spec.job_id for r in repo.list_jobs(session=session, limit=1_000_000)[0]}
+        self.backend.restore(jobs, taken_ids=taken)
+        self._known = {submission.spec.job_id for submission, _ in jobs}
+        for submission, status in jobs:
+            event("job.resumed", job=submission.spec.job_id, state=status.state)
+        return len(jobs)
+
+    def _intake(self) -> None:
+        """Hand the backend the jobs users submitted and the cancellations they asked
+        for since the last tick."""
+        if not isinstance(self.backend, JobControl):
+            return
+        with self.db.session() as session:
+            pending, _ = repo.list_jobs(session=session, state="pending", limit=1_000_000)
+            cancels = repo.cancel_requests(session=session)
+            for job_id in cancels:
+                if job_id not in self._known:  # never reached the backend
+                    repo.set_job_state(
+                        session=session, job_id=job_id, state="cancelled", reason="cancelled"
+                    )
+                    self._job_rows.pop(job_id, None)
+                    event("job.cancelled", job=job_id)
+        for job_id in cancels:
+            if job_id in self._known:
+                self.backend.cancel(job_id)
+                event("job.cancelled", job=job_id)
+        for record in pending:
+            job_id = record.spec.job_id
+            task = record.task or {}
+            if job_id in self._known or job_id in cancels or task.get("origin") != "api":
+                continue
+            self.backend.submit(
+                JobSubmission(spec=record.spec, task=task["name"], steps=int(task["steps"]))
+            )
+            self._known.add(job_id)
+            event("job.submitted", job=job_id, task=task["name"])
 
     def tick(self) -> TickReport:
         started = time.perf_counter()
+        self._intake()
         snapshot = self.backend.observe()
-        decisions, unplaced = self._decide(snapshot)
+        self._known.update(j.spec.job_id for j in snapshot.jobs)
+        decisions, unplaced, why = self._decide(snapshot)
         with self.db.session() as session:  # committed before anything is applied
             if not self._reconciled:
                 self._reconcile(session, snapshot)
                 self._reconciled = True
             self._write_cluster(session, snapshot, unplaced)
-            stored = [repo.create_decision(session=session, decision=d) for d in decisions]
+            stored = [
+                repo.create_decision(
+                    session=session,
+                    decision=d,
+                    override_id=why[d.job_id].override_id,
+                    explanation=why[d.job_id].explanation,
+                )
+                for d in decisions
+            ]
+        for decision in stored:
+            self._honoured[decision.job_id] = why[decision.job_id].override_id
         self.backend.apply(stored)
         with self.db.session() as session:
             repo.mark_decision_applied(
@@ -97,6 +207,7 @@ class Daemon:
                     ("jobs_running", float(running), None),
                     ("jobs_pending", float(pending), None),
                     ("gpu_utilization", snapshot.gpu_utilization, None),
+                    *_goodputs(snapshot),
                 ],
                 labels={"backend": self.backend.name},
             )
@@ -107,12 +218,13 @@ class Daemon:
                 job=decision.job_id,
                 decision_id=decision.decision_id,
                 source=decision.source,
+                override_id=why[decision.job_id].override_id,
                 placement=_placement_summary(decision.placement),
                 reason=decision.reason,
             )
         for job_id, reason in unplaced.items():
             event("unplaced", level=logging.DEBUG, job=job_id, reason=reason)
-        return TickReport(
+        report = TickReport(
             time_s=snapshot.time_s,
             decisions=stored,
             unplaced=unplaced,
@@ -121,6 +233,9 @@ class Daemon:
             pending=pending,
             gpu_utilization=snapshot.gpu_utilization,
         )
+        for observer in self.tick_observers:
+            observer(report)
+        return report
 
     def _reconcile(self, session: Session, snapshot: ClusterSnapshot) -> None:
         """At the first tick: a job the database holds as pending or running that the
@@ -141,11 +256,36 @@ class Daemon:
                 )
                 event("job.lost", job=record.spec.job_id, was=state)
 
-    def _decide(self, snapshot: ClusterSnapshot) -> tuple[list[Decision], dict[str, str]]:
-        choices = self.policy.decide(snapshot)
+    def _decide(
+        self, snapshot: ClusterSnapshot
+    ) -> tuple[list[Decision], dict[str, str], dict[str, _Why]]:
         active = snapshot.by_state("pending", "running")
+        with self.db.session() as session:
+            overrides = repo.active_overrides(session=session, at=utc_now())
+        # A job whose newest decision honoured an override that has since ended or been
+        # deleted goes back to the policy, which decides for it as for a waiting job.
+        released = {
+            j.spec.job_id: ended
+            for j in active
+            if (ended := self._honoured.get(j.spec.job_id)) is not None
+            and j.spec.job_id not in overrides
+        }
+        view = snapshot
+        if released:
+            view = replace(
+                snapshot,
+                jobs=[
+                    replace(j, state="pending", config=None, placement=None)
+                    if j.spec.job_id in released
+                    else j
+                    for j in snapshot.jobs
+                ],
+            )
+        choices = self.policy.decide(view)
         configs: dict[str, JobConfig] = {}
         current: dict[str, Placement] = {}
+        pinned: dict[str, Placement] = {}
+        unplaced: dict[str, str] = {}
         for job in active:
             job_id = job.spec.job_id
             choice = choices.get(job_id)
@@ -153,28 +293,90 @@ class Daemon:
                 configs[job_id] = choice.config
             elif job.config is not None:
                 configs[job_id] = job.config
-            if job.placement is not None and configs.get(job_id) == job.config:
+            override = overrides.get(job_id)
+            if override is not None:
+                base = configs.get(job_id) or JobConfig.data_parallel(job.spec.min_gpus)
+                try:
+                    configs[job_id] = pinned_config(base, override.pin)
+                    placement = pinned_placement(job.spec, override.pin)
+                except ValueError as exc:  # valid when stored, not against this config
+                    unplaced[job_id] = f"override {override.override_id} not applicable: {exc}"
+                    continue
+                if placement is not None:
+                    pinned[job_id] = current[job_id] = placement
+                    continue
+            if (
+                job.placement is not None
+                and configs.get(job_id) == job.config
+                and (job_id not in released or choice is None)
+            ):
                 current[job_id] = job.placement
-        result = plan([j.spec for j in active], snapshot.nodes, configs, current)
+        # Pinned placements take their GPUs first: the Planner keeps current placements
+        # in queue order, so those jobs go to the front.
+        specs = [
+            replace(j.spec, priority=2**31 - 1) if j.spec.job_id in pinned else j.spec
+            for j in active
+            if j.spec.job_id not in unplaced
+        ]
+        result = plan(specs, snapshot.nodes, configs, current)
+        unplaced.update(result.unplaced)
+        nodes = {n.node_id: n for n in snapshot.nodes}
         decisions: list[Decision] = []
+        why: dict[str, _Why] = {}
         for job in active:
             job_id = job.spec.job_id
             placement = result.placements.get(job_id)
-            if placement is None or job_id in result.kept:
+            if placement is None or job_id in unplaced:
+                continue
+            override = overrides.get(job_id)
+            if job_id in pinned and placement != pinned[job_id]:
+                unplaced[job_id] = (
+                    f"override {override.override_id if override else '?'}: the pinned GPUs "
+                    "are not free for it (memory, CPU or host memory)"
+                )
+                continue
+            fresh_override = override is not None and (
+                self._honoured.get(job_id) != override.override_id
+            )
+            if job_id in result.kept and not fresh_override and job_id not in released:
                 continue
             choice = choices.get(job_id)
-            reason = choice.reason if choice else "re-placed: its GPUs are no longer available"
+            source: DecisionSource
+            if override is not None:
+                source = "override"
+                reason = f"override {override.override_id}: {override.reason}"
+                if not fresh_override:
+                    reason += " (re-placed: its GPUs are no longer available)"
+            elif job_id in released:
+                source = "policy"
+                reason = f"override {released[job_id]} ended; the policy decides again: " + (
+                    choice.reason if choice else "it keeps the current configuration"
+                )
+            else:
+                source = "policy"
+                reason = choice.reason if choice else "re-placed: its GPUs are no longer available"
             decisions.append(
                 Decision(
                     job_id=job_id,
                     config=configs[job_id],
                     placement=placement,
-                    source="policy",
+                    source=source,
                     policy_version=self.policy.version,
                     reason=f"{reason}; placed on {_placement_summary(placement)}",
                 )
             )
-        return decisions, result.unplaced
+            why[job_id] = _Why(
+                override_id=override.override_id if override is not None else None,
+                explanation=explain_decision(
+                    spec=job.spec,
+                    config=configs[job_id],
+                    placement=placement,
+                    nodes=nodes,
+                    features=_features(snapshot, choice),
+                    why=reason,
+                ),
+            )
+        return decisions, unplaced, why
 
     def _write_cluster(
         self, session: Session, snapshot: ClusterSnapshot, unplaced: dict[str, str]
@@ -193,8 +395,16 @@ class Daemon:
         row = (job.state, reason, round(job.progress, 4))
         if self._job_rows.get(job.spec.job_id) == row:
             return
+        task = None
+        if job.task is not None and job.steps is not None:
+            task = {"name": job.task, "steps": job.steps, "origin": self.backend.name}
         repo.upsert_job(
-            session=session, spec=job.spec, state=job.state, reason=reason, progress=row[2]
+            session=session,
+            spec=job.spec,
+            state=job.state,
+            reason=reason,
+            progress=row[2],
+            task=task,
         )
         self._job_rows[job.spec.job_id] = row
 
@@ -208,6 +418,34 @@ class Daemon:
                 logging.getLogger("autotune").exception("tick failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=tick_s)
+
+
+def _features(snapshot: ClusterSnapshot, choice: PolicyChoice | None) -> dict[str, float]:
+    """The observation features behind a decision: the policy's own, and the cluster's."""
+    features = {
+        "gpu_utilization": snapshot.gpu_utilization,
+        "jobs_pending": float(len(snapshot.by_state("pending"))),
+        "jobs_running": float(len(snapshot.by_state("running"))),
+    }
+    if choice is not None:
+        features.update(choice.features)
+    return features
+
+
+def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
+    """Each running job's goodput: measured samples/s times the statistical efficiency
+    of its batch, compression and precision (``autotune.perfmodel``)."""
+    values: list[tuple[str, float, str | None]] = []
+    for job in snapshot.by_state("running"):
+        if job.config is None:
+            continue
+        efficiency = compression_efficiency(job.config.compression) * precision_efficiency(
+            job.config.precision
+        )
+        if job.spec.model is not None:
+            efficiency *= batch_efficiency(job.spec.model, job.spec.global_batch)
+        values.append(("job_goodput", job.samples_per_s * efficiency, job.spec.job_id))
+    return values
 
 
 def serve(daemon: Daemon, *, host: str, port: int, tick_s: float, telemetry: str) -> None:

@@ -98,17 +98,62 @@ def test_same_seed_same_decisions(tmp_path: Path) -> None:
     assert decisions("a.db") == decisions("b.db")
 
 
-def test_restart_marks_jobs_the_backend_forgot_as_failed(database: Database) -> None:
-    run_ticks(database, ticks=5, seed=0)
+class ObserveOnlyCluster:
+    """The simulated cluster behind the bare ``Backend`` interface (no ``JobControl``):
+    a backend that cannot resume jobs after a restart."""
+
+    name = "simulator"
+
+    def __init__(self, config: SimulatedClusterConfig) -> None:
+        self._cluster = SimulatedCluster(config)
+
+    def observe(self) -> ClusterSnapshot:
+        return self._cluster.observe()
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        self._cluster.apply(decisions)
+
+    def close(self) -> None:
+        self._cluster.close()
+
+
+def active_jobs(database: Database) -> dict[str, repo.JobRecord]:
     with database.session() as session:
-        active = {
-            r.spec.job_id
+        return {
+            r.spec.job_id: r
             for s in ("pending", "running")
             for r in repo.list_jobs(session=session, state=s)[0]
         }
+
+
+def test_restart_resumes_the_database_jobs_where_they_were(database: Database) -> None:
+    run_ticks(database, ticks=5, seed=0)
+    before = active_jobs(database)
+    with database.session() as session:
+        all_ids = {r.spec.job_id for r in repo.list_jobs(session=session, limit=1000)[0]}
+        latest = repo.latest_decisions(session=session)
+    assert any(r.state == "running" for r in before.values())
+    backend = SimulatedCluster(SimulatedClusterConfig(seed=0))
+    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
+    daemon.start()
+    snapshot = backend.observe()
+    resumed = {j.spec.job_id: j for j in snapshot.jobs}
+    assert set(before) <= set(resumed)
+    for job_id, record in before.items():
+        assert resumed[job_id].state == record.state
+        assert resumed[job_id].progress >= record.progress
+        if record.state == "running":
+            assert resumed[job_id].placement == latest[job_id].placement
+    # New arrivals never reuse the id of a job the database holds.
+    fresh = set(resumed) - set(before)
+    assert not fresh & all_ids
+
+
+def test_restart_fails_jobs_a_backend_cannot_resume(database: Database) -> None:
+    run_ticks(database, ticks=5, seed=0)
+    active = set(active_jobs(database))
     assert active
-    # A different job stream: none of the old job ids exist any more.
-    backend = SimulatedCluster(SimulatedClusterConfig(seed=0, initial_jobs=0, max_jobs=0))
+    backend = ObserveOnlyCluster(SimulatedClusterConfig(seed=0, initial_jobs=0, max_jobs=0))
     daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
     daemon.start()
     daemon.tick()
