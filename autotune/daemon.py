@@ -386,7 +386,8 @@ class Daemon:
             repo.upsert_nodes(session=session, nodes=nodes)
             self._nodes_written = nodes
         for job in snapshot.jobs:
-            self._write_job(session, job, unplaced.get(job.spec.job_id, ""))
+            reason = "cancelled on request" if job.state == "cancelled" else ""
+            self._write_job(session, job, unplaced.get(job.spec.job_id, reason))
         # Job rows before decision rows: without relationship() the unit of work does not
         # know the foreign key orders them.
         session.flush()
@@ -448,11 +449,21 @@ def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
     return values
 
 
-def serve(daemon: Daemon, *, host: str, port: int, tick_s: float, telemetry: str) -> None:
-    """Run the decision loop and the API until SIGINT or SIGTERM."""
+def serve(
+    daemon: Daemon,
+    *,
+    host: str,
+    port: int,
+    tick_s: float,
+    telemetry: str,
+    **app_options: Any,
+) -> None:
+    """Run the decision loop and the API until SIGINT or SIGTERM; ``app_options`` go to
+    ``autotune.api.app.create_app`` (token check, task allow-list, body limit, ...)."""
     from autotune.api.app import create_app
 
-    app = create_app(db=daemon.db, telemetry=telemetry)
+    app = create_app(db=daemon.db, telemetry=telemetry, **app_options)
+    daemon.tick_observers.append(app.state.metrics.observe_tick)
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
     )

@@ -6,7 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from autotune.api.deps import SessionDep
-from autotune.api.schemas import DecisionPublic, DecisionsPublic
+from autotune.api.schemas import DecisionExplanation, DecisionPublic, DecisionsPublic
 from autotune.db import repository as repo
 from autotune.serde import to_json
 
@@ -28,6 +28,7 @@ def _public(record: repo.DecisionRecord) -> DecisionPublic:
         reason=decision.reason,
         config=to_json(decision.config),
         placement=None if decision.placement is None else to_json(decision.placement),
+        override_id=record.override_id,
     )
 
 
@@ -56,3 +57,28 @@ def get_decision(session: SessionDep, decision_id: int) -> DecisionPublic:
     if record is None:
         raise HTTPException(status_code=404, detail=f"no decision {decision_id}")
     return _public(record)
+
+
+@router.get("/{decision_id}/explain", response_model=DecisionExplanation)
+def explain_decision(session: SessionDep, decision_id: int) -> DecisionExplanation:
+    """Why: the observation features that mattered, the alternatives considered with
+    their predicted goodput, and why this one won."""
+    record = repo.get_decision(session=session, decision_id=decision_id)
+    if record is None:
+        raise HTTPException(status_code=404, detail=f"no decision {decision_id}")
+    explanation = record.explanation or {
+        "features": {},
+        "chosen": {},
+        "alternatives": [],
+        "why": record.decision.reason + " (recorded before decisions kept an explanation)",
+    }
+    return DecisionExplanation(
+        decision_id=decision_id,
+        job_id=record.decision.job_id,
+        source=record.decision.source,
+        override_id=record.override_id,
+        features=explanation["features"],
+        chosen=explanation["chosen"],
+        alternatives=explanation["alternatives"],
+        why=explanation["why"],
+    )
