@@ -35,6 +35,12 @@ db_app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 model_app = typer.Typer(help="Check and calibrate the performance model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
+# The REST API's client (autotune/client.py): jobs, decisions, overrides.
+from autotune.client import decisions_command, job_app, override_app  # noqa: E402
+
+app.add_typer(job_app, name="job", no_args_is_help=True)
+app.add_typer(override_app, name="override", no_args_is_help=True)
+app.command("decisions")(decisions_command)
 
 _err = Console(stderr=True)
 P = ParamSpec("P")

@@ -254,3 +254,89 @@ def test_overrides_are_honoured_expire_and_survive_a_sigkill(
     ]
     assert {"job.resumed"} <= {e["event"] for e in events}
     assert token not in first.stderr_path.read_text() + second.stderr_path.read_text()
+
+
+# --- the command-line client ----------------------------------------------------------
+
+
+def test_cli_client_submits_lists_explains_overrides_and_cancels(
+    tmp_path: Path, daemons: Callable[[int, str], DaemonProcess]
+) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    port = free_port()
+    api = Api(port)
+    daemon = daemons(port, "cli")
+    wait_for("the API", lambda: api.get("/healthz")["status"] == "ok")
+    token = wait_for(
+        "the token line",
+        lambda: next(
+            (x for x in daemon.stdout_path.read_text().splitlines() if "API token" in x), None
+        ),
+    ).rsplit(" ", 1)[1]
+    url = f"http://127.0.0.1:{port}"
+    runner = CliRunner()
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Any:
+        result = runner.invoke(app, [*args, "--url", url], env=env or {"AUTOTUNE_TOKEN": token})
+        assert result.exit_code == 0, (args, result.output)
+        if "--json" in args:
+            return json.loads(result.stdout)
+        return result.stdout
+
+    submitted = run(
+        "job", "submit", "gpt-char", "--id", "c1", "--max-gpus", "2", "--steps", "1000000", "--json"
+    )
+    assert submitted["job_id"] == "c1"
+    assert "c1" in run("job", "list")  # the table
+    decision = wait_for(
+        "a decision for c1", lambda: run("decisions", "--job", "c1", "--json")["data"]
+    )[0]
+    explained = run("decisions", "--explain", str(decision["id"]), "--json")
+    assert explained["decision_id"] == decision["id"]
+    assert "alternatives on the same GPUs" in run("decisions", "--explain", str(decision["id"]))
+    override = run(
+        "override",
+        "set",
+        "c1",
+        "--ttl",
+        "600",
+        "--reason",
+        "try int8",
+        "--compression",
+        "int8",
+        "--precision",
+        "ffn=fp32",
+        "--json",
+    )
+    assert override["pin"] == {"precision": {"ffn": "fp32"}, "compression": {"kind": "int8"}}
+    assert run("override", "list", "--active", "--json")["count"] == 1
+    wait_for(
+        "the override's decision",
+        lambda: run("decisions", "--job", "c1", "--source", "override", "--json")["count"],
+    )
+    assert "c1" in run("job", "show", "c1")
+    assert run("override", "clear", str(override["id"]), "--json")["active"] is False
+    assert run("job", "cancel", "c1", "--json")["cancel_requested"] is True
+    wait_for("c1 cancelled", lambda: run("job", "show", "c1", "--json")["state"] == "cancelled")
+
+    # Errors: one line, exit 2 for what the API rejects, 1 when there is no daemon.
+    no_token = runner.invoke(app, ["job", "submit", "gpt-char", "--url", url], env={})
+    assert no_token.exit_code == 2
+    assert no_token.stderr.startswith("error: this needs the API token")
+    rejected = runner.invoke(
+        app, ["job", "submit", "/etc/passwd", "--url", url], env={"AUTOTUNE_TOKEN": token}
+    )
+    assert rejected.exit_code == 2
+    assert rejected.stderr.count("\n") == 1
+    assert "422: body.task" in rejected.stderr
+    wrong = runner.invoke(
+        app, ["job", "cancel", "c1", "--url", url], env={"AUTOTUNE_TOKEN": "wrong"}
+    )
+    assert wrong.exit_code == 2
+    assert "401" in wrong.stderr
+    nobody = runner.invoke(app, ["job", "list", "--url", f"http://127.0.0.1:{free_port()}"])
+    assert nobody.exit_code == 1
+    assert "cannot reach the daemon" in nobody.stderr
