@@ -411,14 +411,21 @@ class Daemon:
 
     async def run(self, stop: asyncio.Event, tick_s: float) -> None:
         """Tick every ``tick_s`` seconds until ``stop`` is set; a tick in progress
-        finishes first. A failing tick is logged and the loop goes on."""
+        finishes first. A failing tick is logged and the loop goes on.
+
+        Ticks start at a fixed rate (the wait is ``tick_s`` minus the tick's duration),
+        so a tick slowed down by API load does not stretch the period; a tick longer
+        than ``tick_s`` is followed by the next one at once."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
         while not stop.is_set():
             try:
                 await asyncio.to_thread(self.tick)
             except Exception:
                 logging.getLogger("autotune").exception("tick failed")
+            next_at = max(next_at + tick_s, loop.time())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=tick_s)
+                await asyncio.wait_for(stop.wait(), timeout=next_at - loop.time())
 
 
 def _features(snapshot: ClusterSnapshot, choice: PolicyChoice | None) -> dict[str, float]:
