@@ -167,13 +167,22 @@ class RayStateTelemetry:
             }
             for node in ray.nodes()  # type: ignore[no-untyped-call]
         ]
-        actors = list_actors(filters=[("state", "=", "ALIVE")], raise_on_missing_output=False)
-        return {
+        figures: dict[str, Any] = {
             "nodes": nodes,
             "resources_total": ray.cluster_resources(),  # type: ignore[no-untyped-call]
             "resources_available": ray.available_resources(),  # type: ignore[no-untyped-call]
-            "actors_alive": len(actors),
+            "actors_alive": None,
         }
+        try:  # actors come from the dashboard's state server (ray[default])
+            actors = list_actors(
+                address=self.address,
+                filters=[("state", "=", "ALIVE")],
+                raise_on_missing_output=False,
+            )
+            figures["actors_alive"] = len(actors)
+        except Exception as exc:
+            figures["actors_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        return figures
 
 
 class CachedSource:
