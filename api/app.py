@@ -91,5 +91,6 @@ def create_app(
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.include_router(v1)
+    app.include_router(health.router)  # /healthz and /readyz at the root too, for probes
     app.include_router(dashboard.router)
     return app

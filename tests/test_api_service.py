@@ -343,6 +343,8 @@ def test_metrics_count_decisions_ticks_and_requests(service: Service) -> None:
 
 
 def test_readiness_needs_the_database_and_a_policy(service: Service, tmp_path: Path) -> None:
+    assert service.client.get("/healthz").json()["status"] == "ok"
+    assert service.client.get("/readyz").status_code == 200
     assert service.client.get("/api/v1/readyz").json() == {
         "status": "ready",
         "database": True,
