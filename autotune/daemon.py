@@ -8,9 +8,9 @@ A decision in the database with no ``applied_at`` was decided but not (yet) appl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -141,7 +141,16 @@ class Daemon:
         if not isinstance(self.backend, JobControl):
             return
         with self.db.session() as session:
-            pending, _ = repo.list_jobs(session=session, state="pending", limit=1_000_000)
+            new_ids = [
+                job_id
+                for job_id in repo.submitted_job_ids(session=session)
+                if job_id not in self._known
+            ]
+            pending = [
+                record
+                for job_id in new_ids
+                if (record := repo.get_job(session=session, job_id=job_id)) is not None
+            ]
             cancels = repo.cancel_requests(session=session)
             for job_id in cancels:
                 if job_id not in self._known:  # never reached the backend
@@ -409,23 +418,22 @@ class Daemon:
         )
         self._job_rows[job.spec.job_id] = row
 
-    async def run(self, stop: asyncio.Event, tick_s: float) -> None:
+    def run(self, stop: threading.Event, tick_s: float) -> None:
         """Tick every ``tick_s`` seconds until ``stop`` is set; a tick in progress
         finishes first. A failing tick is logged and the loop goes on.
 
-        Ticks start at a fixed rate (the wait is ``tick_s`` minus the tick's duration),
-        so a tick slowed down by API load does not stretch the period; a tick longer
-        than ``tick_s`` is followed by the next one at once."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        It runs in a thread of its own, not on the API's event loop, so a busy API
+        cannot delay a tick's start; ticks start at a fixed rate (the wait is
+        ``tick_s`` minus the tick's duration), and a tick longer than ``tick_s`` is
+        followed by the next one at once."""
+        next_at = time.monotonic()
         while not stop.is_set():
             try:
-                await asyncio.to_thread(self.tick)
+                self.tick()
             except Exception:
                 logging.getLogger("autotune").exception("tick failed")
-            next_at = max(next_at + tick_s, loop.time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=next_at - loop.time())
+            next_at = max(next_at + tick_s, time.monotonic())
+            stop.wait(next_at - time.monotonic())
 
 
 def _features(snapshot: ClusterSnapshot, choice: PolicyChoice | None) -> dict[str, float]:
@@ -474,7 +482,7 @@ def serve(
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
     )
-    stop = asyncio.Event()
+    stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         # uvicorn handles the signal while it serves and re-raises it afterwards; this
@@ -484,13 +492,15 @@ def serve(
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
+    loop = threading.Thread(target=daemon.run, args=(stop, tick_s), name="decision-loop")
+
     async def _main() -> None:
-        loop = asyncio.create_task(daemon.run(stop, tick_s))
+        loop.start()
         try:
             await server.serve()
         finally:
             stop.set()
-            await loop
+            await asyncio.to_thread(loop.join)
 
     daemon.start()
     event("api.listen", url=f"http://{host}:{port}/api/v1")

@@ -1,7 +1,8 @@
 """API latency under load while the daemon ticks (`python bench/api_latency.py`).
 
-Starts ``autotune daemon`` on a free loopback port with a temporary SQLite database and
-the built-in simulated cluster, lets it build up a decision log, then runs ``--clients``
+Fills a temporary SQLite database with ``--prefill-ticks`` ticks of the decision loop
+(in process, the built-in simulated cluster), starts ``autotune daemon`` on it (it
+resumes the jobs) on a free loopback port, then runs ``--clients``
 concurrent clients (one keep-alive connection each, asyncio, one process) that each
 ``GET /api/v1/decisions`` back to back for ``--seconds``. Reports request latency
 (p50/p90/p99/max), throughput and errors, and the daemon's tick period (time between
@@ -107,6 +108,23 @@ def periods(times: list[float], durations: list[float]) -> dict[str, float]:
     }
 
 
+def prefill(db: Path, ticks: int, seed: int, **sim: float) -> None:
+    """A decision log to page through: ``ticks`` ticks of the loop, in process."""
+    from autotune.daemon import Daemon
+    from autotune.db import Database, sqlite_url
+    from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+    from autotune.policies.rules import RulesPolicy
+
+    database = Database(sqlite_url(db))
+    database.upgrade()
+    cluster = SimulatedCluster(SimulatedClusterConfig(seed=seed, **sim))  # type: ignore[arg-type]
+    daemon = Daemon(db=database, backend=cluster, policy=RulesPolicy())
+    daemon.start()
+    for _ in range(ticks):
+        daemon.tick()
+    database.dispose()
+
+
 def wait_ready(port: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -126,15 +144,22 @@ def main() -> None:
     parser.add_argument("--tick-s", type=float, default=1.0)
     parser.add_argument("--limit", type=int, default=50, help="Decisions per page.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prefill-ticks", type=int, default=150)
     args = parser.parse_args()
     autotune = Path(sys.executable).parent / "autotune"
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         db = Path(tmp) / "autotune.db"
+        # Ten simulated minutes per tick and an arrival every 15 (on average): jobs start
+        # and finish every few ticks, and the queue stays short enough that a tick's own
+        # cost stays flat over the run (the rule-based policy's cost grows with it).
+        sim = {"mean_interarrival_s": 900.0, "seconds_per_tick": 600.0}
+        prefill(db, args.prefill_ticks, args.seed, **sim)
         env = {**os.environ, "AUTOTUNE_DATA_DIR": tmp, "AUTOTUNE_TOKEN": "bench"}
-        # A busy cluster (an arrival every 30 simulated seconds, 10 simulated minutes per
-        # tick): jobs start and finish every tick, so the decision log grows.
-        env.update(AUTOTUNE_SIM_MEAN_INTERARRIVAL_S="30", AUTOTUNE_SIM_SECONDS_PER_TICK="600")
+        env.update(
+            AUTOTUNE_SIM_MEAN_INTERARRIVAL_S=str(sim["mean_interarrival_s"]),
+            AUTOTUNE_SIM_SECONDS_PER_TICK=str(sim["seconds_per_tick"]),
+        )
         daemon = subprocess.Popen(
             [
                 str(autotune),

@@ -64,6 +64,7 @@ __all__ = [
     "running_placements",
     "set_job_state",
     "submit_job",
+    "submitted_job_ids",
     "token_hashes",
     "upsert_job",
     "upsert_nodes",
@@ -214,6 +215,12 @@ def request_cancel(*, session: Session, job_id: str) -> JobRecord | None:
         row.cancel_requested_at = utc_now()
         row.updated_at = row.cancel_requested_at
     return _job_record(row)
+
+
+def submitted_job_ids(*, session: Session, origin: str = "api") -> list[str]:
+    """Pending jobs that came in through ``origin`` (cheap: no spec is parsed)."""
+    rows = session.execute(select(JobRow.job_id, JobRow.task).where(JobRow.state == "pending"))
+    return [job_id for job_id, task in rows if task and task.get("origin") == origin]
 
 
 def cancel_requests(*, session: Session) -> list[str]:
