@@ -4,6 +4,7 @@ a timeline of decisions by source. Plotly's JavaScript is served from the instal
 
 from __future__ import annotations
 
+from datetime import timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -51,7 +52,16 @@ def dashboard_data(
     forecaster: LoadForecaster = request.app.state.forecaster
     utilization = repo.list_metrics(session=session, names=["gpu_utilization"], limit=samples)
     series = forecast_series([s.value for s in utilization], forecaster, horizon=1)
-    since = utilization[0].recorded_at if utilization else None
+    since = None
+    if utilization:
+        # A tick's decisions are committed just before its utilisation sample: the
+        # window starts one tick before the first sample.
+        tick = (
+            utilization[1].recorded_at - utilization[0].recorded_at
+            if len(utilization) > 1
+            else None
+        )
+        since = utilization[0].recorded_at - (tick or timedelta(0))
     goodput: dict[str, dict[str, list[Any]]] = {}
     for sample in repo.list_metrics(
         session=session, names=["job_goodput"], since=since, limit=20_000
