@@ -4,7 +4,6 @@ a timeline of decisions by source. Plotly's JavaScript is served from the instal
 
 from __future__ import annotations
 
-from datetime import timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -50,18 +49,13 @@ def dashboard_data(
 ) -> dict[str, Any]:
     """The dashboard's figures in one response."""
     forecaster: LoadForecaster = request.app.state.forecaster
-    utilization = repo.list_metrics(session=session, names=["gpu_utilization"], limit=samples)
-    series = forecast_series([s.value for s in utilization], forecaster, horizon=1)
+    # One sample more than shown: a tick's decisions are committed just before its
+    # sample, so the window's decisions are those after the sample before it.
+    utilization = repo.list_metrics(session=session, names=["gpu_utilization"], limit=samples + 1)
     since = None
-    if utilization:
-        # A tick's decisions are committed just before its utilisation sample: the
-        # window starts one tick before the first sample.
-        tick = (
-            utilization[1].recorded_at - utilization[0].recorded_at
-            if len(utilization) > 1
-            else None
-        )
-        since = utilization[0].recorded_at - (tick or timedelta(0))
+    if len(utilization) > samples:
+        since, utilization = utilization[0].recorded_at, utilization[1:]
+    series = forecast_series([s.value for s in utilization], forecaster, horizon=1)
     goodput: dict[str, dict[str, list[Any]]] = {}
     for sample in repo.list_metrics(
         session=session, names=["job_goodput"], since=since, limit=20_000
@@ -71,7 +65,7 @@ def dashboard_data(
         line = goodput.setdefault(sample.job_id, {"at": [], "value": []})
         line["at"].append(sample.recorded_at.isoformat())
         line["value"].append(sample.value)
-    records, _ = repo.list_decisions(session=session, since=since, limit=500)
+    rows, _ = repo.list_decision_rows(session=session, since=since, limit=500)
     return {
         "predictor": forecaster.name,
         "utilization": {
@@ -84,14 +78,14 @@ def dashboard_data(
         "goodput": goodput,
         "decisions": [
             {
-                "id": r.decision.decision_id,
-                "at": r.decision.decided_at.isoformat(),
-                "job_id": r.decision.job_id,
-                "source": r.decision.source,
-                "override_id": r.override_id,
-                "reason": r.decision.reason[:200],
+                "id": row["id"],
+                "at": row["decided_at"].isoformat(),
+                "job_id": row["job_id"],
+                "source": row["source"],
+                "override_id": row["override_id"],
+                "reason": row["reason"][:200],
             }
-            for r in reversed(records)
+            for row in reversed(rows)
         ],
         "jobs": repo.job_counts(session=session),
     }
