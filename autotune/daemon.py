@@ -168,9 +168,17 @@ class Daemon:
             task = record.task or {}
             if job_id in self._known or job_id in cancels or task.get("origin") != "api":
                 continue
-            self.backend.submit(
-                JobSubmission(spec=record.spec, task=task["name"], steps=int(task["steps"]))
-            )
+            try:
+                self.backend.submit(
+                    JobSubmission(spec=record.spec, task=task["name"], steps=int(task["steps"]))
+                )
+            except ValueError as exc:  # the backend cannot run it: say so on the job
+                with self.db.session() as session:
+                    repo.set_job_state(
+                        session=session, job_id=job_id, state="failed", reason=str(exc)
+                    )
+                event("job.rejected", job=job_id, reason=str(exc))
+                continue
             self._known.add(job_id)
             event("job.submitted", job=job_id, task=task["name"])
 

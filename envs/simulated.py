@@ -148,6 +148,11 @@ class SimulatedCluster:
         job_id = job.spec.job_id
         if job_id in self._jobs:
             raise ValueError(f"job {job_id!r} already exists in the simulated cluster")
+        if job.spec.model is None:
+            raise ValueError(
+                f"task {job.task!r}: the simulated cluster needs a model profile (a built-in "
+                "task); module tasks run on a backend that trains them"
+            )
         # Queue order among equal priorities is by arrival on the simulated clock.
         spec = replace(job.spec, submitted_at=self._time_s)
         self._jobs[job_id] = _SimJob(

@@ -162,6 +162,10 @@ def test_allow_listed_module_tasks_are_accepted_without_importing_them(service: 
     job = service.submit(task="labtasks.vision:ResNetTask", job_id="mod-job")
     assert job["task"] == {"name": "labtasks.vision:ResNetTask", "steps": 1000, "origin": "api"}
     assert job["spec"]["model"] is None  # opaque until a backend loads it
+    service.ticks(1)  # the simulated cluster cannot simulate what it has no profile of
+    rejected = service.client.get("/api/v1/jobs/mod-job").json()
+    assert rejected["state"] == "failed"
+    assert "needs a model profile" in rejected["state_reason"]
 
 
 # --- overrides ------------------------------------------------------------------------

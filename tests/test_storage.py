@@ -17,6 +17,7 @@ from autotune.db import repository as repo
 from autotune.db.models import Base
 from autotune.devices import node_info
 from autotune.errors import InputError
+from autotune.serde import to_json
 
 
 def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision:
@@ -86,6 +87,12 @@ def test_jobs_decisions_round_trip_with_filters_and_pages(any_database: Database
         assert [r.decision.decision_id for r in page] == [6, 5, 4, 3]
         page, total = repo.list_decisions(session=session, limit=4, offset=4)
         assert [r.decision.decision_id for r in page] == [2, 1]
+        rows, total = repo.list_decision_rows(session=session, job_id="j1", limit=1)
+        assert total == 2
+        assert rows[0]["id"] == 5
+        assert rows[0]["config"] == to_json(stored[4].config)
+        assert rows[0]["placement"] == to_json(stored[4].placement)
+        assert rows[0]["decided_at"] == stored[4].decided_at
         _, total = repo.list_decisions(session=session, job_id="j1")
         assert total == 2
         _, total = repo.list_decisions(session=session, source="fallback")
