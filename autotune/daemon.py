@@ -299,59 +299,42 @@ class Daemon:
                 ],
             )
         choices = self.policy.decide(view)
-        configs: dict[str, JobConfig] = {}
-        current: dict[str, Placement] = {}
-        pinned: dict[str, Placement] = {}
-        unplaced: dict[str, str] = {}
-        for job in active:
-            job_id = job.spec.job_id
-            choice = choices.get(job_id)
-            if choice is not None:
-                configs[job_id] = choice.config
-            elif job.config is not None:
-                configs[job_id] = job.config
-            override = overrides.get(job_id)
-            if override is not None:
-                base = configs.get(job_id) or JobConfig.data_parallel(job.spec.min_gpus)
-                try:
-                    configs[job_id] = pinned_config(base, override.pin)
-                    placement = pinned_placement(job.spec, override.pin)
-                except ValueError as exc:  # valid when stored, not against this config
-                    unplaced[job_id] = f"override {override.override_id} not applicable: {exc}"
-                    continue
-                if placement is not None:
-                    pinned[job_id] = current[job_id] = placement
-                    continue
-            if (
-                job.placement is not None
-                and configs.get(job_id) == job.config
-                and (job_id not in released or choice is None)
-            ):
-                current[job_id] = job.placement
-        # Pinned placements take their GPUs first: the Planner keeps current placements
-        # in queue order, so those jobs go to the front.
-        specs = [
-            replace(j.spec, priority=2**31 - 1) if j.spec.job_id in pinned else j.spec
-            for j in active
-            if j.spec.job_id not in unplaced
-        ]
-        result = plan(specs, snapshot.nodes, configs, current)
-        unplaced.update(result.unplaced)
+        # An override that cannot be applied this tick (its pin no longer composes with
+        # the job's configuration, or its pinned GPUs are not free for it) is skipped
+        # with the reason, and the job is planned as if it had none.
+        skipped: dict[str, str] = {}
+        while True:
+            configs, current, pinned = self._pinned_configs(
+                active, choices, overrides, released, skipped
+            )
+            # Pinned placements take their GPUs first: the Planner keeps current
+            # placements in queue order, so those jobs go to the front.
+            specs = [
+                replace(j.spec, priority=2**31 - 1) if j.spec.job_id in pinned else j.spec
+                for j in active
+            ]
+            result = plan(specs, snapshot.nodes, configs, current)
+            lost = [job_id for job_id, p in pinned.items() if result.placements.get(job_id) != p]
+            for job_id in lost:
+                skipped[job_id] = (
+                    f"override {overrides[job_id].override_id} not applied: its pinned GPUs "
+                    "are not free for it (held by another pinned job, or CPU or host memory)"
+                )
+                overrides.pop(job_id)
+            if not lost:
+                break
+        for job_id, reason in skipped.items():
+            event("override.skipped", job=job_id, reason=reason)
+        unplaced = {**skipped, **result.unplaced}
         nodes = {n.node_id: n for n in snapshot.nodes}
         decisions: list[Decision] = []
         why: dict[str, _Why] = {}
         for job in active:
             job_id = job.spec.job_id
             placement = result.placements.get(job_id)
-            if placement is None or job_id in unplaced:
+            if placement is None:
                 continue
             override = overrides.get(job_id)
-            if job_id in pinned and placement != pinned[job_id]:
-                unplaced[job_id] = (
-                    f"override {override.override_id if override else '?'}: the pinned GPUs "
-                    "are not free for it (memory, CPU or host memory)"
-                )
-                continue
             fresh_override = override is not None and (
                 self._honoured.get(job_id) != override.override_id
             )
@@ -394,6 +377,48 @@ class Daemon:
                 ),
             )
         return decisions, unplaced, why
+
+    def _pinned_configs(
+        self,
+        active: list[JobStatus],
+        choices: dict[str, PolicyChoice],
+        overrides: dict[str, repo.OverrideRecord],
+        released: dict[str, int],
+        skipped: dict[str, str],
+    ) -> tuple[dict[str, JobConfig], dict[str, Placement], dict[str, Placement]]:
+        """Each active job's configuration (the policy's choice or its current one, with
+        its override's pin), the placements to keep, and the pinned placements."""
+        configs: dict[str, JobConfig] = {}
+        current: dict[str, Placement] = {}
+        pinned: dict[str, Placement] = {}
+        for job in active:
+            job_id = job.spec.job_id
+            choice = choices.get(job_id)
+            if choice is not None:
+                configs[job_id] = choice.config
+            elif job.config is not None:
+                configs[job_id] = job.config
+            override = overrides.get(job_id)
+            if override is not None:
+                base = configs.get(job_id) or JobConfig.data_parallel(job.spec.min_gpus)
+                try:
+                    config = pinned_config(base, override.pin)
+                    placement = pinned_placement(job.spec, override.pin)
+                except ValueError as exc:  # valid when stored, not with this configuration
+                    skipped[job_id] = f"override {override.override_id} not applied: {exc}"
+                    overrides.pop(job_id)
+                else:
+                    configs[job_id] = config
+                    if placement is not None:
+                        pinned[job_id] = current[job_id] = placement
+                        continue
+            if (
+                job.placement is not None
+                and configs.get(job_id) == job.config
+                and (job_id not in released or choice is None)
+            ):
+                current[job_id] = job.placement
+        return configs, current, pinned
 
     def _write_cluster(
         self, session: Session, snapshot: ClusterSnapshot, unplaced: dict[str, str]

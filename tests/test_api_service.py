@@ -442,3 +442,29 @@ def test_dashboard_renders_in_headless_chromium(service: Service, tmp_path: Path
         assert title in dom
     assert "jobs:" in dom
     assert "running" in dom
+
+
+def test_two_overrides_pinning_one_gpu_apply_one_and_say_why_not_the_other(
+    service: Service,
+) -> None:
+    service.submit(task="gpt-char", job_id="first", steps=10**7)
+    service.submit(task="gpt-char", job_id="second", steps=10**7)
+    service.ticks(1)
+    same_gpu = [{"node_id": "t4-1", "gpu_index": 3}]
+    ids = []
+    for job_id in ("first", "second"):
+        body = {"job_id": job_id, "placement": same_gpu, "ttl_s": 600, "reason": "mine"}
+        response = service.client.post("/api/v1/overrides", json=body, headers=AUTH)
+        assert response.status_code == 201, response.text
+        ids.append(response.json()["id"])
+    report = service.daemon.tick()  # must not over-commit the GPU (the cluster checks)
+    honoured = {d.job_id: d for d in report.decisions if d.source == "override"}
+    assert len(honoured) == 1
+    winner = next(iter(honoured))
+    loser = "second" if winner == "first" else "first"
+    assert "not applied: its pinned GPUs are not free" in report.unplaced[loser]
+    assert (
+        service.client.get(f"/api/v1/jobs/{loser}")
+        .json()["state_reason"]
+        .startswith(f"override {ids[1] if loser == 'second' else ids[0]} not applied")
+    )
