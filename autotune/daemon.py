@@ -130,6 +130,19 @@ class Daemon:
             )
         taken = {r.spec.job_id for r in repo.list_jobs(session=session, limit=1_000_000)[0]}
         self.backend.restore(jobs, taken_ids=taken)
+        # A running job resumes under its newest decision; if the daemon stopped between
+        # committing and applying it, resuming is what applies it.
+        repo.mark_decision_applied(
+            session=session,
+            decision_ids=[
+                newest.decision.decision_id
+                for submission, status in jobs
+                if status.state == "running"
+                and (newest := latest.get(submission.spec.job_id)) is not None
+                and newest.applied_at is None
+                and newest.decision.decision_id is not None
+            ],
+        )
         self._known = {submission.spec.job_id for submission, _ in jobs}
         for submission, status in jobs:
             event("job.resumed", job=submission.spec.job_id, state=status.state)

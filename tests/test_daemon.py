@@ -238,3 +238,56 @@ def test_bad_settings_exit_2_before_touching_the_database(tmp_path: Path) -> Non
     assert done.stderr.strip().count("\n") == 0
     assert done.stderr.startswith("error: setting tick_s=-1.0")
     assert not (tmp_path / "data").exists()
+
+
+class CrashingCluster(SimulatedCluster):
+    """Dies in ``apply`` at its ``crash_at``-th tick: after the decisions were
+    committed, before they took effect (what a SIGKILL there would leave)."""
+
+    def __init__(self, config: SimulatedClusterConfig, crash_at: int) -> None:
+        super().__init__(config)
+        self.crash_at = crash_at
+        self.ticks = 0
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        self.ticks += 1
+        if self.ticks == self.crash_at and decisions:
+            raise SystemExit("killed between commit and apply")
+        super().apply(decisions)
+
+
+def run_until_killed(daemon: Daemon) -> None:
+    for _ in range(20):
+        daemon.tick()
+
+
+def test_a_crash_between_commit_and_apply_leaves_decisions_marked_unapplied(
+    database: Database,
+) -> None:
+    config = SimulatedClusterConfig(seed=0, mean_interarrival_s=60)
+    daemon = Daemon(db=database, backend=CrashingCluster(config, crash_at=4), policy=RulesPolicy())
+    daemon.start()
+    with pytest.raises(SystemExit):
+        run_until_killed(daemon)
+    with database.session() as session:
+        records, _ = repo.list_decisions(session=session, limit=1000)
+        unapplied = [r.decision for r in records if r.applied_at is None]
+        states = {r.spec.job_id: r.state for r in repo.list_jobs(session=session, limit=1000)[0]}
+    assert unapplied, "the crash tick committed decisions"
+    # What was decided but never applied is visible as such, and the job rows still say
+    # what was true: a job whose start was not applied is still pending.
+    for decision in unapplied:
+        assert states[decision.job_id] == "pending"
+    restarted = Daemon(db=database, backend=SimulatedCluster(config), policy=RulesPolicy())
+    restarted.start()
+    report = restarted.tick()
+    with database.session() as session:
+        for decision in unapplied:
+            assert decision.decision_id is not None
+            record = repo.get_decision(session=session, decision_id=decision.decision_id)
+            assert record is not None
+            assert record.applied_at is None  # it never took effect, and says so
+            job = repo.get_job(session=session, job_id=decision.job_id)
+            assert job is not None
+            placed_again = any(d.job_id == decision.job_id for d in report.decisions)
+            assert job.state == ("running" if placed_again else "pending")
