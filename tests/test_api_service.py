@@ -96,7 +96,7 @@ def test_the_token_is_generated_once_and_stored_only_as_a_hash(database: Databas
     assert shown is None
     assert again(token)
     with database.engine.connect() as connection:
-        dump = "\n".join(connection.connection.iterdump())  # type: ignore[attr-defined]
+        dump = "\n".join(connection.connection.iterdump())
     assert token not in dump
     assert hash_token(token) in dump
     configured, shown = ensure_token(database, "from-settings")
@@ -278,7 +278,7 @@ def test_submitted_jobs_run_and_can_be_cancelled(service: Service) -> None:
     assert job["state"] == "cancelled"
     assert service.client.delete("/api/v1/jobs/mine", headers=AUTH).status_code == 409
     held = service.client.get("/api/v1/cluster").json()
-    placements = service.daemon.backend.observe().by_state("running")  # type: ignore[attr-defined]
+    placements = service.daemon.backend.observe().by_state("running")
     assert "mine" not in {j.spec.job_id for j in placements}
     assert held["jobs"]["cancelled"] == 1
 
