@@ -291,3 +291,18 @@ def test_a_crash_between_commit_and_apply_leaves_decisions_marked_unapplied(
             assert job is not None
             placed_again = any(d.job_id == decision.job_id for d in report.decisions)
             assert job.state == ("running" if placed_again else "pending")
+
+
+def test_an_unknown_backend_exits_2_naming_the_ones_there_are(tmp_path: Path) -> None:
+    env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run(
+        [*autotune_command(), "daemon", "--backend", "warp-drive"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr == "error: setting backend='warp-drive': unknown; available: sim\n"
+    assert not (tmp_path / "data").exists()
