@@ -66,10 +66,12 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> An
 
 
 class DaemonProcess:
-    def __init__(self, tmp_path: Path, port: int, name: str) -> None:
+    def __init__(self, tmp_path: Path, port: int, name: str, db_url: str | None = None) -> None:
         env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp_path / "data")}
         for key in ("AUTOTUNE_DB_URL", "AUTOTUNE_CONFIG", "AUTOTUNE_TOKEN"):
             env.pop(key, None)
+        if db_url is not None:
+            env["AUTOTUNE_DB_URL"] = db_url
         self.stdout_path = tmp_path / f"{name}.out"
         self.stderr_path = tmp_path / f"{name}.err"
         with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
@@ -98,12 +100,21 @@ class DaemonProcess:
             self.process.wait(timeout=10)
 
 
+@pytest.fixture(params=["sqlite"])
+def db_url(request: pytest.FixtureRequest) -> str | None:
+    """The daemon's database: its default SQLite file (None), or PostgreSQL."""
+    if request.param == "sqlite":
+        return None
+    database = request.getfixturevalue("postgres_database")
+    return str(database.url)
+
+
 @pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Callable[[int, str], DaemonProcess]]:
+def daemons(tmp_path: Path, db_url: str | None) -> Iterator[Callable[[int, str], DaemonProcess]]:
     started: list[DaemonProcess] = []
 
     def start(port: int, name: str) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, port, name)
+        daemon = DaemonProcess(tmp_path, port, name, db_url)
         started.append(daemon)
         return daemon
 
@@ -114,6 +125,7 @@ def daemons(tmp_path: Path) -> Iterator[Callable[[int, str], DaemonProcess]]:
             daemon.stop()
 
 
+@pytest.mark.parametrize("db_url", ["sqlite", "postgresql"], indirect=True)
 def test_overrides_are_honoured_expire_and_survive_a_sigkill(
     tmp_path: Path, daemons: Callable[[int, str], DaemonProcess]
 ) -> None:
