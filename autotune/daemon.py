@@ -128,8 +128,7 @@ class Daemon:
                     ),
                 )
             )
-        taken = {r.spec.job_id for r in repo.list_jobs(session=session, limit=1_000_000)[0]}
-        self.backend.restore(jobs, taken_ids=taken)
+        self.backend.restore(jobs, taken_ids=repo.job_ids(session=session))
         # A running job resumes under its newest decision; if the daemon stopped between
         # committing and applying it, resuming is what applies it.
         repo.mark_decision_applied(

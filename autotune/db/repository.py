@@ -48,6 +48,7 @@ __all__ = [
     "get_job",
     "get_override",
     "job_counts",
+    "job_ids",
     "latest_decision_records",
     "latest_decisions",
     "list_decision_rows",
@@ -215,6 +216,11 @@ def request_cancel(*, session: Session, job_id: str) -> JobRecord | None:
         row.cancel_requested_at = utc_now()
         row.updated_at = row.cancel_requested_at
     return _job_record(row)
+
+
+def job_ids(*, session: Session) -> set[str]:
+    """Every job id the database holds."""
+    return set(session.scalars(select(JobRow.job_id)))
 
 
 def submitted_job_ids(*, session: Session, origin: str = "api") -> list[str]:
