@@ -468,3 +468,49 @@ def test_two_overrides_pinning_one_gpu_apply_one_and_say_why_not_the_other(
         .json()["state_reason"]
         .startswith(f"override {ids[1] if loser == 'second' else ids[0]} not applied")
     )
+
+
+def test_no_request_body_gets_a_5xx(service: Service) -> None:
+    """Random JSON in every field of the write endpoints: always a 2xx or 4xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=20),
+        st.sampled_from(["fp8", "topk", "a100-0", "t4-1", "gpt-char", "job-00000", "A100"]),
+    )
+    values = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+        max_leaves=8,
+    )
+    job_fields = ["task", "job_id", "steps", "global_batch", "min_gpus", "max_gpus"]
+    job_fields += ["priority", "constraints"]
+    override_fields = ["job_id", "layout", "precision", "compression", "placement"]
+    override_fields += ["ttl_s", "reason"]
+
+    @settings(
+        max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(
+        job=st.dictionaries(st.sampled_from(job_fields), values),
+        override=st.dictionaries(st.sampled_from(override_fields), values),
+        slot=st.fixed_dictionaries(
+            {"node_id": st.sampled_from(["a100-0", "t4-1", "x"]), "gpu_index": st.integers(-1, 9)}
+        ),
+    )
+    def check(job: dict[str, Any], override: dict[str, Any], slot: dict[str, Any]) -> None:
+        response = service.client.post("/api/v1/jobs", json=job, headers=AUTH)
+        assert response.status_code < 500, response.text
+        override = {"job_id": "job-00000", "ttl_s": 60, "reason": "r", **override}
+        response = service.client.post("/api/v1/overrides", json=override, headers=AUTH)
+        assert response.status_code < 500, response.text
+        pinned = {"job_id": "job-00000", "ttl_s": 5, "reason": "r", "placement": [slot]}
+        response = service.client.post("/api/v1/overrides", json=pinned, headers=AUTH)
+        assert response.status_code < 500, response.text
+
+    check()
