@@ -2,28 +2,95 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI
+from collections.abc import Sequence
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 
 from autotune import __version__
-from autotune.api.routes import cluster, decisions, health, jobs
+from autotune.api.metrics import ServiceMetrics
+from autotune.api.middleware import BodyLimitAndTiming
+from autotune.api.routes import (
+    cluster,
+    dashboard,
+    decisions,
+    forecast,
+    health,
+    jobs,
+    overrides,
+    policies,
+)
+from autotune.auth import TokenCheck
 from autotune.db import Database
+from autotune.forecast import LoadForecaster, PersistenceForecaster
+from autotune.telemetry import TelemetrySource
 
 __all__ = ["API_PREFIX", "create_app"]
 
 API_PREFIX = "/api/v1"
 
 
-def create_app(*, db: Database, telemetry: str) -> FastAPI:
-    """The API over ``db``; ``telemetry`` names where cluster figures come from."""
+def _where(loc: Sequence[object]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    """422 in FastAPI's shape, plus one line naming the first field that is wrong."""
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    return JSONResponse(
+        status_code=422,
+        content={
+            "message": f"{_where(first['loc'])}: {first['msg']}",
+            "detail": jsonable_encoder(errors, exclude={"ctx", "input", "url"}),
+        },
+    )
+
+
+def create_app(
+    *,
+    db: Database,
+    telemetry: str,
+    token_check: TokenCheck | None = None,
+    task_modules: Sequence[str] = (),
+    max_body_bytes: int = 65_536,
+    host_telemetry: Sequence[TelemetrySource] = (),
+    forecaster: LoadForecaster | None = None,
+    metrics: ServiceMetrics | None = None,
+) -> FastAPI:
+    """The API over ``db``; ``telemetry`` names where cluster figures come from.
+
+    Mutations need a bearer token that ``token_check`` accepts (none without one)."""
     app = FastAPI(
         title="autotune",
         version=__version__,
-        description="Decisions of the autotune daemon: jobs, placements, configurations.",
+        description="Decisions of the autotune daemon: jobs, placements, configurations, "
+        "overrides. Mutations need Authorization: Bearer <token>.",
     )
     app.state.db = db
     app.state.telemetry = telemetry
+    app.state.token_check = token_check
+    app.state.task_modules = tuple(task_modules)
+    app.state.host_telemetry = tuple(host_telemetry)
+    app.state.forecaster = forecaster or PersistenceForecaster()
+    app.state.metrics = metrics = metrics or ServiceMetrics(db)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_middleware(BodyLimitAndTiming, max_body_bytes=max_body_bytes, metrics=metrics)
     v1 = APIRouter(prefix=API_PREFIX)
-    for module in (health, cluster, jobs, decisions):
+    for module in (health, cluster, jobs, decisions, overrides, policies, forecast):
         v1.include_router(module.router)
+
+    @v1.get("/metrics", tags=["health"], response_class=Response)
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def prometheus_metrics() -> Response:
+        """Prometheus text format: decisions per source, tick duration, API latency,
+        job goodput, jobs per state."""
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
     app.include_router(v1)
+    app.include_router(health.router)  # /healthz and /readyz at the root too, for probes
+    app.include_router(dashboard.router)
     return app

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, HTTPException, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from autotune.auth import TokenCheck
 from autotune.db import Database
 
-__all__ = ["SessionDep", "TelemetryDep"]
+__all__ = ["SessionDep", "TelemetryDep", "TokenDep"]
 
 
 def _session(request: Request) -> Iterator[Session]:
@@ -24,5 +26,27 @@ def _telemetry(request: Request) -> str:
     return telemetry
 
 
+_bearer = HTTPBearer(auto_error=False, description="The daemon's API token")
+
+
+def _token(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """Mutations need ``Authorization: Bearer <token>``; the token is never logged."""
+    check: TokenCheck | None = request.app.state.token_check
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise HTTPException(
+            status_code=401,
+            detail="missing bearer token: send Authorization: Bearer <token>",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if check is None or not check(credentials.credentials):
+        raise HTTPException(
+            status_code=401, detail="invalid token", headers={"WWW-Authenticate": "Bearer"}
+        )
+
+
 SessionDep = Annotated[Session, Depends(_session)]
 TelemetryDep = Annotated[str, Depends(_telemetry)]
+TokenDep = Depends(_token)

@@ -1,21 +1,48 @@
-"""Response schemas (``XPublic`` for one item, ``XsPublic`` for a page of them)."""
+"""Request schemas (``XCreate``) and response schemas (``XPublic`` for one item,
+``XsPublic`` for a page of them).
+
+Request bodies are strict (no type coercion: ``"4"`` is not an integer) and reject
+unknown fields, so a typo is a 422 naming the field instead of a silent default.
+"""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ClusterPublic",
+    "CompressionPin",
+    "DecisionExplanation",
     "DecisionPublic",
     "DecisionsPublic",
+    "ForecastPoint",
+    "ForecastPublic",
     "Health",
+    "HostPublic",
+    "JobConstraints",
+    "JobCreate",
     "JobPublic",
     "JobsPublic",
+    "LayoutPin",
     "NodePublic",
+    "OverrideCreate",
+    "OverridePublic",
+    "OverridesPublic",
+    "PoliciesPublic",
+    "PolicyPublic",
+    "RankPin",
+    "Readiness",
 ]
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+PrecisionName = Literal["fp32", "bf16", "fp16", "fp8"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Health(BaseModel):
@@ -33,8 +60,19 @@ class NodePublic(BaseModel):
     memory_mib: int
 
 
+class HostPublic(BaseModel):
+    source: str = Field(description="nvml, psutil or ray")
+    readings: dict[str, Any] = Field(description="The source's latest figures")
+
+
 class ClusterPublic(BaseModel):
     telemetry: str = Field(description="Where the figures come from: simulator, nvml, ...")
+    telemetry_sources: list[str] = Field(
+        default_factory=list, description="Every source read: the cluster's, then the host's"
+    )
+    hosts: list[HostPublic] = Field(
+        default_factory=list, description="Live readings of the machines the daemon can see"
+    )
     gpus_total: int
     gpus_allocated: float
     jobs: dict[str, int] = Field(description="Jobs per state")
@@ -49,6 +87,35 @@ class JobPublic(BaseModel):
     submitted_at: datetime
     updated_at: datetime
     spec: dict[str, Any]
+    task: dict[str, Any] | None = Field(
+        default=None, description="What it trains: name, steps, origin (api or the backend)"
+    )
+    cancel_requested: bool = False
+
+
+class JobConstraints(_Request):
+    gpu_types: Annotated[list[str], Field(min_length=1, max_length=32)] | None = Field(
+        default=None, description="GPU models the job may run on (default: any)"
+    )
+    max_nodes: int | None = Field(default=None, ge=1, le=4096)
+    gpu_milli: int = Field(default=1000, ge=1, le=1000, description="Share of each GPU")
+    cpu_milli: int = Field(default=0, ge=0, le=10**9)
+    memory_mib: int = Field(default=0, ge=0, le=10**9)
+
+
+class JobCreate(_Request):
+    task: str = Field(
+        min_length=1,
+        max_length=200,
+        description="A built-in task (gpt-char, gpt-125m, ...) or an allow-listed module:Name",
+    )
+    job_id: str | None = Field(default=None, pattern=ID_PATTERN, description="Default: generated")
+    steps: int = Field(default=1000, ge=1, le=10**9, description="Optimizer steps to train")
+    global_batch: int = Field(default=32, ge=1, le=1 << 20)
+    min_gpus: int = Field(default=1, ge=1, le=4096)
+    max_gpus: int = Field(default=1, ge=1, le=4096)
+    priority: int = Field(default=0, ge=-1000, le=1000, description="Higher goes first")
+    constraints: JobConstraints = Field(default_factory=JobConstraints)
 
 
 class JobsPublic(BaseModel):
@@ -66,8 +133,119 @@ class DecisionPublic(BaseModel):
     reason: str
     config: dict[str, Any]
     placement: dict[str, Any] | None
+    override_id: int | None = Field(default=None, description="The override it honours")
 
 
 class DecisionsPublic(BaseModel):
     data: list[DecisionPublic]
     count: int = Field(description="Decisions matching the filters, over all pages")
+
+
+class DecisionExplanation(BaseModel):
+    decision_id: int
+    job_id: str
+    source: str
+    override_id: int | None
+    features: dict[str, float] = Field(description="Observation features that mattered")
+    chosen: dict[str, Any] = Field(description="The configuration and its predicted goodput")
+    alternatives: list[dict[str, Any]] = Field(
+        description="Neighbouring configurations on the same GPUs, by predicted goodput"
+    )
+    why: str
+
+
+class LayoutPin(_Request):
+    world_size: int | None = Field(default=None, ge=1, le=4096)
+    dp: int | None = Field(default=None, ge=-1, le=4096)
+    tp: int | None = Field(default=None, ge=1, le=64)
+    pp: int | None = Field(default=None, ge=1, le=256)
+    micro_batches: int | None = Field(default=None, ge=1, le=4096)
+    activation_checkpointing: bool | None = None
+
+
+class PrecisionPin(_Request):
+    embedding: PrecisionName | None = None
+    attention_qkv: PrecisionName | None = None
+    attention_out: PrecisionName | None = None
+    ffn: PrecisionName | None = None
+    norm: PrecisionName | None = None
+    head: PrecisionName | None = None
+    optimizer_state: PrecisionName | None = None
+
+
+class CompressionPin(_Request):
+    kind: Literal["none", "topk", "int8", "fp8", "powersgd"]
+    ratio: float | None = Field(default=None, gt=0, lt=1, description="topk only")
+    rank: int | None = Field(default=None, ge=1, le=1024, description="powersgd only")
+
+
+class RankPin(_Request):
+    node_id: str = Field(pattern=ID_PATTERN)
+    gpu_index: int = Field(ge=0, le=1024)
+
+
+class OverrideCreate(_Request):
+    job_id: str = Field(pattern=ID_PATTERN)
+    layout: LayoutPin | None = None
+    precision: PrecisionPin | None = None
+    compression: CompressionPin | None = None
+    placement: Annotated[list[RankPin], Field(min_length=1, max_length=4096)] | None = Field(
+        default=None, description="GPU of rank 0, 1, ... (pins the world size too)"
+    )
+    ttl_s: float = Field(gt=0, le=30 * 86400, description="Seconds until it expires")
+    reason: str = Field(min_length=1, max_length=1000, description="Why, for the decision log")
+
+
+class OverridePublic(BaseModel):
+    id: int
+    job_id: str
+    pin: dict[str, Any]
+    reason: str
+    created_at: datetime
+    expires_at: datetime
+    deleted_at: datetime | None
+    active: bool
+
+
+class OverridesPublic(BaseModel):
+    data: list[OverridePublic]
+    count: int
+
+
+class PolicyPublic(BaseModel):
+    version: str
+    kind: str
+    checkpoint_path: str | None
+    active: bool
+    metrics: dict[str, Any]
+    created_at: datetime
+
+
+class PoliciesPublic(BaseModel):
+    data: list[PolicyPublic]
+    count: int
+
+
+class ForecastPoint(BaseModel):
+    at: datetime
+    value: float
+
+
+class ForecastPublic(BaseModel):
+    metric: str = Field(description="What is forecast: gpu_utilization, 0 to 1")
+    predictor: str = Field(description="Which forecaster made the predictions")
+    horizon_ticks: int = Field(description="How many ticks ahead each prediction looks")
+    current_prediction: float | None = Field(
+        description="Forecast for horizon_ticks after the newest sample"
+    )
+    actual: list[ForecastPoint]
+    predicted: list[ForecastPoint] = Field(
+        description="Each prediction at the time it was for, made from the samples before"
+    )
+    mean_absolute_error: float | None = Field(description="Over the predictions shown")
+
+
+class Readiness(BaseModel):
+    status: str
+    database: bool
+    policy_version: str | None

@@ -7,13 +7,22 @@ each job's configuration (``autotune.policies``). The daemon knows only these.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 from autotune.core import Decision, JobConfig, JobSpec, NodeInfo, Placement
 
-__all__ = ["Backend", "ClusterSnapshot", "JobState", "JobStatus", "Policy", "PolicyChoice"]
+__all__ = [
+    "Backend",
+    "ClusterSnapshot",
+    "JobControl",
+    "JobState",
+    "JobStatus",
+    "JobSubmission",
+    "Policy",
+    "PolicyChoice",
+]
 
 JobState = Literal["pending", "running", "finished", "failed", "cancelled"]
 
@@ -27,6 +36,25 @@ class JobStatus:
     progress: float = 0.0
     """Fraction of the job's work done, 0 to 1."""
     samples_per_s: float = 0.0
+    task: str | None = None
+    """What the job trains (a built-in task name, ``module:Name``), when known."""
+    steps: int | None = None
+    """Optimizer steps the job trains for, when known."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSubmission:
+    """A job as a user submits it: the spec, what it trains and for how long."""
+
+    spec: JobSpec
+    task: str
+    """A built-in task name or an allow-listed ``package.module:Name``."""
+    steps: int
+    """Optimizer steps to train."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"JobSubmission.steps={self.steps!r}: must be an integer >= 1")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +86,29 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class JobControl(Protocol):
+    """What a backend offers beyond ``Backend`` to run jobs that users submit through
+    the API: take a job, cancel one, and resume the jobs of the database after the
+    daemon restarts."""
+
+    def submit(self, job: JobSubmission) -> None:
+        """Queue a new job; it shows as pending in the next ``observe()``."""
+        ...
+
+    def cancel(self, job_id: str) -> None:
+        """Stop the job and free its GPUs; it shows as cancelled from then on."""
+        ...
+
+    def restore(
+        self, jobs: Sequence[tuple[JobSubmission, JobStatus]], *, taken_ids: Collection[str]
+    ) -> None:
+        """Before the first ``observe()``: resume ``jobs`` as they were (state,
+        progress, config and placement), and never create a job whose id is in
+        ``taken_ids`` (the database already holds it)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune import __version__
 from autotune.errors import InputError
-from autotune.job_cli import calibrate_command, job_app
+from autotune.job_cli import calibrate_command, run_command
 
 __all__ = ["app", "main"]
 
@@ -36,7 +36,14 @@ db_app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 model_app = typer.Typer(help="Check and calibrate the performance model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
-app.add_typer(job_app, name="job")
+# The REST API's client (autotune/client.py): jobs, decisions, overrides.
+from autotune.client import decisions_command, job_app, override_app  # noqa: E402
+
+app.add_typer(job_app, name="job", no_args_is_help=True)
+app.add_typer(override_app, name="override", no_args_is_help=True)
+app.command("decisions")(decisions_command)
+# Training for real through the executor (autotune/job_cli.py).
+job_app.command("run")(run_command)
 app.command("calibrate")(calibrate_command)
 
 _err = Console(stderr=True)
@@ -96,23 +103,44 @@ def daemon(
     seed: Annotated[
         int | None, typer.Option(help="Seed of the simulated cluster's job stream (default 0).")
     ] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="The cluster to drive: sim (the built-in simulated one).")
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option("--ray-address", help="Read Ray's state API of this cluster (telemetry)."),
+    ] = None,
+    sim_initial_jobs: Annotated[
+        int | None,
+        typer.Option("--sim-initial-jobs", help="Jobs waiting when the simulator starts (6)."),
+    ] = None,
+    sim_max_jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--sim-max-jobs", help="Jobs the simulator's stream makes in all (0: API jobs only)."
+        ),
+    ] = None,
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="json (default) or text.")
     ] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, ...")] = None,
 ) -> None:
-    """Run the decision loop and the REST API until Ctrl-C or SIGTERM.
+    """Run the decision loop, the REST API and the dashboard until Ctrl-C or SIGTERM.
 
     With no attached cluster it drives the built-in simulated cluster (32 GPUs, a
     seeded job stream) with the rule-based policy, and stores every decision in SQLite
-    before applying it. API: http://HOST:PORT/api/v1, OpenAPI docs at /docs.
+    before applying it. API: http://HOST:PORT/api/v1, OpenAPI docs at /docs, dashboard
+    at /. Mutations need the token in $AUTOTUNE_TOKEN; without it, a token is generated
+    at the first start and printed once.
     """
+    from autotune.auth import ensure_token
+    from autotune.backends import build_backend
     from autotune.daemon import Daemon, serve
     from autotune.db import Database
-    from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
     from autotune.log import configure_logging
     from autotune.policies.rules import RulesPolicy
     from autotune.settings import load_settings
+    from autotune.telemetry import host_sources
 
     settings = load_settings(
         config,
@@ -122,27 +150,37 @@ def daemon(
         port=port,
         tick_s=tick_s,
         seed=seed,
+        backend=backend,
+        sim_initial_jobs=sim_initial_jobs,
+        sim_max_jobs=sim_max_jobs,
         log_format=log_format,
         log_level=log_level.upper() if log_level else None,
     )
     configure_logging(settings.log_level, settings.log_format)
+    cluster = build_backend(settings)
     if settings.db_url is None:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     database = Database(settings.database_url)
     database.upgrade()
-    backend = SimulatedCluster(
-        SimulatedClusterConfig(
-            seed=settings.seed,
-            seconds_per_tick=settings.sim_seconds_per_tick,
-            mean_interarrival_s=settings.sim_mean_interarrival_s,
-        )
+    token_check, new_token = ensure_token(
+        database, settings.token.get_secret_value() if settings.token else None
     )
+    if new_token is not None:  # shown once, on stdout, never through the log
+        typer.echo(
+            f"API token (shown once; only its hash is stored): {new_token}\n"
+            "Set AUTOTUNE_TOKEN to it for `autotune job ...` and other API clients."
+        )
+        sys.stdout.flush()
     serve(
-        Daemon(db=database, backend=backend, policy=RulesPolicy()),
+        Daemon(db=database, backend=cluster, policy=RulesPolicy()),
         host=settings.host,
         port=settings.port,
         tick_s=settings.tick_s,
-        telemetry=backend.name,
+        telemetry=cluster.name,
+        token_check=token_check,
+        task_modules=settings.task_modules,
+        max_body_bytes=settings.max_body_bytes,
+        host_telemetry=host_sources(ray_address),
     )
 
 

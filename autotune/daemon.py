@@ -8,21 +8,34 @@ A decision in the database with no ``applied_at`` was decided but not (yet) appl
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from sqlalchemy.orm import Session
 
-from autotune.backend import Backend, ClusterSnapshot, JobStatus, Policy
-from autotune.core import Decision, JobConfig, Placement
+from autotune.backend import (
+    Backend,
+    ClusterSnapshot,
+    JobControl,
+    JobStatus,
+    JobSubmission,
+    Policy,
+    PolicyChoice,
+)
+from autotune.core import Decision, DecisionSource, JobConfig, Placement, utc_now
 from autotune.db import Database
 from autotune.db import repository as repo
+from autotune.explain import explain_decision
 from autotune.log import event
+from autotune.overrides import pinned_config, pinned_placement
+from autotune.perfmodel import batch_efficiency, compression_efficiency, precision_efficiency
 from autotune.planner import plan
 
 __all__ = ["Daemon", "TickReport", "serve"]
@@ -46,6 +59,14 @@ def _placement_summary(placement: Placement) -> str:
     return ", ".join(f"{node}:{','.join(map(str, gpus))}" for node, gpus in by_node.items())
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Why:
+    """What a decision records beside itself."""
+
+    override_id: int | None
+    explanation: dict[str, Any]
+
+
 class Daemon:
     def __init__(self, *, db: Database, backend: Backend, policy: Policy) -> None:
         self.db = db
@@ -55,9 +76,15 @@ class Daemon:
         self._job_rows: dict[str, tuple[str, str, float]] = {}
         self._nodes_written: tuple[object, ...] | None = None
         self._reconciled = False
+        # Jobs the backend knows, and per active job the override its newest decision
+        # honoured (None: the policy's); both rebuilt from the database at start().
+        self._known: set[str] = set()
+        self._honoured: dict[str, int | None] = {}
+        self.tick_observers: list[Callable[[TickReport], None]] = []
 
     def start(self) -> None:
-        """Record the active policy version."""
+        """Record the active policy version; resume the database's active jobs on a
+        backend that can (``JobControl``)."""
         with self.db.session() as session:
             repo.register_policy_version(
                 session=session,
@@ -65,18 +92,130 @@ class Daemon:
                 kind=self.policy.name,
                 activate=True,
             )
-        event("daemon.start", backend=self.backend.name, policy=self.policy.version)
+            resumed = self._restore(session)
+        event(
+            "daemon.start", backend=self.backend.name, policy=self.policy.version, resumed=resumed
+        )
+
+    def _restore(self, session: Session) -> int:
+        active = [
+            record
+            for state in ("pending", "running")
+            for record in repo.list_jobs(session=session, state=state, limit=1_000_000)[0]
+        ]
+        latest = repo.latest_decision_records(
+            session=session, job_ids=[r.spec.job_id for r in active]
+        )
+        self._honoured = {job_id: record.override_id for job_id, record in latest.items()}
+        if not isinstance(self.backend, JobControl):
+            return 0
+        jobs: list[tuple[JobSubmission, JobStatus]] = []
+        for record in active:
+            task = record.task or {}
+            if not task.get("name") or not task.get("steps"):
+                continue  # the backend never said what it trains: _reconcile fails it
+            last = latest.get(record.spec.job_id)
+            decision = last.decision if last is not None else None
+            jobs.append(
+                (
+                    JobSubmission(spec=record.spec, task=task["name"], steps=int(task["steps"])),
+                    JobStatus(
+                        spec=record.spec,
+                        state="running" if record.state == "running" else "pending",
+                        config=decision.config if decision is not None else None,
+                        placement=decision.placement if decision is not None else None,
+                        progress=record.progress,
+                    ),
+                )
+            )
+        self.backend.restore(jobs, taken_ids=repo.job_ids(session=session))
+        # A running job resumes under its newest decision; if the daemon stopped between
+        # committing and applying it, resuming is what applies it.
+        repo.mark_decision_applied(
+            session=session,
+            decision_ids=[
+                newest.decision.decision_id
+                for submission, status in jobs
+                if status.state == "running"
+                and (newest := latest.get(submission.spec.job_id)) is not None
+                and newest.applied_at is None
+                and newest.decision.decision_id is not None
+            ],
+        )
+        self._known = {submission.spec.job_id for submission, _ in jobs}
+        for submission, status in jobs:
+            event("job.resumed", job=submission.spec.job_id, state=status.state)
+        return len(jobs)
+
+    def _intake(self) -> None:
+        """Hand the backend the jobs users submitted and the cancellations they asked
+        for since the last tick."""
+        if not isinstance(self.backend, JobControl):
+            return
+        with self.db.session() as session:
+            new_ids = [
+                job_id
+                for job_id in repo.submitted_job_ids(session=session)
+                if job_id not in self._known
+            ]
+            pending = [
+                record
+                for job_id in new_ids
+                if (record := repo.get_job(session=session, job_id=job_id)) is not None
+            ]
+            cancels = repo.cancel_requests(session=session)
+            for job_id in cancels:
+                if job_id not in self._known:  # never reached the backend
+                    repo.set_job_state(
+                        session=session, job_id=job_id, state="cancelled", reason="cancelled"
+                    )
+                    self._job_rows.pop(job_id, None)
+                    event("job.cancelled", job=job_id)
+        for job_id in cancels:
+            if job_id in self._known:
+                self.backend.cancel(job_id)
+                event("job.cancelled", job=job_id)
+        for record in pending:
+            job_id = record.spec.job_id
+            task = record.task or {}
+            if job_id in self._known or job_id in cancels or task.get("origin") != "api":
+                continue
+            try:
+                self.backend.submit(
+                    JobSubmission(spec=record.spec, task=task["name"], steps=int(task["steps"]))
+                )
+            except ValueError as exc:  # the backend cannot run it: say so on the job
+                with self.db.session() as session:
+                    repo.set_job_state(
+                        session=session, job_id=job_id, state="failed", reason=str(exc)
+                    )
+                event("job.rejected", job=job_id, reason=str(exc))
+                continue
+            self._known.add(job_id)
+            event("job.submitted", job=job_id, task=task["name"])
 
     def tick(self) -> TickReport:
         started = time.perf_counter()
+        self._intake()
         snapshot = self.backend.observe()
-        decisions, unplaced = self._decide(snapshot)
+        self._known.update(j.spec.job_id for j in snapshot.jobs)
+        decisions, unplaced, why = self._decide(snapshot)
         with self.db.session() as session:  # committed before anything is applied
             if not self._reconciled:
                 self._reconcile(session, snapshot)
                 self._reconciled = True
             self._write_cluster(session, snapshot, unplaced)
-            stored = [repo.create_decision(session=session, decision=d) for d in decisions]
+            stored = [
+                repo.create_decision(
+                    session=session,
+                    decision=d,
+                    override_id=why[d.job_id].override_id,
+                    explanation=why[d.job_id].explanation,
+                )
+                for d in decisions
+            ]
+        for decision in stored:
+            self._honoured[decision.job_id] = why[decision.job_id].override_id
         self.backend.apply(stored)
         with self.db.session() as session:
             repo.mark_decision_applied(
@@ -97,6 +236,7 @@ class Daemon:
                     ("jobs_running", float(running), None),
                     ("jobs_pending", float(pending), None),
                     ("gpu_utilization", snapshot.gpu_utilization, None),
+                    *_goodputs(snapshot),
                 ],
                 labels={"backend": self.backend.name},
             )
@@ -107,12 +247,13 @@ class Daemon:
                 job=decision.job_id,
                 decision_id=decision.decision_id,
                 source=decision.source,
+                override_id=why[decision.job_id].override_id,
                 placement=_placement_summary(decision.placement),
                 reason=decision.reason,
             )
         for job_id, reason in unplaced.items():
             event("unplaced", level=logging.DEBUG, job=job_id, reason=reason)
-        return TickReport(
+        report = TickReport(
             time_s=snapshot.time_s,
             decisions=stored,
             unplaced=unplaced,
@@ -121,6 +262,9 @@ class Daemon:
             pending=pending,
             gpu_utilization=snapshot.gpu_utilization,
         )
+        for observer in self.tick_observers:
+            observer(report)
+        return report
 
     def _reconcile(self, session: Session, snapshot: ClusterSnapshot) -> None:
         """At the first tick: a job the database holds as pending or running that the
@@ -141,11 +285,124 @@ class Daemon:
                 )
                 event("job.lost", job=record.spec.job_id, was=state)
 
-    def _decide(self, snapshot: ClusterSnapshot) -> tuple[list[Decision], dict[str, str]]:
-        choices = self.policy.decide(snapshot)
+    def _decide(
+        self, snapshot: ClusterSnapshot
+    ) -> tuple[list[Decision], dict[str, str], dict[str, _Why]]:
         active = snapshot.by_state("pending", "running")
+        with self.db.session() as session:
+            overrides = repo.active_overrides(session=session, at=utc_now())
+        # A job whose newest decision honoured an override that has since ended or been
+        # deleted goes back to the policy, which decides for it as for a waiting job.
+        released = {
+            j.spec.job_id: ended
+            for j in active
+            if (ended := self._honoured.get(j.spec.job_id)) is not None
+            and j.spec.job_id not in overrides
+        }
+        view = snapshot
+        if released:
+            view = replace(
+                snapshot,
+                jobs=[
+                    replace(j, state="pending", config=None, placement=None)
+                    if j.spec.job_id in released
+                    else j
+                    for j in snapshot.jobs
+                ],
+            )
+        choices = self.policy.decide(view)
+        # An override that cannot be applied this tick (its pin no longer composes with
+        # the job's configuration, or its pinned GPUs are not free for it) is skipped
+        # with the reason, and the job is planned as if it had none.
+        skipped: dict[str, str] = {}
+        while True:
+            configs, current, pinned = self._pinned_configs(
+                active, choices, overrides, released, skipped
+            )
+            # Pinned placements take their GPUs first: the Planner keeps current
+            # placements in queue order, so those jobs go to the front.
+            specs = [
+                replace(j.spec, priority=2**31 - 1) if j.spec.job_id in pinned else j.spec
+                for j in active
+            ]
+            result = plan(specs, snapshot.nodes, configs, current)
+            lost = [job_id for job_id, p in pinned.items() if result.placements.get(job_id) != p]
+            for job_id in lost:
+                skipped[job_id] = (
+                    f"override {overrides[job_id].override_id} not applied: its pinned GPUs "
+                    "are not free for it (held by another pinned job, or CPU or host memory)"
+                )
+                overrides.pop(job_id)
+            if not lost:
+                break
+        for job_id, reason in skipped.items():
+            event("override.skipped", job=job_id, reason=reason)
+        unplaced = {**skipped, **result.unplaced}
+        nodes = {n.node_id: n for n in snapshot.nodes}
+        decisions: list[Decision] = []
+        why: dict[str, _Why] = {}
+        for job in active:
+            job_id = job.spec.job_id
+            placement = result.placements.get(job_id)
+            if placement is None:
+                continue
+            override = overrides.get(job_id)
+            fresh_override = override is not None and (
+                self._honoured.get(job_id) != override.override_id
+            )
+            if job_id in result.kept and not fresh_override and job_id not in released:
+                continue
+            choice = choices.get(job_id)
+            source: DecisionSource
+            if override is not None:
+                source = "override"
+                reason = f"override {override.override_id}: {override.reason}"
+                if not fresh_override:
+                    reason += " (re-placed: its GPUs are no longer available)"
+            elif job_id in released:
+                source = "policy"
+                reason = f"override {released[job_id]} ended; the policy decides again: " + (
+                    choice.reason if choice else "it keeps the current configuration"
+                )
+            else:
+                source = "policy"
+                reason = choice.reason if choice else "re-placed: its GPUs are no longer available"
+            decisions.append(
+                Decision(
+                    job_id=job_id,
+                    config=configs[job_id],
+                    placement=placement,
+                    source=source,
+                    policy_version=self.policy.version,
+                    reason=f"{reason}; placed on {_placement_summary(placement)}",
+                )
+            )
+            why[job_id] = _Why(
+                override_id=override.override_id if override is not None else None,
+                explanation=explain_decision(
+                    spec=job.spec,
+                    config=configs[job_id],
+                    placement=placement,
+                    nodes=nodes,
+                    features=_features(snapshot, choice),
+                    why=reason,
+                ),
+            )
+        return decisions, unplaced, why
+
+    def _pinned_configs(
+        self,
+        active: list[JobStatus],
+        choices: dict[str, PolicyChoice],
+        overrides: dict[str, repo.OverrideRecord],
+        released: dict[str, int],
+        skipped: dict[str, str],
+    ) -> tuple[dict[str, JobConfig], dict[str, Placement], dict[str, Placement]]:
+        """Each active job's configuration (the policy's choice or its current one, with
+        its override's pin), the placements to keep, and the pinned placements."""
         configs: dict[str, JobConfig] = {}
         current: dict[str, Placement] = {}
+        pinned: dict[str, Placement] = {}
         for job in active:
             job_id = job.spec.job_id
             choice = choices.get(job_id)
@@ -153,28 +410,27 @@ class Daemon:
                 configs[job_id] = choice.config
             elif job.config is not None:
                 configs[job_id] = job.config
-            if job.placement is not None and configs.get(job_id) == job.config:
+            override = overrides.get(job_id)
+            if override is not None:
+                base = configs.get(job_id) or JobConfig.data_parallel(job.spec.min_gpus)
+                try:
+                    config = pinned_config(base, override.pin)
+                    placement = pinned_placement(job.spec, override.pin)
+                except ValueError as exc:  # valid when stored, not with this configuration
+                    skipped[job_id] = f"override {override.override_id} not applied: {exc}"
+                    overrides.pop(job_id)
+                else:
+                    configs[job_id] = config
+                    if placement is not None:
+                        pinned[job_id] = current[job_id] = placement
+                        continue
+            if (
+                job.placement is not None
+                and configs.get(job_id) == job.config
+                and (job_id not in released or choice is None)
+            ):
                 current[job_id] = job.placement
-        result = plan([j.spec for j in active], snapshot.nodes, configs, current)
-        decisions: list[Decision] = []
-        for job in active:
-            job_id = job.spec.job_id
-            placement = result.placements.get(job_id)
-            if placement is None or job_id in result.kept:
-                continue
-            choice = choices.get(job_id)
-            reason = choice.reason if choice else "re-placed: its GPUs are no longer available"
-            decisions.append(
-                Decision(
-                    job_id=job_id,
-                    config=configs[job_id],
-                    placement=placement,
-                    source="policy",
-                    policy_version=self.policy.version,
-                    reason=f"{reason}; placed on {_placement_summary(placement)}",
-                )
-            )
-        return decisions, result.unplaced
+        return configs, current, pinned
 
     def _write_cluster(
         self, session: Session, snapshot: ClusterSnapshot, unplaced: dict[str, str]
@@ -184,7 +440,8 @@ class Daemon:
             repo.upsert_nodes(session=session, nodes=nodes)
             self._nodes_written = nodes
         for job in snapshot.jobs:
-            self._write_job(session, job, unplaced.get(job.spec.job_id, ""))
+            reason = "cancelled on request" if job.state == "cancelled" else ""
+            self._write_job(session, job, unplaced.get(job.spec.job_id, reason))
         # Job rows before decision rows: without relationship() the unit of work does not
         # know the foreign key orders them.
         session.flush()
@@ -193,32 +450,84 @@ class Daemon:
         row = (job.state, reason, round(job.progress, 4))
         if self._job_rows.get(job.spec.job_id) == row:
             return
+        task = None
+        if job.task is not None and job.steps is not None:
+            task = {"name": job.task, "steps": job.steps, "origin": self.backend.name}
         repo.upsert_job(
-            session=session, spec=job.spec, state=job.state, reason=reason, progress=row[2]
+            session=session,
+            spec=job.spec,
+            state=job.state,
+            reason=reason,
+            progress=row[2],
+            task=task,
         )
         self._job_rows[job.spec.job_id] = row
 
-    async def run(self, stop: asyncio.Event, tick_s: float) -> None:
+    def run(self, stop: threading.Event, tick_s: float) -> None:
         """Tick every ``tick_s`` seconds until ``stop`` is set; a tick in progress
-        finishes first. A failing tick is logged and the loop goes on."""
+        finishes first. A failing tick is logged and the loop goes on.
+
+        It runs in a thread of its own, not on the API's event loop, so a busy API
+        cannot delay a tick's start; ticks start at a fixed rate (the wait is
+        ``tick_s`` minus the tick's duration), and a tick longer than ``tick_s`` is
+        followed by the next one at once."""
+        next_at = time.monotonic()
         while not stop.is_set():
             try:
-                await asyncio.to_thread(self.tick)
+                self.tick()
             except Exception:
                 logging.getLogger("autotune").exception("tick failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=tick_s)
+            next_at = max(next_at + tick_s, time.monotonic())
+            stop.wait(next_at - time.monotonic())
 
 
-def serve(daemon: Daemon, *, host: str, port: int, tick_s: float, telemetry: str) -> None:
-    """Run the decision loop and the API until SIGINT or SIGTERM."""
+def _features(snapshot: ClusterSnapshot, choice: PolicyChoice | None) -> dict[str, float]:
+    """The observation features behind a decision: the policy's own, and the cluster's."""
+    features = {
+        "gpu_utilization": snapshot.gpu_utilization,
+        "jobs_pending": float(len(snapshot.by_state("pending"))),
+        "jobs_running": float(len(snapshot.by_state("running"))),
+    }
+    if choice is not None:
+        features.update(choice.features)
+    return features
+
+
+def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
+    """Each running job's goodput: measured samples/s times the statistical efficiency
+    of its batch, compression and precision (``autotune.perfmodel``)."""
+    values: list[tuple[str, float, str | None]] = []
+    for job in snapshot.by_state("running"):
+        if job.config is None:
+            continue
+        efficiency = compression_efficiency(job.config.compression) * precision_efficiency(
+            job.config.precision
+        )
+        if job.spec.model is not None:
+            efficiency *= batch_efficiency(job.spec.model, job.spec.global_batch)
+        values.append(("job_goodput", job.samples_per_s * efficiency, job.spec.job_id))
+    return values
+
+
+def serve(
+    daemon: Daemon,
+    *,
+    host: str,
+    port: int,
+    tick_s: float,
+    telemetry: str,
+    **app_options: Any,
+) -> None:
+    """Run the decision loop and the API until SIGINT or SIGTERM; ``app_options`` go to
+    ``autotune.api.app.create_app`` (token check, task allow-list, body limit, ...)."""
     from autotune.api.app import create_app
 
-    app = create_app(db=daemon.db, telemetry=telemetry)
+    app = create_app(db=daemon.db, telemetry=telemetry, **app_options)
+    daemon.tick_observers.append(app.state.metrics.observe_tick)
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
     )
-    stop = asyncio.Event()
+    stop = threading.Event()
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
         # uvicorn handles the signal while it serves and re-raises it afterwards; this
@@ -228,13 +537,15 @@ def serve(daemon: Daemon, *, host: str, port: int, tick_s: float, telemetry: str
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
+    loop = threading.Thread(target=daemon.run, args=(stop, tick_s), name="decision-loop")
+
     async def _main() -> None:
-        loop = asyncio.create_task(daemon.run(stop, tick_s))
+        loop.start()
         try:
             await server.serve()
         finally:
             stop.set()
-            await loop
+            await asyncio.to_thread(loop.join)
 
     daemon.start()
     event("api.listen", url=f"http://{host}:{port}/api/v1")

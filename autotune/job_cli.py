@@ -23,9 +23,8 @@ from autotune.core import (
 )
 from autotune.errors import InputError
 
-__all__ = ["calibrate_command", "job_app", "parse_compression", "parse_precision"]
+__all__ = ["calibrate_command", "parse_compression", "parse_precision", "run_command"]
 
-job_app = typer.Typer(help="Run and manage training jobs.", no_args_is_help=True)
 _err = Console(stderr=True)
 
 
@@ -64,8 +63,7 @@ def parse_precision(text: str) -> PrecisionMap:
         raise InputError(str(exc), path=str(path)) from None
 
 
-@job_app.command("run")
-def run(
+def run_command(
     task: Annotated[
         str,
         typer.Option(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from platformdirs import user_data_dir
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -46,6 +46,22 @@ class Settings(BaseSettings):
     """Simulated seconds that pass at each tick of the built-in simulated cluster."""
     sim_mean_interarrival_s: float = Field(default=300.0, gt=0)
     """Mean simulated seconds between job arrivals in the built-in job stream."""
+    sim_initial_jobs: int = Field(default=6, ge=0)
+    """Jobs waiting when the built-in simulated cluster starts."""
+    sim_max_jobs: int | None = Field(default=None, ge=0)
+    """Jobs the built-in job stream generates in all (``None``: no limit; 0: only the
+    jobs submitted through the API)."""
+    backend: str = "sim"
+    """The cluster the daemon drives: ``sim`` (the built-in simulated cluster)."""
+    token: SecretStr | None = None
+    """Bearer token for the API's mutations (``AUTOTUNE_TOKEN``, which the CLI client
+    reads too). Unset: the daemon generates one at its first start, prints it once and
+    stores only its SHA-256 hash."""
+    task_modules: list[str] = Field(default_factory=list)
+    """Python modules (or packages) whose ``module:Name`` tasks jobs may name, besides
+    the built-in tasks; nothing else is ever imported for a job."""
+    max_body_bytes: int = Field(default=65_536, ge=1024, le=64 * 1024 * 1024)
+    """Largest request body the API reads; larger ones get 413."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
 

@@ -10,12 +10,12 @@ function of the seed and the decisions applied.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from autotune.backend import ClusterSnapshot, JobStatus
+from autotune.backend import ClusterSnapshot, JobStatus, JobSubmission
 from autotune.core import MILLI_PER_GPU, Decision, JobSpec, NodeInfo
 from autotune.devices import node_info
 from autotune.models import MODEL_CATALOG
@@ -64,7 +64,7 @@ class SimulatedClusterConfig:
     mean_interarrival_s: float = 300.0
     """Mean simulated seconds between job arrivals."""
     initial_jobs: int = 6
-    """Jobs waiting when the cluster starts."""
+    """Jobs waiting when the cluster starts (not when it resumes jobs after a restart)."""
     max_jobs: int | None = None
     """Stop generating jobs after this many (``None``: never)."""
     nodes: tuple[NodeInfo, ...] = field(default_factory=lambda: tuple(default_nodes()))
@@ -86,7 +86,9 @@ class _SimJob:
 
 
 class SimulatedCluster:
-    """A ``Backend`` over a simulated cluster."""
+    """A ``Backend`` over a simulated cluster, with ``JobControl``: it also runs jobs
+    submitted through the API (their model is the task's profile) and resumes jobs
+    after a restart."""
 
     name = "simulator"
 
@@ -99,8 +101,15 @@ class SimulatedCluster:
         self._observed = False
         self._generated = 0
         self._next_arrival_s = 0.0
-        for _ in range(self.config.initial_jobs):
-            self._arrive(0.0)
+        self._taken: set[str] = set()
+        self._restored = False
+
+    def _start_stream(self) -> None:
+        """At the first ``observe()``: the initial queue (unless jobs were resumed) and
+        the first arrival time."""
+        if not self._restored:
+            for _ in range(self.config.initial_jobs):
+                self._arrive(0.0)
         self._next_arrival_s = self._rng.exponential(self.config.mean_interarrival_s)
 
     # --- the job stream ---------------------------------------------------------------
@@ -115,6 +124,10 @@ class SimulatedCluster:
         ]
         # Steps log-uniform in [1e3, 1e4] at a global batch of 256 samples.
         steps = math.exp(self._rng.uniform(math.log(1e3), math.log(1e4)))
+        while f"job-{self._generated:05d}" in self._taken or (
+            f"job-{self._generated:05d}" in self._jobs
+        ):
+            self._generated += 1  # the id belongs to a job of an earlier run
         spec = JobSpec(
             job_id=f"job-{self._generated:05d}",
             model=MODEL_CATALOG[model_name],
@@ -125,14 +138,75 @@ class SimulatedCluster:
         )
         self._generated += 1
         self._jobs[spec.job_id] = _SimJob(
-            status=JobStatus(spec=spec, state="pending"), target_samples=steps * 256
+            status=JobStatus(spec=spec, state="pending", task=model_name, steps=round(steps)),
+            target_samples=steps * 256,
         )
+
+    # --- JobControl -------------------------------------------------------------------
+
+    def submit(self, job: JobSubmission) -> None:
+        job_id = job.spec.job_id
+        if job_id in self._jobs:
+            raise ValueError(f"job {job_id!r} already exists in the simulated cluster")
+        if job.spec.model is None:
+            raise ValueError(
+                f"task {job.task!r}: the simulated cluster needs a model profile (a built-in "
+                "task); module tasks run on a backend that trains them"
+            )
+        # Queue order among equal priorities is by arrival on the simulated clock.
+        spec = replace(job.spec, submitted_at=self._time_s)
+        self._jobs[job_id] = _SimJob(
+            status=JobStatus(spec=spec, state="pending", task=job.task, steps=job.steps),
+            target_samples=float(job.steps * spec.global_batch),
+        )
+
+    def cancel(self, job_id: str) -> None:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise KeyError(f"no job {job_id!r} in the simulated cluster")
+        if job.status.state in ("pending", "running"):
+            job.status = replace(job.status, state="cancelled", placement=None, samples_per_s=0.0)
+
+    def restore(
+        self, jobs: Sequence[tuple[JobSubmission, JobStatus]], *, taken_ids: Collection[str]
+    ) -> None:
+        if self._observed:
+            raise RuntimeError("restore() must come before the first observe()")
+        self._taken = set(taken_ids)
+        for submission, status in jobs:
+            target = float(submission.steps * submission.spec.global_batch)
+            sim_job = _SimJob(
+                status=JobStatus(
+                    spec=submission.spec,
+                    state="pending",
+                    progress=status.progress,
+                    task=submission.task,
+                    steps=submission.steps,
+                ),
+                target_samples=target,
+                done_samples=status.progress * target,
+            )
+            self._jobs[submission.spec.job_id] = sim_job
+            self._restored = True
+            if status.state != "running" or status.config is None or status.placement is None:
+                continue
+            sim_job.status = replace(
+                sim_job.status, state="running", config=status.config, placement=status.placement
+            )
+            try:
+                self._check_capacity()
+            except ValueError:  # its GPUs no longer exist or are taken: it waits again
+                sim_job.status = replace(sim_job.status, state="pending", placement=None)
+                continue
+            self._update_rate(sim_job)
 
     # --- Backend ----------------------------------------------------------------------
 
     def observe(self) -> ClusterSnapshot:
         if self._observed:
             self._advance(self.config.seconds_per_tick)
+        else:
+            self._start_stream()
         self._observed = True
         return ClusterSnapshot(
             time_s=self._time_s,
@@ -143,6 +217,7 @@ class SimulatedCluster:
         )
 
     def apply(self, decisions: Sequence[Decision]) -> None:
+        changed: list[_SimJob] = []
         for decision in decisions:
             job = self._jobs.get(decision.job_id)
             if job is None:
@@ -155,7 +230,11 @@ class SimulatedCluster:
                 config=decision.config,
                 placement=decision.placement,
             )
-            self._check_capacity()
+            changed.append(job)
+        # One check after all moves: a job may take GPUs another one of the same round
+        # leaves.
+        self._check_capacity()
+        for job in changed:
             self._update_rate(job)
 
     def close(self) -> None:

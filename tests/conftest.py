@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,126 @@ def database(tmp_path: Path) -> Database:
     db.upgrade()
     yield db
     db.dispose()
+
+
+# --- PostgreSQL -----------------------------------------------------------------------
+# The storage tests also run against PostgreSQL when one is at hand: the server named by
+# AUTOTUNE_TEST_POSTGRES_URL (a database the tests may create databases next to), or a
+# throwaway server started from the PostgreSQL binaries when initdb and pg_ctl are
+# found (Debian's postgresql package). Otherwise those tests skip, saying why.
+
+
+def _postgres_bin() -> Path | None:
+    import shutil
+
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return candidates[-1].parent if candidates else None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[str]:
+    """A PostgreSQL admin URL (``.../postgres``) for the session."""
+    import importlib.util
+    import pwd
+    import subprocess
+
+    if importlib.util.find_spec("psycopg") is None:
+        pytest.skip("psycopg is not installed (pip install 'autotune[postgres]')")
+    url = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
+    if url:
+        yield url
+        return
+    bin_dir = _postgres_bin()
+    if bin_dir is None or not (bin_dir / "initdb").exists():
+        pytest.skip("no PostgreSQL: set AUTOTUNE_TEST_POSTGRES_URL or install postgresql")
+    # initdb refuses to run as root: run the server as the postgres user then.
+    import shutil
+    import tempfile
+
+    prefix: list[str] = []
+    # Not under pytest's tmp dir: that one is private to the user running the tests.
+    root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    if os.geteuid() == 0:
+        try:
+            user = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no postgres user to run the server")
+        os.chown(root, user.pw_uid, user.pw_gid)
+        prefix = ["runuser", "-u", "postgres", "--"]
+    data, port = root / "data", _free_port()
+    subprocess.run(
+        [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "autotune"],
+        check=True,
+        capture_output=True,
+    )
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    subprocess.run(
+        [
+            *prefix,
+            str(bin_dir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-l",
+            str(root / "log"),
+            "-w",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield f"postgresql+psycopg://autotune@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_database(postgres_server: str) -> Iterator[Database]:
+    """A fresh, migrated PostgreSQL database, dropped afterwards."""
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    name = f"autotune_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(postgres_server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    db = Database(make_url(postgres_server).set(database=name).render_as_string(False))
+    db.upgrade()
+    try:
+        yield db
+    finally:
+        db.dispose()
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """Each storage test once on SQLite and once on PostgreSQL (skipped when absent)."""
+    if request.param == "sqlite":
+        db = Database(sqlite_url(tmp_path / "autotune.db"))
+        db.upgrade()
+        yield db
+        db.dispose()
+    else:
+        yield request.getfixturevalue("postgres_database")

@@ -98,17 +98,62 @@ def test_same_seed_same_decisions(tmp_path: Path) -> None:
     assert decisions("a.db") == decisions("b.db")
 
 
-def test_restart_marks_jobs_the_backend_forgot_as_failed(database: Database) -> None:
-    run_ticks(database, ticks=5, seed=0)
+class ObserveOnlyCluster:
+    """The simulated cluster behind the bare ``Backend`` interface (no ``JobControl``):
+    a backend that cannot resume jobs after a restart."""
+
+    name = "simulator"
+
+    def __init__(self, config: SimulatedClusterConfig) -> None:
+        self._cluster = SimulatedCluster(config)
+
+    def observe(self) -> ClusterSnapshot:
+        return self._cluster.observe()
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        self._cluster.apply(decisions)
+
+    def close(self) -> None:
+        self._cluster.close()
+
+
+def active_jobs(database: Database) -> dict[str, repo.JobRecord]:
     with database.session() as session:
-        active = {
-            r.spec.job_id
+        return {
+            r.spec.job_id: r
             for s in ("pending", "running")
             for r in repo.list_jobs(session=session, state=s)[0]
         }
+
+
+def test_restart_resumes_the_database_jobs_where_they_were(database: Database) -> None:
+    run_ticks(database, ticks=5, seed=0)
+    before = active_jobs(database)
+    with database.session() as session:
+        all_ids = {r.spec.job_id for r in repo.list_jobs(session=session, limit=1000)[0]}
+        latest = repo.latest_decisions(session=session)
+    assert any(r.state == "running" for r in before.values())
+    backend = SimulatedCluster(SimulatedClusterConfig(seed=0))
+    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
+    daemon.start()
+    snapshot = backend.observe()
+    resumed = {j.spec.job_id: j for j in snapshot.jobs}
+    assert set(before) <= set(resumed)
+    for job_id, record in before.items():
+        assert resumed[job_id].state == record.state
+        assert resumed[job_id].progress >= record.progress
+        if record.state == "running":
+            assert resumed[job_id].placement == latest[job_id].placement
+    # New arrivals never reuse the id of a job the database holds.
+    fresh = set(resumed) - set(before)
+    assert not fresh & all_ids
+
+
+def test_restart_fails_jobs_a_backend_cannot_resume(database: Database) -> None:
+    run_ticks(database, ticks=5, seed=0)
+    active = set(active_jobs(database))
     assert active
-    # A different job stream: none of the old job ids exist any more.
-    backend = SimulatedCluster(SimulatedClusterConfig(seed=0, initial_jobs=0, max_jobs=0))
+    backend = ObserveOnlyCluster(SimulatedClusterConfig(seed=0, initial_jobs=0, max_jobs=0))
     daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
     daemon.start()
     daemon.tick()
@@ -192,4 +237,72 @@ def test_bad_settings_exit_2_before_touching_the_database(tmp_path: Path) -> Non
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert done.stderr.startswith("error: setting tick_s=-1.0")
+    assert not (tmp_path / "data").exists()
+
+
+class CrashingCluster(SimulatedCluster):
+    """Dies in ``apply`` at its ``crash_at``-th tick: after the decisions were
+    committed, before they took effect (what a SIGKILL there would leave)."""
+
+    def __init__(self, config: SimulatedClusterConfig, crash_at: int) -> None:
+        super().__init__(config)
+        self.crash_at = crash_at
+        self.ticks = 0
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        self.ticks += 1
+        if self.ticks == self.crash_at and decisions:
+            raise SystemExit("killed between commit and apply")
+        super().apply(decisions)
+
+
+def run_until_killed(daemon: Daemon) -> None:
+    for _ in range(20):
+        daemon.tick()
+
+
+def test_a_crash_between_commit_and_apply_leaves_decisions_marked_unapplied(
+    database: Database,
+) -> None:
+    config = SimulatedClusterConfig(seed=0, mean_interarrival_s=60)
+    daemon = Daemon(db=database, backend=CrashingCluster(config, crash_at=4), policy=RulesPolicy())
+    daemon.start()
+    with pytest.raises(SystemExit):
+        run_until_killed(daemon)
+    with database.session() as session:
+        records, _ = repo.list_decisions(session=session, limit=1000)
+        unapplied = [r.decision for r in records if r.applied_at is None]
+        states = {r.spec.job_id: r.state for r in repo.list_jobs(session=session, limit=1000)[0]}
+    assert unapplied, "the crash tick committed decisions"
+    # What was decided but never applied is visible as such, and the job rows still say
+    # what was true: a job whose start was not applied is still pending.
+    for decision in unapplied:
+        assert states[decision.job_id] == "pending"
+    restarted = Daemon(db=database, backend=SimulatedCluster(config), policy=RulesPolicy())
+    restarted.start()
+    report = restarted.tick()
+    with database.session() as session:
+        for decision in unapplied:
+            assert decision.decision_id is not None
+            record = repo.get_decision(session=session, decision_id=decision.decision_id)
+            assert record is not None
+            assert record.applied_at is None  # it never took effect, and says so
+            job = repo.get_job(session=session, job_id=decision.job_id)
+            assert job is not None
+            placed_again = any(d.job_id == decision.job_id for d in report.decisions)
+            assert job.state == ("running" if placed_again else "pending")
+
+
+def test_an_unknown_backend_exits_2_naming_the_ones_there_are(tmp_path: Path) -> None:
+    env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run(
+        [*autotune_command(), "daemon", "--backend", "warp-drive"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr == "error: setting backend='warp-drive': unknown; available: sim\n"
     assert not (tmp_path / "data").exists()

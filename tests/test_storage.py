@@ -1,4 +1,5 @@
-"""Storage: migrations match the models, WAL mode, repository round-trips."""
+"""Storage: migrations match the models, WAL mode, repository round-trips; on SQLite
+and, where one is at hand, on PostgreSQL (``any_database``, see conftest)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from autotune.db import repository as repo
 from autotune.db.models import Base
 from autotune.devices import node_info
 from autotune.errors import InputError
+from autotune.serde import to_json
 
 
 def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision:
@@ -33,8 +35,9 @@ def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision
     )  # type: ignore[arg-type]
 
 
-def test_migrations_create_exactly_the_models_schema(database: Database) -> None:
-    assert database.current_revision() == "0001"
+def test_migrations_create_exactly_the_models_schema(any_database: Database) -> None:
+    database = any_database
+    assert database.current_revision() == "0002"
     with database.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
@@ -59,7 +62,8 @@ def test_sqlite_runs_in_wal_mode_with_foreign_keys(database: Database) -> None:
         repo.create_decision(session=session, decision=decision("no-such-job"))
 
 
-def test_jobs_decisions_round_trip_with_filters_and_pages(database: Database) -> None:
+def test_jobs_decisions_round_trip_with_filters_and_pages(any_database: Database) -> None:
+    database = any_database
     with database.session() as session:
         repo.upsert_nodes(
             session=session,
@@ -83,6 +87,12 @@ def test_jobs_decisions_round_trip_with_filters_and_pages(database: Database) ->
         assert [r.decision.decision_id for r in page] == [6, 5, 4, 3]
         page, total = repo.list_decisions(session=session, limit=4, offset=4)
         assert [r.decision.decision_id for r in page] == [2, 1]
+        rows, total = repo.list_decision_rows(session=session, job_id="j1", limit=1)
+        assert total == 2
+        assert rows[0]["id"] == 5
+        assert rows[0]["config"] == to_json(stored[4].config)
+        assert rows[0]["placement"] == to_json(stored[4].placement)
+        assert rows[0]["decided_at"] == stored[4].decided_at
         _, total = repo.list_decisions(session=session, job_id="j1")
         assert total == 2
         _, total = repo.list_decisions(session=session, source="fallback")
@@ -107,7 +117,9 @@ def test_jobs_decisions_round_trip_with_filters_and_pages(database: Database) ->
         assert record.applied_at is not None
 
 
-def test_a_failed_transaction_leaves_nothing_behind(database: Database) -> None:
+def test_a_failed_transaction_leaves_nothing_behind(any_database: Database) -> None:
+    database = any_database
+
     def write_then_crash() -> None:
         with database.session() as session:
             repo.upsert_job(session=session, spec=JobSpec(job_id="ghost"), state="pending")
@@ -119,7 +131,8 @@ def test_a_failed_transaction_leaves_nothing_behind(database: Database) -> None:
         assert repo.get_job(session=session, job_id="ghost") is None
 
 
-def test_policy_versions_have_one_active(database: Database) -> None:
+def test_policy_versions_have_one_active(any_database: Database) -> None:
+    database = any_database
     with database.session() as session:
         repo.register_policy_version(session=session, version="a", kind="rules", activate=True)
         repo.register_policy_version(session=session, version="b", kind="ppo", activate=True)
@@ -128,7 +141,8 @@ def test_policy_versions_have_one_active(database: Database) -> None:
         assert repo.active_policy_version(session=session) == "b"
 
 
-def test_transitions_and_metrics_are_stored(database: Database) -> None:
+def test_transitions_and_metrics_are_stored(any_database: Database) -> None:
+    database = any_database
     with database.session() as session:
         tid = repo.create_transition(
             session=session,
@@ -161,8 +175,96 @@ def test_db_upgrade_command_creates_the_schema(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "cli.db")
     result = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
     assert result.exit_code == 0, result.output
-    assert "revision 0001" in result.stdout
-    assert Database(url).current_revision() == "0001"
+    assert "revision 0002" in result.stdout
+    assert Database(url).current_revision() == "0002"
     bad = CliRunner().invoke(app, ["db", "upgrade", "--db", "nonsense"])
     assert bad.exit_code == 2
     assert bad.stderr.startswith("error: not a database URL")
+
+
+def test_overrides_cancellation_and_tokens_round_trip(any_database: Database) -> None:
+    database = any_database
+    with database.session() as session:
+        repo.upsert_job(
+            session=session,
+            spec=JobSpec(job_id="j"),
+            state="running",
+            task={"name": "gpt-char", "steps": 10, "origin": "api"},
+        )
+    now = utc_now()
+    with database.session() as session:
+        first = repo.create_override(
+            session=session,
+            job_id="j",
+            pin={"precision": {"ffn": "fp32"}},
+            reason="a",
+            expires_at=now + timedelta(hours=1),
+        )
+        second = repo.create_override(
+            session=session,
+            job_id="j",
+            pin={"compression": {"kind": "int8"}},
+            reason="b",
+            expires_at=now + timedelta(hours=1),
+        )
+    with database.session() as session:
+        active = repo.active_overrides(session=session, at=utc_now())
+        assert {k: v.override_id for k, v in active.items()} == {"j": second.override_id}
+        replaced = repo.get_override(session=session, override_id=first.override_id)
+        assert replaced is not None
+        assert replaced.deleted_at is not None  # the newer one ended it
+        assert repo.active_overrides(session=session, at=now + timedelta(hours=2)) == {}
+        stored = repo.create_decision(
+            session=session,
+            decision=decision("j"),
+            override_id=second.override_id,
+            explanation={"why": "pinned"},
+        )
+        repo.request_cancel(session=session, job_id="j")
+        repo.add_token_hash(session=session, token_sha256="ab" * 32)
+    with database.session() as session:
+        assert stored.decision_id is not None
+        record = repo.get_decision(session=session, decision_id=stored.decision_id)
+        assert record is not None
+        assert record.override_id == second.override_id
+        assert record.explanation == {"why": "pinned"}
+        assert repo.latest_decision_records(session=session)["j"].override_id == (
+            second.override_id
+        )
+        assert repo.decision_counts(session=session) == {"policy": 1}
+        assert repo.cancel_requests(session=session) == ["j"]
+        job = repo.get_job(session=session, job_id="j")
+        assert job is not None
+        assert job.task == {"name": "gpt-char", "steps": 10, "origin": "api"}
+        assert repo.token_hashes(session=session) == ["ab" * 32]
+        assert repo.delete_override(session=session, override_id=second.override_id) is not None
+    with database.session() as session:
+        assert repo.active_overrides(session=session, at=utc_now()) == {}
+
+
+def test_the_daemon_decides_and_resumes_on_either_database(any_database: Database) -> None:
+    from autotune.daemon import Daemon
+    from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+    from autotune.policies.rules import RulesPolicy
+
+    database = any_database
+    daemon = Daemon(
+        db=database,
+        backend=SimulatedCluster(SimulatedClusterConfig(seed=2)),
+        policy=RulesPolicy(),
+    )
+    daemon.start()
+    for _ in range(5):
+        daemon.tick()
+    with database.session() as session:
+        running = {r.spec.job_id for r in repo.list_jobs(session=session, state="running")[0]}
+        _, decided = repo.list_decisions(session=session)
+    assert running
+    assert decided >= len(running)
+    again = SimulatedCluster(SimulatedClusterConfig(seed=2))
+    restarted = Daemon(db=database, backend=again, policy=RulesPolicy())
+    restarted.start()
+    restarted.tick()
+    with database.session() as session:
+        still = {r.spec.job_id for r in repo.list_jobs(session=session, state="running")[0]}
+    assert running <= still | {j.spec.job_id for j in again.observe().by_state("finished")}

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 from autotune.api.deps import SessionDep, TelemetryDep
-from autotune.api.schemas import ClusterPublic, NodePublic
+from autotune.api.schemas import ClusterPublic, HostPublic, NodePublic
 from autotune.core import MILLI_PER_GPU
 from autotune.db import repository as repo
 
@@ -11,8 +11,10 @@ router = APIRouter(prefix="/cluster", tags=["cluster"])
 
 
 @router.get("", response_model=ClusterPublic)
-def get_cluster(session: SessionDep, telemetry: TelemetryDep) -> ClusterPublic:
-    """Nodes, what running jobs hold on them, and jobs per state."""
+def get_cluster(session: SessionDep, telemetry: TelemetryDep, request: Request) -> ClusterPublic:
+    """Nodes, what running jobs hold on them, jobs per state, and live readings of the
+    hardware (NVML, psutil, Ray's state API: whichever the daemon chose)."""
+    sources = request.app.state.host_telemetry
     nodes = repo.list_nodes(session=session)
     allocated: dict[str, int] = {}
     for placement in repo.running_placements(session=session).values():
@@ -32,6 +34,8 @@ def get_cluster(session: SessionDep, telemetry: TelemetryDep) -> ClusterPublic:
     ]
     return ClusterPublic(
         telemetry=telemetry,
+        telemetry_sources=[telemetry, *(source.name for source in sources)],
+        hosts=[HostPublic(source=source.name, readings=source.read()) for source in sources],
         gpus_total=sum(n.gpu_count for n in nodes),
         gpus_allocated=sum(p.gpus_allocated for p in public),
         jobs=repo.job_counts(session=session),

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import secrets
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 
-from autotune.api.deps import SessionDep
-from autotune.api.schemas import JobPublic, JobsPublic
+from autotune.api.deps import SessionDep, TokenDep
+from autotune.api.schemas import JobCreate, JobPublic, JobsPublic
+from autotune.core import JobSpec
 from autotune.db import repository as repo
 from autotune.serde import to_json
+from autotune.tasks import resolve_task
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -23,6 +26,16 @@ def _public(record: repo.JobRecord) -> JobPublic:
         submitted_at=record.submitted_at,
         updated_at=record.updated_at,
         spec=to_json(record.spec),
+        task=record.task,
+        cancel_requested=record.cancel_requested_at is not None,
+    )
+
+
+def unprocessable(field: str, message: str) -> HTTPException:
+    """A 422 in FastAPI's own shape, naming the field."""
+    return HTTPException(
+        status_code=422,
+        detail=[{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}],
     )
 
 
@@ -38,6 +51,45 @@ def list_jobs(
     return JobsPublic(data=[_public(r) for r in records], count=count)
 
 
+@router.post("", response_model=JobPublic, status_code=201, dependencies=[TokenDep])
+def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPublic:
+    """Submit a job; the daemon hands it to the cluster at its next tick."""
+    try:
+        task = resolve_task(body.task, request.app.state.task_modules)
+    except ValueError as exc:
+        raise unprocessable("task", str(exc)) from None
+    if body.max_gpus < body.min_gpus:
+        raise unprocessable("max_gpus", f"must be >= min_gpus={body.min_gpus}")
+    constraints = body.constraints
+    try:
+        spec = JobSpec(
+            job_id=body.job_id or f"api-{secrets.token_hex(5)}",
+            model=task.model,
+            global_batch=body.global_batch,
+            min_gpus=body.min_gpus,
+            max_gpus=body.max_gpus,
+            gpu_milli=constraints.gpu_milli,
+            gpu_types=None if constraints.gpu_types is None else tuple(constraints.gpu_types),
+            max_nodes=constraints.max_nodes,
+            cpu_milli=constraints.cpu_milli,
+            memory_mib=constraints.memory_mib,
+            priority=body.priority,
+        )
+    except ValueError as exc:  # "JobSpec.<field>=<value>: why"
+        field = str(exc).split("=", 1)[0].removeprefix("JobSpec.")
+        raise unprocessable(
+            f"constraints.{field}" if hasattr(constraints, field) else field, str(exc)
+        ) from None
+    record = repo.submit_job(
+        session=session,
+        spec=spec,
+        task={"name": task.name, "steps": body.steps, "origin": "api"},
+    )
+    if record is None:
+        raise HTTPException(status_code=409, detail=f"job {spec.job_id!r} exists")
+    return _public(record)
+
+
 @router.get("/{job_id}", response_model=JobPublic)
 def get_job(session: SessionDep, job_id: str) -> JobPublic:
     """One job."""
@@ -45,3 +97,16 @@ def get_job(session: SessionDep, job_id: str) -> JobPublic:
     if record is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
     return _public(record)
+
+
+@router.delete("/{job_id}", response_model=JobPublic, status_code=202, dependencies=[TokenDep])
+def cancel_job(session: SessionDep, job_id: str) -> JobPublic:
+    """Cancel a job: the daemon stops it and frees its GPUs at its next tick."""
+    record = repo.get_job(session=session, job_id=job_id)
+    if record is None:
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    if record.state not in repo.ACTIVE_STATES:
+        raise HTTPException(status_code=409, detail=f"job {job_id!r} is already {record.state}")
+    cancelled = repo.request_cancel(session=session, job_id=job_id)
+    assert cancelled is not None
+    return _public(cancelled)

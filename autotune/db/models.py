@@ -22,6 +22,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = [
+    "ApiTokenRow",
     "Base",
     "DecisionRow",
     "JobRow",
@@ -91,6 +92,11 @@ class JobRow(Base):
     """Fraction of the job's work done, 0 to 1."""
     submitted_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    task: Mapped[JsonDict | None]
+    """What the job trains: ``{"name": task, "steps": n, "origin": "api" | backend}``;
+    ``None`` when the backend did not say (then the job cannot resume after a restart)."""
+    cancel_requested_at: Mapped[datetime | None]
+    """Set by ``DELETE /jobs/{id}``; the daemon cancels the job at its next tick."""
 
 
 class DecisionRow(Base):
@@ -107,6 +113,8 @@ class DecisionRow(Base):
     override_id: Mapped[int | None] = mapped_column(ForeignKey("overrides.id"))
     applied_at: Mapped[datetime | None]
     """Set once the backend has applied the decision; committed before that."""
+    explanation: Mapped[JsonDict | None]
+    """Features that mattered, alternatives with predicted goodput, why this one won."""
 
 
 class OverrideRow(Base):
@@ -118,7 +126,7 @@ class OverrideRow(Base):
     """The subset of the job's config or placement the user pinned."""
     reason: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime]
-    expires_at: Mapped[datetime]
+    expires_at: Mapped[datetime] = mapped_column(index=True)
     deleted_at: Mapped[datetime | None]
 
 
@@ -157,4 +165,14 @@ class PolicyVersionRow(Base):
     checkpoint_path: Mapped[str | None] = mapped_column(Text)
     active: Mapped[bool] = mapped_column(Boolean, default=False)
     metrics: Mapped[JsonDict]
+    created_at: Mapped[datetime]
+
+
+class ApiTokenRow(Base):
+    """The API token, stored only as its SHA-256 hash (the token itself is shown once)."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime]

@@ -16,38 +16,63 @@ from sqlalchemy.orm import Session
 
 from autotune.core import Decision, JobConfig, JobSpec, NodeInfo, Placement, utc_now
 from autotune.db.models import (
+    ApiTokenRow,
     DecisionRow,
     JobRow,
     MetricRow,
     NodeRow,
+    OverrideRow,
     PolicyVersionRow,
     TransitionRow,
 )
 from autotune.serde import from_json, to_json
 
 __all__ = [
+    "ACTIVE_STATES",
     "JOB_STATES",
+    "DecisionRecord",
     "JobRecord",
+    "MetricSample",
+    "OverrideRecord",
+    "PolicyVersionRecord",
+    "active_overrides",
     "active_policy_version",
+    "add_token_hash",
+    "cancel_requests",
     "create_decision",
+    "create_override",
     "create_transition",
+    "decision_counts",
+    "delete_override",
     "get_decision",
     "get_job",
+    "get_override",
     "job_counts",
+    "job_ids",
+    "latest_decision_records",
     "latest_decisions",
+    "list_decision_rows",
     "list_decisions",
     "list_jobs",
+    "list_metrics",
     "list_nodes",
+    "list_overrides",
+    "list_policy_versions",
     "mark_decision_applied",
     "record_metrics",
     "register_policy_version",
+    "request_cancel",
     "running_placements",
     "set_job_state",
+    "submit_job",
+    "submitted_job_ids",
+    "token_hashes",
     "upsert_job",
     "upsert_nodes",
 ]
 
 JOB_STATES = ("pending", "running", "finished", "failed", "cancelled")
+ACTIVE_STATES = ("pending", "running")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +83,9 @@ class JobRecord:
     progress: float
     submitted_at: datetime
     updated_at: datetime
+    task: dict[str, Any] | None = None
+    """``{"name", "steps", "origin"}``; ``None`` when unknown."""
+    cancel_requested_at: datetime | None = None
 
 
 def _job_record(row: JobRow) -> JobRecord:
@@ -68,6 +96,8 @@ def _job_record(row: JobRow) -> JobRecord:
         progress=row.progress,
         submitted_at=row.submitted_at,
         updated_at=row.updated_at,
+        task=row.task,
+        cancel_requested_at=row.cancel_requested_at,
     )
 
 
@@ -125,9 +155,16 @@ def _check_state(state: str) -> None:
 
 
 def upsert_job(
-    *, session: Session, spec: JobSpec, state: str, reason: str = "", progress: float = 0.0
+    *,
+    session: Session,
+    spec: JobSpec,
+    state: str,
+    reason: str = "",
+    progress: float = 0.0,
+    task: dict[str, Any] | None = None,
 ) -> None:
-    """Create the job, or update its state, reason and progress."""
+    """Create the job, or update its state, reason and progress (and its task, when the
+    row has none yet)."""
     _check_state(state)
     now = utc_now()
     row = session.get(JobRow, spec.job_id)
@@ -141,10 +178,66 @@ def upsert_job(
                 progress=progress,
                 submitted_at=now,
                 updated_at=now,
+                task=task,
+                cancel_requested_at=None,
             )
         )
-    elif (row.state, row.state_reason, row.progress) != (state, reason, progress):
+        return
+    if (row.state, row.state_reason, row.progress) != (state, reason, progress):
         row.state, row.state_reason, row.progress, row.updated_at = state, reason, progress, now
+    if row.task is None and task is not None:
+        row.task = task
+
+
+def submit_job(*, session: Session, spec: JobSpec, task: dict[str, Any]) -> JobRecord | None:
+    """A new pending job (the daemon hands it to the backend at its next tick); ``None``
+    when the id is taken."""
+    if session.get(JobRow, spec.job_id) is not None:
+        return None
+    upsert_job(
+        session=session,
+        spec=spec,
+        state="pending",
+        reason="submitted; the daemon takes it at its next tick",
+        task=task,
+    )
+    session.flush()
+    record = get_job(session=session, job_id=spec.job_id)
+    assert record is not None
+    return record
+
+
+def request_cancel(*, session: Session, job_id: str) -> JobRecord | None:
+    """Ask the daemon to cancel an active job at its next tick (idempotent)."""
+    row = session.get(JobRow, job_id)
+    if row is None:
+        return None
+    if row.cancel_requested_at is None:
+        row.cancel_requested_at = utc_now()
+        row.updated_at = row.cancel_requested_at
+    return _job_record(row)
+
+
+def job_ids(*, session: Session) -> set[str]:
+    """Every job id the database holds."""
+    return set(session.scalars(select(JobRow.job_id)))
+
+
+def submitted_job_ids(*, session: Session, origin: str = "api") -> list[str]:
+    """Pending jobs that came in through ``origin`` (cheap: no spec is parsed)."""
+    rows = session.execute(select(JobRow.job_id, JobRow.task).where(JobRow.state == "pending"))
+    return [job_id for job_id, task in rows if task and task.get("origin") == origin]
+
+
+def cancel_requests(*, session: Session) -> list[str]:
+    """Active jobs a user asked to cancel."""
+    return list(
+        session.scalars(
+            select(JobRow.job_id).where(
+                JobRow.cancel_requested_at.is_not(None), JobRow.state.in_(ACTIVE_STATES)
+            )
+        )
+    )
 
 
 def set_job_state(
@@ -191,7 +284,11 @@ def job_counts(*, session: Session) -> dict[str, int]:
 
 
 def create_decision(
-    *, session: Session, decision: Decision, override_id: int | None = None
+    *,
+    session: Session,
+    decision: Decision,
+    override_id: int | None = None,
+    explanation: dict[str, Any] | None = None,
 ) -> Decision:
     """Store a decision; returns it with its ``decision_id`` (flushed, not committed)."""
     row = DecisionRow(
@@ -204,6 +301,7 @@ def create_decision(
         placement=None if decision.placement is None else to_json(decision.placement),
         override_id=override_id,
         applied_at=None,
+        explanation=explanation,
     )
     session.add(row)
     session.flush()
@@ -225,13 +323,22 @@ def mark_decision_applied(
 class DecisionRecord:
     decision: Decision
     applied_at: datetime | None
+    override_id: int | None = None
+    explanation: dict[str, Any] | None = None
+
+
+def _decision_record(row: DecisionRow) -> DecisionRecord:
+    return DecisionRecord(
+        decision=_decision(row),
+        applied_at=row.applied_at,
+        override_id=row.override_id,
+        explanation=row.explanation,
+    )
 
 
 def get_decision(*, session: Session, decision_id: int) -> DecisionRecord | None:
     row = session.get(DecisionRow, decision_id)
-    return (
-        None if row is None else DecisionRecord(decision=_decision(row), applied_at=row.applied_at)
-    )
+    return None if row is None else _decision_record(row)
 
 
 def list_decisions(
@@ -253,7 +360,68 @@ def list_decisions(
         query = query.where(DecisionRow.decided_at >= since)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.scalars(query.order_by(DecisionRow.id.desc()).limit(limit).offset(offset))
-    return [DecisionRecord(decision=_decision(r), applied_at=r.applied_at) for r in rows], total
+    return [_decision_record(r) for r in rows], total
+
+
+_DECISION_COLUMNS = (
+    DecisionRow.id,
+    DecisionRow.job_id,
+    DecisionRow.source,
+    DecisionRow.policy_version,
+    DecisionRow.decided_at,
+    DecisionRow.applied_at,
+    DecisionRow.reason,
+    DecisionRow.config,
+    DecisionRow.placement,
+    DecisionRow.override_id,
+)
+
+
+def list_decision_rows(
+    *,
+    session: Session,
+    job_id: str | None = None,
+    source: str | None = None,
+    since: datetime | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> tuple[list[dict[str, Any]], int]:
+    """``list_decisions`` as stored JSON, for the API's listing: only the columns it
+    shows (not the explanation), and not rebuilt into dataclasses (they were valid
+    decisions when written); about a third of the cost of ``list_decisions``."""
+    conditions = []
+    if job_id is not None:
+        conditions.append(DecisionRow.job_id == job_id)
+    if source is not None:
+        conditions.append(DecisionRow.source == source)
+    if since is not None:
+        conditions.append(DecisionRow.decided_at >= since)
+    total = session.scalar(select(func.count(DecisionRow.id)).where(*conditions)) or 0
+    rows = session.execute(
+        select(*_DECISION_COLUMNS)
+        .where(*conditions)
+        .order_by(DecisionRow.id.desc())
+        .limit(limit)
+        .offset(offset)
+    )
+    return [row._asdict() for row in rows], total
+
+
+def decision_counts(*, session: Session) -> dict[str, int]:
+    """Decisions per source."""
+    rows = session.execute(select(DecisionRow.source, func.count()).group_by(DecisionRow.source))
+    return {source: n for source, n in rows}
+
+
+def latest_decision_records(
+    *, session: Session, job_ids: Iterable[str] | None = None
+) -> dict[str, DecisionRecord]:
+    """The newest decision of every job (of ``job_ids``, when given), with its override."""
+    newest = select(func.max(DecisionRow.id)).group_by(DecisionRow.job_id)
+    if job_ids is not None:
+        newest = newest.where(DecisionRow.job_id.in_(list(job_ids)))
+    rows = session.scalars(select(DecisionRow).where(DecisionRow.id.in_(newest)))
+    return {row.job_id: _decision_record(row) for row in rows}
 
 
 def latest_decisions(*, session: Session) -> dict[str, Decision]:
@@ -346,3 +514,163 @@ def register_policy_version(
 
 def active_policy_version(*, session: Session) -> str | None:
     return session.scalar(select(PolicyVersionRow.version).where(PolicyVersionRow.active))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyVersionRecord:
+    version: str
+    kind: str
+    checkpoint_path: str | None
+    active: bool
+    metrics: dict[str, Any]
+    created_at: datetime
+
+
+def list_policy_versions(*, session: Session) -> list[PolicyVersionRecord]:
+    """Every registered policy version, newest first."""
+    rows = session.scalars(
+        select(PolicyVersionRow).order_by(
+            PolicyVersionRow.created_at.desc(), PolicyVersionRow.version
+        )
+    )
+    return [
+        PolicyVersionRecord(
+            version=r.version,
+            kind=r.kind,
+            checkpoint_path=r.checkpoint_path,
+            active=r.active,
+            metrics=r.metrics,
+            created_at=r.created_at,
+        )
+        for r in rows
+    ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricSample:
+    name: str
+    value: float
+    job_id: str | None
+    recorded_at: datetime
+
+
+def list_metrics(
+    *,
+    session: Session,
+    names: Sequence[str],
+    since: datetime | None = None,
+    limit: int = 10_000,
+) -> list[MetricSample]:
+    """Samples of the named metrics, oldest first (the newest ``limit`` of them)."""
+    query = select(MetricRow).where(MetricRow.name.in_(list(names)))
+    if since is not None:
+        query = query.where(MetricRow.recorded_at >= since)
+    rows = list(session.scalars(query.order_by(MetricRow.id.desc()).limit(limit)))
+    return [
+        MetricSample(name=r.name, value=r.value, job_id=r.job_id, recorded_at=r.recorded_at)
+        for r in reversed(rows)
+    ]
+
+
+# --- overrides ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OverrideRecord:
+    override_id: int
+    job_id: str
+    pin: dict[str, Any]
+    reason: str
+    created_at: datetime
+    expires_at: datetime
+    deleted_at: datetime | None
+
+    def active_at(self, when: datetime) -> bool:
+        return self.deleted_at is None and self.expires_at > when
+
+
+def _override_record(row: OverrideRow) -> OverrideRecord:
+    return OverrideRecord(
+        override_id=row.id,
+        job_id=row.job_id,
+        pin=row.pin,
+        reason=row.reason,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        deleted_at=row.deleted_at,
+    )
+
+
+def create_override(
+    *, session: Session, job_id: str, pin: dict[str, Any], reason: str, expires_at: datetime
+) -> OverrideRecord:
+    """Store an override; an active override of the same job is ended now (the newest
+    one wins)."""
+    now = utc_now()
+    for other in session.scalars(
+        select(OverrideRow).where(
+            OverrideRow.job_id == job_id,
+            OverrideRow.deleted_at.is_(None),
+            OverrideRow.expires_at > now,
+        )
+    ):
+        other.deleted_at = now
+    row = OverrideRow(job_id=job_id, pin=pin, reason=reason, created_at=now, expires_at=expires_at)
+    session.add(row)
+    session.flush()
+    return _override_record(row)
+
+
+def get_override(*, session: Session, override_id: int) -> OverrideRecord | None:
+    row = session.get(OverrideRow, override_id)
+    return None if row is None else _override_record(row)
+
+
+def delete_override(*, session: Session, override_id: int) -> OverrideRecord | None:
+    """End an override now (kept in the table: decisions refer to it)."""
+    row = session.get(OverrideRow, override_id)
+    if row is None:
+        return None
+    if row.deleted_at is None:
+        row.deleted_at = utc_now()
+    return _override_record(row)
+
+
+def list_overrides(
+    *,
+    session: Session,
+    job_id: str | None = None,
+    active_at: datetime | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[list[OverrideRecord], int]:
+    """Overrides newest first (only those active at ``active_at``, when given)."""
+    query = select(OverrideRow)
+    if job_id is not None:
+        query = query.where(OverrideRow.job_id == job_id)
+    if active_at is not None:
+        query = query.where(OverrideRow.deleted_at.is_(None), OverrideRow.expires_at > active_at)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    rows = session.scalars(query.order_by(OverrideRow.id.desc()).limit(limit).offset(offset))
+    return [_override_record(r) for r in rows], total
+
+
+def active_overrides(*, session: Session, at: datetime) -> dict[str, OverrideRecord]:
+    """The override in force for each job at ``at`` (the newest, if several)."""
+    records, _ = list_overrides(session=session, active_at=at, limit=1_000_000)
+    active: dict[str, OverrideRecord] = {}
+    for record in records:  # newest first
+        active.setdefault(record.job_id, record)
+    return active
+
+
+# --- API token ------------------------------------------------------------------------
+
+
+def token_hashes(*, session: Session) -> list[str]:
+    """SHA-256 hex digests of the stored API tokens."""
+    return list(session.scalars(select(ApiTokenRow.token_sha256)))
+
+
+def add_token_hash(*, session: Session, token_sha256: str) -> None:
+    session.add(ApiTokenRow(token_sha256=token_sha256, created_at=utc_now()))

@@ -1,0 +1,79 @@
+"""Prometheus metrics (``/metrics``): API latency and tick duration measured in the
+process; decisions per source, jobs per state and job goodput read from the database
+at scrape time, so they survive restarts and count what is committed."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from autotune.daemon import TickReport
+from autotune.db import Database
+from autotune.db import repository as repo
+
+__all__ = ["ServiceMetrics"]
+
+# Loopback requests take about a millisecond; ticks tens of milliseconds to seconds.
+_API_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _DatabaseCollector(Collector):
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        with self._db.session() as session:
+            by_source = repo.decision_counts(session=session)
+            by_state = repo.job_counts(session=session)
+            goodput = repo.list_metrics(session=session, names=["job_goodput"], limit=2000)
+        decisions = CounterMetricFamily(
+            "autotune_decisions", "Decisions committed, per source", labels=["source"]
+        )
+        for source, count in sorted(by_source.items()):
+            decisions.add_metric([source], count)
+        yield decisions
+        jobs = GaugeMetricFamily("autotune_jobs", "Jobs per state", labels=["state"])
+        for state, count in by_state.items():
+            jobs.add_metric([state], count)
+        yield jobs
+        latest = max((s.recorded_at for s in goodput), default=None)
+        family = GaugeMetricFamily(
+            "autotune_job_goodput",
+            "Goodput of each running job at the last tick: samples/s times statistical efficiency",
+            labels=["job"],
+        )
+        for sample in goodput:
+            if sample.recorded_at == latest and sample.job_id is not None:
+                family.add_metric([sample.job_id], sample.value)
+        yield family
+
+
+class ServiceMetrics:
+    """One registry per app, so several apps (tests) never share counters."""
+
+    def __init__(self, db: Database) -> None:
+        self.registry = CollectorRegistry()
+        self.api_latency = Histogram(
+            "autotune_api_request_duration_seconds",
+            "API request latency, by method, route template and status",
+            ["method", "route", "status"],
+            buckets=_API_BUCKETS,
+            registry=self.registry,
+        )
+        self.tick_duration = Histogram(
+            "autotune_tick_duration_seconds",
+            "Duration of a decision round (observe, decide, commit, apply)",
+            buckets=_TICK_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_DatabaseCollector(db))
+
+    def observe_tick(self, report: TickReport) -> None:
+        self.tick_duration.observe(report.duration_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

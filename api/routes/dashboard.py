@@ -1,0 +1,91 @@
+"""The dashboard at ``/``: cluster utilisation actual vs forecast, goodput per job, and
+a timeline of decisions by source. Plotly's JavaScript is served from the installed
+``plotly`` package, so the page needs no network beyond the daemon."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse
+
+from autotune.api.deps import SessionDep
+from autotune.db import repository as repo
+from autotune.forecast import LoadForecaster, forecast_series
+
+router = APIRouter(tags=["dashboard"])
+
+_PAGE = (Path(__file__).parent.parent / "static" / "dashboard.html").read_text()
+
+
+def _plotly_js() -> Path:
+    path = Path(str(resources.files("plotly") / "package_data" / "plotly.min.js"))
+    if not path.is_file():
+        raise HTTPException(status_code=404, detail="plotly.min.js not found in the plotly package")
+    return path
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+def dashboard_page() -> HTMLResponse:
+    return HTMLResponse(_PAGE)
+
+
+@router.get("/static/plotly.min.js", include_in_schema=False)
+def plotly_js() -> FileResponse:
+    return FileResponse(
+        _plotly_js(),
+        media_type="text/javascript",
+        headers={"Cache-Control": "public, max-age=86400"},
+    )
+
+
+@router.get("/api/v1/dashboard", tags=["dashboard"])
+def dashboard_data(
+    session: SessionDep,
+    request: Request,
+    samples: Annotated[int, Query(ge=2, le=5000)] = 300,
+) -> dict[str, Any]:
+    """The dashboard's figures in one response."""
+    forecaster: LoadForecaster = request.app.state.forecaster
+    # One sample more than shown: a tick's decisions are committed just before its
+    # sample, so the window's decisions are those after the sample before it.
+    utilization = repo.list_metrics(session=session, names=["gpu_utilization"], limit=samples + 1)
+    since = None
+    if len(utilization) > samples:
+        since, utilization = utilization[0].recorded_at, utilization[1:]
+    series = forecast_series([s.value for s in utilization], forecaster, horizon=1)
+    goodput: dict[str, dict[str, list[Any]]] = {}
+    for sample in repo.list_metrics(
+        session=session, names=["job_goodput"], since=since, limit=20_000
+    ):
+        if sample.job_id is None:
+            continue
+        line = goodput.setdefault(sample.job_id, {"at": [], "value": []})
+        line["at"].append(sample.recorded_at.isoformat())
+        line["value"].append(sample.value)
+    rows, _ = repo.list_decision_rows(session=session, since=since, limit=500)
+    return {
+        "predictor": forecaster.name,
+        "utilization": {
+            "at": [s.recorded_at.isoformat() for s in utilization],
+            "actual": [s.value for s in utilization],
+            "predicted_at": [utilization[i].recorded_at.isoformat() for i, _ in series.predicted],
+            "predicted": [v for _, v in series.predicted],
+            "mean_absolute_error": series.mean_absolute_error,
+        },
+        "goodput": goodput,
+        "decisions": [
+            {
+                "id": row["id"],
+                "at": row["decided_at"].isoformat(),
+                "job_id": row["job_id"],
+                "source": row["source"],
+                "override_id": row["override_id"],
+                "reason": row["reason"][:200],
+            }
+            for row in reversed(rows)
+        ],
+        "jobs": repo.job_counts(session=session),
+    }

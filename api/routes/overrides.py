@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+
+from autotune.api.deps import SessionDep, TokenDep
+from autotune.api.routes.jobs import unprocessable
+from autotune.api.schemas import OverrideCreate, OverridePublic, OverridesPublic
+from autotune.core import JobConfig, utc_now
+from autotune.db import repository as repo
+from autotune.overrides import PIN_KEYS, check_override
+
+router = APIRouter(prefix="/overrides", tags=["overrides"])
+
+
+def _public(record: repo.OverrideRecord) -> OverridePublic:
+    return OverridePublic(
+        id=record.override_id,
+        job_id=record.job_id,
+        pin=record.pin,
+        reason=record.reason,
+        created_at=record.created_at,
+        expires_at=record.expires_at,
+        deleted_at=record.deleted_at,
+        active=record.active_at(utc_now()),
+    )
+
+
+@router.post("", response_model=OverridePublic, status_code=201, dependencies=[TokenDep])
+def create_override(session: SessionDep, body: OverrideCreate) -> OverridePublic:
+    """Pin part of a job's configuration or its placement until ``ttl_s`` passes.
+
+    Rejected with 422 and the reason when it cannot run: an invalid layout, a world
+    size outside the job's GPU range, out of memory, a GPU model the job may not use.
+    A newer override of the same job replaces the active one."""
+    pin: dict[str, Any] = body.model_dump(include=set(PIN_KEYS), exclude_none=True)
+    if not pin:
+        raise unprocessable("layout", f"pin at least one of {', '.join(PIN_KEYS)}")
+    job = repo.get_job(session=session, job_id=body.job_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"no job {body.job_id!r}")
+    if job.state not in repo.ACTIVE_STATES:
+        raise HTTPException(status_code=409, detail=f"job {body.job_id!r} is {job.state}")
+    latest = repo.latest_decision_records(session=session, job_ids=[body.job_id])
+    base = (
+        latest[body.job_id].decision.config
+        if body.job_id in latest
+        else JobConfig.data_parallel(job.spec.min_gpus)
+    )
+    try:
+        check_override(job.spec, base, pin, repo.list_nodes(session=session))
+    except ValueError as exc:
+        message = str(exc)
+        field = message.split(":", 1)[0].removeprefix("pin.").split(".")[0]
+        if message.startswith("infeasible placement"):
+            field = "placement"
+        raise unprocessable(field if field in PIN_KEYS else next(iter(pin)), message) from None
+    record = repo.create_override(
+        session=session,
+        job_id=body.job_id,
+        pin=pin,
+        reason=body.reason,
+        expires_at=utc_now() + timedelta(seconds=body.ttl_s),
+    )
+    return _public(record)
+
+
+@router.get("", response_model=OverridesPublic)
+def list_overrides(
+    session: SessionDep,
+    job: str | None = None,
+    active: bool | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> OverridesPublic:
+    """Overrides, newest first; ``active=true`` for those in force now."""
+    now = utc_now()
+    if active is False:
+        records, _ = repo.list_overrides(session=session, job_id=job, limit=1_000_000)
+        ended = [r for r in records if not r.active_at(now)]
+        return OverridesPublic(
+            data=[_public(r) for r in ended[offset : offset + limit]], count=len(ended)
+        )
+    records, count = repo.list_overrides(
+        session=session, job_id=job, active_at=now if active else None, limit=limit, offset=offset
+    )
+    return OverridesPublic(data=[_public(r) for r in records], count=count)
+
+
+@router.get("/{override_id}", response_model=OverridePublic)
+def get_override(session: SessionDep, override_id: int) -> OverridePublic:
+    """One override."""
+    record = repo.get_override(session=session, override_id=override_id)
+    if record is None:
+        raise HTTPException(status_code=404, detail=f"no override {override_id}")
+    return _public(record)
+
+
+@router.delete("/{override_id}", response_model=OverridePublic, dependencies=[TokenDep])
+def delete_override(session: SessionDep, override_id: int) -> OverridePublic:
+    """End an override now; the policy takes the job over at the next tick."""
+    record = repo.delete_override(session=session, override_id=override_id)
+    if record is None:
+        raise HTTPException(status_code=404, detail=f"no override {override_id}")
+    return _public(record)

@@ -1,0 +1,40 @@
+"""The backends ``autotune daemon --backend NAME`` can drive, by name.
+
+A backend is built from the settings at start-up; adding one is a factory here (the
+Ray executor registers ``ray`` the same way)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autotune.backend import Backend
+from autotune.errors import InputError
+from autotune.settings import Settings
+
+__all__ = ["BACKENDS", "build_backend"]
+
+
+def _simulated(settings: Settings) -> Backend:
+    from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+
+    return SimulatedCluster(
+        SimulatedClusterConfig(
+            seed=settings.seed,
+            seconds_per_tick=settings.sim_seconds_per_tick,
+            mean_interarrival_s=settings.sim_mean_interarrival_s,
+            initial_jobs=settings.sim_initial_jobs,
+            max_jobs=settings.sim_max_jobs,
+        )
+    )
+
+
+BACKENDS: dict[str, Callable[[Settings], Backend]] = {"sim": _simulated}
+
+
+def build_backend(settings: Settings) -> Backend:
+    factory = BACKENDS.get(settings.backend)
+    if factory is None:
+        raise InputError(
+            f"setting backend={settings.backend!r}: unknown; available: {', '.join(BACKENDS)}"
+        )
+    return factory(settings)

@@ -1,0 +1,409 @@
+"""The command-line client of the daemon's REST API: ``autotune job``, ``autotune
+decisions`` and ``autotune override``.
+
+Every command takes ``--url`` (default ``$AUTOTUNE_URL``, else http://127.0.0.1:8000)
+and, for changes, ``--token`` (default ``$AUTOTUNE_TOKEN``). Tables for people,
+``--json`` for one JSON object (the API's response). Exit codes: 0 on success, 2 when
+the API rejects the request (the line says why), 1 when the daemon cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["decisions_command", "job_app", "override_app"]
+
+job_app = typer.Typer(help="Submit, list, show and cancel jobs (via the REST API).")
+override_app = typer.Typer(help="Pin a job's configuration or placement for a while.")
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", help="Daemon URL (default: $AUTOTUNE_URL, else http://127.0.0.1:8000)."),
+]
+TokenOption = Annotated[
+    str | None,
+    typer.Option("--token", help="API token (default: $AUTOTUNE_TOKEN).", show_default=False),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+_out = Console()
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    sys.stderr.write(f"error: {message}\n")
+    raise typer.Exit(code=code)
+
+
+def _error_line(status: int, body: Any) -> str:
+    detail = body.get("detail") if isinstance(body, dict) else body
+    if isinstance(body, dict) and "message" in body:
+        return f"{status}: {body['message']}"
+    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
+        where = ".".join(str(p) for p in detail[0].get("loc", []))
+        return f"{status}: {where}: {detail[0].get('msg')}"
+    return f"{status}: {detail}"
+
+
+def call(
+    method: str,
+    path: str,
+    *,
+    url: str | None,
+    token: str | None = None,
+    body: dict[str, Any] | None = None,
+    query: dict[str, Any] | None = None,
+) -> Any:
+    """The API's JSON response; exits 2 on a 4xx, 1 when unreachable or on a 5xx."""
+    base = (url or os.environ.get("AUTOTUNE_URL") or "http://127.0.0.1:8000").rstrip("/")
+    params = {k: v for k, v in (query or {}).items() if v is not None}
+    target = f"{base}/api/v1{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
+    request = urllib.request.Request(
+        target, method=method, data=None if body is None else json.dumps(body).encode()
+    )
+    request.add_header("Content-Type", "application/json")
+    secret = token or os.environ.get("AUTOTUNE_TOKEN")
+    if method != "GET":
+        if not secret:
+            _fail("this needs the API token: --token or $AUTOTUNE_TOKEN", 2)
+        request.add_header("Authorization", f"Bearer {secret}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            payload = json.loads(exc.read())
+        except ValueError:
+            payload = exc.reason
+        _fail(_error_line(exc.code, payload), 2 if exc.code < 500 else 1)
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        _fail(f"cannot reach the daemon at {base}: {reason}", 1)
+
+
+def _emit(result: Any, as_json: bool, table: Table | str | None = None) -> None:
+    if as_json:
+        typer.echo(json.dumps(result))
+    elif table is not None:
+        _out.print(table)
+
+
+def _jobs_table(jobs: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("job", "state", "task", "GPUs", "progress", "priority", "reason"):
+        table.add_column(column)
+    for job in jobs:
+        spec = job["spec"]
+        table.add_row(
+            job["job_id"],
+            job["state"] + (" (cancelling)" if job.get("cancel_requested") else ""),
+            (job.get("task") or {}).get("name", ""),
+            f"{spec['min_gpus']}-{spec['max_gpus']}",
+            f"{job['progress']:.1%}",
+            str(spec["priority"]),
+            job["state_reason"][:80],
+        )
+    return table
+
+
+# --- jobs -----------------------------------------------------------------------------
+
+
+@job_app.command("submit")
+def job_submit(
+    task: Annotated[str, typer.Argument(help="Built-in task (gpt-char, ...) or module:Name.")],
+    job_id: Annotated[str | None, typer.Option("--id", help="Job id (default: generated).")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 1000,
+    global_batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch.")] = 32,
+    min_gpus: Annotated[int, typer.Option("--min-gpus", min=1)] = 1,
+    max_gpus: Annotated[int, typer.Option("--max-gpus", min=1)] = 1,
+    priority: Annotated[int, typer.Option(help="Higher goes first.")] = 0,
+    gpu_type: Annotated[
+        list[str] | None, typer.Option("--gpu-type", help="Allowed GPU model (repeatable).")
+    ] = None,
+    max_nodes: Annotated[int | None, typer.Option("--max-nodes", min=1)] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Submit a job; the daemon schedules it at its next tick."""
+    constraints: dict[str, Any] = {}
+    if gpu_type:
+        constraints["gpu_types"] = gpu_type
+    if max_nodes is not None:
+        constraints["max_nodes"] = max_nodes
+    body: dict[str, Any] = {
+        "task": task,
+        "steps": steps,
+        "global_batch": global_batch,
+        "min_gpus": min_gpus,
+        "max_gpus": max_gpus,
+        "priority": priority,
+        "constraints": constraints,
+    }
+    if job_id is not None:
+        body["job_id"] = job_id
+    job = call("POST", "/jobs", url=url, token=token, body=body)
+    _emit(job, as_json, f"submitted [bold]{job['job_id']}[/] ({job['state']})")
+
+
+@job_app.command("list")
+def job_list(
+    state: Annotated[str | None, typer.Option(help="pending, running, finished, ...")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Jobs, newest first."""
+    page = call("GET", "/jobs", url=url, query={"state": state, "limit": limit})
+    _emit(page, as_json, _jobs_table(page["data"], f"{page['count']} job(s)"))
+
+
+@job_app.command("show")
+def job_show(
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """One job, with its newest decision."""
+    job = call("GET", f"/jobs/{urllib.parse.quote(job_id, safe='')}", url=url)
+    latest = call("GET", "/decisions", url=url, query={"job": job_id, "limit": 1})["data"]
+    job_out = {**job, "latest_decision": latest[0] if latest else None}
+    table = _jobs_table([job], f"job {job_id}")
+    if as_json:
+        _emit(job_out, True)
+        return
+    _out.print(table)
+    if latest:
+        _out.print(f"newest decision #{latest[0]['id']} ({latest[0]['source']}): ")
+        _out.print(latest[0]["reason"], markup=False)
+
+
+@job_app.command("cancel")
+def job_cancel(
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Cancel a job; the daemon stops it at its next tick."""
+    job = call("DELETE", f"/jobs/{urllib.parse.quote(job_id, safe='')}", url=url, token=token)
+    _emit(job, as_json, f"cancelling [bold]{job['job_id']}[/]")
+
+
+# --- decisions ------------------------------------------------------------------------
+
+
+def decisions_command(
+    job: Annotated[str | None, typer.Option("--job", help="Only this job's decisions.")] = None,
+    source: Annotated[
+        str | None, typer.Option(help="policy, override, fallback or static.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
+    explain: Annotated[
+        int | None, typer.Option("--explain", help="Explain this decision instead.")
+    ] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Decisions, newest first; or why one decision was made (--explain ID)."""
+    if explain is not None:
+        explained = call("GET", f"/decisions/{explain}/explain", url=url)
+        if as_json:
+            _emit(explained, True)
+            return
+        _print_explanation(explained)
+        return
+    page = call("GET", "/decisions", url=url, query={"job": job, "source": source, "limit": limit})
+    table = Table(title=f"{page['count']} decision(s)")
+    for column in ("id", "job", "source", "config", "placement", "reason"):
+        table.add_column(column, overflow="fold")
+    for decision in page["data"]:
+        layout = decision["config"]["layout"]
+        compression = decision["config"]["compression"]["kind"]
+        nodes = sorted({r["node_id"] for r in (decision["placement"] or {}).get("ranks", [])})
+        source_cell = decision["source"]
+        if decision.get("override_id") is not None:
+            source_cell += f" #{decision['override_id']}"
+        table.add_row(
+            str(decision["id"]),
+            decision["job_id"],
+            source_cell,
+            f"dp{layout['dp']} tp{layout['tp']} pp{layout['pp']} {compression}",
+            ",".join(nodes),
+            decision["reason"][:100],
+        )
+    _emit(page, as_json, table)
+
+
+def _print_explanation(explained: dict[str, Any]) -> None:
+    override = explained["override_id"]
+    _out.print(
+        f"[bold]decision {explained['decision_id']}[/] for {explained['job_id']}: "
+        f"{explained['source']}" + (f" (override {override})" if override else "")
+    )
+    _out.print(explained["why"], markup=False)
+    chosen = explained["chosen"]
+    if chosen:
+        _out.print(
+            f"chosen: {chosen.get('config')}  predicted goodput "
+            f"{chosen.get('predicted_goodput', 'n/a')}"
+        )
+    features = Table(title="features")
+    features.add_column("feature")
+    features.add_column("value", justify="right")
+    for name, value in explained["features"].items():
+        features.add_row(name, f"{value:g}")
+    _out.print(features)
+    alternatives = Table(title="alternatives on the same GPUs")
+    for column in ("change", "config", "predicted goodput", "fits memory"):
+        alternatives.add_column(column)
+    for alt in explained["alternatives"]:
+        alternatives.add_row(
+            alt["change"], alt["config"], f"{alt['predicted_goodput']:.1f}", str(alt["fits_memory"])
+        )
+    _out.print(alternatives)
+
+
+# --- overrides ------------------------------------------------------------------------
+
+
+def _compression(value: str) -> dict[str, Any]:
+    kind, _, parameter = value.partition(":")
+    spec: dict[str, Any] = {"kind": kind}
+    try:
+        if kind == "topk" and parameter:
+            spec["ratio"] = float(parameter)
+        elif kind == "powersgd" and parameter:
+            spec["rank"] = int(parameter)
+        elif parameter:
+            _fail(f"--compression {value!r}: only topk:RATIO and powersgd:RANK take a value", 2)
+    except ValueError:
+        _fail(f"--compression {value!r}: not a number after ':'", 2)
+    return spec
+
+
+def _precision(values: list[str]) -> dict[str, str]:
+    pinned: dict[str, str] = {}
+    for value in values:
+        module_class, sep, precision = value.partition("=")
+        if not sep:
+            _fail(f"--precision {value!r}: use CLASS=PRECISION, e.g. ffn=fp32", 2)
+        pinned[module_class] = precision
+    return pinned
+
+
+def _placement(value: str) -> list[dict[str, Any]]:
+    slots = []
+    for item in value.split(","):
+        node, sep, gpu = item.strip().rpartition(":")
+        if not sep or not gpu.isdigit():
+            _fail(f"--place {value!r}: use NODE:GPU,NODE:GPU,... (rank order)", 2)
+        slots.append({"node_id": node, "gpu_index": int(gpu)})
+    return slots
+
+
+@override_app.command("set")
+def override_set(
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    ttl: Annotated[float, typer.Option("--ttl", help="Seconds until it expires.")],
+    reason: Annotated[str, typer.Option(help="Why (shown in the decision log).")],
+    world_size: Annotated[int | None, typer.Option("--world-size", min=1)] = None,
+    dp: Annotated[int | None, typer.Option(min=1)] = None,
+    tp: Annotated[int | None, typer.Option(min=1)] = None,
+    pp: Annotated[int | None, typer.Option(min=1)] = None,
+    micro_batches: Annotated[int | None, typer.Option("--micro-batches", min=1)] = None,
+    checkpointing: Annotated[
+        bool | None, typer.Option("--checkpointing/--no-checkpointing", show_default=False)
+    ] = None,
+    precision: Annotated[
+        list[str] | None,
+        typer.Option("--precision", help="CLASS=PRECISION, e.g. ffn=fp32 (repeatable)."),
+    ] = None,
+    compression: Annotated[
+        str | None, typer.Option(help="none, int8, fp8, topk:RATIO or powersgd:RANK.")
+    ] = None,
+    place: Annotated[
+        str | None, typer.Option("--place", help="NODE:GPU,... for ranks 0, 1, ...")
+    ] = None,
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Pin part of a job's configuration or its placement until --ttl seconds pass.
+    The daemon applies it at its next tick, or says why it cannot (422)."""
+    layout = {
+        key: value
+        for key, value in {
+            "world_size": world_size,
+            "dp": dp,
+            "tp": tp,
+            "pp": pp,
+            "micro_batches": micro_batches,
+            "activation_checkpointing": checkpointing,
+        }.items()
+        if value is not None
+    }
+    body: dict[str, Any] = {"job_id": job_id, "ttl_s": ttl, "reason": reason}
+    if layout:
+        body["layout"] = layout
+    if precision:
+        body["precision"] = _precision(precision)
+    if compression is not None:
+        body["compression"] = _compression(compression)
+    if place is not None:
+        body["placement"] = _placement(place)
+    override = call("POST", "/overrides", url=url, token=token, body=body)
+    _emit(
+        override,
+        as_json,
+        f"override [bold]{override['id']}[/] on {override['job_id']} until "
+        f"{override['expires_at']}",
+    )
+
+
+@override_app.command("list")
+def override_list(
+    job: Annotated[str | None, typer.Option("--job", help="Only this job's overrides.")] = None,
+    active: Annotated[
+        bool | None, typer.Option("--active/--ended", show_default=False, help="Filter.")
+    ] = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Overrides, newest first."""
+    page = call("GET", "/overrides", url=url, query={"job": job, "active": active})
+    table = Table(title=f"{page['count']} override(s)")
+    for column in ("id", "job", "active", "pin", "expires", "reason"):
+        table.add_column(column, overflow="fold")
+    for override in page["data"]:
+        table.add_row(
+            str(override["id"]),
+            override["job_id"],
+            "yes" if override["active"] else "no",
+            json.dumps(override["pin"], separators=(",", ":")),
+            override["expires_at"],
+            override["reason"],
+        )
+    _emit(page, as_json, table)
+
+
+@override_app.command("clear")
+def override_clear(
+    override_id: Annotated[int, typer.Argument(help="Override id.")],
+    url: UrlOption = None,
+    token: TokenOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """End an override now; the policy takes the job back at the next tick."""
+    override = call("DELETE", f"/overrides/{override_id}", url=url, token=token)
+    _emit(override, as_json, f"override [bold]{override['id']}[/] ended")

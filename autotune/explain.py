@@ -1,0 +1,133 @@
+"""Why a decision: the features that mattered, the alternatives considered with their
+predicted goodput, and why the chosen configuration won.
+
+Alternatives are the chosen configuration's neighbours on the same GPUs: each other
+precision, each gradient compression, and activation checkpointing switched. Their
+goodput (samples/s times statistical efficiency, ``autotune.perfmodel.estimate``) is
+the performance model's prediction, not a measurement. The rule-based policy does not
+maximise it, so the explanation says so when an alternative is predicted to be better.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Final
+
+from autotune.core import (
+    CompressionSpec,
+    JobConfig,
+    JobSpec,
+    NodeInfo,
+    Placement,
+    Precision,
+    PrecisionMap,
+)
+from autotune.perfmodel import estimate, shape_of
+
+__all__ = ["describe_config", "explain_decision"]
+
+_PRECISIONS: Final[tuple[Precision, ...]] = ("fp32", "bf16", "fp16", "fp8")
+_COMPRESSIONS: Final = (
+    CompressionSpec(),
+    CompressionSpec(kind="int8"),
+    CompressionSpec(kind="fp8"),
+    CompressionSpec(kind="topk", ratio=0.01),
+    CompressionSpec(kind="powersgd", rank=4),
+)
+_MAX_ALTERNATIVES: Final = 8
+
+
+def describe_config(config: JobConfig) -> str:
+    """A short summary: ``dp=4 tp=2 pp=1 +ckpt, bf16, int8``."""
+    layout = config.layout
+    parts = f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
+    if layout.pp > 1:
+        parts += f" m={layout.micro_batches}"
+    if layout.activation_checkpointing:
+        parts += " +ckpt"
+    compression = config.compression
+    compressed: str = compression.kind
+    if compression.ratio is not None:
+        compressed += f"({compression.ratio:g})"
+    if compression.rank is not None:
+        compressed += f"(rank {compression.rank})"
+    return f"{parts}, {config.precision.lowest()}, {compressed}"
+
+
+def _neighbours(config: JobConfig) -> list[tuple[str, JobConfig]]:
+    out: list[tuple[str, JobConfig]] = []
+    for precision in _PRECISIONS:
+        candidate = PrecisionMap.uniform(precision)
+        if candidate != config.precision:
+            out.append((f"precision {precision}", replace(config, precision=candidate)))
+    if config.layout.dp > 1:
+        for compression in _COMPRESSIONS:
+            if compression != config.compression:
+                out.append(
+                    (f"compression {compression.kind}", replace(config, compression=compression))
+                )
+    toggled = replace(
+        config.layout, activation_checkpointing=not config.layout.activation_checkpointing
+    )
+    out.append(
+        (
+            "activation checkpointing " + ("on" if toggled.activation_checkpointing else "off"),
+            replace(config, layout=toggled),
+        )
+    )
+    return out
+
+
+def explain_decision(
+    *,
+    spec: JobSpec,
+    config: JobConfig,
+    placement: Placement,
+    nodes: Mapping[str, NodeInfo],
+    features: Mapping[str, float],
+    why: str,
+) -> dict[str, Any]:
+    """The explanation stored with a decision (a JSON object)."""
+    explanation: dict[str, Any] = {
+        "features": {name: round(float(value), 6) for name, value in features.items()},
+        "chosen": {"config": describe_config(config)},
+        "alternatives": [],
+        "why": why,
+    }
+    if spec.model is None:
+        explanation["why"] += "; no model profile: goodput cannot be predicted"
+        return explanation
+    shape = shape_of(placement, nodes)
+    chosen = estimate(spec.model, config, shape, spec.global_batch)
+    explanation["chosen"] |= {
+        "predicted_goodput": round(chosen.goodput, 3),
+        "predicted_samples_per_s": round(chosen.step.samples_per_s, 3),
+        "memory_gib": round(chosen.memory_bytes / (1 << 30), 2),
+    }
+    scored: list[tuple[str, JobConfig, float, bool]] = []
+    for change, candidate in _neighbours(config):
+        predicted = estimate(spec.model, candidate, shape, spec.global_batch)
+        scored.append((change, candidate, predicted.goodput, not predicted.oom))
+    scored.sort(key=lambda item: -item[2])
+    explanation["alternatives"] = [
+        {
+            "change": change,
+            "config": describe_config(candidate),
+            "predicted_goodput": round(goodput, 3),
+            "fits_memory": fits,
+        }
+        for change, candidate, goodput, fits in scored[:_MAX_ALTERNATIVES]
+    ]
+    best = next((item for item in scored if item[3]), None)
+    if best is None or best[2] <= chosen.goodput:
+        explanation["why"] += (
+            f"; predicted goodput {chosen.goodput:.1f}, no neighbour on these GPUs predicts more"
+        )
+    else:
+        gain = best[2] / max(chosen.goodput, 1e-9) - 1
+        explanation["why"] += (
+            f"; predicted goodput {chosen.goodput:.1f}; the performance model predicts "
+            f"{gain:+.0%} with {best[0]}"
+        )
+    return explanation

@@ -1,0 +1,516 @@
+"""The API's write side and its service endpoints, over a database filled by real ticks
+of the decision loop: auth, malformed requests, overrides, cancellation, explain,
+policies, forecast, metrics, readiness and the dashboard."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from autotune.api.app import create_app
+from autotune.auth import TokenCheck, ensure_token, hash_token
+from autotune.daemon import Daemon
+from autotune.db import Database
+from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+from autotune.forecast import PersistenceForecaster, forecast_series
+from autotune.policies.rules import RulesPolicy
+
+TOKEN = "test-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Service:
+    def __init__(self, database: Database) -> None:
+        self.daemon = Daemon(
+            db=database,
+            backend=SimulatedCluster(SimulatedClusterConfig(seed=1)),
+            policy=RulesPolicy(),
+        )
+        self.daemon.start()
+        self.app = create_app(
+            db=database,
+            telemetry="simulator",
+            token_check=TokenCheck([hash_token(TOKEN)]),
+            task_modules=["labtasks"],
+            max_body_bytes=4096,
+        )
+        self.daemon.tick_observers.append(self.app.state.metrics.observe_tick)
+        self.client = TestClient(self.app)
+
+    def ticks(self, n: int) -> None:
+        for _ in range(n):
+            self.daemon.tick()
+
+    def submit(self, **body: Any) -> dict[str, Any]:
+        response = self.client.post("/api/v1/jobs", json=body, headers=AUTH)
+        assert response.status_code == 201, response.text
+        result: dict[str, Any] = response.json()
+        return result
+
+
+@pytest.fixture
+def service(database: Database) -> Iterator[Service]:
+    svc = Service(database)
+    svc.ticks(3)
+    with svc.client:
+        yield svc
+
+
+# --- auth -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer nope"}, {"Authorization": f"Basic {TOKEN}"}],
+    ids=["none", "wrong", "not-bearer"],
+)
+def test_mutations_need_the_bearer_token(service: Service, headers: dict[str, str]) -> None:
+    client = service.client
+    job = {"task": "gpt-char", "job_id": "x"}
+    assert client.post("/api/v1/jobs", json=job, headers=headers).status_code == 401
+    override = {"job_id": "job-00000", "precision": {"ffn": "fp32"}, "ttl_s": 5, "reason": "r"}
+    assert client.post("/api/v1/overrides", json=override, headers=headers).status_code == 401
+    assert client.delete("/api/v1/jobs/job-00000", headers=headers).status_code == 401
+    assert client.delete("/api/v1/overrides/1", headers=headers).status_code == 401
+    assert client.get("/api/v1/jobs", headers=headers).status_code == 200  # reads are open
+    assert client.get("/api/v1/jobs/x").status_code == 404  # nothing was created
+
+
+def test_the_token_is_generated_once_and_stored_only_as_a_hash(database: Database) -> None:
+    check, token = ensure_token(database, None)
+    assert token is not None
+    assert len(token) >= 40
+    assert check(token)
+    assert not check(token + "x")
+    again, shown = ensure_token(database, None)
+    assert shown is None
+    assert again(token)
+    with database.engine.connect() as connection:
+        dump = "\n".join(connection.connection.iterdump())
+    assert token not in dump
+    assert hash_token(token) in dump
+    configured, shown = ensure_token(database, "from-settings")
+    assert shown is None
+    assert configured("from-settings")
+    assert not configured(token)
+
+
+# --- malformed requests ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"task": "gpt-char", "min_gpus": "4"}, 422, "min_gpus"),
+        ({"task": "gpt-char", "min_gpus": 0}, 422, "min_gpus"),
+        ({"task": "gpt-char", "max_gpus": 10**9}, 422, "max_gpus"),
+        ({"task": "gpt-char", "min_gpus": 4, "max_gpus": 2}, 422, "max_gpus"),
+        ({"task": "gpt-char", "priority": 1.5}, 422, "priority"),
+        ({"task": "gpt-char", "colour": "blue"}, 422, "colour"),
+        ({"task": "gpt-char", "constraints": {"gpu_typos": ["A100"]}}, 422, "gpu_typos"),
+        ({"task": "gpt-char", "constraints": {"gpu_milli": 500}, "max_gpus": 2}, 422, "gpu_milli"),
+        ({"task": "gpt-char", "job_id": "../etc"}, 422, "job_id"),
+        ({"task": "/tmp/evil.py:Task"}, 422, "task"),
+        ({"task": "os:system"}, 422, "task"),
+        ({"task": "labtasks_evil.mod:Task"}, 422, "task"),
+        ({"task": "gpt-char", "steps": None}, 422, "steps"),
+        ({}, 422, "task"),
+        ({"task": "x" * 5000}, 413, "body"),
+    ],
+)
+def test_malformed_jobs_get_a_4xx_naming_the_field(
+    service: Service, body: dict[str, Any], status: int, field: str
+) -> None:
+    response = service.client.post("/api/v1/jobs", json=body, headers=AUTH)
+    assert response.status_code == status, response.text
+    assert field in response.text
+
+
+def test_bodies_that_are_not_json_or_too_big_by_stream_are_4xx(service: Service) -> None:
+    client = service.client
+    bad = client.post(
+        "/api/v1/jobs", content=b"{not json", headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert bad.status_code == 422
+    assert "JSON" in bad.text
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted as it streams in
+        yield b'{"task": "'
+        for _ in range(10):
+            yield b"x" * 1000
+        yield b'"}'
+
+    streamed = client.post(
+        "/api/v1/jobs", content=chunks(), headers={**AUTH, "Content-Type": "application/json"}
+    )
+    assert streamed.status_code == 413
+    assert client.get("/api/v1/decisions", params={"limit": "many"}).status_code == 422
+    assert client.get("/api/v1/decisions/abc").status_code == 422
+
+
+def test_allow_listed_module_tasks_are_accepted_without_importing_them(service: Service) -> None:
+    job = service.submit(task="labtasks.vision:ResNetTask", job_id="mod-job")
+    assert job["task"] == {"name": "labtasks.vision:ResNetTask", "steps": 1000, "origin": "api"}
+    assert job["spec"]["model"] is None  # opaque until a backend loads it
+    service.ticks(1)  # the simulated cluster cannot simulate what it has no profile of
+    rejected = service.client.get("/api/v1/jobs/mod-job").json()
+    assert rejected["state"] == "failed"
+    assert "needs a model profile" in rejected["state_reason"]
+
+
+# --- overrides ------------------------------------------------------------------------
+
+
+def running_job(service: Service) -> dict[str, Any]:
+    running = service.client.get("/api/v1/jobs", params={"state": "running"}).json()["data"]
+    assert running
+    job: dict[str, Any] = running[0]
+    return job
+
+
+@pytest.mark.parametrize(
+    ("pin", "reason"),
+    [
+        ({"layout": {"world_size": 64}}, "the job allows"),
+        ({"layout": {"world_size": 3, "tp": 2}}, "not divisible"),
+        ({"precision": {"norm": "fp8"}}, "normalisation cannot run in fp8"),
+        ({"compression": {"kind": "topk"}}, "topk needs a ratio"),
+        ({"placement": [{"node_id": "nowhere-0", "gpu_index": 0}]}, "does not exist"),
+        ({"placement": [{"node_id": "a100-0", "gpu_index": 99}]}, "does not exist"),
+    ],
+)
+def test_infeasible_overrides_are_rejected_with_the_reason(
+    service: Service, pin: dict[str, Any], reason: str
+) -> None:
+    job = running_job(service)
+    body = {"job_id": job["job_id"], "ttl_s": 60, "reason": "test", **pin}
+    response = service.client.post("/api/v1/overrides", json=body, headers=AUTH)
+    assert response.status_code == 422, response.text
+    assert reason in response.text
+    assert service.client.get("/api/v1/overrides").json()["count"] == 0
+
+
+def test_overrides_that_break_memory_or_gpu_type_are_rejected(service: Service) -> None:
+    service.submit(task="gpt-char", job_id="a100-only", constraints={"gpu_types": ["A100"]})
+    service.submit(task="gpt-1.3b", job_id="big", global_batch=1)
+    one_t4 = [{"node_id": "t4-0", "gpu_index": 0}]
+    cases = [
+        ("a100-only", {"placement": one_t4}, "rank 0 on T4"),  # not an allowed GPU model
+        ("big", {"placement": one_t4}, "out of memory on t4-0"),
+    ]
+    for job_id, pin, reason in cases:
+        body = {"job_id": job_id, "ttl_s": 60, "reason": "test", **pin}
+        response = service.client.post("/api/v1/overrides", json=body, headers=AUTH)
+        assert response.status_code == 422, response.text
+        assert reason in response.text
+        assert response.json()["detail"][0]["loc"] == ["body", "placement"]
+    fits = {"job_id": "big", "placement": [{"node_id": "a100-1", "gpu_index": 0}]}
+    response = service.client.post(
+        "/api/v1/overrides", json={**fits, "ttl_s": 60, "reason": "fits"}, headers=AUTH
+    )
+    assert response.status_code == 201, response.text
+    nothing = {"job_id": "big", "ttl_s": 60, "reason": "test"}
+    assert service.client.post("/api/v1/overrides", json=nothing, headers=AUTH).status_code == 422
+    ghost = {"job_id": "ghost", "ttl_s": 60, "reason": "t", "precision": {"ffn": "fp32"}}
+    assert service.client.post("/api/v1/overrides", json=ghost, headers=AUTH).status_code == 404
+
+
+def test_a_pinned_placement_is_applied_then_released_to_the_policy(service: Service) -> None:
+    job = running_job(service)
+    job_id = job["job_id"]
+    world = job_world = len(
+        service.client.get("/api/v1/decisions", params={"job": job_id, "limit": 1}).json()["data"][
+            0
+        ]["placement"]["ranks"]
+    )
+    assert job_world >= 1
+    # The last GPUs of the second A100 node, whoever holds them now.
+    slots = [{"node_id": "a100-1", "gpu_index": 7 - i} for i in range(world)]
+    body = {"job_id": job_id, "placement": slots, "ttl_s": 600, "reason": "keep off a100-0"}
+    response = service.client.post("/api/v1/overrides", json=body, headers=AUTH)
+    assert response.status_code == 201, response.text
+    override_id = response.json()["id"]
+    report = service.daemon.tick()
+    honoured = [d for d in report.decisions if d.job_id == job_id]
+    assert honoured
+    assert honoured[0].source == "override"
+    assert honoured[0].placement is not None
+    assert [(s.node_id, s.gpu_index) for s in honoured[0].placement.ranks] == [
+        (s["node_id"], s["gpu_index"]) for s in slots
+    ]
+    listed = service.client.get("/api/v1/decisions", params={"source": "override"}).json()
+    assert listed["data"][0]["override_id"] == override_id
+    # Honoured once: the next tick keeps it without a new decision.
+    assert job_id not in {d.job_id for d in service.daemon.tick().decisions}
+    assert service.client.get("/api/v1/overrides", params={"active": True}).json()["count"] == 1
+    deleted = service.client.delete(f"/api/v1/overrides/{override_id}", headers=AUTH)
+    assert deleted.status_code == 200
+    assert deleted.json()["active"] is False
+    released = [d for d in service.daemon.tick().decisions if d.job_id == job_id]
+    assert released
+    assert released[0].source == "policy"
+    assert f"override {override_id} ended" in released[0].reason
+    assert service.client.get("/api/v1/overrides", params={"active": False}).json()["count"] == 1
+
+
+# --- jobs -----------------------------------------------------------------------------
+
+
+def test_submitted_jobs_run_and_can_be_cancelled(service: Service) -> None:
+    service.submit(task="gpt-char", job_id="mine", min_gpus=1, max_gpus=2, steps=10**7)
+    service.ticks(1)
+    assert service.client.get("/api/v1/jobs/mine").json()["state"] == "running"
+    response = service.client.delete("/api/v1/jobs/mine", headers=AUTH)
+    assert response.status_code == 202
+    assert response.json()["cancel_requested"] is True
+    service.ticks(1)
+    job = service.client.get("/api/v1/jobs/mine").json()
+    assert job["state"] == "cancelled"
+    assert service.client.delete("/api/v1/jobs/mine", headers=AUTH).status_code == 409
+    held = service.client.get("/api/v1/cluster").json()
+    placements = service.daemon.backend.observe().by_state("running")
+    assert "mine" not in {j.spec.job_id for j in placements}
+    assert held["jobs"]["cancelled"] == 1
+
+
+# --- explain, policies, forecast, metrics, readiness ----------------------------------
+
+
+def test_explain_names_features_alternatives_and_why(service: Service) -> None:
+    decision = service.client.get("/api/v1/decisions", params={"limit": 1}).json()["data"][0]
+    explained = service.client.get(f"/api/v1/decisions/{decision['id']}/explain").json()
+    assert {"free_gpus", "waiting_jobs", "gpu_utilization"} <= set(explained["features"])
+    goodputs = [a["predicted_goodput"] for a in explained["alternatives"]]
+    assert goodputs == sorted(goodputs, reverse=True)
+    assert goodputs
+    assert explained["chosen"]["predicted_goodput"] > 0
+    assert "predicted goodput" in explained["why"]
+    assert service.client.get("/api/v1/decisions/424242/explain").status_code == 404
+
+
+def test_policies_list_the_active_version(service: Service) -> None:
+    policies = service.client.get("/api/v1/policies").json()
+    assert policies["count"] == 1
+    active = service.client.get("/api/v1/policies/active").json()
+    assert active["active"] is True
+    assert active["kind"] == "rules"
+
+
+def test_forecast_names_the_persistence_fallback_and_lines_up_with_actual_load(
+    service: Service,
+) -> None:
+    service.ticks(5)
+    forecast = service.client.get("/api/v1/forecast", params={"samples": 6}).json()
+    assert forecast["predictor"] == "persistence (last value)"
+    actual = [p["value"] for p in forecast["actual"]]
+    predicted = [p["value"] for p in forecast["predicted"]]
+    assert len(actual) == 6
+    assert predicted == actual[:-1]  # last value: each prediction is the sample before
+    assert forecast["current_prediction"] == actual[-1]
+    errors = [abs(a - p) for a, p in zip(actual[1:], predicted, strict=True)]
+    assert forecast["mean_absolute_error"] == pytest.approx(sum(errors) / len(errors))
+
+
+def test_forecast_series_replays_any_forecaster() -> None:
+    class Mean:
+        name = "mean"
+
+        def predict(self, history: Any, horizon: int) -> float:
+            return float(sum(history) / len(history))
+
+    series = forecast_series([0.0, 1.0, 2.0, 3.0], Mean(), horizon=2)
+    assert series.predicted == [(2, 0.0), (3, 0.5)]
+    assert series.current == 1.5
+    assert forecast_series([], PersistenceForecaster()).current is None
+
+
+def test_metrics_count_decisions_ticks_and_requests(service: Service) -> None:
+    service.ticks(2)
+    decisions = service.client.get("/api/v1/decisions", params={"source": "policy"}).json()
+    body = service.client.get("/metrics").text
+    assert f'autotune_decisions_total{{source="policy"}} {float(decisions["count"])}' in body
+    assert "autotune_tick_duration_seconds_count 5.0" in body  # 3 in the fixture
+    assert 'autotune_api_request_duration_seconds_count{method="GET",route="/decisions"' in body
+    assert "autotune_job_goodput{job=" in body
+    assert 'autotune_jobs{state="running"}' in body
+    assert service.client.get("/api/v1/metrics").status_code == 200
+
+
+def test_readiness_needs_the_database_and_a_policy(service: Service, tmp_path: Path) -> None:
+    assert service.client.get("/healthz").json()["status"] == "ok"
+    assert service.client.get("/readyz").status_code == 200
+    assert service.client.get("/api/v1/readyz").json() == {
+        "status": "ready",
+        "database": True,
+        "policy_version": service.daemon.policy.version,
+    }
+    fresh = Database(f"sqlite:///{tmp_path / 'fresh.db'}")
+    fresh.upgrade()
+    with TestClient(create_app(db=fresh, telemetry="simulator")) as client:
+        response = client.get("/api/v1/readyz")
+        assert response.status_code == 503
+        assert response.json()["database"] is True
+        with fresh.engine.begin() as connection:
+            connection.execute(text("DROP TABLE policy_versions"))
+        assert client.get("/api/v1/readyz").json()["database"] is False
+    fresh.dispose()
+
+
+def test_cluster_names_its_telemetry_sources(service: Service) -> None:
+    from autotune.telemetry import PsutilTelemetry
+
+    service.app.state.host_telemetry = (PsutilTelemetry(),)
+    cluster = service.client.get("/api/v1/cluster").json()
+    assert cluster["telemetry_sources"] == ["simulator", "psutil"]
+    readings = cluster["hosts"][0]["readings"]
+    assert readings["cpu_count"] >= 1
+    assert 0 < readings["memory_used_bytes"] < readings["memory_total_bytes"]
+
+
+# --- dashboard ------------------------------------------------------------------------
+
+
+def test_dashboard_is_self_contained(service: Service) -> None:
+    page = service.client.get("/").text
+    assert '<script src="/static/plotly.min.js">' in page
+    assert "http://" not in page
+    assert "https://" not in page
+    script = service.client.get("/static/plotly.min.js")
+    assert script.status_code == 200
+    assert len(script.content) > 1_000_000
+    data = service.client.get("/api/v1/dashboard").json()
+    assert data["predictor"] == "persistence (last value)"
+    assert len(data["utilization"]["actual"]) == 3
+    everything = service.client.get("/api/v1/decisions").json()["count"]
+    assert len(data["decisions"]) == everything  # the first tick's included
+    assert data["goodput"]
+
+
+def test_dashboard_renders_in_headless_chromium(service: Service, tmp_path: Path) -> None:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    service.ticks(10)
+    server = uvicorn.Server(
+        uvicorn.Config(service.app, host="127.0.0.1", port=0, log_level="error")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            threading.Event().wait(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        with tempfile.TemporaryDirectory() as profile:
+            done = subprocess.run(
+                [
+                    browser,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-quic",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    f"--user-data-dir={profile}",
+                    "--virtual-time-budget=5000",
+                    "--dump-dom",
+                    f"http://127.0.0.1:{port}/",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    dom = done.stdout
+    assert done.returncode == 0, done.stderr[-2000:]
+    # Plotly drew the three charts (each an SVG with its title) and the status line.
+    assert dom.count('class="main-svg"') >= 3, dom[:2000]
+    for title in ("actual vs forecast", "Goodput per job", "Decisions by source"):
+        assert title in dom
+    assert "jobs:" in dom
+    assert "running" in dom
+
+
+def test_two_overrides_pinning_one_gpu_apply_one_and_say_why_not_the_other(
+    service: Service,
+) -> None:
+    service.submit(task="gpt-char", job_id="first", steps=10**7)
+    service.submit(task="gpt-char", job_id="second", steps=10**7)
+    service.ticks(1)
+    same_gpu = [{"node_id": "t4-1", "gpu_index": 3}]
+    ids = []
+    for job_id in ("first", "second"):
+        body = {"job_id": job_id, "placement": same_gpu, "ttl_s": 600, "reason": "mine"}
+        response = service.client.post("/api/v1/overrides", json=body, headers=AUTH)
+        assert response.status_code == 201, response.text
+        ids.append(response.json()["id"])
+    report = service.daemon.tick()  # must not over-commit the GPU (the cluster checks)
+    honoured = {d.job_id: d for d in report.decisions if d.source == "override"}
+    assert len(honoured) == 1
+    winner = next(iter(honoured))
+    loser = "second" if winner == "first" else "first"
+    assert "not applied: its pinned GPUs are not free" in report.unplaced[loser]
+    assert (
+        service.client.get(f"/api/v1/jobs/{loser}")
+        .json()["state_reason"]
+        .startswith(f"override {ids[1] if loser == 'second' else ids[0]} not applied")
+    )
+
+
+def test_no_request_body_gets_a_5xx(service: Service) -> None:
+    """Random JSON in every field of the write endpoints: always a 2xx or 4xx."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=20),
+        st.sampled_from(["fp8", "topk", "a100-0", "t4-1", "gpt-char", "job-00000", "A100"]),
+    )
+    values = st.recursive(
+        scalars,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+        max_leaves=8,
+    )
+    job_fields = ["task", "job_id", "steps", "global_batch", "min_gpus", "max_gpus"]
+    job_fields += ["priority", "constraints"]
+    override_fields = ["job_id", "layout", "precision", "compression", "placement"]
+    override_fields += ["ttl_s", "reason"]
+
+    @settings(
+        max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    )
+    @given(
+        job=st.dictionaries(st.sampled_from(job_fields), values),
+        override=st.dictionaries(st.sampled_from(override_fields), values),
+        slot=st.fixed_dictionaries(
+            {"node_id": st.sampled_from(["a100-0", "t4-1", "x"]), "gpu_index": st.integers(-1, 9)}
+        ),
+    )
+    def check(job: dict[str, Any], override: dict[str, Any], slot: dict[str, Any]) -> None:
+        response = service.client.post("/api/v1/jobs", json=job, headers=AUTH)
+        assert response.status_code < 500, response.text
+        override = {"job_id": "job-00000", "ttl_s": 60, "reason": "r", **override}
+        response = service.client.post("/api/v1/overrides", json=override, headers=AUTH)
+        assert response.status_code < 500, response.text
+        pinned = {"job_id": "job-00000", "ttl_s": 5, "reason": "r", "placement": [slot]}
+        response = service.client.post("/api/v1/overrides", json=pinned, headers=AUTH)
+        assert response.status_code < 500, response.text
+
+    check()
