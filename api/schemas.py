@@ -91,6 +91,11 @@ class JobPublic(BaseModel):
         default=None, description="What it trains: name, steps, origin (api or the backend)"
     )
     cancel_requested: bool = False
+    metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="Newest measured figures (one job only): goodput, and where the job is "
+        "trained for real samples_per_s, loss, bytes_sent, bytes_dense, nan_events, ...",
+    )
 
 
 class JobConstraints(_Request):

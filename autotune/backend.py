@@ -40,6 +40,10 @@ class JobStatus:
     """What the job trains (a built-in task name, ``module:Name``), when known."""
     steps: int | None = None
     """Optimizer steps the job trains for, when known."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Measured figures of the job's last step, where a backend trains it for real:
+    ``loss``, ``step_time_s``, ``samples_per_s``, ``bytes_sent``, ``bytes_dense``,
+    ``nan_events``, ``peak_memory_bytes``, ``power_watts``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

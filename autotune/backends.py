@@ -28,7 +28,17 @@ def _simulated(settings: Settings) -> Backend:
     )
 
 
-BACKENDS: dict[str, Callable[[Settings], Backend]] = {"sim": _simulated}
+def _ray(settings: Settings) -> Backend:
+    from autotune.executor.backend import RayBackend
+
+    return RayBackend(
+        checkpoint_root=settings.data_dir / "checkpoints",
+        address=settings.ray_address,
+        checkpoint_every=settings.checkpoint_every,
+    )
+
+
+BACKENDS: dict[str, Callable[[Settings], Backend]] = {"sim": _simulated, "ray": _ray}
 
 
 def build_backend(settings: Settings) -> Backend:

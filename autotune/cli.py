@@ -104,11 +104,18 @@ def daemon(
         int | None, typer.Option(help="Seed of the simulated cluster's job stream (default 0).")
     ] = None,
     backend: Annotated[
-        str | None, typer.Option(help="The cluster to drive: sim (the built-in simulated one).")
+        str | None,
+        typer.Option(
+            help="The cluster to drive: sim (the built-in simulated one) or ray (jobs "
+            "trained for real by Ray actors; local Ray unless --ray-address)."
+        ),
     ] = None,
     ray_address: Annotated[
         str | None,
-        typer.Option("--ray-address", help="Read Ray's state API of this cluster (telemetry)."),
+        typer.Option(
+            "--ray-address",
+            help="The Ray cluster to join (ray backend) and whose state API to read (telemetry).",
+        ),
     ] = None,
     sim_initial_jobs: Annotated[
         int | None,
@@ -151,6 +158,7 @@ def daemon(
         tick_s=tick_s,
         seed=seed,
         backend=backend,
+        ray_address=ray_address,
         sim_initial_jobs=sim_initial_jobs,
         sim_max_jobs=sim_max_jobs,
         log_format=log_format,
@@ -180,7 +188,7 @@ def daemon(
         token_check=token_check,
         task_modules=settings.task_modules,
         max_body_bytes=settings.max_body_bytes,
-        host_telemetry=host_sources(ray_address),
+        host_telemetry=host_sources(settings.ray_address),
     )
 
 

@@ -237,6 +237,7 @@ class Daemon:
                     ("jobs_pending", float(pending), None),
                     ("gpu_utilization", snapshot.gpu_utilization, None),
                     *_goodputs(snapshot),
+                    *_measured(snapshot),
                 ],
                 labels={"backend": self.backend.name},
             )
@@ -491,6 +492,15 @@ def _features(snapshot: ClusterSnapshot, choice: PolicyChoice | None) -> dict[st
     if choice is not None:
         features.update(choice.features)
     return features
+
+
+def _measured(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
+    """What the backend measured on each running job's last step, as ``job_<name>``."""
+    return [
+        (f"job_{name}", float(value), job.spec.job_id)
+        for job in snapshot.by_state("running")
+        for name, value in sorted(job.metrics.items())
+    ]
 
 
 def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:

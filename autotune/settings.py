@@ -52,7 +52,13 @@ class Settings(BaseSettings):
     """Jobs the built-in job stream generates in all (``None``: no limit; 0: only the
     jobs submitted through the API)."""
     backend: str = "sim"
-    """The cluster the daemon drives: ``sim`` (the built-in simulated cluster)."""
+    """The cluster the daemon drives: ``sim`` (the built-in simulated cluster) or ``ray``
+    (jobs trained for real by the executor on Ray)."""
+    ray_address: str | None = None
+    """The Ray cluster to join (``auto``, ``HOST:PORT``); unset: the ``ray`` backend starts
+    a local Ray, and telemetry reads no Ray state."""
+    checkpoint_every: int = Field(default=25, ge=1)
+    """Steps between checkpoints of jobs the ``ray`` backend trains."""
     token: SecretStr | None = None
     """Bearer token for the API's mutations (``AUTOTUNE_TOKEN``, which the CLI client
     reads too). Unset: the daemon generates one at its first start, prints it once and

@@ -31,9 +31,9 @@ class Task:
     builtin: bool
 
 
-# nanoGPT's shakespeare_char configuration (n_layer 6, n_head 6, n_embd 384, block 256,
-# 65 characters): about 10.7 M parameters, the small language model a laptop trains.
-_GPT_CHAR: Final = transformer("gpt-char", hidden=384, layers=6, heads=6, seq_len=256, vocab=65)
+# The executor's built-in gpt-char (autotune.executor.tasks.GPTConfig): 4 blocks of width
+# 128, 4 heads, 64 bytes of context, a 256-byte vocabulary; about 0.86 M parameters.
+_GPT_CHAR: Final = transformer("gpt-char", hidden=128, layers=4, heads=4, seq_len=64, vocab=256)
 
 BUILTIN_TASKS: Final[MappingProxyType[str, ModelProfile]] = MappingProxyType(
     {"gpt-char": _GPT_CHAR, **MODEL_CATALOG}

@@ -96,7 +96,9 @@ def get_job(session: SessionDep, job_id: str) -> JobPublic:
     record = repo.get_job(session=session, job_id=job_id)
     if record is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
-    return _public(record)
+    public = _public(record)
+    public.metrics = repo.job_metrics(session=session, job_id=job_id)
+    return public
 
 
 @router.delete("/{job_id}", response_model=JobPublic, status_code=202, dependencies=[TokenDep])

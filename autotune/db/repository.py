@@ -554,6 +554,21 @@ class MetricSample:
     recorded_at: datetime
 
 
+def job_metrics(*, session: Session, job_id: str, scan: int = 500) -> dict[str, float]:
+    """The newest value of each ``job_*`` metric recorded for ``job_id`` (among its
+    ``scan`` newest samples), keyed without the prefix."""
+    query = (
+        select(MetricRow)
+        .where(MetricRow.job_id == job_id, MetricRow.name.like("job\\_%", escape="\\"))
+        .order_by(MetricRow.id.desc())
+        .limit(scan)
+    )
+    newest: dict[str, float] = {}
+    for row in session.scalars(query):
+        newest.setdefault(row.name.removeprefix("job_"), row.value)
+    return newest
+
+
 def list_metrics(
     *,
     session: Session,
