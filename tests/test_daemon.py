@@ -304,5 +304,5 @@ def test_an_unknown_backend_exits_2_naming_the_ones_there_are(tmp_path: Path) ->
         timeout=60,
     )
     assert done.returncode == 2
-    assert done.stderr == "error: setting backend='warp-drive': unknown; available: sim\n"
+    assert done.stderr == "error: setting backend='warp-drive': unknown; available: sim, ray\n"
     assert not (tmp_path / "data").exists()

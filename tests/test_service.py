@@ -299,7 +299,16 @@ def test_cli_client_submits_lists_explains_overrides_and_cancels(
         return result.stdout
 
     submitted = run(
-        "job", "submit", "gpt-char", "--id", "c1", "--max-gpus", "2", "--steps", "1000000", "--json"
+        "job",
+        "submit",
+        "gpt-char",
+        "--id",
+        "c1",
+        "--max-gpus",
+        "2",
+        "--steps",
+        "1000000000",
+        "--json",
     )
     assert submitted["job_id"] == "c1"
     assert "c1" in run("job", "list")  # the table
