@@ -36,6 +36,15 @@ app.add_typer(db_app, name="db")
 model_app = typer.Typer(help="Check and calibrate the performance model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 
+
+def _register_learning() -> None:
+    from autotune.cli_forecast import forecast_app
+
+    app.add_typer(forecast_app, name="forecast")
+
+
+_register_learning()
+
 _err = Console(stderr=True)
 P = ParamSpec("P")
 R = TypeVar("R")
