@@ -169,7 +169,7 @@ class Daemon:
                     job_id=job_id,
                     config=configs[job_id],
                     placement=placement,
-                    source="policy",
+                    source=choice.source if choice else "policy",
                     policy_version=self.policy.version,
                     reason=f"{reason}; placed on {_placement_summary(placement)}",
                 )

@@ -1,0 +1,160 @@
+"""``autotune train-policy`` and ``autotune tune-policy``: the learned scheduling policy."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+__all__ = ["learned_policies", "train_policy"]
+
+_err = Console(stderr=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    sys.stderr.write(f"error: {message}\n")
+    return typer.Exit(code=2)
+
+
+def _range(text: str) -> tuple[int, int | None]:
+    start, _, stop = text.partition(":")
+    try:
+        return int(start or 0), int(stop) if stop else None
+    except ValueError:
+        raise _fail(f"--train-pods {text!r}: expected START:STOP, e.g. 1000:7000") from None
+
+
+def train_policy(
+    out: Annotated[Path, typer.Option(help="Checkpoint folder to write.", show_default=False)],
+    algo: Annotated[str, typer.Option(help="Algorithm (ppo).")] = "ppo",
+    iterations: Annotated[int, typer.Option(min=1, help="Training iterations.")] = 50,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Alibaba v2023 pod list to train on (default: synthetic jobs)."),
+    ] = None,
+    nodes: Annotated[Path | None, typer.Option(help="Alibaba node list (with --trace).")] = None,
+    train_pods: Annotated[
+        str, typer.Option(help="START:STOP pods (creation order) episodes are drawn from.")
+    ] = "1000:",
+    window: Annotated[int, typer.Option(min=1, help="Consecutive pods per episode.")] = 60,
+    slots: Annotated[int, typer.Option(min=1, help="Job slots of the training env.")] = 16,
+    interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 3600.0,
+    max_steps: Annotated[int, typer.Option(min=1, help="Rounds per episode at most.")] = 128,
+    warm_start: Annotated[
+        str, typer.Option(help="Imitate this baseline before PPO: oracle, rules or none.")
+    ] = "oracle",
+    warm_start_episodes: Annotated[
+        int, typer.Option(min=1, help="Teacher episodes for imitation.")
+    ] = 12,
+    forecast: Annotated[
+        bool, typer.Option(help="LSTM forecast in the observation (else persistence).")
+    ] = True,
+    lr: Annotated[float, typer.Option(min=0.0, help="Learning rate.")] = 3e-4,
+    entropy_coeff: Annotated[float, typer.Option(min=0.0, help="Entropy bonus.")] = 0.003,
+    train_batch: Annotated[int, typer.Option(min=16, help="Env steps per iteration.")] = 512,
+    hidden: Annotated[int, typer.Option(min=4, help="Network width.")] = 64,
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="Iterations per checkpoint.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Train a scheduling policy with RLlib PPO on the cluster environment (its
+    observation carries the LSTM load forecast) and write RLlib checkpoints under OUT
+    (iter_NNNN/ and final/); the RLModule that serving loads is in
+    final/learner_group/learner/rl_module/default_policy."""
+    if algo != "ppo":
+        raise _fail(f"--algo {algo!r}: only ppo is supported")
+    if (trace is None) != (nodes is None):
+        raise _fail("--trace and --nodes go together")
+    if warm_start not in ("oracle", "rules", "none"):
+        raise _fail(f"--warm-start {warm_start!r}: oracle, rules or none")
+    for path in (trace, nodes):
+        if path is not None and not path.is_file():
+            raise _fail(f"{path}: no such file")
+    from autotune.policies.ppo import PPOSettings, TraceSource, train_ppo
+
+    source = None
+    if trace is not None and nodes is not None:
+        start, stop = _range(train_pods)
+        source = TraceSource(
+            nodes=str(nodes.resolve()),
+            pods=str(trace.resolve()),
+            start=start,
+            stop=stop,
+            window=window,
+        )
+    settings = PPOSettings(
+        iterations=iterations,
+        slots=slots,
+        interval_s=interval,
+        max_steps=max_steps,
+        forecast=forecast,
+        lr=lr,
+        entropy_coeff=entropy_coeff,
+        train_batch=train_batch,
+        minibatch=min(128, train_batch),
+        hidden=hidden,
+        warm_start=None if warm_start == "none" else warm_start,
+        warm_start_episodes=warm_start_episodes,
+        seed=seed,
+        source=source,
+    )
+    progress = Progress(
+        TextColumn("training PPO"),
+        BarColumn(),
+        TextColumn("iter {task.completed}/{task.total}  return {task.fields[ret]}"),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=True,
+        disable=as_json or not _err.is_terminal,
+    )
+    with progress:
+        task = progress.add_task("train", total=iterations, ret="-")
+
+        def update(i: int, _n: int, row: dict[str, float]) -> None:
+            progress.update(task, completed=i, ret=f"{row['episode_return_mean']:.2f}")
+
+        try:
+            report: dict[str, Any] = train_ppo(
+                settings, out, checkpoint_every=checkpoint_every, progress=update
+            )
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(report, default=str))
+    else:
+        last = report["history"][-1]
+        _err.print(
+            f"wrote {report['checkpoint']} after {iterations} iterations "
+            f"({report['time_s']:.0f} s; mean episode return {last['episode_return_mean']:.2f})"
+        )
+
+
+def learned_policies(
+    names: list[str],
+    *,
+    checkpoint: Path | None,
+    slots: int,
+    nodes: Any,
+    budget_s: float,
+) -> dict[str, Any]:
+    """Factories (seed -> policy) for the ``eval`` policies that are not baselines. The
+    checkpoint is loaded once; a bad one is an ``InputError``."""
+    factories: dict[str, Any] = {}
+    if "ppo" in names:
+        import torch
+
+        from autotune.policies.serving import PPOSimPolicy
+
+        torch.set_num_threads(1)
+        policy = PPOSimPolicy(checkpoint, slots=slots)
+        factories["ppo"] = lambda seed: policy
+    if "tune" in names:
+        from autotune.policies.trial_tuner import TrialTunerPolicy
+
+        factories["tune"] = lambda seed: TrialTunerPolicy(budget_s=budget_s, seed=seed)
+    return factories

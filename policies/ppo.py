@@ -1,0 +1,401 @@
+"""PPO for ``ClusterEnv`` on RLlib's new API stack, with the load forecast in the
+observation.
+
+The network (``SlotPolicyModule``) is shared across job slots: every slot's 16 features
+are joined with the 12 cluster-wide ones and mapped to that slot's logits (compression,
+precision, layout, batch scale, keep/change); the value is read from the mean of the
+slot embeddings. The same weights therefore act on any number of slots: a policy trained
+with 16 slots decides 32 at serving time.
+
+Training (``train_ppo``): optionally the module first imitates a teacher baseline on the
+training episodes (behaviour cloning, ``warm_start``), then PPO improves it against the
+environment's reward. Episodes are windows of consecutive jobs of a trace (Alibaba pods,
+``TraceSource``) or synthetic job streams. Checkpoints are RLlib algorithm checkpoints;
+``module_dir`` is the RLModule inside one, which is what serving loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import gymnasium as gym
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis import ValueFunctionAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from torch import nn
+
+from autotune.envs.cluster_env import ACTION_DIMS, GLOBAL_FEATURES, SLOT_FEATURES, ClusterEnv
+from autotune.envs.simulator import Job
+
+__all__ = [
+    "ENV_NAME",
+    "MODULE_PATH",
+    "PPOSettings",
+    "SlotPolicyModule",
+    "TraceSource",
+    "make_train_env",
+    "module_dir",
+    "train_ppo",
+]
+
+ENV_NAME: Final = "autotune-cluster-train"
+MODULE_PATH: Final = Path("learner_group") / "learner" / "rl_module" / "default_policy"
+"""Where an algorithm checkpoint keeps the RLModule."""
+N_LOGITS: Final = sum(ACTION_DIMS)
+
+
+class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
+    """Per-slot shared policy; ``model_config``: ``hidden`` (width, default 64)."""
+
+    def setup(self) -> None:
+        config: Any = self.model_config or {}
+        hidden = int(config.get("hidden", 64))
+        n_in = GLOBAL_FEATURES + SLOT_FEATURES
+        self.encoder = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+        )
+        self.logits = nn.Linear(hidden, N_LOGITS)
+        self.value = nn.Sequential(
+            nn.Linear(hidden + GLOBAL_FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, 1)
+        )
+        from ray.rllib.core.distribution.torch.torch_distribution import TorchMultiCategorical
+
+        nvec = [int(n) for n in getattr(self.action_space, "nvec", ())]
+        dist: Any = TorchMultiCategorical
+        self.action_dist_cls = dist.get_partial_dist_cls(input_lens=nvec)
+        nn.init.normal_(self.logits.weight, std=0.01)
+        nn.init.zeros_(self.logits.bias)
+
+    def _embed(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Slot embeddings (B, S, H), the global features (B, G) and the occupied mask."""
+        glob = obs[:, :GLOBAL_FEATURES]
+        slots = obs[:, GLOBAL_FEATURES:].reshape(obs.shape[0], -1, SLOT_FEATURES)
+        joined = torch.cat([glob[:, None, :].expand(-1, slots.shape[1], -1), slots], dim=-1)
+        return self.encoder(joined), glob, slots[:, :, 0]
+
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        emb, _, _ = self._embed(batch[Columns.OBS])
+        logits = self.logits(emb).reshape(emb.shape[0], -1)
+        return {Columns.ACTION_DIST_INPUTS: logits}
+
+    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        emb, glob, mask = self._embed(batch[Columns.OBS])
+        logits = self.logits(emb).reshape(emb.shape[0], -1)
+        return {Columns.ACTION_DIST_INPUTS: logits, Columns.EMBEDDINGS: (emb, glob, mask)}
+
+    def compute_values(self, batch: dict[str, Any], embeddings: Any | None = None) -> torch.Tensor:
+        emb, glob, mask = embeddings if embeddings is not None else self._embed(batch[Columns.OBS])
+        weights = mask[..., None]
+        pooled = (emb * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        values: torch.Tensor = self.value(torch.cat([pooled, glob], dim=-1)).squeeze(-1)
+        return values
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic actions (B, slots * 5): the most likely value of each entry."""
+        logits = self.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        return greedy_actions(logits.reshape(obs.shape[0], -1, N_LOGITS))
+
+
+def greedy_actions(logits: torch.Tensor) -> torch.Tensor:
+    """(B, S, 37) logits -> (B, S * 5) argmax per action entry."""
+    parts = torch.split(logits, list(ACTION_DIMS), dim=-1)
+    picks = torch.stack([p.argmax(-1) for p in parts], dim=-1)
+    return picks.reshape(logits.shape[0], -1)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSource:
+    """Episodes drawn from an Alibaba pod list: windows of ``window`` consecutive pods
+    whose first pod is in ``[start, stop)`` (creation order)."""
+
+    nodes: str
+    pods: str
+    start: int = 1000
+    stop: int | None = None
+    window: int = 60
+    trace_seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PPOSettings:
+    iterations: int = 20
+    slots: int = 16
+    interval_s: float = 3600.0
+    max_steps: int = 128
+    forecast: bool = True
+    """The shipped LSTM fills the observation's forecast entry (else persistence)."""
+    lr: float = 3e-4
+    entropy_coeff: float = 0.003
+    train_batch: int = 512
+    minibatch: int = 128
+    epochs: int = 6
+    gamma: float = 0.97
+    hidden: int = 64
+    reward_scale: float = 0.1
+    warm_start: str | None = "oracle"
+    """Teacher baseline for behaviour cloning before PPO (``None``: from scratch)."""
+    warm_start_episodes: int = 12
+    warm_start_epochs: int = 60
+    seed: int = 0
+    source: TraceSource | None = None
+    """``None``: synthetic job streams (``autotune/Cluster-v0``)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _trace_jobs(source: TraceSource) -> tuple[list[Any], list[Any]]:
+    from autotune.envs import traces
+    from autotune.envs.alibaba import load_nodes
+
+    nodes = load_nodes(source.nodes)
+    pods = traces.alibaba_jobs(source.pods, seed=source.trace_seed)
+    return nodes, pods
+
+
+class _ScaledReward(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
+    def __init__(self, env: ClusterEnv, scale: float) -> None:
+        super().__init__(env)
+        self.scale = scale
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, float(reward) * self.scale, terminated, truncated, info
+
+
+def make_train_env(config: dict[str, Any]) -> gym.Env[np.ndarray, np.ndarray]:
+    """The training environment of ``config`` (a ``PPOSettings`` as a dict, plus RLlib's
+    worker index when RLlib calls it)."""
+    from autotune.envs.workloads import jobs_from_trace
+
+    settings = _settings_from(config)
+    forecaster = None
+    if settings.forecast:
+        from autotune.policies.forecast import EnvForecast
+
+        forecaster = EnvForecast()
+    common: dict[str, Any] = {
+        "slots": settings.slots,
+        "interval_s": settings.interval_s,
+        "max_steps": settings.max_steps,
+        "forecaster": forecaster,
+    }
+    source = settings.source
+    if source is None:
+        env = ClusterEnv(n_jobs=60, **common)
+    else:
+        nodes, pods = _trace_jobs(source)
+        stop = min(source.stop or len(pods), len(pods)) - source.window
+        if stop <= source.start:
+            raise ValueError(f"no window of {source.window} pods in [{source.start}, {stop})")
+        worker = int(getattr(config, "worker_index", 0)) * 1000 + int(
+            getattr(config, "vector_index", 0)
+        )
+        rng = np.random.default_rng([settings.seed, worker])
+
+        def jobs() -> Sequence[Job]:
+            first = int(rng.integers(source.start, stop))
+            window = pods[first : first + source.window]
+            origin = window[0].submit_s
+            from dataclasses import replace
+
+            return jobs_from_trace([replace(p, submit_s=p.submit_s - origin) for p in window])
+
+        env = ClusterEnv(nodes=nodes, jobs=jobs, **common)
+    return _ScaledReward(env, settings.reward_scale)
+
+
+def _settings_from(config: dict[str, Any]) -> PPOSettings:
+    data = {k: config[k] for k in PPOSettings.__dataclass_fields__ if k in config}
+    if isinstance(data.get("source"), dict):
+        data["source"] = TraceSource(**data["source"])
+    return PPOSettings(**data)
+
+
+def module_dir(checkpoint: str | Path) -> Path:
+    """The RLModule folder of an algorithm checkpoint, or ``checkpoint`` itself when it
+    already is one."""
+    path = Path(checkpoint)
+    return path / MODULE_PATH if (path / MODULE_PATH).is_dir() else path
+
+
+# -- behaviour cloning ---------------------------------------------------------------
+
+
+def _demonstrations(
+    settings: PPOSettings, teacher_name: str, episodes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Observations, teacher actions and a mask of slots whose config the teacher set."""
+    from autotune.policies.baselines import make_policy
+
+    env = make_train_env({**asdict(settings), "reward_scale": 1.0})
+    inner = env.unwrapped
+    assert isinstance(inner, ClusterEnv)
+    teacher = make_policy(teacher_name, settings.seed)
+    obs_list: list[np.ndarray] = []
+    act_list: list[np.ndarray] = []
+    set_list: list[np.ndarray] = []
+    width = len(ACTION_DIMS)
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=settings.seed * 10_000 + episode)
+        while True:
+            sim = inner.sim
+            assert sim is not None
+            action = teacher.act(inner, obs)
+            decided = np.zeros(settings.slots, dtype=np.float32)
+            for slot, job in enumerate(sim.active[: settings.slots]):
+                decided[slot] = float(job.choice is None or action[slot * width + 4] == 1)
+            obs_list.append(obs)
+            act_list.append(action)
+            set_list.append(decided)
+            obs, _, terminated, truncated, _ = env.step(action)
+            if terminated or truncated:
+                break
+    return np.stack(obs_list), np.stack(act_list), np.stack(set_list)
+
+
+def behaviour_clone(
+    module: SlotPolicyModule,
+    demos: tuple[np.ndarray, np.ndarray, np.ndarray],
+    *,
+    epochs: int,
+    seed: int,
+    lr: float = 3e-3,
+) -> float:
+    """Fit the module's policy to the teacher's actions (cross-entropy per action entry:
+    the keep/change bit on every occupied slot, the config entries where the teacher set
+    one). Returns the final loss."""
+    obs = torch.from_numpy(demos[0]).float()
+    actions = torch.from_numpy(demos[1]).long().reshape(len(obs), -1, len(ACTION_DIMS))
+    decided = torch.from_numpy(demos[2]).float()
+    occupied = obs[:, GLOBAL_FEATURES:].reshape(len(obs), -1, SLOT_FEATURES)[:, :, 0]
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    loss_value = math.nan
+    for _ in range(epochs):
+        order = torch.randperm(len(obs), generator=generator)
+        for start in range(0, len(obs), 256):
+            idx = order[start : start + 256]
+            out = module._forward({Columns.OBS: obs[idx]})[Columns.ACTION_DIST_INPUTS]
+            parts = torch.split(out.reshape(len(idx), -1, N_LOGITS), list(ACTION_DIMS), dim=-1)
+            loss = torch.zeros(())
+            for k, part in enumerate(parts):
+                ce = nn.functional.cross_entropy(
+                    part.reshape(-1, part.shape[-1]),
+                    actions[idx][:, :, k].reshape(-1),
+                    reduction="none",
+                ).reshape(len(idx), -1)
+                mask = occupied[idx] if k == len(ACTION_DIMS) - 1 else decided[idx]
+                loss = loss + (ce * mask).sum() / mask.sum().clamp(min=1.0)
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            loss_value = float(loss.detach())
+    return loss_value
+
+
+# -- training ------------------------------------------------------------------------
+
+
+def build_config(settings: PPOSettings) -> Any:
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.tune.registry import register_env
+
+    register_env(ENV_NAME, make_train_env)
+    return (
+        PPOConfig()  # type: ignore[no-untyped-call]
+        .environment(ENV_NAME, env_config=asdict(settings))
+        .framework("torch")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=1)
+        .learners(num_learners=0)
+        .rl_module(
+            rl_module_spec=RLModuleSpec(
+                module_class=SlotPolicyModule, model_config={"hidden": settings.hidden}
+            )
+        )
+        .training(
+            lr=settings.lr,
+            entropy_coeff=settings.entropy_coeff,
+            train_batch_size_per_learner=settings.train_batch,
+            minibatch_size=settings.minibatch,
+            num_epochs=settings.epochs,
+            gamma=settings.gamma,
+            vf_clip_param=100.0,
+        )
+        .debugging(seed=settings.seed, log_level="ERROR")
+        .reporting(metrics_num_episodes_for_smoothing=20)
+    )
+
+
+def train_ppo(
+    settings: PPOSettings,
+    out: str | Path,
+    *,
+    checkpoint_every: int = 5,
+    progress: Callable[[int, int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
+    """Train and write checkpoints under ``out`` (``iter_NNNN`` every
+    ``checkpoint_every`` iterations and ``final``); returns a report."""
+    import ray
+
+    torch.set_num_threads(1)
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"settings": asdict(settings), "history": []}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        algo = build_config(settings).build_algo()
+        if settings.warm_start:
+            demos = _demonstrations(settings, settings.warm_start, settings.warm_start_episodes)
+            module = SlotPolicyModule(
+                observation_space=algo.get_module().observation_space,
+                action_space=algo.get_module().action_space,
+                model_config={"hidden": settings.hidden},
+            )
+            loss = behaviour_clone(
+                module, demos, epochs=settings.warm_start_epochs, seed=settings.seed
+            )
+            warm = out / "warm_start"
+            module.save_to_path(warm)
+            algo.restore_from_path(warm, component=str(MODULE_PATH))
+            report["warm_start"] = {
+                "teacher": settings.warm_start,
+                "samples": len(demos[0]),
+                "loss": loss,
+            }
+        for i in range(1, settings.iterations + 1):
+            result = algo.train()
+            runners = result.get("env_runners", {})
+            row = {
+                "iteration": i,
+                "episode_return_mean": float(runners.get("episode_return_mean", math.nan)),
+                "episode_len_mean": float(runners.get("episode_len_mean", math.nan)),
+                "env_steps": float(runners.get("num_env_steps_sampled_lifetime", math.nan)),
+                "time_s": time.perf_counter() - started,
+            }
+            report["history"].append(row)
+            if progress:
+                progress(i, settings.iterations, row)
+            if i % checkpoint_every == 0 and i < settings.iterations:
+                algo.save_to_path(out / f"iter_{i:04d}")
+        final = out / "final"
+        if final.exists():
+            shutil.rmtree(final)
+        algo.save_to_path(final)
+        algo.stop()
+    finally:
+        ray.shutdown()
+    report["checkpoint"] = str(final)
+    report["module"] = str(final / MODULE_PATH)
+    report["time_s"] = time.perf_counter() - started
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return report
