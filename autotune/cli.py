@@ -39,10 +39,11 @@ app.add_typer(model_app, name="model")
 
 def _register_learning() -> None:
     from autotune.cli_forecast import forecast_app
-    from autotune.cli_policy import train_policy
+    from autotune.cli_policy import train_policy, tune_policy
 
     app.add_typer(forecast_app, name="forecast")
     app.command("train-policy")(train_policy)
+    app.command("tune-policy")(tune_policy)
 
 
 _register_learning()

@@ -114,15 +114,24 @@ def greedy_actions(logits: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True, slots=True)
 class TraceSource:
-    """Episodes drawn from an Alibaba pod list: windows of ``window`` consecutive pods
-    whose first pod is in ``[start, stop)`` (creation order)."""
+    """Episodes drawn from a trace: windows of ``window`` consecutive jobs whose first
+    job is in ``[start, stop)`` (submission order), re-timed to start at 0.
 
-    nodes: str
-    pods: str
-    start: int = 1000
+    ``kind="alibaba"``: ``jobs`` is an Alibaba v2023 pod list and ``nodes`` its node
+    list. ``kind="pollux"``: ``jobs`` is a Pollux workload CSV, on ``gpus`` T4 GPUs (4
+    per node) as the Pollux testbed."""
+
+    jobs: str
+    kind: str = "alibaba"
+    nodes: str | None = None
+    gpus: int = 64
+    start: int = 0
     stop: int | None = None
     window: int = 60
+    interval_s: float = 3600.0
     trace_seed: int = 0
+    weight: float = 1.0
+    """Share of episodes drawn from this source, relative to the others."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,33 +155,72 @@ class PPOSettings:
     warm_start_episodes: int = 12
     warm_start_epochs: int = 60
     seed: int = 0
-    source: TraceSource | None = None
-    """``None``: synthetic job streams (``autotune/Cluster-v0``)."""
+    sources: tuple[TraceSource, ...] = ()
+    """Empty: synthetic job streams (``autotune/Cluster-v0``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _trace_jobs(source: TraceSource) -> tuple[list[Any], list[Any]]:
+def _trace(source: TraceSource) -> tuple[list[Any], list[Any]]:
+    """The nodes and the trace jobs of a source."""
+    from autotune.devices import node_info
     from autotune.envs import traces
     from autotune.envs.alibaba import load_nodes
+    from autotune.pollux import POLLUX_INTER_NODE_GBPS
 
-    nodes = load_nodes(source.nodes)
-    pods = traces.alibaba_jobs(source.pods, seed=source.trace_seed)
-    return nodes, pods
+    if source.kind == "alibaba":
+        if source.nodes is None:
+            raise ValueError("an Alibaba source needs its node list")
+        return load_nodes(source.nodes), traces.alibaba_jobs(source.jobs, seed=source.trace_seed)
+    if source.kind == "pollux":
+        nodes = [
+            node_info(
+                f"t4-{i}",
+                gpu_model="T4",
+                gpu_count=4,
+                cpu_milli=48_000,
+                memory_mib=192 * 1024,
+                inter_node_bandwidth_gbps=POLLUX_INTER_NODE_GBPS,
+            )
+            for i in range(source.gpus // 4)
+        ]
+        return nodes, traces.pollux_workload(source.jobs)
+    raise ValueError(f"source kind {source.kind!r}: alibaba or pollux")
 
 
-class _ScaledReward(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
-    def __init__(self, env: ClusterEnv, scale: float) -> None:
-        super().__init__(env)
+class _Mixture(gym.Env[np.ndarray, np.ndarray]):
+    """Episodes from several environments with the same spaces, one drawn per reset;
+    rewards scaled by ``scale``."""
+
+    def __init__(
+        self, envs: Sequence[ClusterEnv], weights: Sequence[float], scale: float, seed: int
+    ) -> None:
+        self.envs = list(envs)
+        self.weights = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
         self.scale = scale
+        self.observation_space = self.envs[0].observation_space
+        self.action_space = self.envs[0].action_space
+        self.current = self.envs[0]
+        self._pick = np.random.default_rng(seed)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self._pick = np.random.default_rng(seed)
+        self.current = self.envs[int(self._pick.choice(len(self.envs), p=self.weights))]
+        return self.current.reset(seed=seed, options=options)
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.env.step(action)
+        obs, reward, terminated, truncated, info = self.current.step(action)
         return obs, float(reward) * self.scale, terminated, truncated, info
 
 
-def make_train_env(config: dict[str, Any]) -> gym.Env[np.ndarray, np.ndarray]:
+def make_train_env(config: dict[str, Any]) -> _Mixture:
     """The training environment of ``config`` (a ``PPOSettings`` as a dict, plus RLlib's
     worker index when RLlib calls it)."""
+    from dataclasses import replace
+
     from autotune.envs.workloads import jobs_from_trace
 
     settings = _settings_from(config)
@@ -183,39 +231,49 @@ def make_train_env(config: dict[str, Any]) -> gym.Env[np.ndarray, np.ndarray]:
         forecaster = EnvForecast()
     common: dict[str, Any] = {
         "slots": settings.slots,
-        "interval_s": settings.interval_s,
         "max_steps": settings.max_steps,
         "forecaster": forecaster,
     }
-    source = settings.source
-    if source is None:
-        env = ClusterEnv(n_jobs=60, **common)
-    else:
-        nodes, pods = _trace_jobs(source)
-        stop = min(source.stop or len(pods), len(pods)) - source.window
+    worker = int(getattr(config, "worker_index", 0)) * 1000 + int(
+        getattr(config, "vector_index", 0)
+    )
+    if not settings.sources:
+        env = ClusterEnv(n_jobs=60, interval_s=settings.interval_s, **common)
+        return _Mixture([env], [1.0], settings.reward_scale, settings.seed + worker)
+    envs: list[ClusterEnv] = []
+    for k, source in enumerate(settings.sources):
+        nodes, trace = _trace(source)
+        stop = min(source.stop or len(trace), len(trace)) - source.window
         if stop <= source.start:
-            raise ValueError(f"no window of {source.window} pods in [{source.start}, {stop})")
-        worker = int(getattr(config, "worker_index", 0)) * 1000 + int(
-            getattr(config, "vector_index", 0)
-        )
-        rng = np.random.default_rng([settings.seed, worker])
+            stop = source.start + 1
+            if source.start + source.window > len(trace):
+                raise ValueError(
+                    f"{source.jobs}: no window of {source.window} jobs from job {source.start}"
+                )
+        rng = np.random.default_rng([settings.seed, worker, k])
 
-        def jobs() -> Sequence[Job]:
+        def jobs(
+            trace: list[Any] = trace,
+            rng: np.random.Generator = rng,
+            source: TraceSource = source,
+            stop: int = stop,
+        ) -> Sequence[Job]:
             first = int(rng.integers(source.start, stop))
-            window = pods[first : first + source.window]
+            window = trace[first : first + source.window]
             origin = window[0].submit_s
-            from dataclasses import replace
+            return jobs_from_trace([replace(t, submit_s=t.submit_s - origin) for t in window])
 
-            return jobs_from_trace([replace(p, submit_s=p.submit_s - origin) for p in window])
-
-        env = ClusterEnv(nodes=nodes, jobs=jobs, **common)
-    return _ScaledReward(env, settings.reward_scale)
+        envs.append(ClusterEnv(nodes=nodes, jobs=jobs, interval_s=source.interval_s, **common))
+    return _Mixture(
+        envs, [s.weight for s in settings.sources], settings.reward_scale, settings.seed + worker
+    )
 
 
 def _settings_from(config: dict[str, Any]) -> PPOSettings:
     data = {k: config[k] for k in PPOSettings.__dataclass_fields__ if k in config}
-    if isinstance(data.get("source"), dict):
-        data["source"] = TraceSource(**data["source"])
+    data["sources"] = tuple(
+        s if isinstance(s, TraceSource) else TraceSource(**s) for s in data.get("sources", ())
+    )
     return PPOSettings(**data)
 
 
@@ -236,8 +294,6 @@ def _demonstrations(
     from autotune.policies.baselines import make_policy
 
     env = make_train_env({**asdict(settings), "reward_scale": 1.0})
-    inner = env.unwrapped
-    assert isinstance(inner, ClusterEnv)
     teacher = make_policy(teacher_name, settings.seed)
     obs_list: list[np.ndarray] = []
     act_list: list[np.ndarray] = []
@@ -245,6 +301,7 @@ def _demonstrations(
     width = len(ACTION_DIMS)
     for episode in range(episodes):
         obs, _ = env.reset(seed=settings.seed * 10_000 + episode)
+        inner = env.current
         while True:
             sim = inner.sim
             assert sim is not None

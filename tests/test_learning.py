@@ -221,3 +221,43 @@ def test_eval_with_learned_policies(pollux_dir: Path, trained: Path, tmp_path: P
     )
     assert bad.returncode == 2
     assert bad.stderr.startswith("error:")
+
+
+def test_asha_search_smoke(tmp_path: Path) -> None:
+    """Two trials of at most two iterations under ASHA; every trial reports a return."""
+    run = subprocess.run(
+        [
+            *autotune_command(),
+            "tune-policy",
+            "--samples",
+            "2",
+            "--iterations",
+            "2",
+            "--grace",
+            "1",
+            "--slots",
+            "4",
+            "--max-steps",
+            "16",
+            "--interval",
+            "600",
+            "--out",
+            str(tmp_path / "search"),
+            "--json",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(run.stdout)
+    assert report["scheduler"] == "ASHA"
+    assert len(report["trials"]) == 2
+    for trial in report["trials"]:
+        assert trial["error"] is None
+        assert 1 <= trial["iterations"] <= 2
+        assert 3e-5 <= trial["lr"] <= 1e-3
+    assert report["best"]["episode_return_mean"] == max(
+        t["episode_return_mean"] for t in report["trials"]
+    )
