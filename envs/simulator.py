@@ -390,7 +390,8 @@ class ClusterSimulator:
                 used = need / est.goodput + (dt - run_s)
                 job.progress = job.work
                 job.finish_s = self.now + min(dt, used)
-                total_norm += est.goodput / job.reference_goodput * min(dt, used) / dt
+                # Credit the time it trained, not the restart downtime before it.
+                total_norm += need / job.reference_goodput / dt
                 self._release(job)
                 self.finished.append(job)
                 finished += 1

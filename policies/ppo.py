@@ -64,6 +64,11 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
             nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
         )
         self.logits = nn.Linear(hidden, N_LOGITS)
+        # The critic has its own encoder: value-loss gradients must not move the
+        # features the policy (possibly imitated from a teacher) acts on.
+        self.value_encoder = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+        )
         self.value = nn.Sequential(
             nn.Linear(hidden + GLOBAL_FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, 1)
         )
@@ -75,25 +80,23 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
         nn.init.normal_(self.logits.weight, std=0.01)
         nn.init.zeros_(self.logits.bias)
 
-    def _embed(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Slot embeddings (B, S, H), the global features (B, G) and the occupied mask."""
+    @staticmethod
+    def _split(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-slot inputs (B, S, G + F), the global features (B, G), the occupied mask."""
         glob = obs[:, :GLOBAL_FEATURES]
         slots = obs[:, GLOBAL_FEATURES:].reshape(obs.shape[0], -1, SLOT_FEATURES)
         joined = torch.cat([glob[:, None, :].expand(-1, slots.shape[1], -1), slots], dim=-1)
-        return self.encoder(joined), glob, slots[:, :, 0]
+        return joined, glob, slots[:, :, 0]
 
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        emb, _, _ = self._embed(batch[Columns.OBS])
+        joined, _, _ = self._split(batch[Columns.OBS])
+        emb = self.encoder(joined)
         logits = self.logits(emb).reshape(emb.shape[0], -1)
         return {Columns.ACTION_DIST_INPUTS: logits}
 
-    def _forward_train(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        emb, glob, mask = self._embed(batch[Columns.OBS])
-        logits = self.logits(emb).reshape(emb.shape[0], -1)
-        return {Columns.ACTION_DIST_INPUTS: logits, Columns.EMBEDDINGS: (emb, glob, mask)}
-
     def compute_values(self, batch: dict[str, Any], embeddings: Any | None = None) -> torch.Tensor:
-        emb, glob, mask = embeddings if embeddings is not None else self._embed(batch[Columns.OBS])
+        joined, glob, mask = self._split(batch[Columns.OBS])
+        emb = self.value_encoder(joined)
         weights = mask[..., None]
         pooled = (emb * weights).sum(1) / weights.sum(1).clamp(min=1.0)
         values: torch.Tensor = self.value(torch.cat([pooled, glob], dim=-1)).squeeze(-1)
@@ -289,8 +292,11 @@ def module_dir(checkpoint: str | Path) -> Path:
 
 def _demonstrations(
     settings: PPOSettings, teacher_name: str, episodes: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Observations, teacher actions and a mask of slots whose config the teacher set."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Observations, teacher actions, a mask of slots whose config the teacher set, and
+    the discounted return from each observation on (the training reward, ``gamma``):
+    the critic's target, so that PPO starts with a value function that fits the policy
+    it starts from."""
     from autotune.policies.baselines import make_policy
 
     env = make_train_env({**asdict(settings), "reward_scale": 1.0})
@@ -298,10 +304,12 @@ def _demonstrations(
     obs_list: list[np.ndarray] = []
     act_list: list[np.ndarray] = []
     set_list: list[np.ndarray] = []
+    ret_list: list[float] = []
     width = len(ACTION_DIMS)
     for episode in range(episodes):
         obs, _ = env.reset(seed=settings.seed * 10_000 + episode)
         inner = env.current
+        rewards: list[float] = []
         while True:
             sim = inner.sim
             assert sim is not None
@@ -312,15 +320,27 @@ def _demonstrations(
             obs_list.append(obs)
             act_list.append(action)
             set_list.append(decided)
-            obs, _, terminated, truncated, _ = env.step(action)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            rewards.append(float(reward) * settings.reward_scale)
             if terminated or truncated:
                 break
-    return np.stack(obs_list), np.stack(act_list), np.stack(set_list)
+        future = 0.0
+        returns = []
+        for r in reversed(rewards):
+            future = r + settings.gamma * future
+            returns.append(future)
+        ret_list.extend(reversed(returns))
+    return (
+        np.stack(obs_list),
+        np.stack(act_list),
+        np.stack(set_list),
+        np.asarray(ret_list, dtype=np.float32),
+    )
 
 
 def behaviour_clone(
     module: SlotPolicyModule,
-    demos: tuple[np.ndarray, np.ndarray, np.ndarray],
+    demos: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
     *,
     epochs: int,
     seed: int,
@@ -328,10 +348,13 @@ def behaviour_clone(
 ) -> float:
     """Fit the module's policy to the teacher's actions (cross-entropy per action entry:
     the keep/change bit on every occupied slot, the config entries where the teacher set
-    one). Returns the final loss."""
+    one), and the critic to the teacher's discounted returns (squared error). Returns the
+    final loss."""
     obs = torch.from_numpy(demos[0]).float()
     actions = torch.from_numpy(demos[1]).long().reshape(len(obs), -1, len(ACTION_DIMS))
     decided = torch.from_numpy(demos[2]).float()
+    returns = torch.from_numpy(demos[3]).float()
+    scale = float(returns.var()) + 1e-6 if len(returns) > 1 else 1.0
     occupied = obs[:, GLOBAL_FEATURES:].reshape(len(obs), -1, SLOT_FEATURES)[:, :, 0]
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(module.parameters(), lr=lr)
@@ -341,8 +364,10 @@ def behaviour_clone(
         for start in range(0, len(obs), 256):
             idx = order[start : start + 256]
             out = module._forward({Columns.OBS: obs[idx]})[Columns.ACTION_DIST_INPUTS]
+            values = module.compute_values({Columns.OBS: obs[idx]})
             parts = torch.split(out.reshape(len(idx), -1, N_LOGITS), list(ACTION_DIMS), dim=-1)
-            loss = torch.zeros(())
+            # The critic's loss in units of the returns' variance, next to cross-entropies.
+            loss = nn.functional.mse_loss(values, returns[idx]) / scale
             for k, part in enumerate(parts):
                 ce = nn.functional.cross_entropy(
                     part.reshape(-1, part.shape[-1]),
