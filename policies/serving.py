@@ -114,6 +114,12 @@ class PolicyServer:
                 f"{list(ACTION_DIMS)} per slot)",
                 path=str(path),
             )
+        if isinstance(module, SlotPolicyModule):
+            missing = _missing_policy_weights(path, module)
+            if missing:
+                raise IncompatiblePolicyError(
+                    f"the checkpoint lacks the policy's weights {missing[:3]}", path=str(path)
+                )
         self.module = module
         self.shared = isinstance(module, SlotPolicyModule)
         self._torch = torch
@@ -131,6 +137,20 @@ class PolicyServer:
             action = greedy_actions(logits.reshape(1, -1, N_LOGITS))
         out: np.ndarray = action[0].numpy().astype(np.int64)
         return out
+
+
+def _missing_policy_weights(path: Path, module: Any) -> list[str]:
+    """Weights the policy acts with (encoder, logits) that the saved state lacks; RLlib
+    loads a partial state without complaint."""
+    import pickle
+
+    files = sorted(path.glob("module_state.*"))
+    if not files or files[0].suffix != ".pkl":
+        return []  # another format: RLlib has already read it
+    with files[0].open("rb") as f:
+        saved = pickle.load(f)
+    needed = [k for k in module.state_dict() if k.startswith(("encoder.", "logits."))]
+    return [k for k in needed if k not in saved]
 
 
 class PPOSimPolicy:

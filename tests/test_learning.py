@@ -129,7 +129,26 @@ def _fallback_ticks(database: Database, policy: LearnedPolicy, ticks: int = 3) -
     return decisions
 
 
-@pytest.mark.parametrize("case", ["missing", "incompatible", "garbage"])
+def _partial_module(path: Path) -> Path:
+    """A checkpoint of the right spaces whose saved state lacks the policy's encoder."""
+    import pickle
+
+    env = ClusterEnv(slots=4)
+    module = SlotPolicyModule(
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        model_config={"hidden": 4},
+    )
+    module.save_to_path(path)
+    state_file = path / "module_state.pkl"
+    state = pickle.loads(state_file.read_bytes())
+    state_file.write_bytes(
+        pickle.dumps({k: v for k, v in state.items() if not k.startswith("encoder.")})
+    )
+    return path
+
+
+@pytest.mark.parametrize("case", ["missing", "incompatible", "garbage", "partial"])
 def test_daemon_falls_back_to_rules(
     case: str, database: Database, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -137,6 +156,8 @@ def test_daemon_falls_back_to_rules(
         checkpoint = tmp_path / "nothing-here"
     elif case == "incompatible":
         checkpoint = _incompatible_module(tmp_path / "module")
+    elif case == "partial":
+        checkpoint = _partial_module(tmp_path / "module")
     else:
         checkpoint = tmp_path / "junk"
         checkpoint.mkdir()
