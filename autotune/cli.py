@@ -376,6 +376,10 @@ def eval_policies(
     tune_budget_s: Annotated[
         float, typer.Option(min=0.0, help="Simulated trial time per job for tune (s).")
     ] = 1800.0,
+    tune_charge: Annotated[
+        bool,
+        typer.Option(help="tune: the trial time delays each job (--no-tune-charge: free)."),
+    ] = True,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy.")] = 3,
     slots: Annotated[int, typer.Option(min=1, help="Jobs a policy decides per round.")] = 32,
     interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 300.0,
@@ -408,7 +412,7 @@ def eval_policies(
         node_list = load_nodes(nodes)
         limit = None if limit_jobs is None else skip_jobs + limit_jobs
         trace = traces.alibaba_jobs(jobs, seed=trace_seed, limit=limit)[skip_jobs:]
-        info = {"kind": "alibaba", "path": str(jobs)}
+        info: dict[str, Any] = {"kind": "alibaba", "path": str(jobs)}
     elif pollux_workload is not None:
         if gpus % 4:
             raise InputError(f"--gpus {gpus}: Pollux nodes have 4 GPUs each")
@@ -447,10 +451,17 @@ def eval_policies(
         raise InputError("no jobs left to replay (--skip-jobs/--limit-jobs)")
     sim_jobs = jobs_from_trace(_rebase(trace))
     extra = learned_policies(
-        names, checkpoint=policy_checkpoint, slots=slots, nodes=node_list, budget_s=tune_budget_s
+        names,
+        checkpoint=policy_checkpoint,
+        slots=slots,
+        budget_s=tune_budget_s,
+        charge=tune_charge,
     )
     if "ppo" in names:
         info["policy_checkpoint"] = str(policy_checkpoint or "shipped")
+    if "tune" in names:
+        info["tune_budget_s"] = tune_budget_s
+        info["tune_charge"] = tune_charge
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),

@@ -166,8 +166,8 @@ def learned_policies(
     *,
     checkpoint: Path | None,
     slots: int,
-    nodes: Any,
     budget_s: float,
+    charge: bool = True,
 ) -> dict[str, Any]:
     """Factories (seed -> policy) for the ``eval`` policies that are not baselines. The
     checkpoint is loaded once; a bad one is an ``InputError``."""
@@ -183,7 +183,9 @@ def learned_policies(
     if "tune" in names:
         from autotune.policies.trial_tuner import TrialTunerPolicy
 
-        factories["tune"] = lambda seed: TrialTunerPolicy(budget_s=budget_s, seed=seed)
+        factories["tune"] = lambda seed: TrialTunerPolicy(
+            budget_s=budget_s, seed=seed, charge=charge
+        )
     return factories
 
 
