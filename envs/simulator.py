@@ -195,9 +195,9 @@ class ClusterSimulator:
         self.config = config
         self.rng = rng
         self.free = [n.gpu_count for n in self.nodes]
-        order = sorted(
+        order = sorted(  # fastest first; the name breaks ties (a set's order is not fixed)
             {n.gpu_model for n in self.nodes},
-            key=lambda m: -device(m).peak_tflops.get("bf16", device(m).peak_tflops["fp32"]),
+            key=lambda m: (-device(m).peak_tflops.get("bf16", device(m).peak_tflops["fp32"]), m),
         )
         self.gpu_models: tuple[str, ...] = tuple(order)
         self.total_gpus = sum(n.gpu_count for n in self.nodes)

@@ -231,7 +231,7 @@ def _choice_indices(config: JobConfig | None) -> tuple[float, float, float, floa
 def _gpu_models(nodes: Sequence[NodeInfo]) -> list[str]:
     return sorted(
         {n.gpu_model for n in nodes if n.gpu_count > 0},
-        key=lambda m: -device(m).peak_tflops.get("bf16", device(m).peak_tflops["fp32"]),
+        key=lambda m: (-device(m).peak_tflops.get("bf16", device(m).peak_tflops["fp32"]), m),
     )
 
 
