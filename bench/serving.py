@@ -4,7 +4,8 @@ Two measurements, each over ``--rounds`` rounds after a warm-up:
 
 - ``env``: a full ``ClusterEnv`` round at 32 job slots as ``autotune eval`` runs it: the
   LSTM forecast from the rounds so far, then ``forward_inference`` and the per-entry
-  argmax (``PPOSimPolicy.act``); the environment's own step is not timed;
+  argmax (``PPOSimPolicy.act``); ``forward_only`` the last two alone; the environment's
+  own step is not timed;
 - ``daemon``: ``LearnedPolicy.decide`` on a daemon snapshot with 32 active jobs: the
   observation built from the snapshot, the forecast, the forward pass and the
   JobConfigs of the pending jobs.
@@ -43,19 +44,28 @@ def bench_env(checkpoint: str | None, rounds: int, slots: int) -> dict[str, floa
     env = ClusterEnv(slots=slots, n_jobs=400, mean_interarrival_s=60.0, max_steps=10**6)
     obs, _ = env.reset(seed=0)
     times: list[float] = []
+    forward: list[float] = []
     busy_slots: list[int] = []
     for i in range(rounds + 50):
         start = time.perf_counter()
         action = policy.act(env, obs)
         elapsed = time.perf_counter() - start
+        start = time.perf_counter()
+        policy.server.act(obs)
+        forward_s = time.perf_counter() - start
         if i >= 50:
             times.append(elapsed)
+            forward.append(forward_s)
             assert env.sim is not None
             busy_slots.append(min(slots, len(env.sim.active)))
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             obs, _ = env.reset(seed=i)
-    return {**_stats(times), "mean_occupied_slots": float(np.mean(busy_slots))}
+    return {
+        **_stats(times),
+        "forward_only": _stats(forward),
+        "mean_occupied_slots": float(np.mean(busy_slots)),
+    }
 
 
 def bench_daemon(checkpoint: str | None, rounds: int, slots: int) -> dict[str, float]:
