@@ -45,9 +45,6 @@ def _register_learning() -> None:
     app.command("train-policy")(train_policy)
     app.command("tune-policy")(tune_policy)
 
-
-_register_learning()
-
 _err = Console(stderr=True)
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -528,6 +525,9 @@ def _print_plan_summary(report: dict[str, Any], *, total: int) -> None:
     reasons = Counter(u["reason"].split(";")[0] for u in report["unplaced"])
     for reason, count in reasons.most_common():
         out.print(f"  {count:5d}  {reason}")
+
+
+_register_learning()
 
 
 def main() -> None:

@@ -51,8 +51,11 @@ def forecast_train(
     seed: Annotated[int, typer.Option(help="Seed of initialisation and shuffling.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Train the forecaster on the given series (never evaluate it on them) and write a
-    checkpoint folder (config.json, model.pt)."""
+    """Train the LSTM load forecaster.
+
+    Writes a checkpoint folder (config.json, model.pt). Never evaluate it on the series it
+    was trained on.
+    """
     from autotune.policies.forecast import ForecasterConfig, read_series, save_checkpoint, train
 
     try:
@@ -114,8 +117,10 @@ def forecast_eval(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """MAE and RMSE of the LSTM, persistence and seasonal naive (a day earlier) at one
-    horizon, on every minute of the series with enough history."""
+    """Compare the forecaster with persistence and seasonal naive.
+
+    MAE and RMSE at one horizon, on every minute of the series with a day of history.
+    """
     from autotune.policies.forecast import (
         default_checkpoint,
         evaluate_series,

@@ -72,10 +72,13 @@ def train_policy(
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Train a scheduling policy with RLlib PPO on the cluster environment (its
-    observation carries the LSTM load forecast) and write RLlib checkpoints under OUT
-    (iter_NNNN/ and final/); the RLModule that serving loads is in
-    final/learner_group/learner/rl_module/default_policy."""
+    """Train a scheduling policy with RLlib PPO.
+
+    The cluster environment's observation carries the LSTM load forecast. Episodes are
+    windows of Alibaba pods (--trace/--nodes) and Pollux workloads (--pollux-workload),
+    or synthetic jobs. RLlib checkpoints go under OUT (iter_NNNN/ and final/); the
+    RLModule that serving loads is final/learner_group/learner/rl_module/default_policy.
+    """
     if algo != "ppo":
         raise _fail(f"--algo {algo!r}: only ppo is supported")
     if (trace is None) != (nodes is None):
@@ -216,8 +219,10 @@ def tune_policy(
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Search PPO's learning rate, entropy coefficient and batch size with Ray Tune's
-    ASHA scheduler; prints every trial and the best."""
+    """Search PPO's hyperparameters with Ray Tune and ASHA.
+
+    Learning rate, entropy coefficient and batch size; prints every trial and the best.
+    """
     if (trace is None) != (nodes is None):
         raise _fail("--trace and --nodes go together")
     if warm_start not in ("oracle", "rules", "none"):
