@@ -45,6 +45,7 @@ def _register_learning() -> None:
     app.command("train-policy")(train_policy)
     app.command("tune-policy")(tune_policy)
 
+
 _err = Console(stderr=True)
 P = ParamSpec("P")
 R = TypeVar("R")
