@@ -11,7 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-from autotune.core import Decision, JobConfig, JobSpec, NodeInfo, Placement
+from autotune.core import Decision, DecisionSource, JobConfig, JobSpec, NodeInfo, Placement
 
 __all__ = [
     "Backend",
@@ -122,6 +122,8 @@ class PolicyChoice:
     """Why, in words a user reads in the decision log."""
     features: Mapping[str, float] = field(default_factory=dict)
     """The inputs that mattered, by name."""
+    source: DecisionSource = "policy"
+    """``fallback`` when a policy could not decide and another one did (see the reason)."""
 
 
 @runtime_checkable

@@ -46,6 +46,16 @@ app.command("decisions")(decisions_command)
 job_app.command("run")(run_command)
 app.command("calibrate")(calibrate_command)
 
+
+def _register_learning() -> None:
+    from autotune.cli_forecast import forecast_app
+    from autotune.cli_policy import train_policy, tune_policy
+
+    app.add_typer(forecast_app, name="forecast")
+    app.command("train-policy")(train_policy)
+    app.command("tune-policy")(tune_policy)
+
+
 _err = Console(stderr=True)
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -131,6 +141,12 @@ def daemon(
         str | None, typer.Option("--log-format", help="json (default) or text.")
     ] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, ...")] = None,
+    policy: Annotated[
+        str, typer.Option(help="rules, or ppo (the learned policy; rules if it cannot load).")
+    ] = "rules",
+    policy_checkpoint: Annotated[
+        Path | None, typer.Option(help="RLModule checkpoint for ppo (default: the shipped one).")
+    ] = None,
 ) -> None:
     """Run the decision loop, the REST API and the dashboard until Ctrl-C or SIGTERM.
 
@@ -165,6 +181,8 @@ def daemon(
         log_level=log_level.upper() if log_level else None,
     )
     configure_logging(settings.log_level, settings.log_format)
+    if policy not in ("rules", "ppo"):
+        raise InputError(f"--policy {policy!r}: rules or ppo")
     cluster = build_backend(settings)
     if settings.db_url is None:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -179,8 +197,9 @@ def daemon(
             "Set AUTOTUNE_TOKEN to it for `autotune job ...` and other API clients."
         )
         sys.stdout.flush()
+    chosen = RulesPolicy() if policy == "rules" else _learned_policy(policy_checkpoint)
     serve(
-        Daemon(db=database, backend=cluster, policy=RulesPolicy()),
+        Daemon(db=database, backend=cluster, policy=chosen),
         host=settings.host,
         port=settings.port,
         tick_s=settings.tick_s,
@@ -190,6 +209,12 @@ def daemon(
         max_body_bytes=settings.max_body_bytes,
         host_telemetry=host_sources(settings.ray_address),
     )
+
+
+def _learned_policy(checkpoint: Path | None) -> Any:
+    from autotune.policies.serving import LearnedPolicy
+
+    return LearnedPolicy(checkpoint)
 
 
 @db_app.command("upgrade")
@@ -381,9 +406,27 @@ def eval_policies(
         int, typer.Option(min=1, help="Cluster size for Pollux (4 T4 per node) or Philly (8 P100).")
     ] = 64,
     limit_jobs: Annotated[int | None, typer.Option(min=1, help="Replay the first N jobs.")] = None,
+    skip_jobs: Annotated[
+        int, typer.Option(min=0, help="Leave out the first N jobs (before --limit-jobs).")
+    ] = 0,
     policies: Annotated[
-        str, typer.Option(help="Comma-separated: static, rules, random, tiresias, oracle.")
+        str,
+        typer.Option(
+            help="Comma-separated: static, rules, random, tiresias, oracle, ppo (the learned "
+            "policy), tune (per-job trial search)."
+        ),
     ] = "static,rules,tiresias,oracle",
+    policy_checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="RLModule checkpoint for ppo (default: the one shipped)."),
+    ] = None,
+    tune_budget_s: Annotated[
+        float, typer.Option(min=0.0, help="Simulated trial time per job for tune (s).")
+    ] = 1800.0,
+    tune_charge: Annotated[
+        bool,
+        typer.Option(help="tune: the trial time delays each job (--no-tune-charge: free)."),
+    ] = True,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy.")] = 3,
     slots: Annotated[int, typer.Option(min=1, help="Jobs a policy decides per round.")] = 32,
     interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 300.0,
@@ -403,16 +446,20 @@ def eval_policies(
     sources = [x is not None for x in (jobs, pollux_workload, philly_jobs)]
     if sum(sources) != 1:
         raise InputError("give one trace: --nodes/--jobs, --pollux-workload or --philly-jobs")
+    from autotune.cli_policy import learned_policies
+
     names = [p.strip() for p in policies.split(",") if p.strip()]
-    unknown = [p for p in names if p not in BASELINES]
+    known = [*BASELINES, "ppo", "tune"]
+    unknown = [p for p in names if p not in known]
     if unknown or not names:
-        raise InputError(f"unknown policy {unknown}; known: {', '.join(BASELINES)}")
+        raise InputError(f"unknown policy {unknown}; known: {', '.join(known)}")
     if jobs is not None:
         if nodes is None:
             raise InputError("--jobs needs --nodes")
         node_list = load_nodes(nodes)
-        trace = traces.alibaba_jobs(jobs, seed=trace_seed, limit=limit_jobs)
-        info = {"kind": "alibaba", "path": str(jobs)}
+        limit = None if limit_jobs is None else skip_jobs + limit_jobs
+        trace = traces.alibaba_jobs(jobs, seed=trace_seed, limit=limit)[skip_jobs:]
+        info: dict[str, Any] = {"kind": "alibaba", "path": str(jobs)}
     elif pollux_workload is not None:
         if gpus % 4:
             raise InputError(f"--gpus {gpus}: Pollux nodes have 4 GPUs each")
@@ -427,7 +474,7 @@ def eval_policies(
             )
             for i in range(gpus // 4)
         ]
-        trace = traces.pollux_workload(pollux_workload)[:limit_jobs]
+        trace = _window(traces.pollux_workload(pollux_workload), skip_jobs, limit_jobs)
         info = {"kind": "pollux", "path": str(pollux_workload)}
     else:
         assert philly_jobs is not None
@@ -439,7 +486,7 @@ def eval_policies(
             )
             for i in range(gpus // 8)
         ]
-        trace = traces.philly_jobs(philly_jobs, seed=trace_seed)[:limit_jobs]
+        trace = _window(traces.philly_jobs(philly_jobs, seed=trace_seed), skip_jobs, limit_jobs)
         info = {"kind": "philly", "path": str(philly_jobs)}
     total = sum(n.gpu_count for n in node_list)
     too_big = [t.job_id for t in trace if t.num_gpus > total]
@@ -447,7 +494,21 @@ def eval_policies(
         raise InputError(
             f"{len(too_big)} job(s) ask for more than the {total} GPUs, e.g. {too_big[0]}"
         )
-    sim_jobs = jobs_from_trace(trace)
+    if not trace:
+        raise InputError("no jobs left to replay (--skip-jobs/--limit-jobs)")
+    sim_jobs = jobs_from_trace(_rebase(trace))
+    extra = learned_policies(
+        names,
+        checkpoint=policy_checkpoint,
+        slots=slots,
+        budget_s=tune_budget_s,
+        charge=tune_charge,
+    )
+    if "ppo" in names:
+        info["policy_checkpoint"] = str(policy_checkpoint or "shipped")
+    if "tune" in names:
+        info["tune_budget_s"] = tune_budget_s
+        info["tune_charge"] = tune_charge
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -467,6 +528,7 @@ def eval_policies(
             slots=slots,
             interval_s=interval,
             trace=info,
+            extra=extra,
             progress=lambda name, seed: progress.update(
                 task, advance=1, description=f"{name} seed {seed}"
             ),
@@ -491,6 +553,18 @@ def eval_policies(
         )
 
 
+def _window(trace: list[Any], skip: int, limit: int | None) -> list[Any]:
+    return trace[skip:] if limit is None else trace[skip : skip + limit]
+
+
+def _rebase(trace: list[Any]) -> list[Any]:
+    """Submission times from the first kept job (after --skip-jobs)."""
+    from dataclasses import replace
+
+    origin = min(t.submit_s for t in trace)
+    return [replace(t, submit_s=t.submit_s - origin) for t in trace] if origin else trace
+
+
 def _print_plan_summary(report: dict[str, Any], *, total: int) -> None:
     out = Console()
     out.print(
@@ -501,6 +575,9 @@ def _print_plan_summary(report: dict[str, Any], *, total: int) -> None:
     reasons = Counter(u["reason"].split(";")[0] for u in report["unplaced"])
     for reason, count in reasons.most_common():
         out.print(f"  {count:5d}  {reason}")
+
+
+_register_learning()
 
 
 def main() -> None:

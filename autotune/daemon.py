@@ -361,12 +361,12 @@ class Daemon:
                 if not fresh_override:
                     reason += " (re-placed: its GPUs are no longer available)"
             elif job_id in released:
-                source = "policy"
+                source = choice.source if choice else "policy"
                 reason = f"override {released[job_id]} ended; the policy decides again: " + (
                     choice.reason if choice else "it keeps the current configuration"
                 )
             else:
-                source = "policy"
+                source = choice.source if choice else "policy"
                 reason = choice.reason if choice else "re-placed: its GPUs are no longer available"
             decisions.append(
                 Decision(

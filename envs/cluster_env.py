@@ -19,7 +19,7 @@ top-k 1%, int8, fp8, PowerSGD rank 4), precision (fp32, bf16, fp16, fp8 matmuls)
 
 ``Box(-inf, inf, (4*2 + 4 + slots*16,), float32)``: per GPU model (fastest first, padded
 to 4) total and free GPUs as shares of the cluster; queue length, busy share, load now
-and the load forecast (persistence until a forecaster fills ``forecast``); per slot 16
+and the load forecast (persistence unless a ``forecaster`` is given); per slot 16
 features of the job (model size, requested and held GPUs, its current choices, waiting
 time, normalized goodput of the last round, progress, OOM).
 
@@ -124,6 +124,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         restart_penalty: float = 1.0,
         energy_weight: float = 0.0,
         small: bool = False,
+        forecaster: Callable[[Sequence[float], float, float], float] | None = None,
     ) -> None:
         if nodes is not None:
             self.nodes = list(nodes)
@@ -148,6 +149,11 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self.observation_space = spaces.Box(-np.inf, np.inf, shape=(size,), dtype=np.float32)
         self.forecast: float | None = None
         """Predicted busy share of the cluster 15 minutes ahead; a forecaster sets it."""
+        self.forecaster = forecaster
+        """``forecaster(busy_history, interval_s, now_s)``: the busy share 15 minutes
+        ahead from the busy share of every round so far (oldest first); called before
+        each observation (``autotune.policies.forecast.EnvForecast``)."""
+        self._busy_history: list[float] = []
         self.sim: ClusterSimulator | None = None
         self.steps = 0
 
@@ -172,6 +178,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self.sim.skip_idle()
         self.steps = 0
         self._last_busy = 0.0
+        self._busy_history = []
         return self._observe(), self._info(None)
 
     def step(
@@ -219,6 +226,9 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         obs[g] = len(active) / self.slots
         obs[g + 1] = self._last_busy
         obs[g + 2] = 1 - sim.free_gpus() / total
+        if self.forecaster is not None:
+            self._busy_history.append(float(obs[g + 2]))
+            self.forecast = self.forecaster(self._busy_history, sim.config.interval_s, sim.now)
         obs[g + 3] = self.forecast if self.forecast is not None else obs[g + 2]
         for slot, job in enumerate(active[: self.slots]):
             base = GLOBAL_FEATURES + slot * SLOT_FEATURES

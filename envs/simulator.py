@@ -195,9 +195,9 @@ class ClusterSimulator:
         self.config = config
         self.rng = rng
         self.free = [n.gpu_count for n in self.nodes]
-        order = sorted(
+        order = sorted(  # fastest first; the name breaks ties (a set's order is not fixed)
             {n.gpu_model for n in self.nodes},
-            key=lambda m: -device(m).peak_tflops.get("bf16", device(m).peak_tflops["fp32"]),
+            key=lambda m: (-device(m).peak_tflops.get("bf16", device(m).peak_tflops["fp32"]), m),
         )
         self.gpu_models: tuple[str, ...] = tuple(order)
         self.total_gpus = sum(n.gpu_count for n in self.nodes)
@@ -390,7 +390,8 @@ class ClusterSimulator:
                 used = need / est.goodput + (dt - run_s)
                 job.progress = job.work
                 job.finish_s = self.now + min(dt, used)
-                total_norm += est.goodput / job.reference_goodput * min(dt, used) / dt
+                # Credit the time it trained, not the restart downtime before it.
+                total_norm += need / job.reference_goodput / dt
                 self._release(job)
                 self.finished.append(job)
                 finished += 1

@@ -18,7 +18,7 @@ Top-level figures are means over seeds; ``per_seed`` keeps each run.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -82,8 +82,10 @@ def evaluate(
     max_steps: int = 100_000,
     progress: Callable[[str, int], None] | None = None,
     trace: dict[str, Any] | None = None,
+    extra: Mapping[str, Callable[[int], SimPolicy]] | None = None,
 ) -> dict[str, Any]:
-    """The report of ``autotune eval``: every policy on the same jobs and seeds."""
+    """The report of ``autotune eval``: every policy on the same jobs and seeds.
+    ``extra`` makes policies beyond the baselines (the learned ones), by name."""
     report: dict[str, Any] = {
         "trace": {
             **(trace or {}),
@@ -98,7 +100,7 @@ def evaluate(
     for name in policies:
         per_seed: list[dict[str, float]] = []
         for seed in range(seeds):
-            policy = make_policy(name, seed)
+            policy = extra[name](seed) if extra and name in extra else make_policy(name, seed)
             env = ClusterEnv(
                 nodes=nodes,
                 jobs=jobs,

@@ -1,0 +1,281 @@
+"""``autotune train-policy`` and ``autotune tune-policy``: the learned scheduling policy."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+__all__ = ["learned_policies", "train_policy", "tune_policy"]
+
+_err = Console(stderr=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    sys.stderr.write(f"error: {message}\n")
+    return typer.Exit(code=2)
+
+
+def _range(text: str) -> tuple[int, int | None]:
+    start, _, stop = text.partition(":")
+    try:
+        return int(start or 0), int(stop) if stop else None
+    except ValueError:
+        raise _fail(f"--train-pods {text!r}: expected START:STOP, e.g. 1000:7000") from None
+
+
+def train_policy(
+    out: Annotated[Path, typer.Option(help="Checkpoint folder to write.", show_default=False)],
+    algo: Annotated[str, typer.Option(help="Algorithm (ppo).")] = "ppo",
+    iterations: Annotated[int, typer.Option(min=1, help="Training iterations.")] = 50,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Alibaba v2023 pod list to train on (default: synthetic jobs)."),
+    ] = None,
+    nodes: Annotated[Path | None, typer.Option(help="Alibaba node list (with --trace).")] = None,
+    train_pods: Annotated[
+        str, typer.Option(help="START:STOP pods (creation order) episodes are drawn from.")
+    ] = "1000:",
+    window: Annotated[int, typer.Option(min=1, help="Consecutive pods per episode.")] = 60,
+    pollux_workload: Annotated[
+        list[Path] | None,
+        typer.Option(help="Pollux workload CSV(s) to train on as well; repeat the option."),
+    ] = None,
+    pollux_gpus: Annotated[int, typer.Option(min=4, help="T4 GPUs for Pollux episodes.")] = 64,
+    pollux_interval: Annotated[
+        float, typer.Option(min=1.0, help="Decision round of Pollux episodes (s).")
+    ] = 300.0,
+    slots: Annotated[int, typer.Option(min=1, help="Job slots of the training env.")] = 16,
+    interval: Annotated[
+        float, typer.Option(min=1.0, help="Decision round of Alibaba/synthetic episodes (s).")
+    ] = 3600.0,
+    max_steps: Annotated[int, typer.Option(min=1, help="Rounds per episode at most.")] = 128,
+    warm_start: Annotated[
+        str, typer.Option(help="Imitate this baseline before PPO: oracle, rules or none.")
+    ] = "oracle",
+    warm_start_episodes: Annotated[
+        int, typer.Option(min=1, help="Teacher episodes for imitation.")
+    ] = 12,
+    forecast: Annotated[
+        bool, typer.Option(help="LSTM forecast in the observation (else persistence).")
+    ] = True,
+    lr: Annotated[float, typer.Option(min=0.0, help="Learning rate.")] = 3e-4,
+    entropy_coeff: Annotated[float, typer.Option(min=0.0, help="Entropy bonus.")] = 0.003,
+    train_batch: Annotated[int, typer.Option(min=16, help="Env steps per iteration.")] = 512,
+    hidden: Annotated[int, typer.Option(min=4, help="Network width.")] = 64,
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="Iterations per checkpoint.")] = 10,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Train a scheduling policy with RLlib PPO.
+
+    The cluster environment's observation carries the LSTM load forecast. Episodes are
+    windows of Alibaba pods (--trace/--nodes) and Pollux workloads (--pollux-workload),
+    or synthetic jobs. RLlib checkpoints go under OUT (iter_NNNN/ and final/); the
+    RLModule that serving loads is final/learner_group/learner/rl_module/default_policy.
+    """
+    if algo != "ppo":
+        raise _fail(f"--algo {algo!r}: only ppo is supported")
+    if (trace is None) != (nodes is None):
+        raise _fail("--trace and --nodes go together")
+    if warm_start not in ("oracle", "rules", "none"):
+        raise _fail(f"--warm-start {warm_start!r}: oracle, rules or none")
+    if pollux_gpus % 4:
+        raise _fail(f"--pollux-gpus {pollux_gpus}: Pollux nodes have 4 GPUs each")
+    for path in (trace, nodes, *(pollux_workload or [])):
+        if path is not None and not path.is_file():
+            raise _fail(f"{path}: no such file")
+    from autotune.policies.ppo import PPOSettings, TraceSource, train_ppo
+
+    sources: list[TraceSource] = []
+    if trace is not None and nodes is not None:
+        start, stop = _range(train_pods)
+        sources.append(
+            TraceSource(
+                kind="alibaba",
+                jobs=str(trace.resolve()),
+                nodes=str(nodes.resolve()),
+                start=start,
+                stop=stop,
+                window=window,
+                interval_s=interval,
+            )
+        )
+    for workload in pollux_workload or []:
+        sources.append(
+            TraceSource(
+                kind="pollux",
+                jobs=str(workload.resolve()),
+                gpus=pollux_gpus,
+                window=window,
+                interval_s=pollux_interval,
+                weight=1.0 / len(pollux_workload or [1]),
+            )
+        )
+    settings = PPOSettings(
+        iterations=iterations,
+        slots=slots,
+        interval_s=interval,
+        max_steps=max_steps,
+        forecast=forecast,
+        lr=lr,
+        entropy_coeff=entropy_coeff,
+        train_batch=train_batch,
+        minibatch=min(128, train_batch),
+        hidden=hidden,
+        warm_start=None if warm_start == "none" else warm_start,
+        warm_start_episodes=warm_start_episodes,
+        seed=seed,
+        sources=tuple(sources),
+    )
+    progress = Progress(
+        TextColumn("training PPO"),
+        BarColumn(),
+        TextColumn("iter {task.completed}/{task.total}  return {task.fields[ret]}"),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=True,
+        disable=as_json or not _err.is_terminal,
+    )
+    with progress:
+        task = progress.add_task("train", total=iterations, ret="-")
+
+        def update(i: int, _n: int, row: dict[str, float]) -> None:
+            progress.update(task, completed=i, ret=f"{row['episode_return_mean']:.2f}")
+
+        try:
+            report: dict[str, Any] = train_ppo(
+                settings, out, checkpoint_every=checkpoint_every, progress=update
+            )
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(report, default=str))
+    else:
+        last = report["history"][-1]
+        _err.print(
+            f"wrote {report['checkpoint']} after {iterations} iterations "
+            f"({report['time_s']:.0f} s; mean episode return {last['episode_return_mean']:.2f})"
+        )
+
+
+def learned_policies(
+    names: list[str],
+    *,
+    checkpoint: Path | None,
+    slots: int,
+    budget_s: float,
+    charge: bool = True,
+) -> dict[str, Any]:
+    """Factories (seed -> policy) for the ``eval`` policies that are not baselines. The
+    checkpoint is loaded once; a bad one is an ``InputError``."""
+    factories: dict[str, Any] = {}
+    if "ppo" in names:
+        import torch
+
+        from autotune.policies.serving import PPOSimPolicy
+
+        torch.set_num_threads(1)
+        policy = PPOSimPolicy(checkpoint, slots=slots)
+        factories["ppo"] = lambda seed: policy
+    if "tune" in names:
+        from autotune.policies.trial_tuner import TrialTunerPolicy
+
+        factories["tune"] = lambda seed: TrialTunerPolicy(
+            budget_s=budget_s, seed=seed, charge=charge
+        )
+    return factories
+
+
+def tune_policy(
+    out: Annotated[Path, typer.Option(help="Folder for the search's trials.", show_default=False)],
+    samples: Annotated[int, typer.Option(min=1, help="Trials (hyperparameter draws).")] = 4,
+    iterations: Annotated[int, typer.Option(min=1, help="Most PPO iterations per trial.")] = 8,
+    grace: Annotated[int, typer.Option(min=1, help="ASHA's grace period (iterations).")] = 2,
+    concurrent: Annotated[int, typer.Option(min=1, help="Trials at a time (1 CPU each).")] = 2,
+    trace: Annotated[
+        Path | None,
+        typer.Option(help="Alibaba v2023 pod list to train on (default: synthetic jobs)."),
+    ] = None,
+    nodes: Annotated[Path | None, typer.Option(help="Alibaba node list (with --trace).")] = None,
+    train_pods: Annotated[
+        str, typer.Option(help="START:STOP pods (creation order) episodes are drawn from.")
+    ] = "1000:",
+    window: Annotated[int, typer.Option(min=1, help="Consecutive pods per episode.")] = 60,
+    slots: Annotated[int, typer.Option(min=1, help="Job slots of the training env.")] = 16,
+    interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 3600.0,
+    max_steps: Annotated[int, typer.Option(min=1, help="Rounds per episode at most.")] = 128,
+    warm_start: Annotated[
+        str, typer.Option(help="Imitate this baseline before every trial: oracle, rules, none.")
+    ] = "none",
+    warm_start_episodes: Annotated[
+        int, typer.Option(min=1, help="Teacher episodes for imitation.")
+    ] = 12,
+    seed: Annotated[int, typer.Option(help="Seed.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Search PPO's hyperparameters with Ray Tune and ASHA.
+
+    Learning rate, entropy coefficient and batch size; prints every trial and the best.
+    """
+    if (trace is None) != (nodes is None):
+        raise _fail("--trace and --nodes go together")
+    if warm_start not in ("oracle", "rules", "none"):
+        raise _fail(f"--warm-start {warm_start!r}: oracle, rules or none")
+    for path in (trace, nodes):
+        if path is not None and not path.is_file():
+            raise _fail(f"{path}: no such file")
+    from autotune.policies.ppo import PPOSettings, TraceSource
+    from autotune.policies.ppo_search import search
+
+    sources: tuple[TraceSource, ...] = ()
+    if trace is not None and nodes is not None:
+        start, stop = _range(train_pods)
+        sources = (
+            TraceSource(
+                jobs=str(trace.resolve()),
+                nodes=str(nodes.resolve()),
+                start=start,
+                stop=stop,
+                window=window,
+                interval_s=interval,
+            ),
+        )
+    settings = PPOSettings(
+        iterations=iterations,
+        slots=slots,
+        interval_s=interval,
+        max_steps=max_steps,
+        warm_start=None if warm_start == "none" else warm_start,
+        warm_start_episodes=warm_start_episodes,
+        seed=seed,
+        sources=sources,
+    )
+    with _err.status("searching", spinner="dots") if not as_json else _nothing():
+        try:
+            report = search(settings, out, samples=samples, grace=grace, concurrent=concurrent)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(report, default=str))
+        return
+    out_console = Console()
+    out_console.print(f"{'lr':>10s} {'entropy':>8s} {'batch':>6s} {'iters':>6s} {'return':>8s}")
+    for t in report["trials"]:
+        ret = t["episode_return_mean"]
+        out_console.print(
+            f"{t['lr']:10.2e} {t['entropy_coeff']:8.4f} {t['train_batch']:6d} "
+            f"{t['iterations'] or 0:6d} {ret if ret is not None else float('nan'):8.3f}"
+        )
+    out_console.print(f"best: {report['best']}")
+
+
+def _nothing() -> Any:
+    from contextlib import nullcontext
+
+    return nullcontext()

@@ -1,0 +1,483 @@
+"""PPO for ``ClusterEnv`` on RLlib's new API stack, with the load forecast in the
+observation.
+
+The network (``SlotPolicyModule``) is shared across job slots: every slot's 16 features
+are joined with the 12 cluster-wide ones and mapped to that slot's logits (compression,
+precision, layout, batch scale, keep/change); the value is read from the mean of the
+slot embeddings. The same weights therefore act on any number of slots: a policy trained
+with 16 slots decides 32 at serving time.
+
+Training (``train_ppo``): optionally the module first imitates a teacher baseline on the
+training episodes (behaviour cloning, ``warm_start``), then PPO improves it against the
+environment's reward. Episodes are windows of consecutive jobs of a trace (Alibaba pods,
+``TraceSource``) or synthetic job streams. Checkpoints are RLlib algorithm checkpoints;
+``module_dir`` is the RLModule inside one, which is what serving loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import gymnasium as gym
+import numpy as np
+import torch
+from ray.rllib.core.columns import Columns
+from ray.rllib.core.rl_module.apis import ValueFunctionAPI
+from ray.rllib.core.rl_module.torch import TorchRLModule
+from torch import nn
+
+from autotune.envs.cluster_env import ACTION_DIMS, GLOBAL_FEATURES, SLOT_FEATURES, ClusterEnv
+from autotune.envs.simulator import Job
+
+__all__ = [
+    "ENV_NAME",
+    "MODULE_PATH",
+    "PPOSettings",
+    "SlotPolicyModule",
+    "TraceSource",
+    "make_train_env",
+    "module_dir",
+    "train_ppo",
+]
+
+ENV_NAME: Final = "autotune-cluster-train"
+MODULE_PATH: Final = Path("learner_group") / "learner" / "rl_module" / "default_policy"
+"""Where an algorithm checkpoint keeps the RLModule."""
+N_LOGITS: Final = sum(ACTION_DIMS)
+
+
+class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
+    """Per-slot shared policy; ``model_config``: ``hidden`` (width, default 64)."""
+
+    def setup(self) -> None:
+        config: Any = self.model_config or {}
+        hidden = int(config.get("hidden", 64))
+        n_in = GLOBAL_FEATURES + SLOT_FEATURES
+        self.encoder = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+        )
+        self.logits = nn.Linear(hidden, N_LOGITS)
+        # The critic has its own encoder: value-loss gradients must not move the
+        # features the policy (possibly imitated from a teacher) acts on.
+        self.value_encoder = nn.Sequential(
+            nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+        )
+        self.value = nn.Sequential(
+            nn.Linear(hidden + GLOBAL_FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, 1)
+        )
+        from ray.rllib.core.distribution.torch.torch_distribution import TorchMultiCategorical
+
+        nvec = [int(n) for n in getattr(self.action_space, "nvec", ())]
+        dist: Any = TorchMultiCategorical
+        self.action_dist_cls = dist.get_partial_dist_cls(input_lens=nvec)
+        nn.init.normal_(self.logits.weight, std=0.01)
+        nn.init.zeros_(self.logits.bias)
+
+    @staticmethod
+    def _split(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per-slot inputs (B, S, G + F), the global features (B, G), the occupied mask."""
+        glob = obs[:, :GLOBAL_FEATURES]
+        slots = obs[:, GLOBAL_FEATURES:].reshape(obs.shape[0], -1, SLOT_FEATURES)
+        joined = torch.cat([glob[:, None, :].expand(-1, slots.shape[1], -1), slots], dim=-1)
+        return joined, glob, slots[:, :, 0]
+
+    def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        joined, _, _ = self._split(batch[Columns.OBS])
+        emb = self.encoder(joined)
+        logits = self.logits(emb).reshape(emb.shape[0], -1)
+        return {Columns.ACTION_DIST_INPUTS: logits}
+
+    def compute_values(self, batch: dict[str, Any], embeddings: Any | None = None) -> torch.Tensor:
+        joined, glob, mask = self._split(batch[Columns.OBS])
+        emb = self.value_encoder(joined)
+        weights = mask[..., None]
+        pooled = (emb * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        values: torch.Tensor = self.value(torch.cat([pooled, glob], dim=-1)).squeeze(-1)
+        return values
+
+    def greedy(self, obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic actions (B, slots * 5): the most likely value of each entry."""
+        logits = self.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        return greedy_actions(logits.reshape(obs.shape[0], -1, N_LOGITS))
+
+
+def greedy_actions(logits: torch.Tensor) -> torch.Tensor:
+    """(B, S, 37) logits -> (B, S * 5) argmax per action entry."""
+    parts = torch.split(logits, list(ACTION_DIMS), dim=-1)
+    picks = torch.stack([p.argmax(-1) for p in parts], dim=-1)
+    return picks.reshape(logits.shape[0], -1)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSource:
+    """Episodes drawn from a trace: windows of ``window`` consecutive jobs whose first
+    job is in ``[start, stop)`` (submission order), re-timed to start at 0.
+
+    ``kind="alibaba"``: ``jobs`` is an Alibaba v2023 pod list and ``nodes`` its node
+    list. ``kind="pollux"``: ``jobs`` is a Pollux workload CSV, on ``gpus`` T4 GPUs (4
+    per node) as the Pollux testbed."""
+
+    jobs: str
+    kind: str = "alibaba"
+    nodes: str | None = None
+    gpus: int = 64
+    start: int = 0
+    stop: int | None = None
+    window: int = 60
+    interval_s: float = 3600.0
+    trace_seed: int = 0
+    weight: float = 1.0
+    """Share of episodes drawn from this source, relative to the others."""
+
+
+@dataclass(frozen=True, slots=True)
+class PPOSettings:
+    iterations: int = 20
+    slots: int = 16
+    interval_s: float = 3600.0
+    max_steps: int = 128
+    forecast: bool = True
+    """The shipped LSTM fills the observation's forecast entry (else persistence)."""
+    lr: float = 3e-4
+    entropy_coeff: float = 0.003
+    train_batch: int = 512
+    minibatch: int = 128
+    epochs: int = 6
+    gamma: float = 0.97
+    hidden: int = 64
+    reward_scale: float = 0.1
+    warm_start: str | None = "oracle"
+    """Teacher baseline for behaviour cloning before PPO (``None``: from scratch)."""
+    warm_start_episodes: int = 12
+    warm_start_epochs: int = 60
+    seed: int = 0
+    sources: tuple[TraceSource, ...] = ()
+    """Empty: synthetic job streams (``autotune/Cluster-v0``)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _trace(source: TraceSource) -> tuple[list[Any], list[Any]]:
+    """The nodes and the trace jobs of a source."""
+    from autotune.devices import node_info
+    from autotune.envs import traces
+    from autotune.envs.alibaba import load_nodes
+    from autotune.pollux import POLLUX_INTER_NODE_GBPS
+
+    if source.kind == "alibaba":
+        if source.nodes is None:
+            raise ValueError("an Alibaba source needs its node list")
+        return load_nodes(source.nodes), traces.alibaba_jobs(source.jobs, seed=source.trace_seed)
+    if source.kind == "pollux":
+        nodes = [
+            node_info(
+                f"t4-{i}",
+                gpu_model="T4",
+                gpu_count=4,
+                cpu_milli=48_000,
+                memory_mib=192 * 1024,
+                inter_node_bandwidth_gbps=POLLUX_INTER_NODE_GBPS,
+            )
+            for i in range(source.gpus // 4)
+        ]
+        return nodes, traces.pollux_workload(source.jobs)
+    raise ValueError(f"source kind {source.kind!r}: alibaba or pollux")
+
+
+class _Mixture(gym.Env[np.ndarray, np.ndarray]):
+    """Episodes from several environments with the same spaces, one drawn per reset;
+    rewards scaled by ``scale``."""
+
+    def __init__(
+        self, envs: Sequence[ClusterEnv], weights: Sequence[float], scale: float, seed: int
+    ) -> None:
+        self.envs = list(envs)
+        self.weights = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
+        self.scale = scale
+        self.observation_space = self.envs[0].observation_space
+        self.action_space = self.envs[0].action_space
+        self.current = self.envs[0]
+        self._pick = np.random.default_rng(seed)
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[np.ndarray, dict[str, Any]]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self._pick = np.random.default_rng(seed)
+        self.current = self.envs[int(self._pick.choice(len(self.envs), p=self.weights))]
+        return self.current.reset(seed=seed, options=options)
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.current.step(action)
+        return obs, float(reward) * self.scale, terminated, truncated, info
+
+
+def make_train_env(config: dict[str, Any]) -> _Mixture:
+    """The training environment of ``config`` (a ``PPOSettings`` as a dict, plus RLlib's
+    worker index when RLlib calls it)."""
+    from dataclasses import replace
+
+    from autotune.envs.workloads import jobs_from_trace
+
+    settings = _settings_from(config)
+    forecaster = None
+    if settings.forecast:
+        from autotune.policies.forecast import EnvForecast
+
+        forecaster = EnvForecast()
+    common: dict[str, Any] = {
+        "slots": settings.slots,
+        "max_steps": settings.max_steps,
+        "forecaster": forecaster,
+    }
+    worker = int(getattr(config, "worker_index", 0)) * 1000 + int(
+        getattr(config, "vector_index", 0)
+    )
+    if not settings.sources:
+        env = ClusterEnv(n_jobs=60, interval_s=settings.interval_s, **common)
+        return _Mixture([env], [1.0], settings.reward_scale, settings.seed + worker)
+    envs: list[ClusterEnv] = []
+    for k, source in enumerate(settings.sources):
+        nodes, trace = _trace(source)
+        stop = min(source.stop or len(trace), len(trace)) - source.window
+        if stop <= source.start:
+            stop = source.start + 1
+            if source.start + source.window > len(trace):
+                raise ValueError(
+                    f"{source.jobs}: no window of {source.window} jobs from job {source.start}"
+                )
+        rng = np.random.default_rng([settings.seed, worker, k])
+
+        def jobs(
+            trace: list[Any] = trace,
+            rng: np.random.Generator = rng,
+            source: TraceSource = source,
+            stop: int = stop,
+        ) -> Sequence[Job]:
+            first = int(rng.integers(source.start, stop))
+            window = trace[first : first + source.window]
+            origin = window[0].submit_s
+            return jobs_from_trace([replace(t, submit_s=t.submit_s - origin) for t in window])
+
+        envs.append(ClusterEnv(nodes=nodes, jobs=jobs, interval_s=source.interval_s, **common))
+    return _Mixture(
+        envs, [s.weight for s in settings.sources], settings.reward_scale, settings.seed + worker
+    )
+
+
+def _settings_from(config: dict[str, Any]) -> PPOSettings:
+    data = {k: config[k] for k in PPOSettings.__dataclass_fields__ if k in config}
+    data["sources"] = tuple(
+        s if isinstance(s, TraceSource) else TraceSource(**s) for s in data.get("sources", ())
+    )
+    return PPOSettings(**data)
+
+
+def module_dir(checkpoint: str | Path) -> Path:
+    """The RLModule folder of an algorithm checkpoint, or ``checkpoint`` itself when it
+    already is one."""
+    path = Path(checkpoint)
+    return path / MODULE_PATH if (path / MODULE_PATH).is_dir() else path
+
+
+# -- behaviour cloning ---------------------------------------------------------------
+
+
+def _demonstrations(
+    settings: PPOSettings, teacher_name: str, episodes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Observations, teacher actions, a mask of slots whose config the teacher set, and
+    the discounted return from each observation on (the training reward, ``gamma``):
+    the critic's target, so that PPO starts with a value function that fits the policy
+    it starts from."""
+    from autotune.policies.baselines import make_policy
+
+    env = make_train_env({**asdict(settings), "reward_scale": 1.0})
+    teacher = make_policy(teacher_name, settings.seed)
+    obs_list: list[np.ndarray] = []
+    act_list: list[np.ndarray] = []
+    set_list: list[np.ndarray] = []
+    ret_list: list[float] = []
+    width = len(ACTION_DIMS)
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=settings.seed * 10_000 + episode)
+        inner = env.current
+        rewards: list[float] = []
+        while True:
+            sim = inner.sim
+            assert sim is not None
+            action = teacher.act(inner, obs)
+            decided = np.zeros(settings.slots, dtype=np.float32)
+            for slot, job in enumerate(sim.active[: settings.slots]):
+                decided[slot] = float(job.choice is None or action[slot * width + 4] == 1)
+            obs_list.append(obs)
+            act_list.append(action)
+            set_list.append(decided)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            rewards.append(float(reward) * settings.reward_scale)
+            if terminated or truncated:
+                break
+        future = 0.0
+        returns = []
+        for r in reversed(rewards):
+            future = r + settings.gamma * future
+            returns.append(future)
+        ret_list.extend(reversed(returns))
+    return (
+        np.stack(obs_list),
+        np.stack(act_list),
+        np.stack(set_list),
+        np.asarray(ret_list, dtype=np.float32),
+    )
+
+
+def behaviour_clone(
+    module: SlotPolicyModule,
+    demos: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    *,
+    epochs: int,
+    seed: int,
+    lr: float = 3e-3,
+) -> float:
+    """Fit the module's policy to the teacher's actions (cross-entropy per action entry:
+    the keep/change bit on every occupied slot, the config entries where the teacher set
+    one), and the critic to the teacher's discounted returns (squared error). Returns the
+    final loss."""
+    obs = torch.from_numpy(demos[0]).float()
+    actions = torch.from_numpy(demos[1]).long().reshape(len(obs), -1, len(ACTION_DIMS))
+    decided = torch.from_numpy(demos[2]).float()
+    returns = torch.from_numpy(demos[3]).float()
+    scale = float(returns.var()) + 1e-6 if len(returns) > 1 else 1.0
+    occupied = obs[:, GLOBAL_FEATURES:].reshape(len(obs), -1, SLOT_FEATURES)[:, :, 0]
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    loss_value = math.nan
+    for _ in range(epochs):
+        order = torch.randperm(len(obs), generator=generator)
+        for start in range(0, len(obs), 256):
+            idx = order[start : start + 256]
+            out = module._forward({Columns.OBS: obs[idx]})[Columns.ACTION_DIST_INPUTS]
+            values = module.compute_values({Columns.OBS: obs[idx]})
+            parts = torch.split(out.reshape(len(idx), -1, N_LOGITS), list(ACTION_DIMS), dim=-1)
+            # The critic's loss in units of the returns' variance, next to cross-entropies.
+            loss = nn.functional.mse_loss(values, returns[idx]) / scale
+            for k, part in enumerate(parts):
+                ce = nn.functional.cross_entropy(
+                    part.reshape(-1, part.shape[-1]),
+                    actions[idx][:, :, k].reshape(-1),
+                    reduction="none",
+                ).reshape(len(idx), -1)
+                mask = occupied[idx] if k == len(ACTION_DIMS) - 1 else decided[idx]
+                loss = loss + (ce * mask).sum() / mask.sum().clamp(min=1.0)
+            optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+            loss_value = float(loss.detach())
+    return loss_value
+
+
+# -- training ------------------------------------------------------------------------
+
+
+def build_config(settings: PPOSettings) -> Any:
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.rl_module import RLModuleSpec
+    from ray.tune.registry import register_env
+
+    register_env(ENV_NAME, make_train_env)
+    return (
+        PPOConfig()  # type: ignore[no-untyped-call]
+        .environment(ENV_NAME, env_config=asdict(settings))
+        .framework("torch")
+        .env_runners(num_env_runners=0, num_envs_per_env_runner=1)
+        .learners(num_learners=0)
+        .rl_module(
+            rl_module_spec=RLModuleSpec(
+                module_class=SlotPolicyModule, model_config={"hidden": settings.hidden}
+            )
+        )
+        .training(
+            lr=settings.lr,
+            entropy_coeff=settings.entropy_coeff,
+            train_batch_size_per_learner=settings.train_batch,
+            minibatch_size=settings.minibatch,
+            num_epochs=settings.epochs,
+            gamma=settings.gamma,
+            vf_clip_param=100.0,
+        )
+        .debugging(seed=settings.seed, log_level="ERROR")
+        .reporting(metrics_num_episodes_for_smoothing=20)
+    )
+
+
+def train_ppo(
+    settings: PPOSettings,
+    out: str | Path,
+    *,
+    checkpoint_every: int = 5,
+    progress: Callable[[int, int, dict[str, float]], None] | None = None,
+) -> dict[str, Any]:
+    """Train and write checkpoints under ``out`` (``iter_NNNN`` every
+    ``checkpoint_every`` iterations and ``final``); returns a report."""
+    import ray
+
+    torch.set_num_threads(1)
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"settings": asdict(settings), "history": []}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        algo = build_config(settings).build_algo()
+        if settings.warm_start:
+            demos = _demonstrations(settings, settings.warm_start, settings.warm_start_episodes)
+            module = SlotPolicyModule(
+                observation_space=algo.get_module().observation_space,
+                action_space=algo.get_module().action_space,
+                model_config={"hidden": settings.hidden},
+            )
+            loss = behaviour_clone(
+                module, demos, epochs=settings.warm_start_epochs, seed=settings.seed
+            )
+            warm = out / "warm_start"
+            module.save_to_path(warm)
+            algo.restore_from_path(warm, component=str(MODULE_PATH))
+            report["warm_start"] = {
+                "teacher": settings.warm_start,
+                "samples": len(demos[0]),
+                "loss": loss,
+            }
+        for i in range(1, settings.iterations + 1):
+            result = algo.train()
+            runners = result.get("env_runners", {})
+            row = {
+                "iteration": i,
+                "episode_return_mean": float(runners.get("episode_return_mean", math.nan)),
+                "episode_len_mean": float(runners.get("episode_len_mean", math.nan)),
+                "env_steps": float(runners.get("num_env_steps_sampled_lifetime", math.nan)),
+                "time_s": time.perf_counter() - started,
+            }
+            report["history"].append(row)
+            if progress:
+                progress(i, settings.iterations, row)
+            if i % checkpoint_every == 0 and i < settings.iterations:
+                algo.save_to_path(out / f"iter_{i:04d}")
+        final = out / "final"
+        if final.exists():
+            shutil.rmtree(final)
+        algo.save_to_path(final)
+        algo.stop()
+    finally:
+        ray.shutdown()
+    report["checkpoint"] = str(final)
+    report["module"] = str(final / MODULE_PATH)
+    report["time_s"] = time.perf_counter() - started
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    return report
