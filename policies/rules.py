@@ -4,7 +4,9 @@ For every pending job, in queue order:
 
 1. **GPUs.** Its fair share of the free GPUs of the models it may use (free GPUs / jobs
    waiting for them), clamped to ``[min_gpus, max_gpus]``, rounded down to a power of
-   two (layouts and all-reduce rings like powers of two).
+   two (layouts and all-reduce rings like powers of two); doubled while no layout of
+   that many GPUs fits in memory (up to ``max_gpus`` and the free GPUs), so that a long
+   queue cannot shrink a big model's share below what it needs.
 2. **Precision.** The narrowest precision every candidate GPU model runs natively:
    bf16 if all have bf16 units, else fp16 (with dynamic loss scaling) if all have fast
    fp16, else fp32. Norms and optimizer state stay fp32.
@@ -124,7 +126,15 @@ def _choose(spec: JobSpec, candidates: _Candidates, waiting: int) -> PolicyChoic
         f"within [{spec.min_gpus}, {spec.max_gpus}]"
     )
     precision, why_precision = _precision(candidates.nodes)
-    layout, why_layout = _layout(spec, gpus, precision, candidates)
+    layout, why_layout, fits = _layout(spec, gpus, precision, candidates)
+    # A fair share too small for the model would keep it waiting for ever (and the
+    # queue with it): take the smallest power of two within its bounds that fits.
+    ceiling = min(spec.max_gpus, max(candidates.free_gpus, gpus))
+    while not fits and gpus * 2 <= ceiling:
+        gpus *= 2
+        layout, why_layout, fits = _layout(spec, gpus, precision, candidates)
+        if fits:
+            why_gpus += f"; raised to {gpus}, the fewest on which a layout fits"
     compression, why_compression = _compression(spec, gpus, candidates)
     config = JobConfig(layout=layout, precision=precision, compression=compression)
     return PolicyChoice(
@@ -153,9 +163,11 @@ def _precision(nodes: Sequence[NodeInfo]) -> tuple[PrecisionMap, str]:
 
 def _layout(
     spec: JobSpec, gpus: int, precision: PrecisionMap, candidates: _Candidates
-) -> tuple[Layout, str]:
+) -> tuple[Layout, str, bool]:
+    """The first layout of ``gpus`` ranks that fits the smallest candidate GPU, why, and
+    whether one fits (else plain data parallelism, which does not)."""
     if spec.model is None:
-        return Layout(world_size=gpus), f"dp={gpus} (opaque job: no model profile)"
+        return Layout(world_size=gpus), f"dp={gpus} (opaque job: no model profile)", True
     memory = candidates.min_memory_bytes * spec.gpu_milli / MILLI_PER_GPU
     tried: list[str] = []
     options: list[tuple[int, int]] = [(1, 1)]
@@ -183,15 +195,18 @@ def _layout(
             label = f"dp={layout.dp} tp={tp} pp={pp}{' +ckpt' if checkpointing else ''}"
             if estimate.fits(int(memory)):
                 skipped = f" (too big: {', '.join(tried)})" if tried else ""
-                return layout, (
+                return (
+                    layout,
                     f"{label}: {estimate.total_bytes / (1 << 30):.1f} GiB per rank fits "
-                    f"{memory / (1 << 30):.0f} GiB{skipped}"
+                    f"{memory / (1 << 30):.0f} GiB{skipped}",
+                    True,
                 )
             tried.append(label)
     layout = Layout(world_size=gpus)
     return (
         layout,
         f"no layout of {gpus} GPU(s) fits {memory / (1 << 30):.0f} GiB: {', '.join(tried)}",
+        False,
     )
 
 
