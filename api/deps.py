@@ -47,6 +47,9 @@ def _token(
         )
 
 
-SessionDep = Annotated[Session, Depends(_session)]
+# scope="function": the transaction commits before the response is sent, so a client
+# that got 201 reads its own write on the next request (FastAPI's default scope ends the
+# dependency after the response).
+SessionDep = Annotated[Session, Depends(_session, scope="function")]
 TelemetryDep = Annotated[str, Depends(_telemetry)]
 TokenDep = Depends(_token)
