@@ -42,9 +42,6 @@ from autotune.client import decisions_command, job_app, override_app  # noqa: E4
 app.add_typer(job_app, name="job", no_args_is_help=True)
 app.add_typer(override_app, name="override", no_args_is_help=True)
 app.command("decisions")(decisions_command)
-# Training for real through the executor (autotune/job_cli.py).
-job_app.command("run")(run_command)
-app.command("calibrate")(calibrate_command)
 
 
 def _register_learning() -> None:
@@ -74,6 +71,10 @@ def _user_errors(command: Callable[P, R]) -> Callable[P, R]:
 
     return wrapper
 
+
+# Training for real through the executor (autotune/job_cli.py).
+job_app.command("run")(_user_errors(run_command))
+app.command("calibrate")(calibrate_command)
 
 ConfigOption = Annotated[
     Path | None,

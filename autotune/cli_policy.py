@@ -15,6 +15,17 @@ __all__ = ["learned_policies", "train_policy", "tune_policy"]
 
 _err = Console(stderr=True)
 
+# Options train-policy and tune-policy share: where training episodes come from.
+TraceOption = Annotated[
+    Path | None,
+    typer.Option(help="Alibaba v2023 pod list to train on (default: synthetic jobs)."),
+]
+NodesOption = Annotated[Path | None, typer.Option(help="Alibaba node list (with --trace).")]
+TrainPodsOption = Annotated[
+    str, typer.Option(help="START:STOP pods (creation order) episodes are drawn from.")
+]
+WindowOption = Annotated[int, typer.Option(min=1, help="Consecutive pods per episode.")]
+
 
 def _fail(message: str) -> typer.Exit:
     sys.stderr.write(f"error: {message}\n")
@@ -33,15 +44,10 @@ def train_policy(
     out: Annotated[Path, typer.Option(help="Checkpoint folder to write.", show_default=False)],
     algo: Annotated[str, typer.Option(help="Algorithm (ppo).")] = "ppo",
     iterations: Annotated[int, typer.Option(min=1, help="Training iterations.")] = 50,
-    trace: Annotated[
-        Path | None,
-        typer.Option(help="Alibaba v2023 pod list to train on (default: synthetic jobs)."),
-    ] = None,
-    nodes: Annotated[Path | None, typer.Option(help="Alibaba node list (with --trace).")] = None,
-    train_pods: Annotated[
-        str, typer.Option(help="START:STOP pods (creation order) episodes are drawn from.")
-    ] = "1000:",
-    window: Annotated[int, typer.Option(min=1, help="Consecutive pods per episode.")] = 60,
+    trace: TraceOption = None,
+    nodes: NodesOption = None,
+    train_pods: TrainPodsOption = "1000:",
+    window: WindowOption = 60,
     pollux_workload: Annotated[
         list[Path] | None,
         typer.Option(help="Pollux workload CSV(s) to train on as well; repeat the option."),
@@ -198,15 +204,10 @@ def tune_policy(
     iterations: Annotated[int, typer.Option(min=1, help="Most PPO iterations per trial.")] = 8,
     grace: Annotated[int, typer.Option(min=1, help="ASHA's grace period (iterations).")] = 2,
     concurrent: Annotated[int, typer.Option(min=1, help="Trials at a time (1 CPU each).")] = 2,
-    trace: Annotated[
-        Path | None,
-        typer.Option(help="Alibaba v2023 pod list to train on (default: synthetic jobs)."),
-    ] = None,
-    nodes: Annotated[Path | None, typer.Option(help="Alibaba node list (with --trace).")] = None,
-    train_pods: Annotated[
-        str, typer.Option(help="START:STOP pods (creation order) episodes are drawn from.")
-    ] = "1000:",
-    window: Annotated[int, typer.Option(min=1, help="Consecutive pods per episode.")] = 60,
+    trace: TraceOption = None,
+    nodes: NodesOption = None,
+    train_pods: TrainPodsOption = "1000:",
+    window: WindowOption = 60,
     slots: Annotated[int, typer.Option(min=1, help="Job slots of the training env.")] = 16,
     interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 3600.0,
     max_steps: Annotated[int, typer.Option(min=1, help="Rounds per episode at most.")] = 128,

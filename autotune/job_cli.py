@@ -28,6 +28,20 @@ __all__ = ["calibrate_command", "parse_compression", "parse_precision", "run_com
 _err = Console(stderr=True)
 
 
+def _progress_bar(label: str, unit: str) -> Progress:
+    """A bar on stderr, when it is a terminal; tasks carry a ``note`` field."""
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        TextColumn(f"{{task.completed}}/{{task.total}} {unit}"),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+        console=_err,
+        transient=True,
+        disable=not _err.is_terminal,
+    )
+
+
 def parse_compression(text: str) -> CompressionSpec:
     """``none`` | ``topk:RATIO`` | ``int8`` | ``fp8`` | ``powersgd:RANK``."""
     kind, _, arg = text.partition(":")
@@ -122,32 +136,6 @@ def run_command(
 ) -> None:
     """Train one job with the given layout, compression and precision, and report loss,
     bytes sent against a dense all-reduce, step time and where each rank ran."""
-    try:
-        _run(**locals())
-    except InputError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        raise typer.Exit(code=2) from None
-
-
-def _run(
-    *,
-    task: str,
-    dp: int,
-    tp: int,
-    pp: int,
-    compression: str,
-    precision: str,
-    steps: int,
-    batch_size: int | None,
-    micro_batches: int,
-    activation_checkpointing: bool,
-    seed: int,
-    ray_address: str | None,
-    checkpoint_dir: Path | None,
-    checkpoint_every: int,
-    device: str,
-    as_json: bool,
-) -> None:
     import torch
 
     from autotune.executor.runner import ExecutorError, JobRunner, ensure_ray
@@ -173,21 +161,12 @@ def _run(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise InputError(f"--device {device!r}: use auto, cpu or cuda")
-    progress = Progress(
-        TextColumn("training"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} steps"),
-        TextColumn("{task.fields[loss]}"),
-        TimeElapsedColumn(),
-        console=_err,
-        transient=True,
-        disable=not _err.is_terminal,
-    )
-    bar = progress.add_task("train", total=steps, loss="")
+    progress = _progress_bar("training", "steps")
+    bar = progress.add_task("train", total=steps, note="")
 
     def on_step(_runner: Any, step: int, metrics: dict[str, Any]) -> None:
         loss = metrics.get("loss")
-        progress.update(bar, completed=step, loss=f"loss {loss:.4f}" if loss is not None else "")
+        progress.update(bar, completed=step, note=f"loss {loss:.4f}" if loss is not None else "")
 
     runner = JobRunner(
         task,
@@ -258,23 +237,15 @@ def calibrate_command(
     from autotune.settings import Settings
 
     target = out or Settings().data_dir / "calibration.json"
-    progress = Progress(
-        TextColumn("calibrating"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} {task.fields[what]}"),
-        TimeElapsedColumn(),
-        console=_err,
-        transient=True,
-        disable=not _err.is_terminal,
-    )
-    bar = progress.add_task("calibrate", total=len(GRID), what="")
+    progress = _progress_bar("calibrating", "configurations")
+    bar = progress.add_task("calibrate", total=len(GRID), note="")
     started = ensure_ray(ray_address, num_cpus=2)
     try:
         with progress:
             report = calibrate(
                 steps=steps,
                 seed=seed,
-                progress=lambda done, _total, what: progress.update(bar, completed=done, what=what),
+                progress=lambda done, _total, what: progress.update(bar, completed=done, note=what),
             )
     finally:
         if started:

@@ -6,14 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+import ray
+from ray.cluster_utils import Cluster
 
 from autotune.core import JobConfig, JobSpec, Layout, NodeInfo, Placement, RankSlot
 from autotune.executor.cluster import ray_nodes
 from autotune.executor.runner import ExecutorError, JobRunner, ensure_ray
 from autotune.planner import plan
-
-ray = pytest.importorskip("ray")
-from ray.cluster_utils import Cluster  # noqa: E402
 
 
 @pytest.fixture(scope="module")

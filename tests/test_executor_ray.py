@@ -9,12 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import ray
 
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.executor.parallel import ParallelError
 from autotune.executor.runner import JobResult, JobRunner, ensure_ray
-
-ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module", autouse=True)
