@@ -22,10 +22,11 @@ from autotune.api.routes import (
     overrides,
     policies,
 )
-from autotune.auth import TokenCheck
+from autotune.daemon.auth import TokenCheck
+from autotune.daemon.forecast import PersistenceForecaster
+from autotune.daemon.telemetry import TelemetrySource
 from autotune.db import Database
-from autotune.forecast import LoadForecaster, PersistenceForecaster
-from autotune.telemetry import TelemetrySource
+from autotune.interfaces import LoadForecaster
 
 __all__ = ["API_PREFIX", "create_app"]
 

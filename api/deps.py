@@ -9,7 +9,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from autotune.auth import TokenCheck
+from autotune.daemon.auth import TokenCheck
 from autotune.db import Database
 
 __all__ = ["SessionDep", "TelemetryDep", "TokenDep"]

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from autotune.daemon import TickReport
+from autotune.daemon.loop import TickReport
 from autotune.db import Database
 from autotune.db import repository as repo
 

@@ -1,7 +1,7 @@
 """autotune: an autotuner and scheduler daemon for distributed deep-learning training.
 
 Importing this package is cheap: it loads no Ray, RLlib or torch. The core types live in
-``autotune.core``, the Planner in ``autotune.planner``, the daemon in ``autotune.daemon``.
+``autotune.core``, the Planner in ``autotune.planner``, the daemon in ``autotune.daemon.loop``.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -86,7 +86,7 @@ class NodeInfo:
     node_id: str
     """Unique name of the node (the Alibaba trace's ``sn``, a Ray node id, a hostname)."""
     gpu_model: str
-    """Catalog name of the GPU model (``autotune.devices``); ``""`` for a CPU-only node."""
+    """Catalog name of the GPU model (``autotune.catalog.devices``); ``""`` for a CPU-only node."""
     gpu_count: int
     """GPUs on the node."""
     gpu_memory_bytes: int

@@ -6,7 +6,7 @@ chosen configs and current placements in; placements and reasons out. No I/O.
 How it works
 ------------
 1. **Feasibility.** For every job and GPU model: is the model allowed (``gpu_types``)
-   and does one rank fit its share of that GPU's memory (``autotune.memory``)? A job no
+   and does one rank fit its share of that GPU's memory (``autotune.perf.memory``)? A job no
    model can hold comes back unplaced with the reason; it is never placed.
 2. **Placement units.** Ranks that must share a node form a unit: the whole job when
    ``max_nodes == 1`` (a Kubernetes pod); otherwise blocks of consecutive ranks, a
@@ -53,8 +53,8 @@ import numpy.typing as npt
 from scipy.optimize import linear_sum_assignment
 
 from autotune.core import MILLI_PER_GPU, JobConfig, JobSpec, NodeInfo, Placement, RankSlot
-from autotune.memory import rank_memory
-from autotune.perfmodel import effective_peak_tflops
+from autotune.perf.memory import rank_memory
+from autotune.perf.model import effective_peak_tflops
 
 __all__ = [
     "UNPLACED_COST",

@@ -110,9 +110,9 @@ def periods(times: list[float], durations: list[float]) -> dict[str, float]:
 
 def prefill(db: Path, ticks: int, seed: int, **sim: float) -> None:
     """A decision log to page through: ``ticks`` ticks of the loop, in process."""
-    from autotune.daemon import Daemon
+    from autotune.daemon.loop import Daemon
     from autotune.db import Database, sqlite_url
-    from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+    from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
     from autotune.policies.rules import RulesPolicy
 
     database = Database(sqlite_url(db))

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from autotune import __version__
-from autotune.envs.alibaba import load_nodes, load_pods
+from autotune.envs.traces import load_nodes, load_pods
 from autotune.planner import PlanResult, first_fit, plan, verify_placements
 
 POD_FILES = ("default", "gpushare40", "gpuspec33", "multigpu20")

@@ -14,8 +14,8 @@ import time
 
 import numpy as np
 
+from autotune.catalog.devices import node_info
 from autotune.core import JobSpec
-from autotune.devices import node_info
 from autotune.planner import plan
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from autotune.envs.cluster_env import ClusterEnv
-from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
 from autotune.policies.serving import LearnedPolicy, PPOSimPolicy
 
 

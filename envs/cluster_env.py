@@ -55,9 +55,9 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from autotune.catalog.devices import node_info
 from autotune.core import NodeInfo
-from autotune.devices import node_info
-from autotune.envs.simulated import default_nodes
+from autotune.envs.sim_backend import default_nodes
 from autotune.envs.simulator import (
     BATCH_SCALES,
     COMPRESSIONS,

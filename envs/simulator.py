@@ -1,6 +1,6 @@
 """Discrete-time cluster simulator: jobs arrive, queue, run under a config and finish.
 
-The physics is ``autotune.perfmodel``: a running job progresses at its goodput
+The physics is ``autotune.perf.model``: a running job progresses at its goodput
 (samples/s x statistical efficiency) and finishes when it has done its work, counted in
 samples at statistical efficiency 1. Every decision round (``advance``), each job may
 get a new config (``Choice``); changing it costs a restart (checkpoint, tear down,
@@ -24,10 +24,10 @@ from typing import Final, Literal
 
 import numpy as np
 
+from autotune.catalog.devices import device
 from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, NodeInfo, PrecisionMap
-from autotune.devices import device
-from autotune.perfmodel import Coefficients, Estimate, Shape, estimate
-from autotune.stragglers import median_cv, sample_cv
+from autotune.perf.model import Coefficients, Estimate, Shape, estimate
+from autotune.perf.stragglers import median_cv, sample_cv
 
 __all__ = [
     "BATCH_SCALES",

@@ -14,11 +14,11 @@ from typing import Final
 
 import numpy as np
 
+from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.envs.simulator import Job
 from autotune.envs.traces import TraceJob
-from autotune.models import MODEL_CATALOG
-from autotune.perfmodel import DEFAULT_COEFFICIENTS
-from autotune.pollux import APPS, coefficients, max_local_batch, target_samples
+from autotune.perf.model import DEFAULT_COEFFICIENTS
+from autotune.perf.pollux import APPS, coefficients, max_local_batch, target_samples
 
 __all__ = ["ELASTIC_FACTOR", "jobs_from_trace", "synthetic_jobs"]
 

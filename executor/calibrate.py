@@ -13,10 +13,9 @@ a fit without it). The profile is saved as JSON; ``load_profile`` gives back the
 from __future__ import annotations
 
 import json
-import math
 import platform
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -24,21 +23,22 @@ from typing import Any
 
 import numpy as np
 
+from autotune.catalog.devices import DeviceSpec, device
+from autotune.catalog.tasks import BUILTIN_TASKS, GPTConfig
 from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
-from autotune.devices import DeviceSpec, device
-from autotune.perfmodel import Coefficients, Shape, step_time
+from autotune.perf.fit import Parameter, fit_bounded, mape
+from autotune.perf.model import Coefficients, Shape, step_time
 
 __all__ = [
     "GRID",
     "Measurement",
     "calibrate",
     "fit_profile",
-    "gpt_char_profile",
     "load_profile",
 ]
 
 TASK = "gpt-char"
-BATCH = 16
+BATCH = GPTConfig().batch_size
 
 
 def _config(
@@ -86,45 +86,16 @@ def describe(config: JobConfig) -> str:
     return f"{text} {config.precision.ffn}"
 
 
-def gpt_char_profile() -> ModelProfile:
-    """``gpt-char``'s shape for the performance model: FLOPs as 6 x parameters x tokens
-    plus attention's 12 x layers x context^2 x width (PaLM appendix B)."""
-    from autotune.executor.tasks import GPTConfig
-
-    c = GPTConfig()
-    per_block = (
-        4 * (c.width * c.width + c.width) + 2 * c.width * 4 * c.width + 5 * c.width + 4 * c.width
-    )
-    parameters = (
-        c.vocab * c.width
-        + c.context * c.width
-        + c.layers * per_block
-        + 2 * c.width
-        + c.width * c.vocab
-    )
-    flops = 6 * parameters * c.context + 12 * c.layers * c.context**2 * c.width
-    return ModelProfile(
-        name=TASK,
-        parameters=parameters,
-        flops_per_sample=float(flops),
-        activation_bytes_per_sample=float(34 * c.context * c.width * c.layers * 2),
-        num_layers=c.layers,
-        hidden_size=c.width,
-        seq_len=c.context,
-        reference_batch=BATCH,
-    )
-
-
-# Free parameters: (name, lower, upper); all fitted in log space. One rank is one core
-# on CPU: 0.5 TFLOP/s is above any core's fp32 peak (2 AVX-512 FMA x 16 lanes x 2 FLOP x
-# 4 GHz = 0.26), so the bound only keeps the fit physical.
-_FREE: tuple[tuple[str, float, float], ...] = (
-    ("peak_fp32_tflops", 1e-4, 0.5),
-    ("bf16_speed", 0.05, 4.0),
-    ("compute_overhead_s", 1e-5, 1.0),
-    ("intra_latency_s", 1e-7, 0.1),
-    ("intra_bw_efficiency", 1e-3, 1.0),
-    ("overlap_gamma", 1.0, 10.0),
+# Free parameters, all fitted on a log scale. One rank is one core on CPU: 0.5 TFLOP/s is
+# above any core's fp32 peak (2 AVX-512 FMA x 16 lanes x 2 FLOP x 4 GHz = 0.26), so the
+# bound only keeps the fit physical.
+_FREE: tuple[Parameter, ...] = (
+    Parameter(name="peak_fp32_tflops", start=0.05, low=1e-4, high=0.5),
+    Parameter(name="bf16_speed", start=1.0, low=0.05, high=4.0),
+    Parameter(name="compute_overhead_s", start=0.01, low=1e-5, high=1.0),
+    Parameter(name="intra_latency_s", start=1e-4, low=1e-7, high=0.1),
+    Parameter(name="intra_bw_efficiency", start=0.1, low=1e-3, high=1.0),
+    Parameter(name="overlap_gamma", start=1.5, low=1.0, high=10.0),
 )
 
 
@@ -133,13 +104,10 @@ def _device(base: DeviceSpec, peak: float, bf16_speed: float) -> DeviceSpec:
     return replace(base, name=f"{base.name}-calibrated", peak_tflops=MappingProxyType(tflops))
 
 
-def _decode(theta: np.ndarray, base: DeviceSpec) -> tuple[DeviceSpec, Coefficients]:
-    values = {
-        name: float(min(max(math.exp(x), low), high))
-        for (name, low, high), x in zip(_FREE, theta, strict=True)
-    }
-    spec = _device(base, values.pop("peak_fp32_tflops"), values.pop("bf16_speed"))
-    return spec, Coefficients(mfu=1.0, **values)
+def _split(values: Mapping[str, float], base: DeviceSpec) -> tuple[DeviceSpec, Coefficients]:
+    rest = dict(values)
+    spec = _device(base, rest.pop("peak_fp32_tflops"), rest.pop("bf16_speed"))
+    return spec, Coefficients(mfu=1.0, **rest)
 
 
 def _predict(
@@ -165,33 +133,13 @@ def fit_profile(
     profile: ModelProfile, rows: Sequence[Measurement], base: DeviceSpec
 ) -> tuple[DeviceSpec, Coefficients]:
     """Least squares on log step time from the catalog device and literature defaults."""
-    from scipy.optimize import least_squares
-
     measured = np.log([m.step_time_s for m in rows])
-    start = {
-        "peak_fp32_tflops": 0.05,
-        "bf16_speed": 1.0,
-        "compute_overhead_s": 0.01,
-        "intra_latency_s": 1e-4,
-        "intra_bw_efficiency": 0.1,
-        "overlap_gamma": 1.5,
-    }
-    theta0 = np.log([start[name] for name, _, _ in _FREE])
-    lower = np.log([low for _, low, _ in _FREE])
-    upper = np.log([high for _, _, high in _FREE])
-    theta0 = np.clip(theta0, lower + 1e-9, upper - 1e-9)
 
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        spec, coeffs = _decode(theta, base)
-        errors: np.ndarray = np.log(_predict(profile, rows, spec, coeffs)) - measured
+    def residuals(values: Mapping[str, float]) -> np.ndarray:
+        errors: np.ndarray = np.log(_predict(profile, rows, *_split(values, base))) - measured
         return errors
 
-    result = least_squares(residuals, theta0, bounds=(lower, upper), loss="soft_l1")
-    return _decode(result.x, base)
-
-
-def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
-    return float(np.mean(np.abs(predicted - measured) / measured))
+    return _split(fit_bounded(_FREE, residuals), base)
 
 
 def measure(config: JobConfig, *, steps: int, seed: int = 0, warmup: int = 2) -> Measurement:
@@ -210,7 +158,7 @@ def calibrate(
     progress: Callable[[int, int, str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure ``grid``, fit, and report (Ray must be connected)."""
-    profile = gpt_char_profile()
+    profile = BUILTIN_TASKS[TASK].profile
     base = device("CPU")
     rows = []
     for i, config in enumerate(grid):
@@ -253,8 +201,8 @@ def calibrate(
             }
             for m, p, h in zip(rows, predicted, held, strict=True)
         ],
-        "mape_step_time": round(_mape(predicted, measured), 4),
-        "mape_step_time_held_out": round(_mape(held, measured), 4),
+        "mape_step_time": round(mape(predicted, measured), 4),
+        "mape_step_time_held_out": round(mape(held, measured), 4),
         "target_mape": 0.15,
     }
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.catalog.devices import CATALOG, node_info
 from autotune.core import NodeInfo
-from autotune.devices import CATALOG, node_info
 
 __all__ = ["ray_nodes"]
 

@@ -23,7 +23,6 @@ import math
 import sys
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol, cast, runtime_checkable
@@ -32,10 +31,10 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from autotune.catalog.tasks import BUILTIN_TASKS, GPTConfig, MLPConfig
 from autotune.errors import InputError
 
 __all__ = [
-    "BUILTIN_TASKS",
     "GPTChar",
     "MLPSynthetic",
     "TaskError",
@@ -141,15 +140,6 @@ class Block(nn.Module):
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class GPTConfig:
-    vocab: int = 256
-    context: int = 64
-    layers: int = 4
-    width: int = 128
-    heads: int = 4
-
-
 class GPT(nn.Module):
     """nanoGPT's shape without dropout or weight tying (so stages own disjoint weights)."""
 
@@ -187,9 +177,9 @@ class GPTChar:
 
     name = "gpt-char"
 
-    def __init__(self, *, batch_size: int = 16, config: GPTConfig | None = None) -> None:
-        self.batch_size = batch_size
+    def __init__(self, *, batch_size: int | None = None, config: GPTConfig | None = None) -> None:
         self.config = config or GPTConfig()
+        self.batch_size = self.config.batch_size if batch_size is None else batch_size
         self.learning_rate = 3e-3
 
     def build_model(self) -> nn.Module:
@@ -256,19 +246,20 @@ class MLPSynthetic:
     def __init__(
         self,
         *,
-        batch_size: int = 64,
-        features: int = 32,
-        hidden: int = 64,
-        depth: int = 4,
-        classes: int = 10,
+        batch_size: int | None = None,
+        config: MLPConfig | None = None,
         scale: float = 1.0,
     ) -> None:
-        self.batch_size = batch_size
-        self.features, self.hidden, self.depth, self.classes = features, hidden, depth, classes
+        c = config or MLPConfig()
+        self.batch_size = c.batch_size if batch_size is None else batch_size
+        self.features = c.features
+        self.hidden = c.hidden
+        self.depth = c.depth
+        self.classes = c.classes
         self.scale = scale
         self.learning_rate = 3e-3
         teacher = torch.Generator().manual_seed(12345)
-        self._teacher = torch.randn(features, classes, generator=teacher)
+        self._teacher = torch.randn(c.features, c.classes, generator=teacher)
 
     def build_model(self) -> nn.Module:
         return MLPNet(self.features, self.hidden, self.depth, self.classes)
@@ -288,19 +279,20 @@ class MLPSynthetic:
         return F.cross_entropy(model(inputs).float(), targets)
 
 
-BUILTIN_TASKS: dict[str, type] = {"gpt-char": GPTChar, "mlp-synthetic": MLPSynthetic}
-
-
 # --------------------------------------------------------------------------------------
 # Loading by name
 # --------------------------------------------------------------------------------------
+
+
+def _trainable() -> list[str]:
+    return [name for name, task in BUILTIN_TASKS.items() if task.trainer is not None]
 
 
 def _import_target(spec: str) -> Any:
     where, _, attr = spec.rpartition(":")
     if not where or not attr:
         raise TaskError(
-            f"task {spec!r}: expected a built-in name ({', '.join(BUILTIN_TASKS)}), "
+            f"task {spec!r}: expected a built-in name ({', '.join(_trainable())}), "
             "'path/to/file.py:ClassName' or 'package.module:ClassName'"
         )
     try:
@@ -329,7 +321,16 @@ def _import_target(spec: str) -> Any:
 
 def load_task(spec: str, *, batch_size: int | None = None) -> TrainingTask:
     """The task named ``spec``, with its global batch set to ``batch_size`` if given."""
-    target = BUILTIN_TASKS.get(spec) or _import_target(spec)
+    builtin = BUILTIN_TASKS.get(spec)
+    if builtin is None:
+        target = _import_target(spec)
+    elif builtin.trainer is None:
+        raise TaskError(
+            f"task {spec!r}: a catalog model the simulator runs, with no model the executor "
+            f"can build; built-in tasks it trains: {', '.join(_trainable())}"
+        )
+    else:
+        target = _import_target(builtin.trainer)
     try:
         task = target() if isinstance(target, type) or callable(target) else target
     except Exception as exc:

@@ -30,7 +30,7 @@ from typing import Final, Protocol
 
 import numpy as np
 
-from autotune.devices import device
+from autotune.catalog.devices import device
 from autotune.envs.cluster_env import ACTION_DIMS, ClusterEnv, encode_choice
 from autotune.envs.simulator import (
     BATCH_SCALES,

@@ -41,7 +41,7 @@ __all__ = [
     "EnvForecast",
     "Forecaster",
     "ForecasterConfig",
-    "LoadForecaster",
+    "LoadLSTM",
     "default_checkpoint",
     "evaluate_series",
     "load_checkpoint",
@@ -96,7 +96,7 @@ def _n_static(config: ForecasterConfig) -> int:
     return 2 + len(config.horizons)
 
 
-class LoadForecaster(nn.Module):
+class LoadLSTM(nn.Module):
     """The network: an LSTM over the normalised window, its last state joined with the
     static features, an MLP head giving the normalised change at each horizon."""
 
@@ -147,12 +147,12 @@ def read_series(path: str | Path, column: str = "gpu_utilization") -> Series:
 
 
 class Forecaster:
-    """A trained ``LoadForecaster`` with the arithmetic around it: normalisation and
+    """A trained ``LoadLSTM`` with the arithmetic around it: normalisation and
     features in, levels out. Runs on CPU."""
 
-    def __init__(self, config: ForecasterConfig, model: LoadForecaster | None = None) -> None:
+    def __init__(self, config: ForecasterConfig, model: LoadLSTM | None = None) -> None:
         self.config = config
-        self.model = model or LoadForecaster(config)
+        self.model = model or LoadLSTM(config)
         self.model.eval()
 
     # -- features ---------------------------------------------------------------------
@@ -353,7 +353,7 @@ def load_checkpoint(path: str | Path) -> Forecaster:
     try:
         config = ForecasterConfig.from_json(json.loads((path / "config.json").read_text()))
         state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-        model = LoadForecaster(config)
+        model = LoadLSTM(config)
         model.load_state_dict(state)
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as exc:
         raise InputError(f"not a forecaster checkpoint: {exc}", path=str(path)) from None

@@ -165,10 +165,10 @@ class PPOSettings:
 
 def _trace(source: TraceSource) -> tuple[list[Any], list[Any]]:
     """The nodes and the trace jobs of a source."""
-    from autotune.devices import node_info
+    from autotune.catalog.devices import node_info
     from autotune.envs import traces
-    from autotune.envs.alibaba import load_nodes
-    from autotune.pollux import POLLUX_INTER_NODE_GBPS
+    from autotune.envs.traces import load_nodes
+    from autotune.perf.pollux import POLLUX_INTER_NODE_GBPS
 
     if source.kind == "alibaba":
         if source.nodes is None:

@@ -13,7 +13,7 @@ For every pending job, in queue order:
 3. **Layout.** The first of: data parallel; data parallel with activation
    checkpointing; tensor parallel 2, 4, 8 within a node (with and without
    checkpointing); then pipeline stages; whose rank fits the smallest candidate GPU
-   (``autotune.memory``). Pipelines run ``2 x pp`` micro-batches (bubble <= 1/3).
+   (``autotune.perf.memory``). Pipelines run ``2 x pp`` micro-batches (bubble <= 1/3).
 4. **Compression.** int8 blockwise quantisation when the job cannot fit in one node of
    its candidates (its all-reduce then crosses the network, 4x fewer bytes) and has more
    than 100 M parameters; otherwise none.
@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from autotune import __version__
-from autotune.backend import ClusterSnapshot, PolicyChoice
 from autotune.core import (
     MILLI_PER_GPU,
     CompressionSpec,
@@ -38,7 +37,8 @@ from autotune.core import (
     Precision,
     PrecisionMap,
 )
-from autotune.memory import rank_memory
+from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.perf.memory import rank_memory
 
 __all__ = ["RulesPolicy"]
 

@@ -25,9 +25,9 @@ from typing import Any, Final
 import numpy as np
 
 from autotune import __version__
-from autotune.backend import ClusterSnapshot, JobStatus, PolicyChoice
+from autotune.catalog.devices import device
 from autotune.core import JobConfig, JobSpec, NodeInfo
-from autotune.devices import device
+from autotune.daemon.log import event
 from autotune.envs.cluster_env import (
     ACTION_DIMS,
     GLOBAL_FEATURES,
@@ -47,8 +47,8 @@ from autotune.envs.simulator import (
     job_config,
 )
 from autotune.errors import InputError
-from autotune.log import event
-from autotune.perfmodel import DEFAULT_COEFFICIENTS
+from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+from autotune.perf.model import DEFAULT_COEFFICIENTS
 
 __all__ = [
     "IncompatiblePolicyError",

@@ -12,7 +12,7 @@ from helpers import autotune_command
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.envs.alibaba import load_nodes, load_pods
+from autotune.envs.traces import load_nodes, load_pods
 from autotune.planner import first_fit, verify_placements
 
 runner = CliRunner()

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 from autotune.api.app import create_app
 from autotune.core import utc_now
-from autotune.daemon import Daemon
+from autotune.daemon.loop import Daemon
 from autotune.db import Database
-from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
 from autotune.policies.rules import RulesPolicy
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from autotune.api.app import create_app
-from autotune.auth import TokenCheck, hash_token
+from autotune.daemon.auth import TokenCheck, hash_token
 from autotune.db import Database
 
 TOKEN = "commit-order-token"

@@ -18,11 +18,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from autotune.api.app import create_app
-from autotune.auth import TokenCheck, ensure_token, hash_token
-from autotune.daemon import Daemon
+from autotune.daemon.auth import TokenCheck, ensure_token, hash_token
+from autotune.daemon.forecast import PersistenceForecaster, forecast_series
+from autotune.daemon.loop import Daemon
 from autotune.db import Database
-from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
-from autotune.forecast import PersistenceForecaster, forecast_series
+from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
 from autotune.policies.rules import RulesPolicy
 
 TOKEN = "test-token-0123456789"
@@ -367,7 +367,7 @@ def test_readiness_needs_the_database_and_a_policy(service: Service, tmp_path: P
 
 
 def test_cluster_names_its_telemetry_sources(service: Service) -> None:
-    from autotune.telemetry import PsutilTelemetry
+    from autotune.daemon.telemetry import PsutilTelemetry
 
     service.app.state.host_telemetry = (PsutilTelemetry(),)
     cluster = service.client.get("/api/v1/cluster").json()

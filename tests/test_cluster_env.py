@@ -13,11 +13,11 @@ from gymnasium.utils.env_checker import check_env
 from helpers import autotune_command
 
 import autotune.envs  # noqa: F401 - registers the environments
+from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.envs.cluster_env import ClusterEnv, small_nodes
 from autotune.envs.simulator import Choice, ClusterSimulator, Job, SimConfig
 from autotune.envs.workloads import synthetic_jobs
-from autotune.models import MODEL_CATALOG
-from autotune.perfmodel import DEFAULT_COEFFICIENTS
+from autotune.perf.model import DEFAULT_COEFFICIENTS
 from autotune.policies.baselines import BASELINES, make_policy
 from autotune.policies.evaluate import METRICS, evaluate, run_episode
 
@@ -204,7 +204,7 @@ def test_eval_command_rejects_two_traces(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_eval_on_pollux_workload_6(pollux_dir: Path) -> None:
-    from autotune.devices import node_info
+    from autotune.catalog.devices import node_info
     from autotune.envs.traces import pollux_workload
     from autotune.envs.workloads import jobs_from_trace
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from helpers import autotune_command
 
-from autotune.backend import ClusterSnapshot
 from autotune.core import Decision
-from autotune.daemon import Daemon
+from autotune.daemon.loop import Daemon
 from autotune.db import Database
 from autotune.db import repository as repo
-from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+from autotune.interfaces import ClusterSnapshot
 from autotune.planner import verify_placements
 from autotune.policies.rules import RulesPolicy
 

@@ -10,17 +10,17 @@ import numpy as np
 import pytest
 from helpers import autotune_command
 
-from autotune.devices import device
+from autotune.catalog.devices import device
+from autotune.catalog.tasks import BUILTIN_TASKS
 from autotune.executor.calibrate import (
     GRID,
     Measurement,
     _device,
     _predict,
     fit_profile,
-    gpt_char_profile,
     load_profile,
 )
-from autotune.perfmodel import Coefficients
+from autotune.perf.model import Coefficients
 
 
 def test_grid_spans_layouts_compression_and_precision() -> None:
@@ -36,7 +36,7 @@ def test_grid_spans_layouts_compression_and_precision() -> None:
 
 
 def test_fit_recovers_step_times_of_a_known_machine() -> None:
-    profile = gpt_char_profile()
+    profile = BUILTIN_TASKS["gpt-char"].profile
     base = device("CPU")
     truth_spec = _device(base, 0.05, 0.6)
     truth = Coefficients(

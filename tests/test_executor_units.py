@@ -12,6 +12,7 @@ import torch
 from helpers import autotune_command
 from torch import nn
 
+from autotune.cli.executor import parse_compression, parse_precision
 from autotune.core import CompressionSpec, PrecisionMap
 from autotune.errors import InputError
 from autotune.executor.parallel import (
@@ -23,7 +24,6 @@ from autotune.executor.parallel import (
 )
 from autotune.executor.precision import LossScaler, PrecisionController, classify_modules
 from autotune.executor.tasks import GPTChar, MLPSynthetic, TaskError, load_task
-from autotune.job_cli import parse_compression, parse_precision
 
 # ----------------------------------------------------------------------------- tasks
 

@@ -15,7 +15,7 @@ from helpers import autotune_command
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.envs.cluster_env import ACTION_DIMS, ClusterEnv
-from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
 from autotune.planner import verify_placements
 from autotune.policies.evaluate import run_episode
 from autotune.policies.ppo import MODULE_PATH, SlotPolicyModule
@@ -117,7 +117,7 @@ def _incompatible_module(path: Path) -> Path:
 
 
 def _fallback_ticks(database: Database, policy: LearnedPolicy, ticks: int = 3) -> list:  # type: ignore[type-arg]
-    from autotune.daemon import Daemon
+    from autotune.daemon.loop import Daemon
 
     backend = SimulatedCluster(SimulatedClusterConfig(seed=0))
     daemon = Daemon(db=database, backend=backend, policy=policy)
@@ -183,7 +183,7 @@ def test_daemon_decides_with_the_learned_policy(trained: Path, database: Databas
     policy = LearnedPolicy(trained)
     assert policy.server is not None
     backend = SimulatedCluster(SimulatedClusterConfig(seed=0))
-    from autotune.daemon import Daemon
+    from autotune.daemon.loop import Daemon
 
     daemon = Daemon(db=database, backend=backend, policy=policy)
     daemon.start()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import JobConfig, Layout, ModelProfile, PrecisionMap
-from autotune.memory import rank_memory
-from autotune.models import MODEL_CATALOG
+from autotune.perf.memory import rank_memory
 
 GIB = 1 << 30
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from autotune.catalog.profiles import MODEL_CATALOG
+from autotune.catalog.tasks import BUILTIN_TASKS, resolve_task
 from autotune.core import CompressionSpec, JobConfig, JobSpec, Layout, PrecisionMap
-from autotune.envs.simulated import default_nodes
-from autotune.models import MODEL_CATALOG
-from autotune.overrides import check_override, pinned_config, pinned_placement
-from autotune.tasks import BUILTIN_TASKS, resolve_task
-from autotune.telemetry import CachedSource, NvmlTelemetry, PsutilTelemetry, host_sources
+from autotune.daemon.overrides import check_override, pinned_config, pinned_placement
+from autotune.daemon.telemetry import CachedSource, NvmlTelemetry, PsutilTelemetry, host_sources
+from autotune.envs.sim_backend import default_nodes
 
 BASE = JobConfig(
     layout=Layout(world_size=4, tp=2),
@@ -90,9 +90,9 @@ def test_check_override_uses_the_planners_memory_and_type_checks() -> None:
 
 
 def test_tasks_are_built_in_or_on_the_allow_list_and_never_paths() -> None:
-    assert resolve_task("gpt-char", []).model is BUILTIN_TASKS["gpt-char"]
+    assert resolve_task("gpt-char", []).model is BUILTIN_TASKS["gpt-char"].profile
     # the executor's gpt-char: 4 blocks of width 128 over a 256-byte vocabulary
-    assert BUILTIN_TASKS["gpt-char"].parameters == pytest.approx(0.87e6, rel=0.05)
+    assert BUILTIN_TASKS["gpt-char"].profile.parameters == pytest.approx(0.87e6, rel=0.05)
     module_task = resolve_task("lab.tasks.vision:ResNet", ["lab.tasks"])
     assert module_task.model is None
     assert not module_task.builtin
@@ -126,7 +126,7 @@ def test_a_failing_source_reports_the_error_instead_of_raising() -> None:
 def test_ray_state_telemetry_reads_an_attached_cluster() -> None:
     import ray
 
-    from autotune.telemetry import RayStateTelemetry
+    from autotune.daemon.telemetry import RayStateTelemetry
 
     context = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:

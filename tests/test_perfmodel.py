@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
-from autotune.models import MODEL_CATALOG
-from autotune.perfmodel import (
+from autotune.perf.model import (
     Coefficients,
     Shape,
     batch_efficiency,
@@ -20,7 +20,7 @@ from autotune.perfmodel import (
     ring_allreduce_s,
     step_time,
 )
-from autotune.stragglers import derive, job_cvs
+from autotune.perf.stragglers import derive, job_cvs
 
 GPT = MODEL_CATALOG["gpt-350m"]
 

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from autotune.catalog.devices import node_info
+from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import JobConfig, JobSpec, Layout, NodeInfo, Placement, PrecisionMap, RankSlot
-from autotune.devices import node_info
-from autotune.memory import rank_memory
-from autotune.models import MODEL_CATALOG
-from autotune.perfmodel import effective_peak_tflops
+from autotune.perf.memory import rank_memory
+from autotune.perf.model import effective_peak_tflops
 from autotune.planner import UNPLACED_COST, CostWeights, first_fit, plan
 
 MODELS = ("A100", "T4", "V100M32")

@@ -10,7 +10,14 @@ import pytest
 from helpers import autotune_command
 
 from autotune.errors import InputError
-from autotune.pollux import APPS, POLLUX_APPS, calibrate, coefficients, target_samples, validate
+from autotune.perf.pollux import (
+    APPS,
+    POLLUX_APPS,
+    calibrate,
+    coefficients,
+    target_samples,
+    validate,
+)
 
 
 def test_validate_reports_held_out_error(pollux_dir: Path) -> None:

@@ -3,11 +3,11 @@ raised to the fewest GPUs on which it fits, so the queue cannot starve."""
 
 from __future__ import annotations
 
-from autotune.backend import ClusterSnapshot, JobStatus
+from autotune.catalog.devices import node_info
+from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import JobSpec
-from autotune.devices import node_info
-from autotune.memory import rank_memory
-from autotune.models import MODEL_CATALOG
+from autotune.interfaces import ClusterSnapshot, JobStatus
+from autotune.perf.memory import rank_memory
 from autotune.policies.rules import RulesPolicy
 
 

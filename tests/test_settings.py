@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from autotune.daemon.settings import load_settings
 from autotune.errors import InputError
-from autotune.settings import load_settings
 
 
 def test_precedence_defaults_toml_env_overrides(

@@ -11,11 +11,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect, text
 
+from autotune.catalog.devices import node_info
 from autotune.core import Decision, JobConfig, JobSpec, Placement, RankSlot, utc_now
 from autotune.db import Database, sqlite_url
 from autotune.db import repository as repo
-from autotune.db.models import Base
-from autotune.devices import node_info
+from autotune.db.tables import Base
 from autotune.errors import InputError
 from autotune.serde import to_json
 
@@ -243,8 +243,8 @@ def test_overrides_cancellation_and_tokens_round_trip(any_database: Database) ->
 
 
 def test_the_daemon_decides_and_resumes_on_either_database(any_database: Database) -> None:
-    from autotune.daemon import Daemon
-    from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+    from autotune.daemon.loop import Daemon
+    from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
     from autotune.policies.rules import RulesPolicy
 
     database = any_database

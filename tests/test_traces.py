@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autotune.envs.alibaba import load_pods
+from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.envs.traces import (
     MODEL_TIERS,
     POLLUX_APPLICATIONS,
@@ -22,11 +22,11 @@ from autotune.envs.traces import (
     alibaba_jobs,
     assign_model,
     helios_load,
+    load_pods,
     philly_jobs,
     pollux_workload,
 )
 from autotune.errors import InputError
-from autotune.models import MODEL_CATALOG
 
 POD_HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"

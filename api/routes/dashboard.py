@@ -12,8 +12,9 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
 
 from autotune.api.deps import SessionDep
+from autotune.daemon.forecast import forecast_series
 from autotune.db import repository as repo
-from autotune.forecast import LoadForecaster, forecast_series
+from autotune.interfaces import LoadForecaster
 
 router = APIRouter(tags=["dashboard"])
 

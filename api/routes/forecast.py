@@ -6,8 +6,9 @@ from fastapi import APIRouter, Query, Request
 
 from autotune.api.deps import SessionDep
 from autotune.api.schemas import ForecastPoint, ForecastPublic
+from autotune.daemon.forecast import forecast_series
 from autotune.db import repository as repo
-from autotune.forecast import LoadForecaster, forecast_series
+from autotune.interfaces import LoadForecaster
 
 router = APIRouter(prefix="/forecast", tags=["forecast"])
 

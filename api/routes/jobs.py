@@ -7,10 +7,10 @@ from fastapi import APIRouter, HTTPException, Query, Request
 
 from autotune.api.deps import SessionDep, TokenDep
 from autotune.api.schemas import JobCreate, JobPublic, JobsPublic
+from autotune.catalog.tasks import resolve_task
 from autotune.core import JobSpec
 from autotune.db import repository as repo
 from autotune.serde import to_json
-from autotune.tasks import resolve_task
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

@@ -9,8 +9,8 @@ from autotune.api.deps import SessionDep, TokenDep
 from autotune.api.routes.jobs import unprocessable
 from autotune.api.schemas import OverrideCreate, OverridePublic, OverridesPublic
 from autotune.core import JobConfig, utc_now
+from autotune.daemon.overrides import PIN_KEYS, check_override
 from autotune.db import repository as repo
-from autotune.overrides import PIN_KEYS, check_override
 
 router = APIRouter(prefix="/overrides", tags=["overrides"])
 

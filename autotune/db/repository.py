@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from autotune.core import Decision, JobConfig, JobSpec, NodeInfo, Placement, utc_now
-from autotune.db.models import (
+from autotune.db.tables import (
     ApiTokenRow,
     DecisionRow,
     JobRow,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from autotune.db.models import Base
+from autotune.db.tables import Base
 
 connection = context.config.attributes.get("connection")
 if connection is None:

@@ -33,7 +33,7 @@ from autotune.core import (
     PrecisionMap,
     RankSlot,
 )
-from autotune.memory import rank_memory
+from autotune.perf.memory import rank_memory
 from autotune.planner import plan, verify_placements
 
 __all__ = ["PIN_KEYS", "check_override", "pinned_config", "pinned_placement"]

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
-from autotune.log import event
+from autotune.daemon.log import event
 
 __all__ = [
     "CachedSource",

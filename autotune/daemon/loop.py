@@ -20,7 +20,13 @@ from typing import Any
 import uvicorn
 from sqlalchemy.orm import Session
 
-from autotune.backend import (
+from autotune.core import Decision, DecisionSource, JobConfig, Placement, utc_now
+from autotune.daemon.explain import explain_decision
+from autotune.daemon.log import event
+from autotune.daemon.overrides import pinned_config, pinned_placement
+from autotune.db import Database
+from autotune.db import repository as repo
+from autotune.interfaces import (
     Backend,
     ClusterSnapshot,
     JobControl,
@@ -29,13 +35,7 @@ from autotune.backend import (
     Policy,
     PolicyChoice,
 )
-from autotune.core import Decision, DecisionSource, JobConfig, Placement, utc_now
-from autotune.db import Database
-from autotune.db import repository as repo
-from autotune.explain import explain_decision
-from autotune.log import event
-from autotune.overrides import pinned_config, pinned_placement
-from autotune.perfmodel import batch_efficiency, compression_efficiency, precision_efficiency
+from autotune.perf.model import batch_efficiency, compression_efficiency, precision_efficiency
 from autotune.planner import plan
 
 __all__ = ["Daemon", "TickReport", "serve"]
@@ -505,7 +505,7 @@ def _measured(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
 
 def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
     """Each running job's goodput: measured samples/s times the statistical efficiency
-    of its batch, compression and precision (``autotune.perfmodel``)."""
+    of its batch, compression and precision (``autotune.perf.model``)."""
     values: list[tuple[str, float, str | None]] = []
     for job in snapshot.by_state("running"):
         if job.config is None:

@@ -8,21 +8,35 @@ stands for creation order and no pod has a GPU-type constraint. ``.csv`` or ``.c
 A pod becomes a ``JobSpec`` that must stay on one node (``max_nodes=1``) and asks for
 ``num_gpu`` GPUs at ``gpu_milli`` each; ``gpu_spec`` (models joined by ``|``) becomes
 ``gpu_types``.
+
+As jobs to replay (``alibaba_jobs``), a pod list needs its times:
+``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,
+deletion_time,scheduled_time``, times in seconds. Each GPU pod is one job that stays on
+one node (``max_nodes=1``), submitted at ``creation_time`` and lasting its lifetime in the
+trace, ``deletion_time - creation_time`` (which includes any wait for a node, and covers
+pods that failed or were still pending when deleted). A pod that shares a GPU
+(``gpu_milli`` below 1000) becomes a 1-GPU job: replay hands out whole GPUs. ``gpu_spec``
+(models joined by ``|``) becomes ``gpu_types``. CPU-only pods are skipped, and so are pods
+deleted the second they were created (they never held a GPU). Upstream's multi-GPU
+resampling keeps only the first five columns; without creation and deletion times it
+cannot be replayed, and loading it as jobs is an error (``load_pods`` still
+plans it as a snapshot).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
+from autotune.catalog.devices import CATALOG, node_info
 from autotune.core import MILLI_PER_GPU, JobSpec, NodeInfo
-from autotune.devices import CATALOG, node_info
+from autotune.csvfile import floats, integers, read_csv
+from autotune.envs.traces.jobs import TraceJob, assign_model
 from autotune.errors import InputError
 
-__all__ = ["PodTrace", "load_nodes", "load_pods"]
+__all__ = ["PodTrace", "alibaba_jobs", "load_nodes", "load_pods"]
 
 _NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 _POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
@@ -38,48 +52,16 @@ class PodTrace:
     """File line of each job's pod (the header is line 1), parallel to ``jobs``."""
 
 
-def _read(path: Path, required: tuple[str, ...]) -> pd.DataFrame:
-    if not path.is_file():
-        raise InputError("file not found", path=str(path))
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False, na_filter=False)
-    except Exception as exc:  # pandas raises many types for unreadable files
-        raise InputError(f"cannot read as CSV: {exc}".splitlines()[0], path=str(path)) from exc
-    missing = [c for c in required if c not in frame.columns]
-    if missing:
-        raise InputError(
-            f"missing column(s) {', '.join(missing)}; found {', '.join(map(str, frame.columns))}",
-            path=str(path),
-        )
-    return frame
-
-
-def _integers(frame: pd.DataFrame, column: str, path: Path, minimum: int = 0) -> list[int]:
-    """A column as integers (``12.0`` accepted); the first bad cell raises ``InputError``."""
-    values: list[int] = []
-    for i, raw in enumerate(frame[column].tolist()):
-        text = str(raw).strip()
-        try:
-            number = float(text)
-        except ValueError:
-            number = math.nan
-        if not math.isfinite(number) or number != int(number):
-            raise InputError(f"not an integer: {text!r}", path=str(path), row=i + 2, column=column)
-        if number < minimum:
-            raise InputError(
-                f"must be >= {minimum}, got {text}", path=str(path), row=i + 2, column=column
-            )
-        values.append(int(number))
-    return values
+_ALIBABA_TIMES = ("creation_time", "deletion_time")
 
 
 def load_nodes(path: str | Path) -> list[NodeInfo]:
     """All nodes of a node list, CPU-only ones included (they hold no GPU)."""
     path = Path(path)
-    frame = _read(path, _NODE_COLUMNS)
-    cpu = _integers(frame, "cpu_milli", path)
-    memory = _integers(frame, "memory_mib", path)
-    gpus = _integers(frame, "gpu", path)
+    frame = read_csv(path, _NODE_COLUMNS)
+    cpu = integers(frame, "cpu_milli", path)
+    memory = integers(frame, "memory_mib", path)
+    gpus = integers(frame, "gpu", path)
     nodes: list[NodeInfo] = []
     seen: set[str] = set()
     for i, (sn, model) in enumerate(zip(frame["sn"], frame["model"], strict=True)):
@@ -113,17 +95,17 @@ def load_nodes(path: str | Path) -> list[NodeInfo]:
 def load_pods(path: str | Path, *, limit: int | None = None) -> PodTrace:
     """GPU pods in creation order (all, or the first ``limit``)."""
     path = Path(path)
-    return _pods_from_frame(_read(path, _POD_COLUMNS), path, limit=limit)
+    return _pods_from_frame(read_csv(path, _POD_COLUMNS), path, limit=limit)
 
 
 def _pods_from_frame(frame: pd.DataFrame, path: Path, *, limit: int | None = None) -> PodTrace:
     """``load_pods`` on a pod list already read as strings; ``path`` names it in errors."""
-    cpu = _integers(frame, "cpu_milli", path)
-    memory = _integers(frame, "memory_mib", path)
-    num_gpu = _integers(frame, "num_gpu", path)
-    gpu_milli = _integers(frame, "gpu_milli", path)
+    cpu = integers(frame, "cpu_milli", path)
+    memory = integers(frame, "memory_mib", path)
+    num_gpu = integers(frame, "num_gpu", path)
+    gpu_milli = integers(frame, "gpu_milli", path)
     created = (
-        _integers(frame, "creation_time", path)
+        integers(frame, "creation_time", path)
         if "creation_time" in frame.columns
         else list(range(len(frame)))
     )
@@ -167,3 +149,49 @@ def _pods_from_frame(frame: pd.DataFrame, path: Path, *, limit: int | None = Non
             raise InputError(str(exc), path=str(path), row=row) from exc
         job_rows.append(row)
     return PodTrace(jobs=jobs, skipped_cpu_only=skipped, rows=job_rows)
+
+
+def alibaba_jobs(path: str | Path, *, seed: int = 0, limit: int | None = None) -> list[TraceJob]:
+    """The GPU pods of an Alibaba v2023 pod list as jobs, in creation order (all, or the
+    first ``limit``); models from ``assign_model(name, num_gpus, seed)``."""
+    path = Path(path)
+    frame = read_csv(path, _POD_COLUMNS)
+    missing = [c for c in _ALIBABA_TIMES if c not in frame.columns]
+    if missing:
+        raise InputError(
+            f"no {' or '.join(missing)} column: this pod list carries no pod times, so it "
+            "cannot be replayed as jobs (it can still be planned as a snapshot)",
+            path=str(path),
+            column=missing[0],
+        )
+    pods = _pods_from_frame(frame, path)
+    deleted = floats(frame, "deletion_time", path)
+    kept: list[tuple[JobSpec, float]] = []
+    for pod, row in zip(pods.jobs, pods.rows, strict=True):
+        if limit is not None and len(kept) >= limit:
+            break
+        lifetime = float(deleted[row - 2]) - pod.submitted_at
+        if lifetime < 0:
+            raise InputError(
+                f"deletion_time {str(frame['deletion_time'].iat[row - 2]).strip()} is before "
+                f"creation_time {pod.submitted_at:.0f}",
+                path=str(path),
+                row=row,
+                column="deletion_time",
+            )
+        if lifetime > 0:  # a pod deleted as it was created never held a GPU
+            kept.append((pod, lifetime))
+    origin = kept[0][0].submitted_at if kept else 0.0
+    return [
+        TraceJob(
+            job_id=pod.job_id,
+            submit_s=pod.submitted_at - origin,
+            num_gpus=pod.min_gpus,
+            duration_s=lifetime,
+            model=assign_model(pod.job_id, pod.min_gpus, seed),
+            global_batch=None,
+            gpu_types=pod.gpu_types,
+            max_nodes=1,
+        )
+        for pod, lifetime in kept
+    ]

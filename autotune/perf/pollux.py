@@ -23,9 +23,8 @@ coefficients fitted on all placements, so simulations run without the traces;
 from __future__ import annotations
 
 import json
-import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import cache
 from importlib import resources
@@ -36,8 +35,10 @@ from typing import Any, Final
 import numpy as np
 
 from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
+from autotune.csvfile import floats, read_csv
 from autotune.errors import InputError
-from autotune.perfmodel import Coefficients, Shape, step_time
+from autotune.perf.fit import Parameter, fit_bounded, mape
+from autotune.perf.model import Coefficients, Shape, step_time
 
 __all__ = [
     "APPS",
@@ -227,33 +228,15 @@ def max_local_batch(app: str) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def _read_csv(path: Path, columns: tuple[str, ...]) -> Any:
-    import pandas as pd
+_SIGNED: Final = frozenset({"iteration", "progress", "metric", "grad_sqr", "grad_var"})
+"""Columns that may be zero or negative; every other measured column must be > 0."""
 
-    if not path.is_file():
-        raise InputError("file not found", path=str(path))
-    try:
-        frame = pd.read_csv(path, dtype={"placement": str})
-    except Exception as exc:
-        raise InputError(f"cannot read as CSV: {exc}".splitlines()[0], path=str(path)) from exc
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise InputError(f"missing column(s) {', '.join(missing)}", path=str(path))
+
+def _read_csv(path: Path, columns: tuple[str, ...]) -> Any:
+    frame = read_csv(path, columns)
     for column in columns:
-        if column == "placement":
-            continue
-        values = pd.to_numeric(frame[column], errors="coerce")
-        bad = np.flatnonzero(~np.isfinite(values.to_numpy(dtype=float)) | (values <= 0))
-        if column in ("iteration", "progress", "metric", "grad_sqr", "grad_var"):
-            bad = np.flatnonzero(~np.isfinite(values.to_numpy(dtype=float)))
-        if bad.size:
-            raise InputError(
-                f"not a positive number: {frame[column].iat[bad[0]]!r}",
-                path=str(path),
-                row=int(bad[0]) + 2,
-                column=column,
-            )
-        frame[column] = values
+        if column != "placement":
+            frame[column] = floats(frame, column, path, positive=column not in _SIGNED)
     return frame
 
 
@@ -324,52 +307,32 @@ def _predict(
     return steps, syncs
 
 
-# Coefficients fitted on their own scale (they may be 0); the rest on a log scale.
-_LINEAR: Final = frozenset({"node_sharing_exponent"})
-
-
-def _to_theta(name: str, value: float) -> float:
-    return value if name in _LINEAR else math.log(value)
-
-
-def _encode(coeffs: Coefficients) -> np.ndarray:
-    return np.array([_to_theta(name, getattr(coeffs, name)) for name in _FREE])
-
-
-def _decode(theta: np.ndarray) -> Coefficients:
-    values = {}
-    for (name, (low, high)), x in zip(_FREE.items(), theta, strict=True):
-        value = float(x) if name in _LINEAR else math.exp(x)
-        values[name] = min(max(value, low), high)
-    return Coefficients(**values)
-
-
 def fit(profile: ModelProfile, data: AppMeasurements) -> Coefficients:
     """Least squares on log step time and log sync time (multi-replica rows), from the
-    literature defaults; bounded to physical values."""
-    from scipy.optimize import least_squares
-
+    literature defaults; bounded to physical values. ``node_sharing_exponent`` may be 0,
+    so it is fitted on its own scale; the rest on a log scale."""
     multi = np.array([sum(r) > 1 for r in data.ranks_per_node])
     log_step = np.log(data.step_time)
     log_sync = np.log(data.sync_time[multi])
 
-    def residuals(theta: np.ndarray) -> np.ndarray:
-        steps, syncs = _predict(profile, data, _decode(theta))
+    def residuals(values: Mapping[str, float]) -> np.ndarray:
+        steps, syncs = _predict(profile, data, Coefficients(**values))
         return np.concatenate(
             [np.log(steps) - log_step, 0.5 * (np.log(np.maximum(syncs[multi], 1e-9)) - log_sync)]
         )
 
     start = Coefficients(node_sharing_exponent=0.5, overlap_gamma=1.5)
-    theta0 = _encode(start)
-    lower = np.array([_to_theta(name, b[0]) for name, b in _FREE.items()])
-    upper = np.array([_to_theta(name, b[1]) for name, b in _FREE.items()])
-    theta0 = np.clip(theta0, lower + 1e-9, upper - 1e-9)
-    result = least_squares(residuals, theta0, bounds=(lower, upper), loss="soft_l1")
-    return _decode(result.x)
-
-
-def _mape(predicted: np.ndarray, measured: np.ndarray) -> float:
-    return float(np.mean(np.abs(predicted - measured) / measured))
+    parameters = [
+        Parameter(
+            name=name,
+            start=getattr(start, name),
+            low=low,
+            high=high,
+            log_scale=name != "node_sharing_exponent",
+        )
+        for name, (low, high) in _FREE.items()
+    ]
+    return Coefficients(**fit_bounded(parameters, residuals))
 
 
 def validate(
@@ -401,8 +364,8 @@ def validate(
         report["apps"][app] = {
             "n_fit": len(train.local_batch),
             "n_test": len(test.local_batch),
-            "mape_step_time": round(_mape(steps, test.step_time), 4),
-            "mape_sync_time": round(_mape(syncs, test.sync_time), 4),
+            "mape_step_time": round(mape(steps, test.step_time), 4),
+            "mape_sync_time": round(mape(syncs, test.sync_time), 4),
             "coefficients": {f.name: getattr(coeffs, f.name) for f in fields(coeffs)},
         }
         report["residuals"][app] = {

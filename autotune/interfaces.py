@@ -1,8 +1,10 @@
-"""The two small interfaces the daemon is assembled from at start-up.
+"""The small interfaces the daemon is assembled from at start-up.
 
 A ``Backend`` is the cluster: it reports state and applies decisions (the simulated
 cluster in ``autotune.envs``; Ray actors in ``autotune.executor``). A ``Policy`` chooses
-each job's configuration (``autotune.policies``). The daemon knows only these.
+each job's configuration (``autotune.policies``). A ``LoadForecaster`` predicts the
+cluster's load from its history (the persistence fallback is ``autotune.daemon.forecast``).
+The daemon knows only these.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = [
     "JobState",
     "JobStatus",
     "JobSubmission",
+    "LoadForecaster",
     "Policy",
     "PolicyChoice",
 ]
@@ -133,4 +136,15 @@ class Policy(Protocol):
 
     def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
         """A configuration for every job to (re)configure; jobs left out keep theirs."""
+        ...
+
+
+@runtime_checkable
+class LoadForecaster(Protocol):
+    name: str
+    """Shown next to every prediction, e.g. ``lstm-v3`` or ``persistence (last value)``."""
+
+    def predict(self, history: Sequence[float], horizon: int) -> float:
+        """The value ``horizon`` samples after the last one of ``history`` (oldest
+        first, at least one sample)."""
         ...

@@ -22,7 +22,7 @@ Step time of one rank (seconds)::
 - ``straggler(n)`` = 1 + cv * e(n): synchronous ranks wait for the slowest of n; e(n) is
   the expected maximum of n standard normal draws (Blom's approximation) and cv the
   per-iteration coefficient of variation of worker batch times measured in Alibaba's
-  PAI cluster (``autotune.stragglers``).
+  PAI cluster (``autotune.perf.stragglers``).
 - Ring all-reduce of S bytes over n ranks (Patarasuk & Yuan 2009; Thakur et al. 2005):
   2(n-1) * alpha + 2(n-1)/n * S / (bandwidth * efficiency); all-gather is half of it.
   Inside one node the link is the GPUs' (NVLink or PCIe); across nodes it is the NIC,
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
+from autotune.catalog.devices import DEFAULT_INTER_NODE_GBPS, DeviceSpec, device
 from autotune.core import (
     MILLI_PER_GPU,
     CompressionSpec,
@@ -52,8 +53,7 @@ from autotune.core import (
     Precision,
     PrecisionMap,
 )
-from autotune.devices import DEFAULT_INTER_NODE_GBPS, DeviceSpec, device
-from autotune.memory import PARAMETER_SHARE, rank_memory
+from autotune.perf.memory import PARAMETER_SHARE, rank_memory
 
 __all__ = [
     "MFU",

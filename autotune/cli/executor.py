@@ -232,9 +232,9 @@ def calibrate_command(
     """Train gpt-char under 12 configurations (layouts x compression x precision) on this
     machine, fit the performance model's device and coefficients to the measured step
     times, save the profile, and report the step-time error (target MAPE <= 15%)."""
+    from autotune.daemon.settings import Settings
     from autotune.executor.calibrate import GRID, calibrate, save_profile
     from autotune.executor.runner import ensure_ray
-    from autotune.settings import Settings
 
     target = out or Settings().data_dir / "calibration.json"
     progress = _progress_bar("calibrating", "configurations")

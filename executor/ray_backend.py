@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.backend import ClusterSnapshot, JobState, JobStatus, JobSubmission
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
 from autotune.executor.cluster import ray_nodes
 from autotune.executor.runner import JobRunner, ensure_ray
+from autotune.interfaces import ClusterSnapshot, JobState, JobStatus, JobSubmission
 
 __all__ = ["RayBackend"]
 

@@ -3,7 +3,7 @@ predicted goodput, and why the chosen configuration won.
 
 Alternatives are the chosen configuration's neighbours on the same GPUs: each other
 precision, each gradient compression, and activation checkpointing switched. Their
-goodput (samples/s times statistical efficiency, ``autotune.perfmodel.estimate``) is
+goodput (samples/s times statistical efficiency, ``autotune.perf.model.estimate``) is
 the performance model's prediction, not a measurement. The rule-based policy does not
 maximise it, so the explanation says so when an alternative is predicted to be better.
 """
@@ -23,7 +23,7 @@ from autotune.core import (
     Precision,
     PrecisionMap,
 )
-from autotune.perfmodel import estimate, shape_of
+from autotune.perf.model import estimate, shape_of
 
 __all__ = ["describe_config", "explain_decision"]
 

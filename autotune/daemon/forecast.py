@@ -1,4 +1,5 @@
-"""Load forecasts: the interface a forecaster serves through, and the named fallback.
+"""Load forecasts in the daemon: the named fallback and the replay of a forecaster over a
+series (the interface, ``LoadForecaster``, is in ``autotune.interfaces``).
 
 The daemon forecasts the cluster's GPU utilisation from its own history (the
 ``gpu_utilization`` samples it stores every tick). A learned forecaster plugs in by
@@ -10,20 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
-__all__ = ["ForecastSeries", "LoadForecaster", "PersistenceForecaster", "forecast_series"]
+from autotune.interfaces import LoadForecaster
 
-
-@runtime_checkable
-class LoadForecaster(Protocol):
-    name: str
-    """Shown next to every prediction, e.g. ``lstm-v3`` or ``persistence (last value)``."""
-
-    def predict(self, history: Sequence[float], horizon: int) -> float:
-        """The value ``horizon`` samples after the last one of ``history`` (oldest
-        first, at least one sample)."""
-        ...
+__all__ = ["ForecastSeries", "PersistenceForecaster", "forecast_series"]
 
 
 class PersistenceForecaster:

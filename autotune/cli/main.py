@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune import __version__
+from autotune.cli.executor import calibrate_command, run_command
 from autotune.errors import InputError
-from autotune.job_cli import calibrate_command, run_command
 
 __all__ = ["app", "main"]
 
@@ -37,7 +37,7 @@ app.add_typer(db_app, name="db")
 model_app = typer.Typer(help="Check and calibrate the performance model.", no_args_is_help=True)
 app.add_typer(model_app, name="model")
 # The REST API's client (autotune/client.py): jobs, decisions, overrides.
-from autotune.client import decisions_command, job_app, override_app  # noqa: E402
+from autotune.cli.client import decisions_command, job_app, override_app  # noqa: E402
 
 app.add_typer(job_app, name="job", no_args_is_help=True)
 app.add_typer(override_app, name="override", no_args_is_help=True)
@@ -45,8 +45,8 @@ app.command("decisions")(decisions_command)
 
 
 def _register_learning() -> None:
-    from autotune.cli_forecast import forecast_app
-    from autotune.cli_policy import train_policy, tune_policy
+    from autotune.cli.forecast import forecast_app
+    from autotune.cli.policy import train_policy, tune_policy
 
     app.add_typer(forecast_app, name="forecast")
     app.command("train-policy")(train_policy)
@@ -157,14 +157,14 @@ def daemon(
     at /. Mutations need the token in $AUTOTUNE_TOKEN; without it, a token is generated
     at the first start and printed once.
     """
-    from autotune.auth import ensure_token
-    from autotune.backends import build_backend
-    from autotune.daemon import Daemon, serve
+    from autotune.daemon.auth import ensure_token
+    from autotune.daemon.backends import build_backend
+    from autotune.daemon.log import configure_logging
+    from autotune.daemon.loop import Daemon, serve
+    from autotune.daemon.settings import load_settings
+    from autotune.daemon.telemetry import host_sources
     from autotune.db import Database
-    from autotune.log import configure_logging
     from autotune.policies.rules import RulesPolicy
-    from autotune.settings import load_settings
-    from autotune.telemetry import host_sources
 
     settings = load_settings(
         config,
@@ -227,8 +227,8 @@ def db_upgrade(
     revision: Annotated[str, typer.Option(help="Target revision.")] = "head",
 ) -> None:
     """Create or migrate the database schema (Alembic)."""
+    from autotune.daemon.settings import load_settings
     from autotune.db import Database
-    from autotune.settings import load_settings
 
     settings = load_settings(config, db_url=db, data_dir=data_dir)
     if settings.db_url is None:
@@ -266,7 +266,7 @@ def plan(
     of every rank to a node and GPU, the pods left unplaced with the reason, and the
     solve time.
     """
-    from autotune.envs.alibaba import load_nodes, load_pods
+    from autotune.envs.traces import load_nodes, load_pods
     from autotune.planner import first_fit, verify_placements
     from autotune.planner import plan as run_plan
 
@@ -351,7 +351,7 @@ def model_validate(
 ) -> None:
     """Fit the performance model per Pollux application on small placements and report
     its error on the larger placements it never saw (mean absolute percentage error)."""
-    from autotune.pollux import plot_residuals, validate
+    from autotune.perf.pollux import plot_residuals, validate
 
     report = validate(
         pollux,
@@ -384,7 +384,7 @@ def model_calibrate(
 ) -> None:
     """Fit every Pollux application on all its placements and write the document the
     package ships as autotune/data/pollux_apps.json."""
-    from autotune.pollux import calibrate
+    from autotune.perf.pollux import calibrate
 
     out.write_text(json.dumps(calibrate(pollux), indent=1) + "\n")
     _err.print(f"wrote {out}")
@@ -436,18 +436,18 @@ def eval_policies(
 ) -> None:
     """Replay a trace in the simulator under several policies, same jobs and seeds, and
     compare job completion time, makespan, goodput and GPU utilisation."""
-    from autotune.devices import node_info
+    from autotune.catalog.devices import node_info
     from autotune.envs import traces
-    from autotune.envs.alibaba import load_nodes
+    from autotune.envs.traces import load_nodes
     from autotune.envs.workloads import jobs_from_trace
+    from autotune.perf.pollux import POLLUX_INTER_NODE_GBPS
     from autotune.policies.baselines import BASELINES
     from autotune.policies.evaluate import evaluate
-    from autotune.pollux import POLLUX_INTER_NODE_GBPS
 
     sources = [x is not None for x in (jobs, pollux_workload, philly_jobs)]
     if sum(sources) != 1:
         raise InputError("give one trace: --nodes/--jobs, --pollux-workload or --philly-jobs")
-    from autotune.cli_policy import learned_policies
+    from autotune.cli.policy import learned_policies
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
     known = [*BASELINES, "ppo", "tune"]

@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Final
 
 from autotune.core import ModelProfile
-from autotune.pollux import POLLUX_APPS
+from autotune.perf.pollux import POLLUX_APPS
 
 __all__ = ["MODEL_CATALOG", "transformer"]
 

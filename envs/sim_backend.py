@@ -1,8 +1,8 @@
 """The built-in simulated cluster: a small default cluster and a seeded job stream.
 
 It lets the daemon run anywhere with nothing attached. Jobs arrive as a Poisson process
-with models from ``autotune.models``; a running job advances at the compute-bound rate
-of ``autotune.perfmodel`` for its config and placement, and frees its GPUs when done.
+with models from ``autotune.catalog.profiles``; a running job advances at the compute-bound rate
+of ``autotune.perf.model`` for its config and placement, and frees its GPUs when done.
 The clock moves by ``seconds_per_tick`` at each ``observe()``, so a run is a pure
 function of the seed and the decisions applied.
 """
@@ -15,11 +15,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from autotune.backend import ClusterSnapshot, JobStatus, JobSubmission
+from autotune.catalog.devices import node_info
+from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import MILLI_PER_GPU, Decision, JobSpec, NodeInfo
-from autotune.devices import node_info
-from autotune.models import MODEL_CATALOG
-from autotune.perfmodel import compute_bound_samples_per_s
+from autotune.interfaces import ClusterSnapshot, JobStatus, JobSubmission
+from autotune.perf.model import compute_bound_samples_per_s
 
 __all__ = ["SimulatedCluster", "SimulatedClusterConfig", "default_nodes"]
 

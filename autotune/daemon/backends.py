@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autotune.backend import Backend
+from autotune.daemon.settings import Settings
 from autotune.errors import InputError
-from autotune.settings import Settings
+from autotune.interfaces import Backend
 
 __all__ = ["BACKENDS", "build_backend"]
 
 
 def _simulated(settings: Settings) -> Backend:
-    from autotune.envs.simulated import SimulatedCluster, SimulatedClusterConfig
+    from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
 
     return SimulatedCluster(
         SimulatedClusterConfig(
@@ -29,7 +29,7 @@ def _simulated(settings: Settings) -> Backend:
 
 
 def _ray(settings: Settings) -> Backend:
-    from autotune.executor.backend import RayBackend
+    from autotune.executor.ray_backend import RayBackend
 
     return RayBackend(
         checkpoint_root=settings.data_dir / "checkpoints",

@@ -1,0 +1,3 @@
+from autotune.cli.main import main
+
+main()

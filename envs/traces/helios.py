@@ -1,0 +1,80 @@
+"""Helios per-minute cluster load (``helios_load``; Hu et al., SC'21): a ``time`` column
+(date and time, increasing; gaps are kept as they are) and numeric load columns such as
+``gpu_utilization`` (a fraction in [0, 1]), ``total_gpu_num``, ``running_gpu_num`` and
+``pending_gpu_num``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pandas as pd
+
+from autotune.csvfile import floats, read_csv
+from autotune.errors import InputError
+
+__all__ = ["LoadSeries", "helios_load"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class LoadSeries:
+    """One column of a cluster-load time series. The arrays are read-only."""
+
+    name: str
+    """The file's name without ``.csv`` and ``.gz``."""
+    column: str
+    minutes: npt.NDArray[np.float64]
+    """Minutes since the first row."""
+    values: npt.NDArray[np.float64]
+
+
+def helios_load(path: str | Path, column: str = "gpu_utilization") -> LoadSeries:
+    """One column of a Helios per-minute load file, against minutes since its first row."""
+    path = Path(path)
+    frame = read_csv(path, ("time",))
+    if column not in frame.columns:
+        raise InputError(
+            f"no such column; available: {', '.join(map(str, frame.columns))}",
+            path=str(path),
+            column=column,
+        )
+    if frame.empty:
+        raise InputError("no data rows", path=str(path))
+    text = frame["time"].astype(str).str.strip()
+    moments = pd.to_datetime(text, errors="coerce", format="ISO8601", utc=True)
+    bad = moments.isna().to_numpy()
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(
+            f"not a date and time: {text.iloc[i]!r}", path=str(path), row=i + 2, column="time"
+        )
+    elapsed = (moments - moments.iloc[0]).dt.total_seconds()
+    seconds: npt.NDArray[np.float64] = np.asarray(elapsed, dtype=np.float64)
+    backwards = np.diff(seconds) <= 0
+    if backwards.any():
+        i = int(np.argmax(backwards)) + 1
+        raise InputError(
+            f"time {text.iloc[i]} is not after the previous row's {text.iloc[i - 1]}",
+            path=str(path),
+            row=i + 2,
+            column="time",
+        )
+    values = floats(frame, column, path)
+    if column == "gpu_utilization":
+        outside = (values < 0) | (values > 1)
+        if outside.any():
+            i = int(np.argmax(outside))
+            raise InputError(
+                f"a utilization is a fraction in [0, 1], got {str(frame[column].iat[i]).strip()}",
+                path=str(path),
+                row=i + 2,
+                column=column,
+            )
+    minutes = seconds / 60.0
+    minutes.flags.writeable = False
+    values.flags.writeable = False
+    name = path.name.removesuffix(".gz").removesuffix(".csv")
+    return LoadSeries(name=name, column=column, minutes=minutes, values=values)
