@@ -25,7 +25,7 @@ import sysconfig
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Final, Protocol, cast, runtime_checkable
 
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -237,6 +237,9 @@ class MLPBlock(nn.Module):
         return out
 
 
+_MLP: Final = MLPConfig()  # the shape the catalog's mlp-synthetic profile is counted from
+
+
 class MLPSynthetic:
     """Classification of Gaussian points by a fixed random teacher network: a task with a
     known-learnable target and no data files."""
@@ -246,20 +249,19 @@ class MLPSynthetic:
     def __init__(
         self,
         *,
-        batch_size: int | None = None,
-        config: MLPConfig | None = None,
+        batch_size: int = _MLP.batch_size,
+        features: int = _MLP.features,
+        hidden: int = _MLP.hidden,
+        depth: int = _MLP.depth,
+        classes: int = _MLP.classes,
         scale: float = 1.0,
     ) -> None:
-        c = config or MLPConfig()
-        self.batch_size = c.batch_size if batch_size is None else batch_size
-        self.features = c.features
-        self.hidden = c.hidden
-        self.depth = c.depth
-        self.classes = c.classes
+        self.batch_size = batch_size
+        self.features, self.hidden, self.depth, self.classes = features, hidden, depth, classes
         self.scale = scale
         self.learning_rate = 3e-3
         teacher = torch.Generator().manual_seed(12345)
-        self._teacher = torch.randn(c.features, c.classes, generator=teacher)
+        self._teacher = torch.randn(features, classes, generator=teacher)
 
     def build_model(self) -> nn.Module:
         return MLPNet(self.features, self.hidden, self.depth, self.classes)

@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 
 from autotune.db import Database, sqlite_url
+from helpers import SHARED_DATA
 
 # The kernel tests run Triton's interpreter on CPU tensors. Triton reads this once, when
 # it is imported (nothing above imports it), so it is set before any test module loads;
 # TRITON_INTERPRET=0 keeps compiled kernels, on a GPU.
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
 ALIBABA = SHARED_DATA / "alibaba-v2023"
 POLLUX = SHARED_DATA / "pollux"
 HELIOS = SHARED_DATA / "helios"

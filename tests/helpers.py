@@ -5,6 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+"""The repository's root."""
+SHARED_DATA = REPO.parent / "shared" / "data"
+"""The public traces, beside the checkout (absent on a bare clone: their tests skip)."""
+
 
 def autotune_command() -> list[str]:
     """The installed ``autotune`` entry point, as a user runs it."""

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(

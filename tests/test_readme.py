@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_ci_runs_the_readme_test_command() -> None:

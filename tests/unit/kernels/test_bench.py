@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from helpers import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_kernel_benchmark_prints_a_row_per_kernel(tmp_path: Path) -> None:

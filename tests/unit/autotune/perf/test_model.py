@@ -21,6 +21,7 @@ from autotune.perf.model import (
     step_time,
 )
 from autotune.perf.stragglers import derive, job_cvs
+from helpers import SHARED_DATA
 
 GPT = MODEL_CATALOG["gpt-350m"]
 
@@ -122,7 +123,7 @@ def test_oom_gives_no_goodput() -> None:
 
 
 def test_shipped_straggler_table_matches_the_trace(tmp_path: Path) -> None:
-    source = Path(__file__).resolve().parents[2] / "shared/data/alibaba-v2020-minibatch"
+    source = SHARED_DATA / "alibaba-v2020-minibatch"
     path = source / "coefficient_variation.csv.gz"
     if not path.is_file():
         pytest.skip(f"public traces not present at {source}")
