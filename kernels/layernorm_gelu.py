@@ -28,8 +28,7 @@ Approximate = Literal["none", "tanh"]
 
 MAX_FUSED_N: Final = 1 << 16
 _FLOATS: Final = (torch.float32, torch.bfloat16, torch.float16)
-_TILE: Final = 4096
-_TILE_INTERPRETER: Final = 1 << 16
+_TILE: Final = 4096  # compiled; see _launch.block
 _SQRT_2_OVER_PI: Final = _launch.constexpr(math.sqrt(2 / math.pi))
 _INV_SQRT_2: Final = _launch.constexpr(1 / math.sqrt(2))
 _INV_SQRT_2PI: Final = _launch.constexpr(1 / math.sqrt(2 * math.pi))
@@ -204,12 +203,8 @@ def _backward_kernel(
 
 def _tiling(n: int) -> tuple[int, int, int]:
     """(BLOCK_N, ROWS, num_warps) for rows of n elements."""
-    block_n = _launch.next_power_of_2(n)
-    tile = _TILE_INTERPRETER if _launch.interpreting() else _TILE
-    rows = max(1, tile // block_n)
-    elements = block_n * rows
-    num_warps = 4 if elements <= 4096 else 8 if elements <= 16384 else 16
-    return block_n, rows, num_warps
+    block_n, rows = _launch.tile_rows(n, _TILE)
+    return block_n, rows, _launch.num_warps(block_n * rows)
 
 
 class _LayerNormGelu(torch.autograd.Function):
@@ -230,7 +225,7 @@ class _LayerNormGelu(torch.autograd.Function):
         rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
         if rows:
             block_n, tile_rows, num_warps = _tiling(n)
-            _forward_kernel[(_launch.cdiv(rows, tile_rows),)](
+            _forward_kernel[_launch.grid(rows, tile_rows)](
                 x2, weight.contiguous(), bias.contiguous(), out, mean, rstd, rows, n,
                 float(eps), BLOCK_N=block_n, ROWS=tile_rows, TANH=approximate == "tanh",
                 num_warps=num_warps,
@@ -245,7 +240,8 @@ class _LayerNormGelu(torch.autograd.Function):
         x2, weight, bias, mean, rstd = ctx.saved_tensors
         rows, n = x2.shape
         block_n, tile_rows, num_warps = _tiling(n)
-        programs = max(1, min(_launch.cdiv(rows, tile_rows), _launch.max_programs(x2.device)))
+        (tiles,) = _launch.grid(rows, tile_rows)
+        programs = _launch.persistent_programs(tiles, x2.device)
         dx = torch.empty_like(x2)
         dw_part = torch.zeros(programs, n, dtype=torch.float32, device=x2.device)
         db_part = torch.zeros(programs, n, dtype=torch.float32, device=x2.device)

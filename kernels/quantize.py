@@ -45,8 +45,8 @@ Format = Literal["int8", "fp8_e4m3"]
 QMAX: Final[dict[str, float]] = {"int8": 127.0, "fp8_e4m3": 448.0}
 QDTYPE: Final[dict[str, torch.dtype]] = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 _FLOATS: Final = (torch.float32, torch.bfloat16, torch.float16)
-_TILE: Final = 4096
-_TILE_INTERPRETER: Final = 1 << 16
+_TILE: Final = 4096  # compiled; see _launch.block
+_NUM_WARPS: Final = _launch.num_warps(_TILE)  # of the compiled tile, whatever block_size
 # 1.5 * 2**23: adding and subtracting it rounds |y| < 2**22 to an integer, ties to even.
 _RNE_MAGIC: Final = _launch.constexpr(12582912.0)
 
@@ -255,14 +255,12 @@ def quantize_blockwise(
     nonfinite = torch.empty(blocks, dtype=torch.int32, device=x.device)
     if n == 0:
         return q, scales, nonfinite
-    block_p2 = _launch.next_power_of_2(block_size)
-    tile = _TILE_INTERPRETER if _launch.interpreting() else _TILE
-    rows = max(1, tile // block_p2)
-    _quantize_kernel[(_launch.cdiv(blocks, rows),)](
+    block_p2, rows = _launch.tile_rows(block_size, _TILE)
+    _quantize_kernel[_launch.grid(blocks, rows)](
         x.contiguous(), q.view(torch.int8), scales, nonfinite, n, blocks,
         _draw_seed(seed) if stochastic else 0,
         BLOCK_SIZE=block_size, BLOCK_P2=block_p2, ROWS=rows, FP8=fmt == "fp8_e4m3",
-        STOCHASTIC=stochastic, num_warps=4,
+        STOCHASTIC=stochastic, num_warps=_NUM_WARPS,
     )  # fmt: skip
     return q, scales, nonfinite
 
@@ -284,9 +282,10 @@ def dequantize_blockwise(
     n = q.numel()
     if n == 0:
         return out
-    block = _TILE_INTERPRETER if _launch.interpreting() else _TILE
-    _dequantize_kernel[(_launch.cdiv(n, block),)](
+    block = _launch.block(_TILE)
+    _dequantize_kernel[_launch.grid(n, block)](
         q.contiguous().view(torch.int8), scales.contiguous(), out, n,
-        BLOCK_SIZE=block_size, BLOCK=block, FP8=q.dtype == torch.float8_e4m3fn, num_warps=4,
+        BLOCK_SIZE=block_size, BLOCK=block, FP8=q.dtype == torch.float8_e4m3fn,
+        num_warps=_NUM_WARPS,
     )  # fmt: skip
     return out

@@ -19,8 +19,8 @@ from autotune.kernels._launch import tl
 __all__ = ["scatter_add_decompress", "scatter_add_decompress_reference"]
 
 _FLOATS: Final = (torch.float32, torch.bfloat16, torch.float16)
-_BLOCK: Final = 1024
-_BLOCK_INTERPRETER: Final = 1 << 16
+_BLOCK: Final = 1024  # compiled; see _launch.block
+_NUM_WARPS: Final = _launch.num_warps(_BLOCK)
 
 
 def _check(values: torch.Tensor, indices: torch.Tensor, out: torch.Tensor) -> None:
@@ -110,9 +110,9 @@ def scatter_add_decompress(
         return out
     flat = out.view(-1)
     acc = flat if out.dtype == torch.float32 else flat.float()
-    block = _BLOCK_INTERPRETER if _launch.interpreting() else _BLOCK
-    _scatter_add_kernel[(_launch.cdiv(k, block),)](
-        values.contiguous(), indices.contiguous(), acc, k, BLOCK=block, num_warps=4
+    block = _launch.block(_BLOCK)
+    _scatter_add_kernel[_launch.grid(k, block)](
+        values.contiguous(), indices.contiguous(), acc, k, BLOCK=block, num_warps=_NUM_WARPS
     )
     if acc is not flat:
         flat.copy_(acc)

@@ -60,8 +60,8 @@ _DIGITS: Final[dict[int, tuple[tuple[int, int], ...]]] = {
     0x7FFFFFFF: ((20, 11), (10, 10), (0, 10)),
     0x7FFF: ((8, 7), (0, 8)),
 }
-_BLOCK: Final = 4096
-_BLOCK_INTERPRETER: Final = 1 << 16
+_BLOCK: Final = 4096  # compiled; see _launch.block
+_NUM_WARPS: Final = 8  # every top-k launch (not _launch.num_warps's 4 for a 4096 block)
 
 
 def topk_count(numel: int, ratio: float) -> int:
@@ -310,8 +310,8 @@ def _topk_triton(
     if k == 0:
         return acc.new_empty(0), torch.empty(0, dtype=torch.int64, device=device)
     key_mask = _KEY_MASK[acc.dtype]
-    block = _BLOCK_INTERPRETER if _launch.interpreting() else _BLOCK
-    num_blocks = _launch.cdiv(n, block)
+    block = _launch.block(_BLOCK)
+    (num_blocks,) = _launch.grid(n, block)
     above = torch.empty(num_blocks, dtype=torch.int64, device=device)
     tied = torch.empty(num_blocks, dtype=torch.int64, device=device)
     accumulated = False
@@ -319,7 +319,7 @@ def _topk_triton(
     def count(state: torch.Tensor, accumulate: bool) -> None:
         _topk_count_kernel[(num_blocks,)](
             grad, acc, state, above, tied, n,
-            ACCUMULATE=accumulate, KEY_MASK=key_mask, BLOCK=block, num_warps=8,
+            ACCUMULATE=accumulate, KEY_MASK=key_mask, BLOCK=block, num_warps=_NUM_WARPS,
         )  # fmt: skip
 
     def write(state: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -327,7 +327,7 @@ def _topk_triton(
         indices = torch.empty(total, dtype=torch.int64, device=device)
         _topk_write_kernel[(num_blocks,)](
             acc, values, indices, state, _exclusive_cumsum(above), _exclusive_cumsum(tied), n,
-            KEY_MASK=key_mask, BLOCK=block, num_warps=8,
+            KEY_MASK=key_mask, BLOCK=block, num_warps=_NUM_WARPS,
         )  # fmt: skip
         return values, indices
 
@@ -348,7 +348,7 @@ def _topk_triton(
     state[0] = 0
     digits = _DIGITS[key_mask]
     hist = torch.zeros(sum(1 << width for _, width in digits), dtype=torch.int32, device=device)
-    programs = min(num_blocks, _launch.max_programs(device))
+    programs = _launch.persistent_programs(num_blocks, device)
     start = 0
     for i, (shift, width) in enumerate(digits):
         bins = hist[start : start + (1 << width)]
@@ -356,9 +356,9 @@ def _topk_triton(
         _topk_hist_kernel[(programs,)](
             grad, acc, state, bins, n,
             ACCUMULATE=i == 0 and not accumulated, KEY_MASK=key_mask, SHIFT=shift,
-            WIDTH=width, NBINS=1 << width, BLOCK=block, num_warps=8,
+            WIDTH=width, NBINS=1 << width, BLOCK=block, num_warps=_NUM_WARPS,
         )  # fmt: skip
-        _topk_pick_kernel[(1,)](bins, state, WIDTH=width, NBINS=1 << width, num_warps=8)
+        _topk_pick_kernel[(1,)](bins, state, WIDTH=width, NBINS=1 << width, num_warps=_NUM_WARPS)
     count(state, accumulate=False)
     return write(state, k)
 
