@@ -1,4 +1,4 @@
-"""Dependencies shared by the routers."""
+"""Dependencies and errors shared by the routers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ from sqlalchemy.orm import Session
 from autotune.daemon.auth import TokenCheck
 from autotune.db import Database
 
-__all__ = ["SessionDep", "TelemetryDep", "TokenDep"]
+__all__ = ["SessionDep", "TelemetryDep", "TokenDep", "unprocessable"]
+
+
+def unprocessable(field: str, message: str) -> HTTPException:
+    """A 422 in FastAPI's own validation shape for the request body's ``field`` (dotted
+    for a nested one: ``constraints.gpu_milli``)."""
+    return HTTPException(
+        status_code=422,
+        detail=[{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}],
+    )
 
 
 def _session(request: Request) -> Iterator[Session]:

@@ -8,9 +8,11 @@ unknown fields, so a typo is a 422 naming the field instead of a silent default.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from autotune.core import ID_PATTERN, CompressionKind, DecisionSource, JobState, Precision
 
 __all__ = [
     "ClusterPublic",
@@ -36,9 +38,6 @@ __all__ = [
     "RankPin",
     "Readiness",
 ]
-
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-PrecisionName = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
 class _Request(BaseModel):
@@ -81,7 +80,7 @@ class ClusterPublic(BaseModel):
 
 class JobPublic(BaseModel):
     job_id: str
-    state: str
+    state: JobState
     state_reason: str = Field(description="Why the job waits, when it does")
     progress: float
     submitted_at: datetime
@@ -131,7 +130,7 @@ class JobsPublic(BaseModel):
 class DecisionPublic(BaseModel):
     id: int
     job_id: str
-    source: str
+    source: DecisionSource
     policy_version: str
     decided_at: datetime
     applied_at: datetime | None = Field(description="null: committed, not yet applied")
@@ -149,7 +148,7 @@ class DecisionsPublic(BaseModel):
 class DecisionExplanation(BaseModel):
     decision_id: int
     job_id: str
-    source: str
+    source: DecisionSource
     override_id: int | None
     features: dict[str, float] = Field(description="Observation features that mattered")
     chosen: dict[str, Any] = Field(description="The configuration and its predicted goodput")
@@ -169,17 +168,17 @@ class LayoutPin(_Request):
 
 
 class PrecisionPin(_Request):
-    embedding: PrecisionName | None = None
-    attention_qkv: PrecisionName | None = None
-    attention_out: PrecisionName | None = None
-    ffn: PrecisionName | None = None
-    norm: PrecisionName | None = None
-    head: PrecisionName | None = None
-    optimizer_state: PrecisionName | None = None
+    embedding: Precision | None = None
+    attention_qkv: Precision | None = None
+    attention_out: Precision | None = None
+    ffn: Precision | None = None
+    norm: Precision | None = None
+    head: Precision | None = None
+    optimizer_state: Precision | None = None
 
 
 class CompressionPin(_Request):
-    kind: Literal["none", "topk", "int8", "fp8", "powersgd"]
+    kind: CompressionKind
     ratio: float | None = Field(default=None, gt=0, lt=1, description="topk only")
     rank: int | None = Field(default=None, ge=1, le=1024, description="powersgd only")
 

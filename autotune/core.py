@@ -2,8 +2,9 @@
 
 Every type is a frozen, slotted, keyword-only dataclass whose invariants are checked in
 ``__post_init__`` (the torchtitan ``ParallelDims`` habit): an invalid value raises
-``ValueError`` naming the field and the value, so a bad request fails where it enters
-and never deep inside the Planner. ``autotune.serde`` turns them into JSON and back.
+``FieldError`` (a ``ValueError``) naming the field and the value, so a bad request fails
+where it enters and never deep inside the Planner. ``autotune.serde`` turns them into
+JSON and back.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Literal, get_args
 
+from autotune.errors import FieldError
+
 __all__ = [
+    "ACTIVE_STATES",
     "COMPRESSION_KINDS",
     "DECISION_SOURCES",
+    "ID_PATTERN",
+    "JOB_STATES",
     "MODULE_CLASSES",
     "PRECISIONS",
     "CompressionKind",
@@ -26,6 +32,7 @@ __all__ = [
     "DecisionSource",
     "JobConfig",
     "JobSpec",
+    "JobState",
     "Layout",
     "ModelProfile",
     "NodeInfo",
@@ -44,19 +51,25 @@ COMPRESSION_KINDS: tuple[CompressionKind, ...] = get_args(CompressionKind)
 DecisionSource = Literal["policy", "override", "fallback", "static"]
 DECISION_SOURCES: tuple[DecisionSource, ...] = get_args(DecisionSource)
 
+JobState = Literal["pending", "running", "finished", "failed", "cancelled"]
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
+ACTIVE_STATES: tuple[JobState, ...] = ("pending", "running")
+"""States of a job that holds or waits for GPUs; the others are final."""
+
 # Identifiers travel through URLs, logs and file names: keep them to a safe alphabet.
-_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+_ID_RE = re.compile(ID_PATTERN)
 
 # A whole GPU in milli-GPU, the unit of the Alibaba trace and of Kubernetes GPU sharing.
 MILLI_PER_GPU = 1000
 
 
-def _fail(owner: str, name: str, value: object, why: str) -> ValueError:
-    return ValueError(f"{owner}.{name}={value!r}: {why}")
+def _fail(owner: str, name: str, value: object, why: str) -> FieldError:
+    return FieldError(name, f"{owner}.{name}={value!r}: {why}")
 
 
 def _check_id(owner: str, name: str, value: str) -> None:
-    if not isinstance(value, str) or not _ID_PATTERN.match(value):
+    if not isinstance(value, str) or not _ID_RE.match(value):
         raise _fail(owner, name, value, "must be 1-128 characters of [A-Za-z0-9._:-]")
 
 

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from autotune.core import Decision, DecisionSource, JobConfig, JobSpec, NodeInfo, Placement
+from autotune.core import (
+    Decision,
+    DecisionSource,
+    JobConfig,
+    JobSpec,
+    JobState,
+    NodeInfo,
+    Placement,
+)
 
 __all__ = [
     "Backend",
@@ -26,8 +34,6 @@ __all__ = [
     "Policy",
     "PolicyChoice",
 ]
-
-JobState = Literal["pending", "running", "finished", "failed", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

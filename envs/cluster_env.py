@@ -55,9 +55,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from autotune.catalog.devices import node_info
 from autotune.core import NodeInfo
-from autotune.envs.sim_backend import default_nodes
+from autotune.envs.presets import default_nodes, small_nodes
 from autotune.envs.simulator import (
     BATCH_SCALES,
     COMPRESSIONS,
@@ -71,23 +70,12 @@ from autotune.envs.simulator import (
 )
 from autotune.envs.workloads import synthetic_jobs
 
-__all__ = ["ACTION_DIMS", "ClusterEnv", "decode_action", "encode_choice", "small_nodes"]
+__all__ = ["ACTION_DIMS", "ClusterEnv", "decode_action", "encode_choice"]
 
 ACTION_DIMS: Final = (len(COMPRESSIONS), len(PRECISIONS), N_LAYOUTS, len(BATCH_SCALES), 2)
 MAX_GPU_TYPES: Final = 4
 SLOT_FEATURES: Final = 16
 GLOBAL_FEATURES: Final = MAX_GPU_TYPES * 2 + 4
-
-
-def small_nodes() -> list[NodeInfo]:
-    """Two 4xA100 and two 4xT4 servers."""
-    return [
-        node_info(
-            f"{m.lower()}-{i}", gpu_model=m, gpu_count=4, cpu_milli=64_000, memory_mib=256 * 1024
-        )
-        for m in ("A100", "T4")
-        for i in range(2)
-    ]
 
 
 def encode_choice(choice: Choice | None, change: bool = True) -> list[int]:

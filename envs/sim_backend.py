@@ -15,34 +15,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from autotune.catalog.devices import node_info
 from autotune.catalog.profiles import MODEL_CATALOG
-from autotune.core import MILLI_PER_GPU, Decision, JobSpec, NodeInfo
+from autotune.core import ACTIVE_STATES, MILLI_PER_GPU, Decision, JobSpec, NodeInfo
+from autotune.envs.presets import default_nodes
 from autotune.interfaces import ClusterSnapshot, JobStatus, JobSubmission
 from autotune.perf.model import compute_bound_samples_per_s
 
-__all__ = ["SimulatedCluster", "SimulatedClusterConfig", "default_nodes"]
-
-
-def default_nodes() -> list[NodeInfo]:
-    """Two 8xA100 servers, one 8xV100-32GB and two 4xT4: 32 GPUs of three generations."""
-
-    def make(node_id: str, model: str, gpus: int, cores: int, gib: int) -> NodeInfo:
-        return node_info(
-            node_id,
-            gpu_model=model,
-            gpu_count=gpus,
-            cpu_milli=cores * 1000,
-            memory_mib=gib * 1024,
-        )
-
-    return [
-        make("a100-0", "A100", 8, 128, 1024),
-        make("a100-1", "A100", 8, 128, 1024),
-        make("v100-0", "V100M32", 8, 96, 512),
-        make("t4-0", "T4", 4, 64, 256),
-        make("t4-1", "T4", 4, 64, 256),
-    ]
+__all__ = ["SimulatedCluster", "SimulatedClusterConfig"]
 
 
 # (model, share of arrivals, min GPUs, max GPUs): small models dominate, as in the
@@ -164,7 +143,7 @@ class SimulatedCluster:
         job = self._jobs.get(job_id)
         if job is None:
             raise KeyError(f"no job {job_id!r} in the simulated cluster")
-        if job.status.state in ("pending", "running"):
+        if job.status.state in ACTIVE_STATES:
             job.status = replace(job.status, state="cancelled", placement=None, samples_per_s=0.0)
 
     def restore(
@@ -222,7 +201,7 @@ class SimulatedCluster:
             job = self._jobs.get(decision.job_id)
             if job is None:
                 raise KeyError(f"no job {decision.job_id!r} in the simulated cluster")
-            if decision.placement is None or job.status.state not in ("pending", "running"):
+            if decision.placement is None or job.status.state not in ACTIVE_STATES:
                 continue
             job.status = replace(
                 job.status,

@@ -165,27 +165,16 @@ class PPOSettings:
 
 def _trace(source: TraceSource) -> tuple[list[Any], list[Any]]:
     """The nodes and the trace jobs of a source."""
-    from autotune.catalog.devices import node_info
     from autotune.envs import traces
+    from autotune.envs.presets import pollux_nodes
     from autotune.envs.traces import load_nodes
-    from autotune.perf.pollux import POLLUX_INTER_NODE_GBPS
 
     if source.kind == "alibaba":
         if source.nodes is None:
             raise ValueError("an Alibaba source needs its node list")
         return load_nodes(source.nodes), traces.alibaba_jobs(source.jobs, seed=source.trace_seed)
     if source.kind == "pollux":
-        nodes = [
-            node_info(
-                f"t4-{i}",
-                gpu_model="T4",
-                gpu_count=4,
-                cpu_milli=48_000,
-                memory_mib=192 * 1024,
-                inter_node_bandwidth_gbps=POLLUX_INTER_NODE_GBPS,
-            )
-            for i in range(source.gpus // 4)
-        ]
+        nodes = pollux_nodes(source.gpus)
         return nodes, traces.pollux_workload(source.jobs)
     raise ValueError(f"source kind {source.kind!r}: alibaba or pollux")
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from autotune import __version__
 from autotune.catalog.devices import device
-from autotune.core import JobConfig, JobSpec, NodeInfo
+from autotune.core import ACTIVE_STATES, JobConfig, JobSpec, NodeInfo
 from autotune.daemon.log import event
 from autotune.envs.cluster_env import (
     ACTION_DIMS,
@@ -259,7 +259,7 @@ def snapshot_observation(
         used = sum(v for k, v in held.items() if node_model.get(k) == gpu)
         obs[2 * i] = count / total
         obs[2 * i + 1] = max(0, count - used) / total
-    active = sorted(snapshot.by_state("pending", "running"), key=lambda j: j.spec.submitted_at)
+    active = sorted(snapshot.by_state(*ACTIVE_STATES), key=lambda j: j.spec.submitted_at)
     g = MAX_GPU_TYPES * 2
     busy = sum(held.values()) / total
     obs[g] = len(active) / slots

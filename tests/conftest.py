@@ -5,9 +5,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import SHARED_DATA, free_port
 
 from autotune.db import Database, sqlite_url
-from helpers import SHARED_DATA
 
 # The kernel tests run Triton's interpreter on CPU tensors. Triton reads this once, when
 # it is imported (nothing above imports it), so it is set before any test module loads;
@@ -65,14 +65,6 @@ def _postgres_bin() -> Path | None:
     return candidates[-1].parent if candidates else None
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL admin URL (``.../postgres``) for the session."""
@@ -103,7 +95,7 @@ def postgres_server() -> Iterator[str]:
             pytest.skip("running as root and there is no postgres user to run the server")
         os.chown(root, user.pw_uid, user.pw_gid)
         prefix = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", _free_port()
+    data, port = root / "data", free_port()
     subprocess.run(
         [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "autotune"],
         check=True,

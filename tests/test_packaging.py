@@ -12,7 +12,6 @@ import pytest
 from helpers import REPO
 
 
-
 @pytest.mark.parametrize(
     ("module", "folder"),
     [
@@ -28,6 +27,7 @@ def test_subpackages_live_in_their_top_level_folders(module: str, folder: str) -
     assert path == (REPO / folder / "__init__.py").resolve()
 
 
+@pytest.mark.subprocess
 def test_import_autotune_and_its_core_pulls_no_heavy_framework(tmp_path: Path) -> None:
     code = (
         "import sys, autotune, autotune.core, autotune.planner, autotune.cli\n"
@@ -65,6 +65,7 @@ def tool(name: str) -> str:
     return found
 
 
+@pytest.mark.lint
 def test_ruff_is_clean() -> None:
     done = subprocess.run([tool("ruff"), "check", "."], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -74,6 +75,7 @@ def test_ruff_is_clean() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.lint
 def test_mypy_is_clean() -> None:
     done = subprocess.run(
         [tool("mypy"), "autotune", "envs", "policies", "executor", "kernels", "api"],

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from helpers import REPO
-
 
 
 def test_ci_runs_the_readme_test_command() -> None:

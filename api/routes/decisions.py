@@ -7,13 +7,14 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 
 from autotune.api.deps import SessionDep
 from autotune.api.schemas import DecisionExplanation, DecisionPublic, DecisionsPublic
+from autotune.core import DecisionSource
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.serde import to_json
 
 router = APIRouter(prefix="/decisions", tags=["decisions"])
 
-SourceQuery = Annotated[str | None, Query(pattern="^(policy|override|fallback|static)$")]
+SourceQuery = Annotated[DecisionSource | None, Query()]
 
 
 def _public(record: repo.DecisionRecord) -> DecisionPublic:

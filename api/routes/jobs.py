@@ -5,16 +5,17 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 
-from autotune.api.deps import SessionDep, TokenDep
+from autotune.api.deps import SessionDep, TokenDep, unprocessable
 from autotune.api.schemas import JobCreate, JobPublic, JobsPublic
 from autotune.catalog.tasks import resolve_task
-from autotune.core import JobSpec
+from autotune.core import ACTIVE_STATES, JobSpec, JobState
 from autotune.db import repository as repo
+from autotune.errors import FieldError
 from autotune.serde import to_json
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-StateQuery = Annotated[str | None, Query(pattern="^(pending|running|finished|failed|cancelled)$")]
+StateQuery = Annotated[JobState | None, Query()]
 
 
 def _public(record: repo.JobRecord) -> JobPublic:
@@ -28,14 +29,6 @@ def _public(record: repo.JobRecord) -> JobPublic:
         spec=to_json(record.spec),
         task=record.task,
         cancel_requested=record.cancel_requested_at is not None,
-    )
-
-
-def unprocessable(field: str, message: str) -> HTTPException:
-    """A 422 in FastAPI's own shape, naming the field."""
-    return HTTPException(
-        status_code=422,
-        detail=[{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}],
     )
 
 
@@ -75,11 +68,9 @@ def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPub
             memory_mib=constraints.memory_mib,
             priority=body.priority,
         )
-    except ValueError as exc:  # "JobSpec.<field>=<value>: why"
-        field = str(exc).split("=", 1)[0].removeprefix("JobSpec.")
-        raise unprocessable(
-            f"constraints.{field}" if hasattr(constraints, field) else field, str(exc)
-        ) from None
+    except FieldError as exc:  # a JobSpec field: top level in the body, or a constraint
+        field = f"constraints.{exc.field}" if hasattr(constraints, exc.field) else exc.field
+        raise unprocessable(field, str(exc)) from None
     record = repo.submit_job(
         session=session,
         spec=spec,
@@ -107,7 +98,7 @@ def cancel_job(session: SessionDep, job_id: str) -> JobPublic:
     record = repo.get_job(session=session, job_id=job_id)
     if record is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
-    if record.state not in repo.ACTIVE_STATES:
+    if record.state not in ACTIVE_STATES:
         raise HTTPException(status_code=409, detail=f"job {job_id!r} is already {record.state}")
     cancelled = repo.request_cancel(session=session, job_id=job_id)
     assert cancelled is not None

@@ -5,12 +5,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from autotune.api.deps import SessionDep, TokenDep
-from autotune.api.routes.jobs import unprocessable
+from autotune.api.deps import SessionDep, TokenDep, unprocessable
 from autotune.api.schemas import OverrideCreate, OverridePublic, OverridesPublic
-from autotune.core import JobConfig, utc_now
+from autotune.core import ACTIVE_STATES, JobConfig, utc_now
 from autotune.daemon.overrides import PIN_KEYS, check_override
 from autotune.db import repository as repo
+from autotune.errors import FieldError
 
 router = APIRouter(prefix="/overrides", tags=["overrides"])
 
@@ -41,7 +41,7 @@ def create_override(session: SessionDep, body: OverrideCreate) -> OverridePublic
     job = repo.get_job(session=session, job_id=body.job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job {body.job_id!r}")
-    if job.state not in repo.ACTIVE_STATES:
+    if job.state not in ACTIVE_STATES:
         raise HTTPException(status_code=409, detail=f"job {body.job_id!r} is {job.state}")
     latest = repo.latest_decision_records(session=session, job_ids=[body.job_id])
     base = (
@@ -51,12 +51,8 @@ def create_override(session: SessionDep, body: OverrideCreate) -> OverridePublic
     )
     try:
         check_override(job.spec, base, pin, repo.list_nodes(session=session))
-    except ValueError as exc:
-        message = str(exc)
-        field = message.split(":", 1)[0].removeprefix("pin.").split(".")[0]
-        if message.startswith("infeasible placement"):
-            field = "placement"
-        raise unprocessable(field if field in PIN_KEYS else next(iter(pin)), message) from None
+    except FieldError as exc:  # exc.field: the pin key at fault
+        raise unprocessable(exc.field, str(exc)) from None
     record = repo.create_override(
         session=session,
         job_id=body.job_id,

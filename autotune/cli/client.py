@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from autotune.cli.common import JsonOption, fail
+
 __all__ = ["decisions_command", "job_app", "override_app"]
 
-job_app = typer.Typer(help="Submit, list, show and cancel jobs (via the REST API).")
+job_app = typer.Typer(
+    help="Submit, list, show and cancel jobs through the daemon's REST API; `job run` trains "
+    "one job here, directly, through the executor."
+)
 override_app = typer.Typer(help="Pin a job's configuration or placement for a while.")
 
 UrlOption = Annotated[
@@ -34,14 +38,8 @@ TokenOption = Annotated[
     str | None,
     typer.Option("--token", help="API token (default: $AUTOTUNE_TOKEN).", show_default=False),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 
 _out = Console()
-
-
-def _fail(message: str, code: int) -> NoReturn:
-    sys.stderr.write(f"error: {message}\n")
-    raise typer.Exit(code=code)
 
 
 def _error_line(status: int, body: Any) -> str:
@@ -74,7 +72,7 @@ def call(
     secret = token or os.environ.get("AUTOTUNE_TOKEN")
     if method != "GET":
         if not secret:
-            _fail("this needs the API token: --token or $AUTOTUNE_TOKEN", 2)
+            fail("this needs the API token: --token or $AUTOTUNE_TOKEN", 2)
         request.add_header("Authorization", f"Bearer {secret}")
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -84,10 +82,10 @@ def call(
             payload = json.loads(exc.read())
         except ValueError:
             payload = exc.reason
-        _fail(_error_line(exc.code, payload), 2 if exc.code < 500 else 1)
+        fail(_error_line(exc.code, payload), 2 if exc.code < 500 else 1)
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        _fail(f"cannot reach the daemon at {base}: {reason}", 1)
+        fail(f"cannot reach the daemon at {base}: {reason}", 1)
 
 
 def _emit(result: Any, as_json: bool, table: Table | str | None = None) -> None:
@@ -286,9 +284,9 @@ def _compression(value: str) -> dict[str, Any]:
         elif kind == "powersgd" and parameter:
             spec["rank"] = int(parameter)
         elif parameter:
-            _fail(f"--compression {value!r}: only topk:RATIO and powersgd:RANK take a value", 2)
+            fail(f"--compression {value!r}: only topk:RATIO and powersgd:RANK take a value", 2)
     except ValueError:
-        _fail(f"--compression {value!r}: not a number after ':'", 2)
+        fail(f"--compression {value!r}: not a number after ':'", 2)
     return spec
 
 
@@ -297,7 +295,7 @@ def _precision(values: list[str]) -> dict[str, str]:
     for value in values:
         module_class, sep, precision = value.partition("=")
         if not sep:
-            _fail(f"--precision {value!r}: use CLASS=PRECISION, e.g. ffn=fp32", 2)
+            fail(f"--precision {value!r}: use CLASS=PRECISION, e.g. ffn=fp32", 2)
         pinned[module_class] = precision
     return pinned
 
@@ -307,7 +305,7 @@ def _placement(value: str) -> list[dict[str, Any]]:
     for item in value.split(","):
         node, sep, gpu = item.strip().rpartition(":")
         if not sep or not gpu.isdigit():
-            _fail(f"--place {value!r}: use NODE:GPU,NODE:GPU,... (rank order)", 2)
+            fail(f"--place {value!r}: use NODE:GPU,NODE:GPU,... (rank order)", 2)
         slots.append({"node_id": node, "gpu_index": int(gpu)})
     return slots
 

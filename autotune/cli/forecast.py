@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autotune.cli.common import JsonOption, err, fail, progress_bar
 from autotune.errors import InputError
 
 __all__ = ["forecast_app"]
@@ -17,14 +17,6 @@ __all__ = ["forecast_app"]
 forecast_app = typer.Typer(
     help="Train and evaluate the LSTM cluster-load forecaster.", no_args_is_help=True
 )
-_err = Console(stderr=True)
-
-
-def _user_errors_exit(exc: InputError) -> typer.Exit:
-    import sys
-
-    sys.stderr.write(f"error: {exc}\n")
-    return typer.Exit(code=2)
 
 
 @forecast_app.command("train")
@@ -49,7 +41,7 @@ def forecast_train(
     window: Annotated[int, typer.Option(min=2, help="Minutes of history the model reads.")] = 60,
     hidden: Annotated[int, typer.Option(min=1, help="LSTM width.")] = 48,
     seed: Annotated[int, typer.Option(help="Seed of initialisation and shuffling.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Train the LSTM load forecaster.
 
@@ -68,16 +60,12 @@ def forecast_train(
             trained_on=tuple(sorted({s.name for s in data})),
         )
     except InputError as exc:
-        raise _user_errors_exit(exc) from None
+        fail(str(exc))
     losses: list[float] = []
-    progress = Progress(
-        TextColumn("training"),
-        BarColumn(),
-        TextColumn("epoch {task.completed}/{task.total}  L1 {task.fields[loss]}"),
-        TimeElapsedColumn(),
-        console=_err,
-        transient=True,
-        disable=as_json or not _err.is_terminal,
+    progress = progress_bar(
+        "training",
+        "epoch {task.completed}/{task.total}  L1 {task.fields[loss]}",
+        enabled=not as_json,
     )
     with progress:
         task = progress.add_task("train", total=epochs, loss="-")
@@ -91,7 +79,7 @@ def forecast_train(
                 data, config, epochs=epochs, stride=stride, seed=seed, progress=update
             )
         except InputError as exc:
-            raise _user_errors_exit(exc) from None
+            fail(str(exc))
     save_checkpoint(forecaster, out)
     report = {
         "out": str(out),
@@ -102,7 +90,7 @@ def forecast_train(
     if as_json:
         typer.echo(json.dumps(report))
     else:
-        _err.print(f"wrote {out} (final training L1 {losses[-1]:.4f})")
+        err.print(f"wrote {out} (final training L1 {losses[-1]:.4f})")
 
 
 @forecast_app.command("eval")
@@ -115,7 +103,7 @@ def forecast_eval(
     model: Annotated[
         Path | None, typer.Option(help="Checkpoint folder (default: the one shipped).")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Compare the forecaster with persistence and seasonal naive.
 
@@ -133,7 +121,7 @@ def forecast_eval(
         data = read_series(series, column)
         report = evaluate_series(forecaster, data, horizon)
     except InputError as exc:
-        raise _user_errors_exit(exc) from None
+        fail(str(exc))
     if data.name in forecaster.config.trained_on:
         report["warning"] = f"the model was trained on {data.name}"
     if as_json:

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from autotune.cli.common import JsonOption, err, fail, progress_bar
 
 __all__ = ["learned_policies", "train_policy", "tune_policy"]
-
-_err = Console(stderr=True)
 
 # Options train-policy and tune-policy share: where training episodes come from.
 TraceOption = Annotated[
@@ -27,17 +25,12 @@ TrainPodsOption = Annotated[
 WindowOption = Annotated[int, typer.Option(min=1, help="Consecutive pods per episode.")]
 
 
-def _fail(message: str) -> typer.Exit:
-    sys.stderr.write(f"error: {message}\n")
-    return typer.Exit(code=2)
-
-
 def _range(text: str) -> tuple[int, int | None]:
     start, _, stop = text.partition(":")
     try:
         return int(start or 0), int(stop) if stop else None
     except ValueError:
-        raise _fail(f"--train-pods {text!r}: expected START:STOP, e.g. 1000:7000") from None
+        fail(f"--train-pods {text!r}: expected START:STOP, e.g. 1000:7000")
 
 
 def train_policy(
@@ -76,7 +69,7 @@ def train_policy(
     hidden: Annotated[int, typer.Option(min=4, help="Network width.")] = 64,
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Iterations per checkpoint.")] = 10,
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Train a scheduling policy with RLlib PPO.
 
@@ -86,16 +79,16 @@ def train_policy(
     RLModule that serving loads is final/learner_group/learner/rl_module/default_policy.
     """
     if algo != "ppo":
-        raise _fail(f"--algo {algo!r}: only ppo is supported")
+        fail(f"--algo {algo!r}: only ppo is supported")
     if (trace is None) != (nodes is None):
-        raise _fail("--trace and --nodes go together")
+        fail("--trace and --nodes go together")
     if warm_start not in ("oracle", "rules", "none"):
-        raise _fail(f"--warm-start {warm_start!r}: oracle, rules or none")
+        fail(f"--warm-start {warm_start!r}: oracle, rules or none")
     if pollux_gpus % 4:
-        raise _fail(f"--pollux-gpus {pollux_gpus}: Pollux nodes have 4 GPUs each")
+        fail(f"--pollux-gpus {pollux_gpus}: Pollux nodes have 4 GPUs each")
     for path in (trace, nodes, *(pollux_workload or [])):
         if path is not None and not path.is_file():
-            raise _fail(f"{path}: no such file")
+            fail(f"{path}: no such file")
     from autotune.policies.ppo import PPOSettings, TraceSource, train_ppo
 
     sources: list[TraceSource] = []
@@ -139,14 +132,10 @@ def train_policy(
         seed=seed,
         sources=tuple(sources),
     )
-    progress = Progress(
-        TextColumn("training PPO"),
-        BarColumn(),
-        TextColumn("iter {task.completed}/{task.total}  return {task.fields[ret]}"),
-        TimeElapsedColumn(),
-        console=_err,
-        transient=True,
-        disable=as_json or not _err.is_terminal,
+    progress = progress_bar(
+        "training PPO",
+        "iter {task.completed}/{task.total}  return {task.fields[ret]}",
+        enabled=not as_json,
     )
     with progress:
         task = progress.add_task("train", total=iterations, ret="-")
@@ -159,12 +148,12 @@ def train_policy(
                 settings, out, checkpoint_every=checkpoint_every, progress=update
             )
         except ValueError as exc:
-            raise _fail(str(exc)) from None
+            fail(str(exc))
     if as_json:
         typer.echo(json.dumps(report, default=str))
     else:
         last = report["history"][-1]
-        _err.print(
+        err.print(
             f"wrote {report['checkpoint']} after {iterations} iterations "
             f"({report['time_s']:.0f} s; mean episode return {last['episode_return_mean']:.2f})"
         )
@@ -218,19 +207,19 @@ def tune_policy(
         int, typer.Option(min=1, help="Teacher episodes for imitation.")
     ] = 12,
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Search PPO's hyperparameters with Ray Tune and ASHA.
 
     Learning rate, entropy coefficient and batch size; prints every trial and the best.
     """
     if (trace is None) != (nodes is None):
-        raise _fail("--trace and --nodes go together")
+        fail("--trace and --nodes go together")
     if warm_start not in ("oracle", "rules", "none"):
-        raise _fail(f"--warm-start {warm_start!r}: oracle, rules or none")
+        fail(f"--warm-start {warm_start!r}: oracle, rules or none")
     for path in (trace, nodes):
         if path is not None and not path.is_file():
-            raise _fail(f"{path}: no such file")
+            fail(f"{path}: no such file")
     from autotune.policies.ppo import PPOSettings, TraceSource
     from autotune.policies.ppo_search import search
 
@@ -257,11 +246,11 @@ def tune_policy(
         seed=seed,
         sources=sources,
     )
-    with _err.status("searching", spinner="dots") if not as_json else _nothing():
+    with err.status("searching", spinner="dots") if not as_json else _nothing():
         try:
             report = search(settings, out, samples=samples, grace=grace, concurrent=concurrent)
         except ValueError as exc:
-            raise _fail(str(exc)) from None
+            fail(str(exc))
     if as_json:
         typer.echo(json.dumps(report, default=str))
         return

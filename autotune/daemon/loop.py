@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from sqlalchemy.orm import Session
 
-from autotune.core import Decision, DecisionSource, JobConfig, Placement, utc_now
+from autotune.core import ACTIVE_STATES, Decision, DecisionSource, JobConfig, Placement, utc_now
 from autotune.daemon.explain import explain_decision
 from autotune.daemon.log import event
 from autotune.daemon.overrides import pinned_config, pinned_placement
@@ -100,7 +100,7 @@ class Daemon:
     def _restore(self, session: Session) -> int:
         active = [
             record
-            for state in ("pending", "running")
+            for state in ACTIVE_STATES
             for record in repo.list_jobs(session=session, state=state, limit=1_000_000)[0]
         ]
         latest = repo.latest_decision_records(
@@ -272,7 +272,7 @@ class Daemon:
         backend does not know (the daemon restarted, the simulated cluster started
         afresh) is marked failed, with the reason."""
         known = {j.spec.job_id for j in snapshot.jobs}
-        for state in ("pending", "running"):
+        for state in ACTIVE_STATES:
             records, _ = repo.list_jobs(session=session, state=state, limit=1_000_000)
             for record in records:
                 if record.spec.job_id in known:
@@ -289,7 +289,7 @@ class Daemon:
     def _decide(
         self, snapshot: ClusterSnapshot
     ) -> tuple[list[Decision], dict[str, str], dict[str, _Why]]:
-        active = snapshot.by_state("pending", "running")
+        active = snapshot.by_state(*ACTIVE_STATES)
         with self.db.session() as session:
             overrides = repo.active_overrides(session=session, at=utc_now())
         # A job whose newest decision honoured an override that has since ended or been

@@ -14,7 +14,9 @@ placement, which implies it) without ``dp`` lets ``dp`` be the rest of the layou
 ``check_override`` is what the API runs before it stores an override: the pinned
 configuration must be valid, within the job's GPU range, and fit in memory on GPUs of
 an allowed model (the Planner's own feasibility check), and a pinned placement must
-name GPUs that exist, of an allowed model, with the memory for one rank.
+name GPUs that exist, of an allowed model, with the memory for one rank. What is wrong
+raises a ``FieldError`` whose ``field`` is the pin key at fault (``layout``,
+``placement``, ...), and whose message starts with ``pin.<key>`` where it names a field.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from autotune.core import (
     PrecisionMap,
     RankSlot,
 )
+from autotune.errors import FieldError
 from autotune.perf.memory import rank_memory
 from autotune.planner import plan, verify_placements
 
@@ -43,22 +46,24 @@ _LAYOUT_FIELDS: Final = tuple(f.name for f in fields(Layout))
 
 
 def pinned_config(base: JobConfig, pin: Mapping[str, Any]) -> JobConfig:
-    """``base`` with the pinned fields replaced; ``ValueError`` naming the field when
+    """``base`` with the pinned fields replaced; ``FieldError`` naming the pin key when
     the result is not a valid configuration."""
     unknown = set(pin) - set(PIN_KEYS)
     if unknown:
-        raise ValueError(f"pin.{sorted(unknown)[0]}: unknown; pin one of {', '.join(PIN_KEYS)}")
+        key = sorted(unknown)[0]
+        raise FieldError(key, f"pin.{key}: unknown; pin one of {', '.join(PIN_KEYS)}")
     layout_pin = dict(pin.get("layout") or {})
     bad = set(layout_pin) - set(_LAYOUT_FIELDS)
     if bad:
-        raise ValueError(f"pin.layout.{sorted(bad)[0]}: not a layout field")
+        raise FieldError("layout", f"pin.layout.{sorted(bad)[0]}: not a layout field")
     placement = pin.get("placement")
     if placement is not None:
         world = len(placement)
         if layout_pin.get("world_size", world) != world:
-            raise ValueError(
+            raise FieldError(
+                "layout",
                 f"pin.layout.world_size={layout_pin['world_size']}: the pinned placement "
-                f"has {world} ranks"
+                f"has {world} ranks",
             )
         layout_pin["world_size"] = world
     layout_fields = {name: getattr(base.layout, name) for name in _LAYOUT_FIELDS}
@@ -72,18 +77,18 @@ def pinned_config(base: JobConfig, pin: Mapping[str, Any]) -> JobConfig:
     try:
         layout = Layout(**layout_fields)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"pin.layout: {exc}") from exc
+        raise FieldError("layout", f"pin.layout: {exc}") from exc
     precision_pin = pin.get("precision") or {}
     try:
         precision = PrecisionMap(**{**base.precision.as_dict(), **precision_pin})
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"pin.precision: {exc}") from exc
+        raise FieldError("precision", f"pin.precision: {exc}") from exc
     compression = base.compression
     if pin.get("compression") is not None:
         try:
             compression = CompressionSpec(**pin["compression"])
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"pin.compression: {exc}") from exc
+            raise FieldError("compression", f"pin.compression: {exc}") from exc
     return JobConfig(layout=layout, precision=precision, compression=compression)
 
 
@@ -106,28 +111,32 @@ def pinned_placement(spec: JobSpec, pin: Mapping[str, Any]) -> Placement | None:
             ),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"pin.placement: {exc}") from exc
+        raise FieldError("placement", f"pin.placement: {exc}") from exc
 
 
 def check_override(
     spec: JobSpec, base: JobConfig, pin: Mapping[str, Any], nodes: Sequence[NodeInfo]
 ) -> tuple[JobConfig, Placement | None]:
-    """The configuration and placement the override pins; ``ValueError`` with the reason
+    """The configuration and placement the override pins; ``FieldError`` with the reason
     when it is infeasible on ``nodes`` (other jobs' use of the GPUs aside: a pinned
-    placement takes its GPUs first when the override is applied)."""
+    placement takes its GPUs first when the override is applied). A configuration that
+    fits nowhere is reported at the first key pinned, a placement that does not work at
+    ``placement``."""
     config = pinned_config(base, pin)
     placement = pinned_placement(spec, pin)
     result = plan(
         [spec], nodes, {spec.job_id: config}, {} if placement is None else {spec.job_id: placement}
     )
     if spec.job_id in result.unplaced:
-        raise ValueError(f"infeasible: {result.unplaced[spec.job_id]}")
+        first = next((key for key in PIN_KEYS if key in pin), "layout")
+        raise FieldError(first, f"infeasible: {result.unplaced[spec.job_id]}")
     if placement is not None and spec.job_id not in result.kept:
         problems = verify_placements([spec], nodes, {spec.job_id: placement})
         problems += _memory_problems(spec, config, placement, nodes)
-        raise ValueError(
+        raise FieldError(
+            "placement",
             "infeasible placement: "
-            + (problems[0] if problems else "a node lacks the job's CPU or host memory")
+            + (problems[0] if problems else "a node lacks the job's CPU or host memory"),
         )
     return config, placement
 

@@ -9,12 +9,22 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from autotune.core import Decision, JobConfig, JobSpec, NodeInfo, Placement, utc_now
+from autotune.core import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    Decision,
+    JobConfig,
+    JobSpec,
+    JobState,
+    NodeInfo,
+    Placement,
+    utc_now,
+)
 from autotune.db.tables import (
     ApiTokenRow,
     DecisionRow,
@@ -71,14 +81,11 @@ __all__ = [
     "upsert_nodes",
 ]
 
-JOB_STATES = ("pending", "running", "finished", "failed", "cancelled")
-ACTIVE_STATES = ("pending", "running")
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRecord:
     spec: JobSpec
-    state: str
+    state: JobState
     state_reason: str
     progress: float
     submitted_at: datetime
@@ -91,7 +98,7 @@ class JobRecord:
 def _job_record(row: JobRow) -> JobRecord:
     return JobRecord(
         spec=from_json(JobSpec, row.spec),
-        state=row.state,
+        state=cast(JobState, row.state),  # checked by _check_state when written
         state_reason=row.state_reason,
         progress=row.progress,
         submitted_at=row.submitted_at,
@@ -158,7 +165,7 @@ def upsert_job(
     *,
     session: Session,
     spec: JobSpec,
-    state: str,
+    state: JobState,
     reason: str = "",
     progress: float = 0.0,
     task: dict[str, Any] | None = None,
@@ -241,7 +248,12 @@ def cancel_requests(*, session: Session) -> list[str]:
 
 
 def set_job_state(
-    *, session: Session, job_id: str, state: str, reason: str = "", progress: float | None = None
+    *,
+    session: Session,
+    job_id: str,
+    state: JobState,
+    reason: str = "",
+    progress: float | None = None,
 ) -> None:
     _check_state(state)
     row = session.get(JobRow, job_id)
@@ -258,7 +270,7 @@ def get_job(*, session: Session, job_id: str) -> JobRecord | None:
 
 
 def list_jobs(
-    *, session: Session, state: str | None = None, limit: int = 100, offset: int = 0
+    *, session: Session, state: JobState | None = None, limit: int = 100, offset: int = 0
 ) -> tuple[list[JobRecord], int]:
     """Jobs newest first, and how many match in all."""
     query = select(JobRow)
@@ -275,7 +287,7 @@ def list_jobs(
 def job_counts(*, session: Session) -> dict[str, int]:
     """Jobs per state, every state present."""
     rows = session.execute(select(JobRow.state, func.count()).group_by(JobRow.state))
-    counts = dict.fromkeys(JOB_STATES, 0)
+    counts: dict[str, int] = dict.fromkeys(JOB_STATES, 0)
     counts.update({state: n for state, n in rows})
     return counts
 

@@ -65,6 +65,7 @@ def test_plan_json_on_the_first_pods_of_each_file(alibaba_dir: Path, pods: str) 
     assert all(set(a) == {"job", "rank", "node", "gpu", "gpu_milli"} for a in report["assignments"])
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 @pytest.mark.parametrize("pods", POD_FILES)
 def test_whole_trace_places_at_least_as_many_pods_as_first_fit(

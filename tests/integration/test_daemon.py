@@ -179,6 +179,7 @@ def get_json(url: str) -> dict[str, object]:
         return json.loads(response.read())  # type: ignore[no-any-return]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
 def test_daemon_serves_decisions_within_10s_and_stops_cleanly(
     tmp_path: Path, stop_signal: signal.Signals
@@ -224,6 +225,7 @@ def test_daemon_serves_decisions_within_10s_and_stops_cleanly(
     assert (tmp_path / "data" / "autotune.db").exists()
 
 
+@pytest.mark.subprocess
 def test_bad_settings_exit_2_before_touching_the_database(tmp_path: Path) -> None:
     env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp_path / "data")}
     done = subprocess.run(
@@ -293,6 +295,7 @@ def test_a_crash_between_commit_and_apply_leaves_decisions_marked_unapplied(
             assert job.state == ("running" if placed_again else "pending")
 
 
+@pytest.mark.subprocess
 def test_an_unknown_backend_exits_2_naming_the_ones_there_are(tmp_path: Path) -> None:
     env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp_path / "data")}
     done = subprocess.run(

@@ -9,8 +9,10 @@ import signal
 import subprocess
 from pathlib import Path
 
-from helpers import autotune_command
-from test_service import Api, free_port, wait_for
+import pytest
+from helpers import Api, autotune_command, free_port, wait_for
+
+pytestmark = [pytest.mark.ray, pytest.mark.subprocess]
 
 TOKEN = "ray-backend-test-token"
 

@@ -74,12 +74,14 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(report["checkpoint"])
 
 
+@pytest.mark.ray
 def test_training_writes_checkpoints(trained: Path) -> None:
     assert (trained / MODULE_PATH).is_dir()
     assert (trained.parent / "iter_0001" / MODULE_PATH).is_dir()
     assert (trained.parent / "report.json").is_file()
 
 
+@pytest.mark.ray
 def test_checkpoint_serves_any_slot_count(trained: Path) -> None:
     """Trained with 4 slots, the shared-slot module acts for 32 in a full episode."""
     server = PolicyServer(trained, slots=32)
@@ -179,6 +181,7 @@ def test_daemon_falls_back_to_rules(
         PolicyServer(checkpoint)
 
 
+@pytest.mark.ray
 def test_daemon_decides_with_the_learned_policy(trained: Path, database: Database) -> None:
     policy = LearnedPolicy(trained)
     assert policy.server is not None
@@ -209,6 +212,8 @@ def test_trial_tuner_sets_each_job_once() -> None:
     assert set(policy.trials.values()) == {5}
 
 
+@pytest.mark.ray
+@pytest.mark.subprocess
 def test_eval_with_learned_policies(pollux_dir: Path, trained: Path, tmp_path: Path) -> None:
     base = [
         *autotune_command(),
@@ -244,6 +249,8 @@ def test_eval_with_learned_policies(pollux_dir: Path, trained: Path, tmp_path: P
     assert bad.stderr.startswith("error:")
 
 
+@pytest.mark.ray
+@pytest.mark.subprocess
 def test_asha_search_smoke(tmp_path: Path) -> None:
     """Two trials of at most two iterations under ASHA; every trial reports a return."""
     run = subprocess.run(

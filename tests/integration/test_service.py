@@ -6,63 +6,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import autotune_command
+from helpers import Api, autotune_command, free_port, wait_for
+
+pytestmark = pytest.mark.subprocess
 
 TICK_S = 0.4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Api:
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}/api/v1"
-
-    def call(
-        self, method: str, path: str, body: object | None = None, token: str | None = None
-    ) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
-        if token is not None:
-            request.add_header("Authorization", f"Bearer {token}")
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
-
-    def get(self, path: str) -> Any:
-        status, body = self.call("GET", path)
-        assert status == 200, (path, status, body)
-        return body
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except OSError:
-            last = None
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 class DaemonProcess:

@@ -14,7 +14,8 @@ from helpers import autotune_command
 
 import autotune.envs  # noqa: F401 - registers the environments
 from autotune.catalog.profiles import MODEL_CATALOG
-from autotune.envs.cluster_env import ClusterEnv, small_nodes
+from autotune.envs.cluster_env import ClusterEnv
+from autotune.envs.presets import small_nodes
 from autotune.envs.simulator import Choice, ClusterSimulator, Job, SimConfig
 from autotune.envs.workloads import synthetic_jobs
 from autotune.perf.model import DEFAULT_COEFFICIENTS
@@ -153,6 +154,7 @@ def test_rules_beat_static_and_oracle_beats_rules_on_goodput() -> None:
         assert static < rules <= oracle
 
 
+@pytest.mark.subprocess
 def test_eval_command_on_a_philly_style_trace(tmp_path: Path) -> None:
     trace = tmp_path / "philly.csv"
     trace.write_text("timestamp,duration,num_gpus\n0,1800,1\n60,3600,2\n120,900,4\n600,2400,8\n")
@@ -187,6 +189,7 @@ def test_eval_command_on_a_philly_style_trace(tmp_path: Path) -> None:
         assert row["n_jobs_done"] >= 3
 
 
+@pytest.mark.subprocess
 def test_eval_command_rejects_two_traces(tmp_path: Path) -> None:
     trace = tmp_path / "philly.csv"
     trace.write_text("timestamp,duration,num_gpus\n0,1800,1\n")

@@ -89,6 +89,7 @@ def test_assign_model_picks_every_model_of_the_size_tier(num_gpus: int, expected
     assert picked == expected
 
 
+@pytest.mark.subprocess
 def test_assign_model_depends_on_seed_and_id_only_not_on_the_interpreter(tmp_path: Path) -> None:
     ids = [f"job-{i}" for i in range(50)]
     here = [assign_model(i, 1, seed=3) for i in ids]

@@ -59,6 +59,7 @@ def test_fit_recovers_step_times_of_a_known_machine() -> None:
     assert spec.peak_tflops["bf16"] / spec.peak_tflops["fp32"] == pytest.approx(0.6, rel=0.1)
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow
 def test_calibrate_command_measures_the_grid_and_saves_a_profile(tmp_path) -> None:
     out = tmp_path / "profile.json"

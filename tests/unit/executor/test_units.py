@@ -278,6 +278,7 @@ def test_compression_and_precision_options(tmp_path) -> None:
         parse_precision(str(path))
 
 
+@pytest.mark.subprocess
 def test_job_run_rejects_bad_input_with_exit_code_2(tmp_path) -> None:
     for args, message in (
         (["--task", "nope"], "expected a built-in name"),

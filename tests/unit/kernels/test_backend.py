@@ -63,6 +63,7 @@ def test_an_unknown_backend_choice_is_refused() -> None:
         pass
 
 
+@pytest.mark.subprocess
 def test_without_the_interpreter_cpu_tensors_take_the_reference(tmp_path: Path) -> None:
     out = run_python(
         """
@@ -90,6 +91,7 @@ def test_without_the_interpreter_cpu_tensors_take_the_reference(tmp_path: Path) 
     assert expected in lines[2]
 
 
+@pytest.mark.subprocess
 def test_without_triton_everything_takes_the_reference(tmp_path: Path) -> None:
     out = run_python(
         """
@@ -179,6 +181,7 @@ print(len(cases))
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not triton_available(), reason="Triton is not installed")
 def test_every_kernel_compiles_for_hopper_without_a_gpu(tmp_path: Path) -> None:
     """The interpreter accepts code the compiler refuses; compiling each kernel variant to

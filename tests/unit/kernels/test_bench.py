@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 from helpers import REPO
 
 
-
+@pytest.mark.subprocess
 def test_the_kernel_benchmark_prints_a_row_per_kernel(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run(

@@ -31,6 +31,7 @@ def _head(src: Path, dst: Path, rows: int) -> Path:
     return dst
 
 
+@pytest.mark.subprocess
 def test_train_eval_smoke(helios_dir: Path, tmp_path: Path) -> None:
     """A few epochs on three days of one cluster; the checkpoint loads, predicts and is
     evaluated on three days of another."""
@@ -94,6 +95,7 @@ def test_train_eval_smoke(helios_dir: Path, tmp_path: Path) -> None:
     assert all(v >= 0 for v in result["mae"].values())
 
 
+@pytest.mark.subprocess
 def test_shipped_checkpoint_on_unseen_series(helios_dir: Path, tmp_path: Path) -> None:
     """Without --model the shipped checkpoint is used, and it never saw this series. Its
     MAE stays within 2% of persistence's (the measured ratio is ~1.0: see README)."""
@@ -120,6 +122,7 @@ def test_shipped_checkpoint_on_unseen_series(helios_dir: Path, tmp_path: Path) -
     assert result["mae"]["lstm"] < result["mae"]["seasonal_naive"]
 
 
+@pytest.mark.subprocess
 def test_eval_bad_input(helios_dir: Path, tmp_path: Path) -> None:
     csv = _head(helios_dir / f"{UNSEEN}.csv.gz", tmp_path / "b.csv", 2000)
     for extra in (["--column", "nope"], ["--horizon", "7"], ["--model", str(tmp_path)]):

@@ -9,7 +9,7 @@ from autotune.catalog.tasks import BUILTIN_TASKS, resolve_task
 from autotune.core import CompressionSpec, JobConfig, JobSpec, Layout, PrecisionMap
 from autotune.daemon.overrides import check_override, pinned_config, pinned_placement
 from autotune.daemon.telemetry import CachedSource, NvmlTelemetry, PsutilTelemetry, host_sources
-from autotune.envs.sim_backend import default_nodes
+from autotune.envs.presets import default_nodes
 
 BASE = JobConfig(
     layout=Layout(world_size=4, tp=2),

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import SHARED_DATA
 
 from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
@@ -21,7 +22,6 @@ from autotune.perf.model import (
     step_time,
 )
 from autotune.perf.stragglers import derive, job_cvs
-from helpers import SHARED_DATA
 
 GPT = MODEL_CATALOG["gpt-350m"]
 

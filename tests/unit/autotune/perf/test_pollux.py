@@ -54,6 +54,7 @@ def test_bad_placement_names_file_row_and_column(tmp_path: Path) -> None:
         validate(tmp_path, apps=("bert",))
 
 
+@pytest.mark.subprocess
 def test_model_validate_command_prints_json(pollux_dir: Path, tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -77,6 +78,7 @@ def test_model_validate_command_prints_json(pollux_dir: Path, tmp_path: Path) ->
     assert isinstance(report["mape_step_time_mean"], float)
 
 
+@pytest.mark.subprocess
 def test_model_validate_rejects_a_missing_folder(tmp_path: Path) -> None:
     result = subprocess.run(
         [*autotune_command(), "model", "validate", "--pollux", str(tmp_path / "nope")],

@@ -1,0 +1,157 @@
+"""``autotune daemon`` (the decision loop, the REST API and the dashboard) and ``autotune db``
+(the database schema)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from autotune.cli.common import ConfigOption, DataDirOption, DbOption, user_errors
+from autotune.errors import InputError
+
+__all__ = ["daemon", "db_app"]
+
+db_app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
+
+
+@user_errors
+def daemon(
+    config: ConfigOption = None,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+    host: Annotated[
+        str | None, typer.Option(help="Address the API binds to (default 127.0.0.1).")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="API port (default 8000).")] = None,
+    tick_s: Annotated[
+        float | None, typer.Option("--tick-s", help="Seconds between decision rounds (default 2).")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the simulated cluster's job stream (default 0).")
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            help="The cluster to drive: sim (the built-in simulated one) or ray (jobs "
+            "trained for real by Ray actors; local Ray unless --ray-address)."
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="The Ray cluster to join (ray backend) and whose state API to read (telemetry).",
+        ),
+    ] = None,
+    sim_initial_jobs: Annotated[
+        int | None,
+        typer.Option("--sim-initial-jobs", help="Jobs waiting when the simulator starts (6)."),
+    ] = None,
+    sim_max_jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--sim-max-jobs", help="Jobs the simulator's stream makes in all (0: API jobs only)."
+        ),
+    ] = None,
+    log_format: Annotated[
+        str | None, typer.Option("--log-format", help="json (default) or text.")
+    ] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, ...")] = None,
+    policy: Annotated[
+        str, typer.Option(help="rules, or ppo (the learned policy; rules if it cannot load).")
+    ] = "rules",
+    policy_checkpoint: Annotated[
+        Path | None, typer.Option(help="RLModule checkpoint for ppo (default: the shipped one).")
+    ] = None,
+) -> None:
+    """Run the decision loop, the REST API and the dashboard until Ctrl-C or SIGTERM.
+
+    With no attached cluster it drives the built-in simulated cluster (32 GPUs, a
+    seeded job stream) with the rule-based policy, and stores every decision in SQLite
+    before applying it. API: http://HOST:PORT/api/v1, OpenAPI docs at /docs, dashboard
+    at /. Mutations need the token in $AUTOTUNE_TOKEN; without it, a token is generated
+    at the first start and printed once.
+    """
+    from autotune.daemon.auth import ensure_token
+    from autotune.daemon.backends import build_backend
+    from autotune.daemon.log import configure_logging
+    from autotune.daemon.loop import Daemon, serve
+    from autotune.daemon.settings import load_settings
+    from autotune.daemon.telemetry import host_sources
+    from autotune.db import Database
+    from autotune.policies.rules import RulesPolicy
+
+    settings = load_settings(
+        config,
+        db_url=db,
+        data_dir=data_dir,
+        host=host,
+        port=port,
+        tick_s=tick_s,
+        seed=seed,
+        backend=backend,
+        ray_address=ray_address,
+        sim_initial_jobs=sim_initial_jobs,
+        sim_max_jobs=sim_max_jobs,
+        log_format=log_format,
+        log_level=log_level.upper() if log_level else None,
+    )
+    configure_logging(settings.log_level, settings.log_format)
+    if policy not in ("rules", "ppo"):
+        raise InputError(f"--policy {policy!r}: rules or ppo")
+    cluster = build_backend(settings)
+    if settings.db_url is None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    database = Database(settings.database_url)
+    database.upgrade()
+    token_check, new_token = ensure_token(
+        database, settings.token.get_secret_value() if settings.token else None
+    )
+    if new_token is not None:  # shown once, on stdout, never through the log
+        typer.echo(
+            f"API token (shown once; only its hash is stored): {new_token}\n"
+            "Set AUTOTUNE_TOKEN to it for `autotune job ...` and other API clients."
+        )
+        sys.stdout.flush()
+    chosen = RulesPolicy() if policy == "rules" else _learned_policy(policy_checkpoint)
+    serve(
+        Daemon(db=database, backend=cluster, policy=chosen),
+        host=settings.host,
+        port=settings.port,
+        tick_s=settings.tick_s,
+        telemetry=cluster.name,
+        token_check=token_check,
+        task_modules=settings.task_modules,
+        max_body_bytes=settings.max_body_bytes,
+        host_telemetry=host_sources(settings.ray_address),
+    )
+
+
+def _learned_policy(checkpoint: Path | None) -> Any:
+    from autotune.policies.serving import LearnedPolicy
+
+    return LearnedPolicy(checkpoint)
+
+
+@db_app.command("upgrade")
+@user_errors
+def db_upgrade(
+    config: ConfigOption = None,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+    revision: Annotated[str, typer.Option(help="Target revision.")] = "head",
+) -> None:
+    """Create or migrate the database schema (Alembic)."""
+    from autotune.daemon.settings import load_settings
+    from autotune.db import Database
+
+    settings = load_settings(config, db_url=db, data_dir=data_dir)
+    if settings.db_url is None:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    database = Database(settings.database_url)
+    database.upgrade(revision)
+    typer.echo(f"database at revision {database.current_revision()}: {settings.database_url}")
+    database.dispose()

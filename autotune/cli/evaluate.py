@@ -1,0 +1,164 @@
+"""``autotune eval``: replay a trace in the simulator under several policies and compare
+them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from autotune.cli.common import JsonOption, progress_bar, user_errors
+from autotune.cli.policy import learned_policies
+from autotune.errors import InputError
+
+__all__ = ["eval_policies"]
+
+
+@user_errors
+def eval_policies(
+    nodes: Annotated[
+        Path | None, typer.Option(help="Alibaba v2023 node list (with --jobs).")
+    ] = None,
+    jobs: Annotated[Path | None, typer.Option(help="Alibaba v2023 pod list.")] = None,
+    pollux_workload: Annotated[
+        Path | None, typer.Option(help="Pollux workload CSV (name,time,application,...).")
+    ] = None,
+    philly_jobs: Annotated[
+        Path | None, typer.Option(help="Philly-style job list (timestamp,duration,num_gpus).")
+    ] = None,
+    gpus: Annotated[
+        int, typer.Option(min=1, help="Cluster size for Pollux (4 T4 per node) or Philly (8 P100).")
+    ] = 64,
+    limit_jobs: Annotated[int | None, typer.Option(min=1, help="Replay the first N jobs.")] = None,
+    skip_jobs: Annotated[
+        int, typer.Option(min=0, help="Leave out the first N jobs (before --limit-jobs).")
+    ] = 0,
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated: static, rules, random, tiresias, oracle, ppo (the learned "
+            "policy), tune (per-job trial search)."
+        ),
+    ] = "static,rules,tiresias,oracle",
+    policy_checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="RLModule checkpoint for ppo (default: the one shipped)."),
+    ] = None,
+    tune_budget_s: Annotated[
+        float, typer.Option(min=0.0, help="Simulated trial time per job for tune (s).")
+    ] = 1800.0,
+    tune_charge: Annotated[
+        bool,
+        typer.Option(help="tune: the trial time delays each job (--no-tune-charge: free)."),
+    ] = True,
+    seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy.")] = 3,
+    slots: Annotated[int, typer.Option(min=1, help="Jobs a policy decides per round.")] = 32,
+    interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 300.0,
+    trace_seed: Annotated[int, typer.Option(help="Seed of model assignment to trace jobs.")] = 0,
+    as_json: JsonOption = False,
+) -> None:
+    """Replay a trace in the simulator under several policies, same jobs and seeds, and
+    compare job completion time, makespan, goodput and GPU utilisation."""
+    from autotune.envs import traces
+    from autotune.envs.presets import philly_nodes, pollux_nodes
+    from autotune.envs.traces import load_nodes
+    from autotune.envs.workloads import jobs_from_trace
+    from autotune.policies.baselines import BASELINES
+    from autotune.policies.evaluate import evaluate
+
+    sources = [x is not None for x in (jobs, pollux_workload, philly_jobs)]
+    if sum(sources) != 1:
+        raise InputError("give one trace: --nodes/--jobs, --pollux-workload or --philly-jobs")
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    known = [*BASELINES, "ppo", "tune"]
+    unknown = [p for p in names if p not in known]
+    if unknown or not names:
+        raise InputError(f"unknown policy {unknown}; known: {', '.join(known)}")
+    if jobs is not None:
+        if nodes is None:
+            raise InputError("--jobs needs --nodes")
+        node_list = load_nodes(nodes)
+        limit = None if limit_jobs is None else skip_jobs + limit_jobs
+        trace = traces.alibaba_jobs(jobs, seed=trace_seed, limit=limit)[skip_jobs:]
+        info: dict[str, Any] = {"kind": "alibaba", "path": str(jobs)}
+    elif pollux_workload is not None:
+        node_list = pollux_nodes(gpus)
+        trace = _window(traces.pollux_workload(pollux_workload), skip_jobs, limit_jobs)
+        info = {"kind": "pollux", "path": str(pollux_workload)}
+    else:
+        assert philly_jobs is not None
+        node_list = philly_nodes(gpus)
+        trace = _window(traces.philly_jobs(philly_jobs, seed=trace_seed), skip_jobs, limit_jobs)
+        info = {"kind": "philly", "path": str(philly_jobs)}
+    total = sum(n.gpu_count for n in node_list)
+    too_big = [t.job_id for t in trace if t.num_gpus > total]
+    if too_big:
+        raise InputError(
+            f"{len(too_big)} job(s) ask for more than the {total} GPUs, e.g. {too_big[0]}"
+        )
+    if not trace:
+        raise InputError("no jobs left to replay (--skip-jobs/--limit-jobs)")
+    sim_jobs = jobs_from_trace(_rebase(trace))
+    extra = learned_policies(
+        names,
+        checkpoint=policy_checkpoint,
+        slots=slots,
+        budget_s=tune_budget_s,
+        charge=tune_charge,
+    )
+    if "ppo" in names:
+        info["policy_checkpoint"] = str(policy_checkpoint or "shipped")
+    if "tune" in names:
+        info["tune_budget_s"] = tune_budget_s
+        info["tune_charge"] = tune_charge
+    progress = progress_bar(
+        "{task.description}", "{task.completed}/{task.total} runs", enabled=not as_json
+    )
+    with progress:
+        task = progress.add_task("evaluating", total=len(names) * seeds)
+        report = evaluate(
+            nodes=node_list,
+            jobs=sim_jobs,
+            policies=names,
+            seeds=seeds,
+            slots=slots,
+            interval_s=interval,
+            trace=info,
+            extra=extra,
+            progress=lambda name, seed: progress.update(
+                task, advance=1, description=f"{name} seed {seed}"
+            ),
+        )
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    out = Console()
+    out.print(
+        f"{report['trace']['jobs']} jobs on {report['trace']['gpus']} GPUs, "
+        f"{seeds} seed(s); means over seeds"
+    )
+    out.print(
+        f"{'policy':10s} {'avg JCT s':>10s} {'p99 JCT s':>10s} {'makespan s':>11s} "
+        f"{'goodput':>8s} {'GPU util':>8s} {'done':>6s}"
+    )
+    for name, row in report["policies"].items():
+        out.print(
+            f"{name:10s} {row['avg_jct_s']:10.0f} {row['p99_jct_s']:10.0f} "
+            f"{row['makespan_s']:11.0f} {row['goodput']:8.2f} {row['gpu_util']:8.1%} "
+            f"{row['n_jobs_done']:6.0f}"
+        )
+
+
+def _window(trace: list[Any], skip: int, limit: int | None) -> list[Any]:
+    return trace[skip:] if limit is None else trace[skip : skip + limit]
+
+
+def _rebase(trace: list[Any]) -> list[Any]:
+    """Submission times from the first kept job (after --skip-jobs)."""
+    from dataclasses import replace
+
+    origin = min(t.submit_s for t in trace)
+    return [replace(t, submit_s=t.submit_s - origin) for t in trace] if origin else trace
