@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
-from typing import Literal, get_args
+from typing import Literal, cast, get_args
 
 from autotune.errors import FieldError
 
@@ -396,6 +396,39 @@ class CompressionSpec:
         elif self.rank is not None:
             raise _fail(owner, "rank", self.rank, f"only powersgd takes a rank, not {self.kind}")
 
+    def __str__(self) -> str:
+        """The text form the command line takes: ``none``, ``topk:0.01``, ``int8``, ``fp8``,
+        ``powersgd:4``."""
+        if self.kind == "topk":
+            return f"topk:{self.ratio:g}"
+        if self.kind == "powersgd":
+            return f"powersgd:{self.rank}"
+        return self.kind
+
+    @classmethod
+    def parse(cls, text: str) -> CompressionSpec:
+        """The spec ``text`` names (the inverse of ``str``); ``FieldError`` saying why not."""
+        kind, sep, value = text.strip().partition(":")
+        if kind not in COMPRESSION_KINDS:
+            raise FieldError(
+                "compression", f"{text!r}: use none, topk:RATIO, int8, fp8 or powersgd:RANK"
+            )
+        if kind in ("topk", "powersgd") and not value:
+            what = "RATIO" if kind == "topk" else "RANK"
+            raise FieldError("compression", f"{text!r}: {kind} needs a value, {kind}:{what}")
+        if kind not in ("topk", "powersgd") and sep:
+            raise FieldError(
+                "compression", f"{text!r}: only topk:RATIO and powersgd:RANK take a value"
+            )
+        try:
+            if kind == "topk":
+                return cls(kind="topk", ratio=float(value))
+            if kind == "powersgd":
+                return cls(kind="powersgd", rank=int(value))
+        except ValueError as exc:
+            raise FieldError("compression", f"{text!r}: {exc}") from None
+        return cls(kind=cast(CompressionKind, kind))
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class JobConfig:
@@ -413,6 +446,17 @@ class JobConfig:
     def data_parallel(cls, world_size: int) -> JobConfig:
         """Plain data parallelism in fp32 without compression."""
         return cls(layout=Layout(world_size=world_size))
+
+    def describe(self) -> str:
+        """A short summary for people: ``dp=4 tp=2 pp=1 +ckpt, bf16, topk:0.01`` (the
+        narrowest precision of the map; the compression as the command line writes it)."""
+        layout = self.layout
+        parts = f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
+        if layout.pp > 1:
+            parts += f" m={layout.micro_batches}"
+        if layout.activation_checkpointing:
+            parts += " +ckpt"
+        return f"{parts}, {self.precision.lowest()}, {self.compression}"
 
 
 # --------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
-from autotune.executor.runner import JobRunner, ensure_ray
+from autotune.executor.runner import JobRunner, RunnerConfig, ensure_ray
 
 WARMUP = 5
 
@@ -88,14 +88,14 @@ def main() -> None:
             rows.append({"config": name, "skipped": f"needs {config.world_size} devices"})
             continue
         started = time.perf_counter()
-        result = JobRunner(
-            "gpt-char",
-            config,
+        run = RunnerConfig(
+            task="gpt-char",
             steps=args.steps + WARMUP,
             batch_size=args.batch_size,
             seed=args.seed,
             device=device,
-        ).run()
+        )
+        result = JobRunner(run, config).run()
         step = statistics.median(result.step_times_s[WARMUP:])
         rows.append(
             {

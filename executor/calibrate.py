@@ -79,13 +79,6 @@ class Measurement:
     bytes_sent: int
 
 
-def describe(config: JobConfig) -> str:
-    layout, comp = config.layout, config.compression
-    text = f"dp{layout.dp}xtp{layout.tp}xpp{layout.pp}"
-    text += f" {comp.kind}{':' + str(comp.ratio) if comp.ratio else ''}"
-    return f"{text} {config.precision.ffn}"
-
-
 # Free parameters, all fitted on a log scale. One rank is one core on CPU: 0.5 TFLOP/s is
 # above any core's fp32 peak (2 AVX-512 FMA x 16 lanes x 2 FLOP x 4 GHz = 0.26), so the
 # bound only keeps the fit physical.
@@ -143,9 +136,10 @@ def fit_profile(
 
 
 def measure(config: JobConfig, *, steps: int, seed: int = 0, warmup: int = 2) -> Measurement:
-    from autotune.executor.runner import JobRunner
+    from autotune.executor.runner import JobRunner, RunnerConfig
 
-    result = JobRunner(TASK, config, steps=steps + warmup, batch_size=BATCH, seed=seed).run()
+    run = RunnerConfig(task=TASK, steps=steps + warmup, batch_size=BATCH, seed=seed)
+    result = JobRunner(run, config).run()
     times = result.step_times_s[warmup:]
     return Measurement(config, statistics.median(times), result.bytes_sent)
 
@@ -163,7 +157,7 @@ def calibrate(
     rows = []
     for i, config in enumerate(grid):
         if progress:
-            progress(i, len(grid), describe(config))
+            progress(i, len(grid), config.describe())
         rows.append(measure(config, steps=steps, seed=seed))
     if progress:
         progress(len(grid), len(grid), "fitting")
@@ -193,7 +187,7 @@ def calibrate(
         "coefficients": {f.name: getattr(coeffs, f.name) for f in fields(coeffs)},
         "configs": [
             {
-                "config": describe(m.config),
+                "config": m.config.describe(),
                 "measured_step_s": round(m.step_time_s, 5),
                 "predicted_step_s": round(float(p), 5),
                 "held_out_predicted_step_s": round(h, 5),

@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
 from autotune.executor.cluster import ray_nodes
-from autotune.executor.runner import JobRunner, ensure_ray
+from autotune.executor.runner import JobRunner, RunnerConfig, ensure_ray
 from autotune.interfaces import ClusterSnapshot, JobState, JobStatus, JobSubmission
 
 __all__ = ["RayBackend"]
@@ -162,17 +162,15 @@ class RayBackend:
                     if isinstance(value, int | float) and key != "step"
                 }
 
-        runner = JobRunner(
-            job.submission.task,
-            config,
+        run = RunnerConfig(
+            task=job.submission.task,
             steps=job.submission.steps,
-            placement=placement,
             batch_size=job.submission.spec.global_batch,
             checkpoint_dir=self._root / job_id,
             checkpoint_every=self._every,
             device=self._device,
-            on_step=on_step,
         )
+        runner = JobRunner(run, config, placement=placement, on_step=on_step)
         job.runner, job.config, job.placement, job.state = runner, config, placement, "running"
         job.thread = threading.Thread(
             target=self._run, args=(job,), name=f"job-{job_id}", daemon=True

@@ -30,7 +30,14 @@ from autotune.executor.parallel import ParallelError
 from autotune.executor.tasks import TaskError, load_task
 from autotune.executor.worker import RankWorker, WorkerSpec
 
-__all__ = ["ExecutorError", "JobResult", "JobRunner", "check_config", "ensure_ray"]
+__all__ = [
+    "ExecutorError",
+    "JobResult",
+    "JobRunner",
+    "RunnerConfig",
+    "check_config",
+    "ensure_ray",
+]
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +128,59 @@ class _WorkerDied(Exception):  # noqa: N818 - control flow within the runner
     pass
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class RunnerConfig:
+    """How to run one job: what to train, for how long, where to checkpoint, and how
+    patiently to wait for ranks. The layout, compression and precision (``JobConfig``)
+    and the nodes (``Placement``) are what the Planner decides, and go to ``JobRunner``
+    separately, since ``apply`` changes them while the job runs."""
+
+    task: str
+    """The task to train: a built-in name (``gpt-char``, ``mlp-synthetic``) or
+    ``path/to/file.py:ClassName``."""
+
+    steps: int
+    """Training steps to reach (a resumed job counts the steps already checkpointed);
+    >= 1."""
+
+    batch_size: int | None = None
+    """Global batch in samples per step, split across the data-parallel ranks; ``None``:
+    the task's default."""
+
+    seed: int = 0
+    """Seed for the weights and the data (the same on every rank)."""
+
+    checkpoint_dir: Path | None = None
+    """Directory of the ``step-XXXXXXXX.pt`` checkpoints, created if missing, kept after
+    the run; ``None``: a temporary directory, removed when ``run`` returns."""
+
+    checkpoint_every: int = 50
+    """Steps between checkpoints (the last step is always checkpointed); >= 1."""
+
+    device: str = "cpu"
+    """``cpu`` or ``cuda`` (one GPU per rank)."""
+
+    learning_rate: float | None = None
+    """Adam's learning rate; ``None``: the task's default."""
+
+    max_restarts: int = 3
+    """Times the job's ranks are restarted from the last checkpoint after a rank dies
+    before the run gives up."""
+
+    placement_timeout_s: float = 120.0
+    """Seconds to wait for Ray to reserve the ranks' slots (on the placement's nodes)
+    before giving up."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ExecutorError(f"steps must be >= 1, not {self.steps}")
+        if self.checkpoint_every < 1:
+            raise ExecutorError(f"checkpoint interval must be >= 1, not {self.checkpoint_every}")
+
+
 class JobRunner:
-    """Trains ``task`` under ``config`` on ``placement`` (Ray node ids per rank; ``None``
-    lets Ray pack the ranks) for ``steps`` steps.
+    """Trains ``run_config.task`` under ``config`` on ``placement`` (Ray node ids per
+    rank; ``None`` lets Ray pack the ranks) for ``run_config.steps`` steps.
 
     ``on_step(runner, step, metrics)`` is called after every step (from the training
     thread); ``apply`` may be called from it or from any thread and takes effect before
@@ -132,39 +189,24 @@ class JobRunner:
 
     def __init__(
         self,
-        task: str,
+        run_config: RunnerConfig,
         config: JobConfig,
         *,
-        steps: int,
         placement: Placement | None = None,
-        batch_size: int | None = None,
-        seed: int = 0,
-        checkpoint_dir: str | Path | None = None,
-        checkpoint_every: int = 50,
-        device: str = "cpu",
-        learning_rate: float | None = None,
         on_step: Callable[[JobRunner, int, dict[str, Any]], None] | None = None,
-        max_restarts: int = 3,
-        placement_timeout_s: float = 120.0,
     ) -> None:
-        if steps < 1:
-            raise ExecutorError(f"steps must be >= 1, not {steps}")
-        if checkpoint_every < 1:
-            raise ExecutorError(f"checkpoint interval must be >= 1, not {checkpoint_every}")
-        probe = load_task(task, batch_size=batch_size)  # fail fast, in the caller
+        probe = load_task(run_config.task, batch_size=run_config.batch_size)  # fail fast
         self.samples_per_step = int(getattr(probe, "batch_size", 0) or 0)
         check_config(config)
         self._check_placement(config, placement)
-        self.task, self.steps, self.seed = task, steps, seed
-        self.batch_size, self.device, self.learning_rate = batch_size, device, learning_rate
+        self.run_config = run_config
         self.config, self.placement = config, placement
-        self._own_dir = checkpoint_dir is None
-        self.checkpoint_dir = Path(checkpoint_dir or tempfile.mkdtemp(prefix="autotune-ckpt-"))
+        self._own_dir = run_config.checkpoint_dir is None
+        self.checkpoint_dir = Path(
+            run_config.checkpoint_dir or tempfile.mkdtemp(prefix="autotune-ckpt-")
+        )
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint_every = checkpoint_every
         self.on_step = on_step
-        self.max_restarts = max_restarts
-        self.placement_timeout_s = placement_timeout_s
         self.step = 0
         self.workers: list[Any] = []
         self._group: Any = None
@@ -182,6 +224,11 @@ class JobRunner:
             placement=[],
             events=[],
         )
+
+    @property
+    def steps(self) -> int:
+        """The steps the job runs to (``run_config.steps``)."""
+        return self.run_config.steps
 
     @staticmethod
     def _check_placement(config: JobConfig, placement: Placement | None) -> None:
@@ -224,7 +271,7 @@ class JobRunner:
                     metrics = self._step_all()
                 except _WorkerDied as died:
                     restarts += 1
-                    if restarts > self.max_restarts:
+                    if restarts > self.run_config.max_restarts:
                         raise ExecutorError(
                             f"a rank died {restarts} times; giving up at step {self.step}: {died}"
                         ) from None
@@ -232,7 +279,7 @@ class JobRunner:
                     continue
                 self.step += 1
                 self._record(metrics)
-                if self.step % self.checkpoint_every == 0 or self.step == self.steps:
+                if self.step % self.run_config.checkpoint_every == 0 or self.step == self.steps:
                     self._save_checkpoint()
                 if self.on_step is not None:
                     self.on_step(self, self.step, self._last)
@@ -254,7 +301,8 @@ class JobRunner:
 
         config, placement = self.config, self.placement
         world = config.world_size
-        gpu = self.device == "cuda"
+        run = self.run_config
+        gpu = run.device == "cuda"
         bundles = [{"CPU": 1.0, **({"GPU": 1.0} if gpu else {})} for _ in range(world)]
         selectors = None
         if placement is not None:
@@ -268,22 +316,22 @@ class JobRunner:
                 )
         self._group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
         try:
-            ray.get(self._group.ready(), timeout=self.placement_timeout_s)
+            ray.get(self._group.ready(), timeout=run.placement_timeout_s)
         except ray.exceptions.GetTimeoutError:
             wanted = "the nodes asked for" if placement is not None else "the cluster"
             self._remove_group()
             raise ExecutorError(
                 f"could not reserve {world} rank slots ({bundles[0]} each) on {wanted} "
-                f"within {self.placement_timeout_s:.0f} s"
+                f"within {run.placement_timeout_s:.0f} s"
             ) from None
         spec = WorkerSpec(
-            task=self.task,
+            task=run.task,
             config=config,
-            seed=self.seed,
-            batch_size=self.batch_size,
-            device=self.device,
+            seed=run.seed,
+            batch_size=run.batch_size,
+            device=run.device,
             kernel_backend="auto" if gpu else "reference",
-            learning_rate=self.learning_rate,
+            learning_rate=run.learning_rate,
         )
         env = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
         actor = ray.remote(RankWorker)

@@ -40,6 +40,37 @@ def helios_dir() -> Path:
     return HELIOS
 
 
+# --- Ray ------------------------------------------------------------------------------
+# One local Ray for the whole test run: started by the first test that asks for it and
+# stopped when the run ends, so each module does not pay Ray's start (about 4 s here).
+# Its logical CPUs are a scheduling count, not threads: the largest layout the tests
+# train (dp x tp x pp = 2 x 2 x 2) places 8 one-CPU ranks, so it is never sized below 8,
+# and on a larger machine it takes every core.
+RAY_CPUS = max(8, os.cpu_count() or 1)
+
+
+@pytest.fixture(scope="session")
+def _ray_session() -> Iterator[None]:
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture
+def local_ray(_ray_session: None) -> str:
+    """The address of the test run's local Ray (started if this is the first use, or if a
+    test of a multi-node ``ray.cluster_utils.Cluster`` stopped it)."""
+    import ray
+
+    from autotune.executor.runner import ensure_ray
+
+    ensure_ray(num_cpus=RAY_CPUS)
+    address: str = ray.get_runtime_context().gcs_address
+    return address
+
+
 @pytest.fixture
 def database(tmp_path: Path) -> Database:
     db = Database(sqlite_url(tmp_path / "autotune.db"))

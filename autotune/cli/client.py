@@ -14,13 +14,15 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from autotune.cli.common import JsonOption, fail
+from autotune.cli.common import JsonOption, fail, parse_compression
+from autotune.errors import InputError
 
 __all__ = ["decisions_command", "job_app", "override_app"]
 
@@ -276,18 +278,11 @@ def _print_explanation(explained: dict[str, Any]) -> None:
 
 
 def _compression(value: str) -> dict[str, Any]:
-    kind, _, parameter = value.partition(":")
-    spec: dict[str, Any] = {"kind": kind}
     try:
-        if kind == "topk" and parameter:
-            spec["ratio"] = float(parameter)
-        elif kind == "powersgd" and parameter:
-            spec["rank"] = int(parameter)
-        elif parameter:
-            fail(f"--compression {value!r}: only topk:RATIO and powersgd:RANK take a value", 2)
-    except ValueError:
-        fail(f"--compression {value!r}: not a number after ':'", 2)
-    return spec
+        spec = parse_compression(value)
+    except InputError as exc:
+        fail(str(exc))
+    return {k: v for k, v in asdict(spec).items() if v is not None}
 
 
 def _precision(values: list[str]) -> dict[str, str]:

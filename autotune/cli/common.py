@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autotune.core import CompressionSpec
 from autotune.errors import InputError
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "JsonOption",
     "err",
     "fail",
+    "parse_compression",
     "progress_bar",
     "user_errors",
 ]
@@ -68,6 +70,15 @@ def progress_bar(
         transient=True,
         disable=not (enabled and err.is_terminal),
     )
+
+
+def parse_compression(text: str) -> CompressionSpec:
+    """A ``--compression`` value: ``none``, ``topk:RATIO``, ``int8``, ``fp8`` or
+    ``powersgd:RANK`` (``CompressionSpec.parse``); ``InputError`` saying why not."""
+    try:
+        return CompressionSpec.parse(text)
+    except ValueError as exc:
+        raise InputError(f"--compression {exc}") from None
 
 
 ConfigOption = Annotated[

@@ -5,17 +5,13 @@ to this machine)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any, cast
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from autotune.cli.common import JsonOption, fail, parse_compression, progress_bar
 from autotune.core import (
-    CompressionKind,
-    CompressionSpec,
     JobConfig,
     Layout,
     Precision,
@@ -23,38 +19,7 @@ from autotune.core import (
 )
 from autotune.errors import InputError
 
-__all__ = ["calibrate_command", "parse_compression", "parse_precision", "run_command"]
-
-_err = Console(stderr=True)
-
-
-def _progress_bar(label: str, unit: str) -> Progress:
-    """A bar on stderr, when it is a terminal; tasks carry a ``note`` field."""
-    return Progress(
-        TextColumn(label),
-        BarColumn(),
-        TextColumn(f"{{task.completed}}/{{task.total}} {unit}"),
-        TextColumn("{task.fields[note]}"),
-        TimeElapsedColumn(),
-        console=_err,
-        transient=True,
-        disable=not _err.is_terminal,
-    )
-
-
-def parse_compression(text: str) -> CompressionSpec:
-    """``none`` | ``topk:RATIO`` | ``int8`` | ``fp8`` | ``powersgd:RANK``."""
-    kind, _, arg = text.partition(":")
-    try:
-        if kind == "topk":
-            return CompressionSpec(kind="topk", ratio=float(arg))
-        if kind == "powersgd":
-            return CompressionSpec(kind="powersgd", rank=int(arg))
-        if kind in ("none", "int8", "fp8") and not arg:
-            return CompressionSpec(kind=cast(CompressionKind, kind))
-    except ValueError as exc:
-        raise InputError(f"--compression {text!r}: {exc}") from None
-    raise InputError(f"--compression {text!r}: use none, topk:RATIO, int8, fp8 or powersgd:RANK")
+__all__ = ["calibrate_command", "parse_precision", "run_command"]
 
 
 def parse_precision(text: str) -> PrecisionMap:
@@ -132,13 +97,13 @@ def run_command(
     device: Annotated[
         str, typer.Option("--device", help="auto | cpu | cuda (auto: cuda when present).")
     ] = "auto",
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
     """Train one job with the given layout, compression and precision, and report loss,
     bytes sent against a dense all-reduce, step time and where each rank ran."""
     import torch
 
-    from autotune.executor.runner import ExecutorError, JobRunner, ensure_ray
+    from autotune.executor.runner import ExecutorError, JobRunner, RunnerConfig, ensure_ray
 
     try:
         config = JobConfig(
@@ -161,31 +126,29 @@ def run_command(
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
         raise InputError(f"--device {device!r}: use auto, cpu or cuda")
-    progress = _progress_bar("training", "steps")
+    progress = progress_bar("training", "{task.completed}/{task.total} steps {task.fields[note]}")
     bar = progress.add_task("train", total=steps, note="")
 
     def on_step(_runner: Any, step: int, metrics: dict[str, Any]) -> None:
         loss = metrics.get("loss")
         progress.update(bar, completed=step, note=f"loss {loss:.4f}" if loss is not None else "")
 
-    runner = JobRunner(
-        task,
-        config,
+    run = RunnerConfig(
+        task=task,
         steps=steps,
         batch_size=batch_size,
         seed=seed,
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         device=device,
-        on_step=on_step,
     )
+    runner = JobRunner(run, config, on_step=on_step)
     started = ensure_ray(ray_address, num_cpus=config.world_size)
     try:
         with progress:
             result = runner.run()
     except ExecutorError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        raise typer.Exit(code=1) from None
+        fail(str(exc), code=1)
     finally:
         if started:
             import ray
@@ -227,17 +190,22 @@ def calibrate_command(
     ray_address: Annotated[
         str | None, typer.Option("--ray-address", help="Join this Ray cluster.")
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
 ) -> None:
-    """Train gpt-char under 12 configurations (layouts x compression x precision) on this
-    machine, fit the performance model's device and coefficients to the measured step
-    times, save the profile, and report the step-time error (target MAPE <= 15%)."""
+    """Fit the performance model to this machine from gpt-char runs under 12 configurations.
+
+    Trains gpt-char under 12 configurations (layouts x compression x precision) here, fits
+    the performance model's device and coefficients to the measured step times (the
+    fitter ``autotune model calibrate`` uses for the Pollux measurements), saves the
+    profile, and reports the step-time error (target MAPE <= 15%)."""
     from autotune.daemon.settings import Settings
     from autotune.executor.calibrate import GRID, calibrate, save_profile
     from autotune.executor.runner import ensure_ray
 
     target = out or Settings().data_dir / "calibration.json"
-    progress = _progress_bar("calibrating", "configurations")
+    progress = progress_bar(
+        "calibrating", "{task.completed}/{task.total} configurations {task.fields[note]}"
+    )
     bar = progress.add_task("calibrate", total=len(GRID), note="")
     started = ensure_ray(ray_address, num_cpus=2)
     try:

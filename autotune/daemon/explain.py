@@ -25,7 +25,7 @@ from autotune.core import (
 )
 from autotune.perf.model import estimate, shape_of
 
-__all__ = ["describe_config", "explain_decision"]
+__all__ = ["explain_decision"]
 
 _PRECISIONS: Final[tuple[Precision, ...]] = ("fp32", "bf16", "fp16", "fp8")
 _COMPRESSIONS: Final = (
@@ -36,23 +36,6 @@ _COMPRESSIONS: Final = (
     CompressionSpec(kind="powersgd", rank=4),
 )
 _MAX_ALTERNATIVES: Final = 8
-
-
-def describe_config(config: JobConfig) -> str:
-    """A short summary: ``dp=4 tp=2 pp=1 +ckpt, bf16, int8``."""
-    layout = config.layout
-    parts = f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
-    if layout.pp > 1:
-        parts += f" m={layout.micro_batches}"
-    if layout.activation_checkpointing:
-        parts += " +ckpt"
-    compression = config.compression
-    compressed: str = compression.kind
-    if compression.ratio is not None:
-        compressed += f"({compression.ratio:g})"
-    if compression.rank is not None:
-        compressed += f"(rank {compression.rank})"
-    return f"{parts}, {config.precision.lowest()}, {compressed}"
 
 
 def _neighbours(config: JobConfig) -> list[tuple[str, JobConfig]]:
@@ -91,7 +74,7 @@ def explain_decision(
     """The explanation stored with a decision (a JSON object)."""
     explanation: dict[str, Any] = {
         "features": {name: round(float(value), 6) for name, value in features.items()},
-        "chosen": {"config": describe_config(config)},
+        "chosen": {"config": config.describe()},
         "alternatives": [],
         "why": why,
     }
@@ -113,7 +96,7 @@ def explain_decision(
     explanation["alternatives"] = [
         {
             "change": change,
-            "config": describe_config(candidate),
+            "config": candidate.describe(),
             "predicted_goodput": round(goodput, 3),
             "fits_memory": fits,
         }

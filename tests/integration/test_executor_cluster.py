@@ -11,12 +11,18 @@ from ray.cluster_utils import Cluster
 
 from autotune.core import JobConfig, JobSpec, Layout, NodeInfo, Placement, RankSlot
 from autotune.executor.cluster import ray_nodes
-from autotune.executor.runner import ExecutorError, JobRunner, ensure_ray
+from autotune.executor.runner import ExecutorError, JobRunner, RunnerConfig, ensure_ray
 from autotune.planner import plan
+
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
 def nodes() -> Iterator[list[NodeInfo]]:
+    # A driver joins one Ray at a time: leave the test run's local Ray (the next test that
+    # needs it starts it again) and join the 3-node cluster.
+    if ray.is_initialized():
+        ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     try:
         for _ in range(2):
@@ -54,7 +60,7 @@ def test_every_rank_runs_where_the_planner_put_it(nodes: list[NodeInfo]) -> None
         current={"other": busy},
     )
     chosen = result.placements["train"]
-    ran = JobRunner("gpt-char", config, steps=2, placement=chosen).run()
+    ran = JobRunner(RunnerConfig(task="gpt-char", steps=2), config, placement=chosen).run()
     assert [(p["rank"], p["node"]) for p in ran.placement] == where(chosen)
     assert len(ran.losses) == 2
 
@@ -65,7 +71,7 @@ def test_a_hand_made_placement_is_honoured(nodes: list[NodeInfo]) -> None:
         ranks=tuple(RankSlot(rank=i, node_id=nodes[2 - i].node_id, gpu_index=0) for i in range(3)),
     )
     config = JobConfig(layout=Layout(world_size=3))
-    ran = JobRunner("mlp-synthetic", config, steps=2, placement=reverse).run()
+    ran = JobRunner(RunnerConfig(task="mlp-synthetic", steps=2), config, placement=reverse).run()
     assert [(p["rank"], p["node"]) for p in ran.placement] == where(reverse)
 
 
@@ -75,12 +81,9 @@ def test_a_placement_that_does_not_fit_is_refused(nodes: list[NodeInfo]) -> None
         ranks=tuple(RankSlot(rank=i, node_id=nodes[0].node_id, gpu_index=i) for i in range(3)),
     )
     runner = JobRunner(
-        "mlp-synthetic",
+        RunnerConfig(task="mlp-synthetic", steps=1, batch_size=48, placement_timeout_s=10),
         JobConfig(layout=Layout(world_size=3)),
-        steps=1,
-        batch_size=48,
         placement=crowded,
-        placement_timeout_s=10,
     )
     with pytest.raises(ExecutorError, match="could not reserve 3 rank slots"):
         runner.run()

@@ -5,7 +5,7 @@ NaN/Inf falls back to a safer precision."""
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,14 +13,9 @@ import ray
 
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.executor.parallel import ParallelError
-from autotune.executor.runner import JobResult, JobRunner, ensure_ray
+from autotune.executor.runner import JobResult, JobRunner, RunnerConfig
 
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray() -> Iterator[None]:
-    assert ensure_ray(num_cpus=8), "a Ray instance was already running in this process"
-    yield
-    ray.shutdown()
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
 
 def config(dp: int = 1, tp: int = 1, pp: int = 1, **kwargs: object) -> JobConfig:
@@ -31,8 +26,16 @@ def config(dp: int = 1, tp: int = 1, pp: int = 1, **kwargs: object) -> JobConfig
     )
 
 
-def train(task: str, cfg: JobConfig, steps: int, **kwargs: object) -> JobResult:
-    return JobRunner(task, cfg, steps=steps, **kwargs).run()  # type: ignore[arg-type]
+def train(
+    task: str,
+    cfg: JobConfig,
+    steps: int,
+    *,
+    on_step: Callable[[JobRunner, int, dict[str, object]], None] | None = None,
+    **kwargs: object,
+) -> JobResult:
+    run = RunnerConfig(task=task, steps=steps, **kwargs)  # type: ignore[arg-type]
+    return JobRunner(run, cfg, on_step=on_step).run()
 
 
 def test_tensor_and_pipeline_parallel_match_one_rank() -> None:

@@ -12,7 +12,8 @@ import torch
 from helpers import autotune_command
 from torch import nn
 
-from autotune.cli.executor import parse_compression, parse_precision
+from autotune.cli.common import parse_compression
+from autotune.cli.executor import parse_precision
 from autotune.core import CompressionSpec, PrecisionMap
 from autotune.errors import InputError
 from autotune.executor.parallel import (

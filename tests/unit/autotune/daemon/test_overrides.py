@@ -123,21 +123,18 @@ def test_a_failing_source_reports_the_error_instead_of_raising() -> None:
     assert "load_average_1m" in PsutilTelemetry().read()
 
 
-def test_ray_state_telemetry_reads_an_attached_cluster() -> None:
+@pytest.mark.ray
+def test_ray_state_telemetry_reads_an_attached_cluster(local_ray: str) -> None:
     import ray
 
     from autotune.daemon.telemetry import RayStateTelemetry
 
-    context = ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        source = RayStateTelemetry(context.address_info["address"])
-        assert source.name == "ray"
-        figures = source.read()
-        assert len(figures["nodes"]) == 1
-        assert figures["nodes"][0]["alive"] is True
-        assert figures["resources_total"]["CPU"] == 1.0
-        # Actors come from the dashboard's state server; without it the figure is
-        # absent and the reason is given, the rest still reads.
-        assert figures["actors_alive"] is not None or "actors_error" in figures
-    finally:
-        ray.shutdown()
+    source = RayStateTelemetry(local_ray)
+    assert source.name == "ray"
+    figures = source.read()
+    assert len(figures["nodes"]) == 1
+    assert figures["nodes"][0]["alive"] is True
+    assert figures["resources_total"]["CPU"] == ray.cluster_resources()["CPU"]
+    # Actors come from the dashboard's state server; without it the figure is
+    # absent and the reason is given, the rest still reads.
+    assert figures["actors_alive"] is not None or "actors_error" in figures
