@@ -1,3 +1,3 @@
 """Policies that choose each job's configuration: the transparent rule-based policy
 here; learned policies (RLlib) and baselines join it behind the same ``Policy``
-interface (``autotune.policy``)."""
+interface (``autotune.interfaces.Policy``)."""

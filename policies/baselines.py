@@ -101,7 +101,13 @@ class TiresiasPolicy(StaticPolicy):
     queue_order = "las"
 
 
-class RulesPolicy(_SetOnArrival):
+class RulesBaseline(_SetOnArrival):
+    """The ``rules`` row of ``autotune eval``: on arrival, twice the requested GPUs when
+    nothing else waits, bf16 (or fp16 for insensitive models) where the GPU has it, and
+    int8 compression when synchronisation takes over 30% of the step. The daemon's rule
+    policy (``autotune.policies.rules.RulesPolicy``) decides from a ``ClusterSnapshot``
+    with rules of its own."""
+
     name = "rules"
 
     def choose(self, sim: ClusterSimulator, job: Job) -> Choice:
@@ -252,7 +258,7 @@ class OraclePolicy:
 
 BASELINES: Final[dict[str, Callable[[int], SimPolicy]]] = {
     "static": lambda seed: StaticPolicy(),
-    "rules": lambda seed: RulesPolicy(),
+    "rules": lambda seed: RulesBaseline(),
     "random": lambda seed: RandomPolicy(seed),
     "tiresias": lambda seed: TiresiasPolicy(),
     "oracle": lambda seed: OraclePolicy(),

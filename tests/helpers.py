@@ -66,3 +66,14 @@ def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> An
             return last
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def cli(*args: str) -> Any:
+    """``autotune ARGS`` run in this process by typer's ``CliRunner`` (the result has
+    ``exit_code``, ``stdout`` and ``stderr``): the fast way to check a command's exit codes
+    and messages; one test per command runs the installed entry point instead."""
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    return CliRunner().invoke(app, list(args))

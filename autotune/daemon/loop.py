@@ -35,7 +35,7 @@ from autotune.interfaces import (
     Policy,
     PolicyChoice,
 )
-from autotune.perf.model import batch_efficiency, compression_efficiency, precision_efficiency
+from autotune.perf.model import statistical_efficiency
 from autotune.planner import plan
 
 __all__ = ["Daemon", "TickReport", "serve"]
@@ -510,11 +510,7 @@ def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
     for job in snapshot.by_state("running"):
         if job.config is None:
             continue
-        efficiency = compression_efficiency(job.config.compression) * precision_efficiency(
-            job.config.precision
-        )
-        if job.spec.model is not None:
-            efficiency *= batch_efficiency(job.spec.model, job.spec.global_batch)
+        efficiency = statistical_efficiency(job.spec.model, job.config, job.spec.global_batch)
         values.append(("job_goodput", job.samples_per_s * efficiency, job.spec.job_id))
     return values
 

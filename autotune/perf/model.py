@@ -2,8 +2,9 @@
 
 Every term below is a formula with its units and source; the free coefficients (what a
 measurement can change) live in ``Coefficients`` and are calibrated per model from
-measured runs (``autotune.calibration``). Notation: ``d, t, p`` are the data-, tensor-
-and pipeline-parallel degrees, ``m`` the micro-batches, ``B`` the global batch.
+measured runs (``autotune.executor.calibrate``, ``autotune.perf.pollux``). Notation:
+``d, t, p`` are the data-, tensor- and pipeline-parallel degrees, ``m`` the micro-batches,
+``B`` the global batch.
 
 Step time of one rank (seconds)::
 
@@ -72,6 +73,7 @@ __all__ = [
     "precision_efficiency",
     "ring_allreduce_s",
     "shape_of",
+    "statistical_efficiency",
     "step_time",
 ]
 
@@ -507,6 +509,21 @@ class Estimate:
     divergence_per_hour: float
 
 
+def statistical_efficiency(
+    model: ModelProfile | None, config: JobConfig, global_batch: int
+) -> float:
+    """Progress per sample relative to the reference run, in (0, 1]: the batch's (Pollux),
+    the compression's and the precision's efficiencies multiplied. Goodput is throughput
+    times this. A model whose profile is unknown (a user's module task) is charged for its
+    compression and precision only."""
+    efficiency = compression_efficiency(config.compression) * precision_efficiency(
+        config.precision
+    )
+    if model is not None:
+        efficiency *= batch_efficiency(model, global_batch)
+    return efficiency
+
+
 def estimate(
     model: ModelProfile,
     config: JobConfig,
@@ -521,11 +538,7 @@ def estimate(
     spec = device(shape.gpu_model)
     memory = rank_memory(model, config, global_batch).total_bytes
     oom = memory > spec.memory_bytes * shape.gpu_milli / MILLI_PER_GPU
-    efficiency = (
-        batch_efficiency(model, global_batch)
-        * compression_efficiency(config.compression)
-        * precision_efficiency(config.precision)
-    )
+    efficiency = statistical_efficiency(model, config, global_batch)
     busy = min(1.0, step.compute_s / step.step_s) if step.step_s > 0 else 0.0
     watts = spec.tdp_watts * (IDLE_POWER_FRACTION + (1 - IDLE_POWER_FRACTION) * busy)
     return Estimate(

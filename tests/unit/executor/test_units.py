@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from helpers import autotune_command
+from helpers import autotune_command, cli
 from torch import nn
 
 from autotune.cli.common import parse_compression
@@ -280,22 +280,33 @@ def test_compression_and_precision_options(tmp_path) -> None:
 
 
 @pytest.mark.subprocess
-def test_job_run_rejects_bad_input_with_exit_code_2(tmp_path) -> None:
-    for args, message in (
+def test_job_run_exits_2_on_bad_input(tmp_path) -> None:
+    done = subprocess.run(
+        [*autotune_command(), "job", "run", "--task", "nope", "--steps", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "expected a built-in name" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
         (["--task", "nope"], "expected a built-in name"),
+        (["--task", "gpt-125m"], "with no model the executor can build"),
         (["--task", "gpt-char", "--compression", "topk:2"], "ratio"),
         (["--task", "gpt-char", "--compression", "powersgd:2", "--tp", "2"], "PowerSGD"),
         (["--task", "gpt-char", "--precision", "fp4"], "--precision"),
-    ):
-        done = subprocess.run(
-            [*autotune_command(), "job", "run", *args, "--steps", "1"],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert done.returncode == 2, done.stderr
-        assert message in done.stderr
+    ],
+)
+def test_job_run_rejects_bad_input_with_exit_code_2(args: list[str], message: str) -> None:
+    result = cli("job", "run", *args, "--steps", "1")
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 # ----------------------------------------------------------------------------- one rank

@@ -181,6 +181,7 @@ print(len(cases))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.skipif(not triton_available(), reason="Triton is not installed")
 def test_every_kernel_compiles_for_hopper_without_a_gpu(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import autotune_command
+from helpers import autotune_command, cli
 
 from autotune.envs.cluster_env import GLOBAL_FEATURES, ClusterEnv
 from autotune.policies.forecast import (
@@ -122,19 +122,14 @@ def test_shipped_checkpoint_on_unseen_series(helios_dir: Path, tmp_path: Path) -
     assert result["mae"]["lstm"] < result["mae"]["seasonal_naive"]
 
 
-@pytest.mark.subprocess
-def test_eval_bad_input(helios_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [["--column", "nope"], ["--horizon", "7"], ["--model", "."]])
+def test_eval_bad_input(helios_dir: Path, tmp_path: Path, extra: list[str]) -> None:
     csv = _head(helios_dir / f"{UNSEEN}.csv.gz", tmp_path / "b.csv", 2000)
-    for extra in (["--column", "nope"], ["--horizon", "7"], ["--model", str(tmp_path)]):
-        run = subprocess.run(
-            [*autotune_command(), "forecast", "eval", "--series", str(csv), *extra],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-        )
-        assert run.returncode == 2, run.stderr
-        assert run.stderr.startswith("error:")
-        assert len(run.stderr.strip().splitlines()) == 1
+    extra = [str(tmp_path) if arg == "." else arg for arg in extra]
+    result = cli("forecast", "eval", "--series", str(csv), *extra)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith("error:")
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_env_observes_the_forecast() -> None:

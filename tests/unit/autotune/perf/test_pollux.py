@@ -31,6 +31,7 @@ def test_validate_reports_held_out_error(pollux_dir: Path) -> None:
     assert report["mape_step_time_mean"] == pytest.approx(mean, abs=1e-3)
 
 
+@pytest.mark.slow
 def test_shipped_calibration_is_what_calibrate_computes(pollux_dir: Path) -> None:
     fresh = calibrate(pollux_dir / "traces")
     for app in APPS:
