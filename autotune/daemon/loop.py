@@ -1,7 +1,8 @@
 """The daemon: a decision loop and the REST API in one process.
 
-Every tick: observe the cluster (``Backend``), let the ``Policy`` choose configs, let the
-Planner place the jobs, commit every decision to the database, and only then apply it.
+Every tick: observe the cluster (``Backend``), take the round's decisions with the pure
+decision step (``autotune.daemon.decide``: the ``Policy``, the active overrides and the
+Planner), commit every decision to the database, and only then apply it.
 A decision in the database with no ``applied_at`` was decided but not (yet) applied.
 """
 
@@ -13,17 +14,16 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
 import uvicorn
 from sqlalchemy.orm import Session
 
-from autotune.core import ACTIVE_STATES, Decision, DecisionSource, JobConfig, Placement, utc_now
-from autotune.daemon.explain import explain_decision
+from autotune.core import ACTIVE_STATES, Decision, utc_now
+from autotune.daemon.decide import decide, placement_summary
 from autotune.daemon.log import event
-from autotune.daemon.overrides import pinned_config, pinned_placement
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.interfaces import (
@@ -33,10 +33,8 @@ from autotune.interfaces import (
     JobStatus,
     JobSubmission,
     Policy,
-    PolicyChoice,
 )
 from autotune.perf.model import statistical_efficiency
-from autotune.planner import plan
 
 __all__ = ["Daemon", "TickReport", "serve"]
 
@@ -50,21 +48,6 @@ class TickReport:
     running: int
     pending: int
     gpu_utilization: float
-
-
-def _placement_summary(placement: Placement) -> str:
-    by_node: dict[str, list[int]] = {}
-    for slot in placement.ranks:
-        by_node.setdefault(slot.node_id, []).append(slot.gpu_index)
-    return ", ".join(f"{node}:{','.join(map(str, gpus))}" for node, gpus in by_node.items())
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Why:
-    """What a decision records beside itself."""
-
-    override_id: int | None
-    explanation: dict[str, Any]
 
 
 class Daemon:
@@ -199,7 +182,12 @@ class Daemon:
         self._intake()
         snapshot = self.backend.observe()
         self._known.update(j.spec.job_id for j in snapshot.jobs)
-        decisions, unplaced, why = self._decide(snapshot)
+        with self.db.session() as session:
+            overrides = repo.active_overrides(session=session, at=utc_now())
+        round_ = decide(snapshot, self.policy, overrides, honoured=self._honoured)
+        decisions, unplaced, why = round_.decisions, round_.unplaced, round_.why
+        for job_id, reason in round_.skipped_overrides.items():
+            event("override.skipped", job=job_id, reason=reason)
         with self.db.session() as session:  # committed before anything is applied
             if not self._reconciled:
                 self._reconcile(session, snapshot)
@@ -249,7 +237,7 @@ class Daemon:
                 decision_id=decision.decision_id,
                 source=decision.source,
                 override_id=why[decision.job_id].override_id,
-                placement=_placement_summary(decision.placement),
+                placement=placement_summary(decision.placement),
                 reason=decision.reason,
             )
         for job_id, reason in unplaced.items():
@@ -285,153 +273,6 @@ class Daemon:
                     "backend no longer knows it",
                 )
                 event("job.lost", job=record.spec.job_id, was=state)
-
-    def _decide(
-        self, snapshot: ClusterSnapshot
-    ) -> tuple[list[Decision], dict[str, str], dict[str, _Why]]:
-        active = snapshot.by_state(*ACTIVE_STATES)
-        with self.db.session() as session:
-            overrides = repo.active_overrides(session=session, at=utc_now())
-        # A job whose newest decision honoured an override that has since ended or been
-        # deleted goes back to the policy, which decides for it as for a waiting job.
-        released = {
-            j.spec.job_id: ended
-            for j in active
-            if (ended := self._honoured.get(j.spec.job_id)) is not None
-            and j.spec.job_id not in overrides
-        }
-        view = snapshot
-        if released:
-            view = replace(
-                snapshot,
-                jobs=[
-                    replace(j, state="pending", config=None, placement=None)
-                    if j.spec.job_id in released
-                    else j
-                    for j in snapshot.jobs
-                ],
-            )
-        choices = self.policy.decide(view)
-        # An override that cannot be applied this tick (its pin no longer composes with
-        # the job's configuration, or its pinned GPUs are not free for it) is skipped
-        # with the reason, and the job is planned as if it had none.
-        skipped: dict[str, str] = {}
-        while True:
-            configs, current, pinned = self._pinned_configs(
-                active, choices, overrides, released, skipped
-            )
-            # Pinned placements take their GPUs first: the Planner keeps current
-            # placements in queue order, so those jobs go to the front.
-            specs = [
-                replace(j.spec, priority=2**31 - 1) if j.spec.job_id in pinned else j.spec
-                for j in active
-            ]
-            result = plan(specs, snapshot.nodes, configs, current)
-            lost = [job_id for job_id, p in pinned.items() if result.placements.get(job_id) != p]
-            for job_id in lost:
-                skipped[job_id] = (
-                    f"override {overrides[job_id].override_id} not applied: its pinned GPUs "
-                    "are not free for it (held by another pinned job, or CPU or host memory)"
-                )
-                overrides.pop(job_id)
-            if not lost:
-                break
-        for job_id, reason in skipped.items():
-            event("override.skipped", job=job_id, reason=reason)
-        unplaced = {**skipped, **result.unplaced}
-        nodes = {n.node_id: n for n in snapshot.nodes}
-        decisions: list[Decision] = []
-        why: dict[str, _Why] = {}
-        for job in active:
-            job_id = job.spec.job_id
-            placement = result.placements.get(job_id)
-            if placement is None:
-                continue
-            override = overrides.get(job_id)
-            fresh_override = override is not None and (
-                self._honoured.get(job_id) != override.override_id
-            )
-            if job_id in result.kept and not fresh_override and job_id not in released:
-                continue
-            choice = choices.get(job_id)
-            source: DecisionSource
-            if override is not None:
-                source = "override"
-                reason = f"override {override.override_id}: {override.reason}"
-                if not fresh_override:
-                    reason += " (re-placed: its GPUs are no longer available)"
-            elif job_id in released:
-                source = choice.source if choice else "policy"
-                reason = f"override {released[job_id]} ended; the policy decides again: " + (
-                    choice.reason if choice else "it keeps the current configuration"
-                )
-            else:
-                source = choice.source if choice else "policy"
-                reason = choice.reason if choice else "re-placed: its GPUs are no longer available"
-            decisions.append(
-                Decision(
-                    job_id=job_id,
-                    config=configs[job_id],
-                    placement=placement,
-                    source=source,
-                    policy_version=self.policy.version,
-                    reason=f"{reason}; placed on {_placement_summary(placement)}",
-                )
-            )
-            why[job_id] = _Why(
-                override_id=override.override_id if override is not None else None,
-                explanation=explain_decision(
-                    spec=job.spec,
-                    config=configs[job_id],
-                    placement=placement,
-                    nodes=nodes,
-                    features=_features(snapshot, choice),
-                    why=reason,
-                ),
-            )
-        return decisions, unplaced, why
-
-    def _pinned_configs(
-        self,
-        active: list[JobStatus],
-        choices: dict[str, PolicyChoice],
-        overrides: dict[str, repo.OverrideRecord],
-        released: dict[str, int],
-        skipped: dict[str, str],
-    ) -> tuple[dict[str, JobConfig], dict[str, Placement], dict[str, Placement]]:
-        """Each active job's configuration (the policy's choice or its current one, with
-        its override's pin), the placements to keep, and the pinned placements."""
-        configs: dict[str, JobConfig] = {}
-        current: dict[str, Placement] = {}
-        pinned: dict[str, Placement] = {}
-        for job in active:
-            job_id = job.spec.job_id
-            choice = choices.get(job_id)
-            if choice is not None:
-                configs[job_id] = choice.config
-            elif job.config is not None:
-                configs[job_id] = job.config
-            override = overrides.get(job_id)
-            if override is not None:
-                base = configs.get(job_id) or JobConfig.data_parallel(job.spec.min_gpus)
-                try:
-                    config = pinned_config(base, override.pin)
-                    placement = pinned_placement(job.spec, override.pin)
-                except ValueError as exc:  # valid when stored, not with this configuration
-                    skipped[job_id] = f"override {override.override_id} not applied: {exc}"
-                    overrides.pop(job_id)
-                else:
-                    configs[job_id] = config
-                    if placement is not None:
-                        pinned[job_id] = current[job_id] = placement
-                        continue
-            if (
-                job.placement is not None
-                and configs.get(job_id) == job.config
-                and (job_id not in released or choice is None)
-            ):
-                current[job_id] = job.placement
-        return configs, current, pinned
 
     def _write_cluster(
         self, session: Session, snapshot: ClusterSnapshot, unplaced: dict[str, str]
@@ -480,18 +321,6 @@ class Daemon:
                 logging.getLogger("autotune").exception("tick failed")
             next_at = max(next_at + tick_s, time.monotonic())
             stop.wait(next_at - time.monotonic())
-
-
-def _features(snapshot: ClusterSnapshot, choice: PolicyChoice | None) -> dict[str, float]:
-    """The observation features behind a decision: the policy's own, and the cluster's."""
-    features = {
-        "gpu_utilization": snapshot.gpu_utilization,
-        "jobs_pending": float(len(snapshot.by_state("pending"))),
-        "jobs_running": float(len(snapshot.by_state("running"))),
-    }
-    if choice is not None:
-        features.update(choice.features)
-    return features
 
 
 def _measured(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:

@@ -59,6 +59,7 @@ def test_fit_recovers_step_times_of_a_known_machine() -> None:
     assert spec.peak_tflops["bf16"] / spec.peak_tflops["fp32"] == pytest.approx(0.6, rel=0.1)
 
 
+@pytest.mark.ray
 @pytest.mark.subprocess
 @pytest.mark.slow
 def test_calibrate_command_measures_the_grid_and_saves_a_profile(tmp_path) -> None:
@@ -75,7 +76,7 @@ def test_calibrate_command_measures_the_grid_and_saves_a_profile(tmp_path) -> No
     assert len(report["configs"]) == len(GRID)
     assert all(row["measured_step_s"] > 0 for row in report["configs"])
     topk = next(r for r in report["configs"] if "topk" in r["config"])
-    dense = next(r for r in report["configs"] if r["config"] == "dp2xtp1xpp1 none fp32")
+    dense = next(r for r in report["configs"] if r["config"] == "dp=2 tp=1 pp=1, fp32, none")
     assert 0 < topk["bytes_sent"] < dense["bytes_sent"]
     assert 0 <= report["mape_step_time"] <= report["mape_step_time_held_out"] + 1.0
     spec, coeffs = load_profile(out)

@@ -1,0 +1,75 @@
+"""The pure decision step: a snapshot, a policy and the active overrides in, the round's
+decisions out, with no database and no daemon."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from autotune.core import utc_now
+from autotune.daemon.decide import decide
+from autotune.db.repository import OverrideRecord
+from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+from autotune.planner import verify_placements
+from autotune.policies.rules import RulesPolicy
+
+
+def _snapshot(seed: int = 0):  # type: ignore[no-untyped-def]
+    cluster = SimulatedCluster(SimulatedClusterConfig(seed=seed, initial_jobs=6, max_jobs=6))
+    return cluster.observe()
+
+
+def _override(job_id: str, pin: dict[str, object], override_id: int = 7) -> OverrideRecord:
+    now = utc_now()
+    return OverrideRecord(
+        override_id=override_id,
+        job_id=job_id,
+        pin=pin,
+        reason="pinned by hand",
+        created_at=now,
+        expires_at=now + timedelta(hours=1),
+        deleted_at=None,
+    )
+
+
+def test_a_round_places_waiting_jobs_validly_and_says_why() -> None:
+    snapshot = _snapshot()
+    round_ = decide(snapshot, RulesPolicy(), {}, honoured={})
+    assert round_.decisions, "six jobs wait on an idle 32-GPU cluster"
+    specs = [j.spec for j in snapshot.jobs]
+    placements = {d.job_id: d.placement for d in round_.decisions if d.placement is not None}
+    assert verify_placements(specs, snapshot.nodes, placements) == []
+    for decision in round_.decisions:
+        assert decision.source == "policy"
+        assert "placed on" in decision.reason
+        assert round_.why[decision.job_id].override_id is None
+        assert round_.why[decision.job_id].explanation["chosen"]["config"]
+    decided = {d.job_id for d in round_.decisions}
+    assert decided.isdisjoint(round_.unplaced)
+    assert decided | set(round_.unplaced) == {j.spec.job_id for j in snapshot.jobs}
+
+
+def test_the_same_inputs_give_the_same_round() -> None:
+    first = decide(_snapshot(3), RulesPolicy(), {}, honoured={})
+    again = decide(_snapshot(3), RulesPolicy(), {}, honoured={})
+    def what(decisions):  # type: ignore[no-untyped-def]  # all but the time of deciding
+        return [(d.job_id, d.config, d.placement, d.source, d.reason) for d in decisions]
+
+    assert what(first.decisions) == what(again.decisions)
+    assert first.unplaced == again.unplaced
+
+
+def test_an_override_pins_the_config_and_a_broken_one_is_skipped_with_the_reason() -> None:
+    snapshot = _snapshot()
+    first, second = (j.spec.job_id for j in snapshot.jobs[:2])
+    overrides = {
+        first: _override(first, {"compression": {"kind": "int8"}}),
+        second: _override(second, {"layout": {"world_size": 1, "tp": 2}}, override_id=8),
+    }
+    round_ = decide(snapshot, RulesPolicy(), overrides, honoured={})
+    pinned = next(d for d in round_.decisions if d.job_id == first)
+    assert pinned.source == "override"
+    assert pinned.config.compression.kind == "int8"
+    assert round_.why[first].override_id == 7
+    assert second in round_.skipped_overrides
+    assert round_.skipped_overrides[second].startswith("override 8 not applied")
+    assert overrides[second].override_id == 8, "the caller's mapping is not changed"
