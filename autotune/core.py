@@ -400,7 +400,7 @@ class CompressionSpec:
         """The text form the command line takes: ``none``, ``topk:0.01``, ``int8``, ``fp8``,
         ``powersgd:4``."""
         if self.kind == "topk":
-            return f"topk:{self.ratio:g}"
+            return f"topk:{self.ratio!r}"
         if self.kind == "powersgd":
             return f"powersgd:{self.rank}"
         return self.kind

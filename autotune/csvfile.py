@@ -117,7 +117,7 @@ def seconds(frame: pd.DataFrame, column: str, path: Path) -> list[float]:
         pass
     else:
         return [float(x) for x in floats(frame, column, path)]
-    seconds: list[float] = []
+    out: list[float] = []
     for i, text in enumerate(cells):
         try:
             moment = datetime.fromisoformat(text)
@@ -130,5 +130,5 @@ def seconds(frame: pd.DataFrame, column: str, path: Path) -> list[float]:
             ) from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=UTC)
-        seconds.append(moment.timestamp())
-    return seconds
+        out.append(moment.timestamp())
+    return out

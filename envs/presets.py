@@ -55,7 +55,7 @@ def pollux_nodes(gpus: int) -> list[NodeInfo]:
     """Pollux's testbed (Qiao et al., OSDI 2021): nodes of 4 T4 GPUs, ``gpus`` in all, on the
     inter-node bandwidth its measurements imply."""
     if gpus < 4 or gpus % 4:
-        raise InputError(f"--gpus {gpus}: Pollux nodes have 4 GPUs each")
+        raise InputError(f"{gpus} GPUs: Pollux nodes have 4 GPUs each")
     return [
         node_info(
             f"t4-{i}",
@@ -72,7 +72,7 @@ def pollux_nodes(gpus: int) -> list[NodeInfo]:
 def philly_nodes(gpus: int) -> list[NodeInfo]:
     """Philly-style nodes of 8 P100 GPUs, ``gpus`` in all."""
     if gpus < 8 or gpus % 8:
-        raise InputError(f"--gpus {gpus}: Philly-style nodes have 8 GPUs each")
+        raise InputError(f"{gpus} GPUs: Philly-style nodes have 8 GPUs each")
     return [
         node_info(
             f"p100-{i}", gpu_model="P100", gpu_count=8, cpu_milli=64_000, memory_mib=512 * 1024

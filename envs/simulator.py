@@ -6,7 +6,7 @@ samples at statistical efficiency 1. Every decision round (``advance``), each jo
 get a new config (``Choice``); changing it costs a restart (checkpoint, tear down,
 restore). Randomness, all from the generator passed in: straggler levels per job (the
 measured Alibaba distribution) and divergence events of low-precision maps (Poisson at
-``perfmodel.divergence_rate_per_hour``).
+``autotune.perf.model.divergence_rate_per_hour``).
 
 Jobs are admitted in queue order (FIFO by submission, or least attained service for
 Tiresias) when the GPUs their config asks for are free: strict ordering, so job

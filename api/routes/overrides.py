@@ -53,6 +53,8 @@ def create_override(session: SessionDep, body: OverrideCreate) -> OverridePublic
         check_override(job.spec, base, pin, repo.list_nodes(session=session))
     except FieldError as exc:  # exc.field: the pin key at fault
         raise unprocessable(exc.field, str(exc)) from None
+    except ValueError as exc:  # a check that names no field: the first key pinned
+        raise unprocessable(next(iter(pin)), str(exc)) from None
     record = repo.create_override(
         session=session,
         job_id=body.job_id,

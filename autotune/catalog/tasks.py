@@ -66,7 +66,8 @@ class MLPConfig:
 def gpt_char_profile(c: GPTConfig = GPTConfig()) -> ModelProfile:
     """``gpt-char``'s profile, counted from its shape: FLOPs as 6 x parameters x tokens
     plus attention's 12 x layers x context^2 x width (PaLM appendix B); activations as
-    34 x context x width bytes per block in 16-bit (Korthikanti et al. 2022)."""
+    twice Korthikanti et al.'s 34 x context x width bytes per block (their 16-bit figure,
+    2022): the executor trains gpt-char in fp32 unless a precision map says otherwise."""
     per_block = (
         4 * (c.width * c.width + c.width)  # q, k, v, out projections with biases
         + 2 * c.width * 4 * c.width  # MLP weights

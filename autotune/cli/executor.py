@@ -227,7 +227,7 @@ def calibrate_command(
         return
     for row in report["configs"]:
         typer.echo(
-            f"{row['config']:<28} measured {row['measured_step_s'] * 1000:8.1f} ms  "
+            f"{row['config']:<36} measured {row['measured_step_s'] * 1000:8.1f} ms  "
             f"fit {row['predicted_step_s'] * 1000:8.1f} ms  "
             f"held out {row['held_out_predicted_step_s'] * 1000:8.1f} ms"
         )

@@ -64,7 +64,7 @@ def plan(
             )
     problems = verify_placements(trace.jobs, node_list, result.placements)
     if problems:  # a Planner bug, not bad input: say so loudly
-        fail(f"internal error: invalid assignment: {problems[0]}", code=1)
+        fail(f"invalid assignment (a Planner bug): {problems[0]}", code=1)
     report: dict[str, Any] = {
         "assignments": [
             {

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.core import ACTIVE_STATES, Decision, DecisionSource, JobConfig, Placement
 from autotune.daemon.explain import explain_decision
 from autotune.daemon.overrides import pinned_config, pinned_placement
-from autotune.db.repository import OverrideRecord
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.planner import plan
+
+if TYPE_CHECKING:
+    from autotune.db.repository import OverrideRecord
 
 __all__ = ["DecisionRound", "Why", "decide", "placement_summary"]
 
@@ -48,7 +50,8 @@ class DecisionRound:
     decisions: list[Decision]
     """One per job placed anew this round, in queue order."""
     unplaced: dict[str, str]
-    """Jobs left waiting, with the reason (an override skipped counts here too)."""
+    """Jobs the Planner left waiting, with the reason, and jobs whose override was skipped
+    (with that reason, whether or not the job was then placed without it)."""
     why: dict[str, Why]
     """Per decided job."""
     skipped_overrides: dict[str, str]

@@ -1,5 +1,5 @@
 """Database tables (SQLAlchemy 2.0 typed models). Schema changes go through Alembic
-(``autotune/db/migrations``); ``tests/test_storage.py`` checks the two agree."""
+(``autotune/db/migrations``); ``tests/unit/autotune/db/test_storage.py`` checks the two agree."""
 
 from __future__ import annotations
 

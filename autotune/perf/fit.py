@@ -2,10 +2,11 @@
 fits (``autotune.perf.pollux``) and the executor's calibration
 (``autotune.executor.calibrate``).
 
-Each free parameter has a start value and physical bounds. Positive parameters are
-fitted on a log scale (their size spans orders of magnitude: a link latency of 1e-7 s and
-an overhead of 0.1 s in one fit); the others on their own scale. The loss is soft-L1, so
-a few noisy measurements cannot drag the fit (scipy's ``least_squares``).
+Each free parameter has a start value and physical bounds, and is fitted on a log scale
+(``log_scale``, the default: sizes span orders of magnitude, a link latency of 1e-7 s
+and an overhead of 0.1 s in one fit) or, for one that may be 0, on its own scale. The
+loss is soft-L1, so a few noisy measurements cannot drag the fit (scipy's
+``least_squares``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class Parameter:
     def __post_init__(self) -> None:
         if not self.low < self.high:
             raise ValueError(f"Parameter {self.name}: low={self.low} must be < high={self.high}")
+        if not self.low <= self.start <= self.high:
+            raise ValueError(f"Parameter {self.name}: start={self.start} outside [low, high]")
         if self.log_scale and self.low <= 0:
             raise ValueError(f"Parameter {self.name}: a log-scale parameter needs low > 0")
 

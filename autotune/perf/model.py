@@ -516,10 +516,13 @@ def statistical_efficiency(
     the compression's and the precision's efficiencies multiplied. Goodput is throughput
     times this. A model whose profile is unknown (a user's module task) is charged for its
     compression and precision only."""
-    efficiency = compression_efficiency(config.compression) * precision_efficiency(config.precision)
-    if model is not None:
-        efficiency *= batch_efficiency(model, global_batch)
-    return efficiency
+    if model is None:
+        return compression_efficiency(config.compression) * precision_efficiency(config.precision)
+    return (
+        batch_efficiency(model, global_batch)
+        * compression_efficiency(config.compression)
+        * precision_efficiency(config.precision)
+    )
 
 
 def estimate(

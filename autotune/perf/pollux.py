@@ -10,7 +10,7 @@ synchronisation times for placements of 1-16 replicas over 1-4 nodes
   below, with sources) and from the measurements (reference batch M0 = the smallest
   validated batch; gradient noise scale phi = M0 * median(grad_var / grad_sqr) over that
   run; work = the run's final progress in M0-batches times M0 samples);
-- fits the performance model's free coefficients (``perfmodel.Coefficients``) to the
+- fits the performance model's free coefficients (``autotune.perf.model.Coefficients``) to the
   measured step and sync times by least squares on log times;
 - ``validate``: fits on placements spanning at most 2 nodes and reports the error on
   placements spanning 3 or more, which the fit never saw.

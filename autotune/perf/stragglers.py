@@ -7,7 +7,7 @@ its iterations; the product ships those 100 medians (``data/stragglers.json``) s
 runs without the trace, and ``derive`` recomputes them from the file.
 
 A synchronous step waits for the slowest of n workers: with per-worker times
-N(mu, (cv*mu)^2), E[max] = mu * (1 + cv * e(n)) (``perfmodel.expected_max_normal``).
+N(mu, (cv*mu)^2), E[max] = mu * (1 + cv * e(n)) (``autotune.perf.model.expected_max_normal``).
 """
 
 from __future__ import annotations

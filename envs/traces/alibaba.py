@@ -9,18 +9,14 @@ A pod becomes a ``JobSpec`` that must stay on one node (``max_nodes=1``) and ask
 ``num_gpu`` GPUs at ``gpu_milli`` each; ``gpu_spec`` (models joined by ``|``) becomes
 ``gpu_types``.
 
-As jobs to replay (``alibaba_jobs``), a pod list needs its times:
-``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,
-deletion_time,scheduled_time``, times in seconds. Each GPU pod is one job that stays on
-one node (``max_nodes=1``), submitted at ``creation_time`` and lasting its lifetime in the
-trace, ``deletion_time - creation_time`` (which includes any wait for a node, and covers
-pods that failed or were still pending when deleted). A pod that shares a GPU
-(``gpu_milli`` below 1000) becomes a 1-GPU job: replay hands out whole GPUs. ``gpu_spec``
-(models joined by ``|``) becomes ``gpu_types``. CPU-only pods are skipped, and so are pods
-deleted the second they were created (they never held a GPU). Upstream's multi-GPU
-resampling keeps only the first five columns; without creation and deletion times it
-cannot be replayed, and loading it as jobs is an error (``load_pods`` still
-plans it as a snapshot).
+As jobs to replay (``alibaba_jobs``), a pod list needs its times (in seconds). Each GPU
+pod is one job that stays on one node, submitted at ``creation_time`` and lasting its
+lifetime in the trace, ``deletion_time - creation_time`` (which includes any wait for a
+node, and covers pods that failed or were still pending when deleted). A pod that shares
+a GPU (``gpu_milli`` below 1000) becomes a 1-GPU job: replay hands out whole GPUs. CPU-
+only pods are skipped, and so are pods deleted the second they were created (they never
+held a GPU). A resampling without creation and deletion times cannot be replayed:
+loading it as jobs is an error (``load_pods`` still plans it as a snapshot).
 """
 
 from __future__ import annotations

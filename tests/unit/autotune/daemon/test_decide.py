@@ -51,6 +51,7 @@ def test_a_round_places_waiting_jobs_validly_and_says_why() -> None:
 def test_the_same_inputs_give_the_same_round() -> None:
     first = decide(_snapshot(3), RulesPolicy(), {}, honoured={})
     again = decide(_snapshot(3), RulesPolicy(), {}, honoured={})
+
     def what(decisions):  # type: ignore[no-untyped-def]  # all but the time of deciding
         return [(d.job_id, d.config, d.placement, d.source, d.reason) for d in decisions]
 
