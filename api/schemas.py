@@ -50,7 +50,11 @@ class Health(BaseModel):
 
 
 class NodePublic(BaseModel):
-    node_id: str
+    node_id: str = Field(description="The node's name (on Ray: its host, see backend_node_id)")
+    backend_node_id: str | None = Field(
+        default=None,
+        description="The backend's own id of the node where node_id is a name (Ray's node id)",
+    )
     gpu_model: str
     gpu_count: int
     gpus_allocated: float = Field(description="GPUs in use by running jobs (fractions count)")

@@ -115,6 +115,9 @@ class NodeInfo:
     """Allocatable CPU in milli-cores."""
     memory_mib: int
     """Allocatable host memory in MiB."""
+    backend_node_id: str = ""
+    """The backend's own identifier of the node where ``node_id`` is a readable name
+    instead (Ray's 56-hex-digit node id on ``--backend ray``); ``""`` otherwise."""
 
     def __post_init__(self) -> None:
         owner = "NodeInfo"

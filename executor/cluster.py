@@ -1,5 +1,11 @@
-"""The Ray cluster as the Planner sees it: one ``NodeInfo`` per alive Ray node, whose
-``node_id`` is Ray's node id (what placement-group bundles are pinned to).
+"""The Ray cluster as the Planner sees it: one ``NodeInfo`` per alive Ray node.
+
+A node is named for people: its hostname (or IP address when Ray knows no hostname), with
+the first six hex digits of Ray's node id after it when several Ray nodes share the host
+(``gpu-box-3``, ``gpu-box-3-a1b2c3``). A name, once given to a Ray node, stays that node's
+for the life of the process, so placements keep meaning the same GPUs as nodes come and
+go. Ray's own node id (what placement-group bundles are pinned to) is the node's
+``backend_node_id``; ``ray_node_id`` and ``node_name`` translate between the two.
 
 A node with GPUs reports them under its accelerator type when the catalog knows it
 (``accelerator_type:H200`` -> ``H200``), else as ``A100``-class devices; a CPU-only node
@@ -8,12 +14,23 @@ offers one ``CPU`` device per logical CPU, so each rank takes one.
 
 from __future__ import annotations
 
+import re
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from autotune.catalog.devices import CATALOG, node_info
 from autotune.core import NodeInfo
 
-__all__ = ["ray_nodes"]
+__all__ = ["node_name", "node_names", "ray_node_id", "ray_nodes"]
+
+_SUFFIX_DIGITS = 6
+_UNSAFE = re.compile(r"[^A-Za-z0-9._:-]+")
+
+# Names given so far in this process: Ray node id -> name.
+_named: dict[str, str] = {}
+_lock = threading.Lock()
 
 
 def _gpu_model(resources: dict[str, Any]) -> str:
@@ -25,14 +42,51 @@ def _gpu_model(resources: dict[str, Any]) -> str:
     return "A100"
 
 
+def _host(entry: Mapping[str, Any]) -> str:
+    host = str(entry.get("NodeManagerHostname") or entry.get("NodeManagerAddress") or "node")
+    host = _UNSAFE.sub("-", host).strip("-._:") or "node"
+    if not host[0].isalnum():
+        host = f"node-{host}"
+    return host[: 128 - _SUFFIX_DIGITS - 1]
+
+
+def node_names(
+    entries: Iterable[Mapping[str, Any]], given: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Readable names for Ray nodes (``ray.nodes()`` entries): Ray node id -> name. Names
+    in ``given`` (Ray node id -> name) are kept; the rest are the host, with a short
+    suffix of the node id where several nodes share the host or the name is taken."""
+    given = dict(given or {})
+    entries = sorted(entries, key=lambda e: str(e["NodeID"]))
+    hosts = Counter(_host(e) for e in entries)
+    taken = set(given.values())
+    names: dict[str, str] = {}
+    for entry in entries:
+        ray_id = str(entry["NodeID"])
+        if ray_id in given:
+            names[ray_id] = given[ray_id]
+            continue
+        host = _host(entry)
+        name = host if hosts[host] == 1 else f"{host}-{ray_id[:_SUFFIX_DIGITS]}"
+        digits = _SUFFIX_DIGITS
+        while name in taken:  # a name given earlier to another node on this host
+            digits += 2
+            name = f"{host}-{ray_id[:digits]}"
+        taken.add(name)
+        names[ray_id] = name
+    return names
+
+
 def ray_nodes() -> list[NodeInfo]:
-    """The alive nodes of the Ray cluster this process is connected to."""
+    """The alive nodes of the Ray cluster this process is connected to, by name."""
     import ray
 
+    alive = [e for e in ray.nodes() if e.get("Alive")]  # type: ignore[no-untyped-call]
+    with _lock:
+        _named.update(node_names(alive, _named))
+        names = dict(_named)
     nodes = []
-    for entry in ray.nodes():  # type: ignore[no-untyped-call]
-        if not entry.get("Alive"):
-            continue
+    for entry in alive:
         resources = entry.get("Resources", {})
         gpus = int(resources.get("GPU", 0))
         cpus = int(resources.get("CPU", 0))
@@ -43,11 +97,38 @@ def ray_nodes() -> list[NodeInfo]:
             model, count = "CPU", max(cpus, 1)
         nodes.append(
             node_info(
-                entry["NodeID"],
+                names[entry["NodeID"]],
                 gpu_model=model,
                 gpu_count=count,
                 cpu_milli=cpus * 1000,
                 memory_mib=memory_mib,
+                backend_node_id=entry["NodeID"],
             )
         )
-    return nodes
+    return sorted(nodes, key=lambda n: n.node_id)
+
+
+def ray_node_id(name: str) -> str:
+    """Ray's node id of the node named ``name`` (a Ray node id is returned as it is)."""
+    with _lock:
+        for ray_id, given in _named.items():
+            if given == name:
+                return ray_id
+        if name in _named:
+            return name
+    ray_nodes()  # a node that joined since the names were last read
+    with _lock:
+        for ray_id, given in _named.items():
+            if given == name:
+                return ray_id
+    return name
+
+
+def node_name(ray_id: str) -> str:
+    """The name of the Ray node ``ray_id`` (the id itself if Ray does not know it)."""
+    with _lock:
+        if ray_id in _named:
+            return _named[ray_id]
+    ray_nodes()
+    with _lock:
+        return _named.get(ray_id, ray_id)

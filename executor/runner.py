@@ -17,6 +17,7 @@ import shutil
 import statistics
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -26,8 +27,9 @@ from typing import Any
 import torch
 
 from autotune.core import JobConfig, Placement
+from autotune.executor.cluster import node_name, ray_node_id
 from autotune.executor.parallel import ParallelError
-from autotune.executor.tasks import TaskError, load_task
+from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
 from autotune.executor.worker import RankWorker, WorkerSpec
 
 __all__ = [
@@ -99,7 +101,13 @@ class JobResult:
     step_times_s: list[float]
     bytes_sent: int
     bytes_dense: int
-    samples_per_step: int
+    samples: list[int]
+    """Samples each step trained (the task's ``batch_size``, or counted from its batches)."""
+    wall_times_s: list[float]
+    """Each step's wall time as the job sees it: the slowest rank's step plus the round trip
+    to the ranks. Throughput is samples over this; ``step_times_s`` is the ranks' own."""
+    tokens_per_sample: int | None
+    """The task's ``seq_len``, where it says one."""
     placement: list[dict[str, Any]]
     events: list[dict[str, Any]]
     steps_redone: int = 0
@@ -108,6 +116,11 @@ class JobResult:
 
     def summary(self) -> dict[str, Any]:
         median = statistics.median(self.step_times_s) if self.step_times_s else 0.0
+        # Throughput over every step but the first (which builds the model's kernels and
+        # caches): samples trained over the wall time they took, as a user would time it.
+        skip = 1 if len(self.samples) > 1 else 0
+        wall = sum(self.wall_times_s[skip:])
+        samples_per_s = sum(self.samples[skip:]) / wall if wall > 0 else 0.0
         return {
             "steps": self.steps,
             "loss_first": self.losses[0] if self.losses else None,
@@ -115,7 +128,11 @@ class JobResult:
             "bytes_sent": self.bytes_sent,
             "bytes_dense": self.bytes_dense,
             "step_time_s_median": median,
-            "samples_per_s": self.samples_per_step / median if median > 0 else 0.0,
+            "samples_per_step": statistics.median(self.samples) if self.samples else None,
+            "samples_per_s": samples_per_s,
+            "tokens_per_s": (
+                samples_per_s * self.tokens_per_sample if self.tokens_per_sample else None
+            ),
             "steps_redone": self.steps_redone,
             "peak_memory_bytes": self.peak_memory_bytes,
             "power_watts_mean": statistics.fmean(self.power_watts) if self.power_watts else None,
@@ -196,7 +213,14 @@ class JobRunner:
         on_step: Callable[[JobRunner, int, dict[str, Any]], None] | None = None,
     ) -> None:
         probe = load_task(run_config.task, batch_size=run_config.batch_size)  # fail fast
-        self.samples_per_step = int(getattr(probe, "batch_size", 0) or 0)
+        # Global samples per step the task declares; None: counted from its batches.
+        self.samples_per_step = declared_samples(probe)
+        if self.samples_per_step is None:
+            _check_countable(probe, run_config, config.layout.dp)
+        seq_len = getattr(probe, "seq_len", None)
+        self.tokens_per_sample = (
+            seq_len if isinstance(seq_len, int) and not isinstance(seq_len, bool) else None
+        )
         check_config(config)
         self._check_placement(config, placement)
         self.run_config = run_config
@@ -220,7 +244,9 @@ class JobRunner:
             step_times_s=[],
             bytes_sent=0,
             bytes_dense=0,
-            samples_per_step=self.samples_per_step,
+            samples=[],
+            wall_times_s=[],
+            tokens_per_sample=self.tokens_per_sample,
             placement=[],
             events=[],
         )
@@ -267,6 +293,7 @@ class JobRunner:
                     pending, self._pending = self._pending, None
                 if pending is not None:
                     self._reconfigure(*pending)
+                started = time.perf_counter()
                 try:
                     metrics = self._step_all()
                 except _WorkerDied as died:
@@ -278,7 +305,7 @@ class JobRunner:
                     self._recover(str(died))
                     continue
                 self.step += 1
-                self._record(metrics)
+                self._record(metrics, wall_s=time.perf_counter() - started)
                 if self.step % self.run_config.checkpoint_every == 0 or self.step == self.steps:
                     self._save_checkpoint()
                 if self.on_step is not None:
@@ -306,7 +333,7 @@ class JobRunner:
         bundles = [{"CPU": 1.0, **({"GPU": 1.0} if gpu else {})} for _ in range(world)]
         selectors = None
         if placement is not None:
-            selectors = [{NODE_ID_LABEL: slot.node_id} for slot in placement.ranks]
+            selectors = [{NODE_ID_LABEL: ray_node_id(slot.node_id)} for slot in placement.ranks]
         total = ray.cluster_resources()  # type: ignore[no-untyped-call]
         for resource in bundles[0]:
             if total.get(resource, 0) < world * bundles[0][resource]:
@@ -357,7 +384,7 @@ class JobRunner:
         except ray.exceptions.RayActorError as exc:
             self._stop()
             raise ExecutorError(f"starting the job's ranks failed: {exc}") from None
-        self._result.placement = [{"rank": w["rank"], "node": w["node"]} for w in where]
+        self._result.placement = [{"rank": w["rank"], "node": node_name(w["node"])} for w in where]
         self.step = int(state["step"]) if state is not None else 0
 
     def _wait_all(self, refs: list[Any]) -> list[Any]:
@@ -476,13 +503,24 @@ class JobRunner:
 
     # ----------------------------------------------------------------- metrics
 
-    def _record(self, metrics: list[dict[str, Any]]) -> None:
+    def _record(self, metrics: list[dict[str, Any]], *, wall_s: float) -> None:
+        """Account one step: ``metrics`` from every rank, ``wall_s`` the step's wall time
+        as the job sees it (from asking the ranks to step to the last one's answer)."""
         losses = [m["loss"] for m in metrics if m["loss"] is not None]
         step_time = max(m["step_time_s"] for m in metrics)
         result = self._result
         if losses:
             result.losses.append(sum(losses) / len(losses))
         result.step_times_s.append(step_time)
+        samples = self.samples_per_step or sum(m["samples"] or 0 for m in metrics)
+        if samples < 1:
+            raise ExecutorError(
+                f"step {self.step}: the task's batches held no samples "
+                "(the first tensor of a batch has a leading dimension of 0)"
+            )
+        result.samples.append(samples)
+        result.wall_times_s.append(wall_s)
+        rate = samples / wall_s
         result.bytes_sent += sum(m["bytes_sent"] for m in metrics)
         result.bytes_dense += sum(m["bytes_dense"] for m in metrics)
         result.peak_memory_bytes = max(
@@ -502,7 +540,8 @@ class JobRunner:
             "step": self.step,
             "loss": result.losses[-1] if losses else None,
             "step_time_s": step_time,
-            "samples_per_s": self.samples_per_step / step_time if step_time > 0 else 0.0,
+            "samples_per_s": rate,
+            **({"tokens_per_s": rate * self.tokens_per_sample} if self.tokens_per_sample else {}),
             "bytes_sent": sum(m["bytes_sent"] for m in metrics),
             "bytes_dense": sum(m["bytes_dense"] for m in metrics),
             "nan_events": sum(
@@ -511,6 +550,24 @@ class JobRunner:
             "peak_memory_bytes": result.peak_memory_bytes,
             "power_watts": sum(power) if power else None,
         }
+
+
+def _check_countable(task: Any, run: RunnerConfig, dp: int) -> None:
+    """Refuse, before any rank starts, a task whose samples per step cannot be told: it
+    declares no ``batch_size`` and its first batch (data-parallel rank 0's) holds no
+    tensor with a batch dimension. Throughput is never reported as 0 for lack of it."""
+    try:
+        first = next(iter(task.batches(0, dp, run.seed)))
+    except Exception as exc:  # the user's task failed while making a batch
+        raise TaskError(f"task {run.task!r}: making its first batch failed: {exc!r}") from exc
+    if count_samples(first) is None:
+        raise TaskError(
+            f"task {run.task!r}: cannot count the samples a step trains: its batches hold "
+            f"no tensor with a batch dimension ({type(first).__name__}) and it declares no "
+            "batch_size; yield tensors (or tuples, lists or dicts of them) whose first "
+            "dimension is the batch, or give the task a batch_size attribute (global "
+            "samples per step)"
+        )
 
 
 def _describe(config: JobConfig) -> dict[str, Any]:

@@ -4,8 +4,16 @@ A task is any object with ``build_model() -> nn.Module``, ``batches(rank, world_
 seed) -> Iterator`` and ``loss(model, batch) -> Tensor``. ``rank``/``world_size`` are the
 data-parallel ones: tensor- and pipeline-parallel peers see the same batches. Optional:
 ``batch_size`` (the global batch, set by the executor from ``--batch-size``),
-``learning_rate``, ``tp_plan()`` (module name -> ``"colwise"`` | ``"rowwise"``) and
-``split_points()`` (names of the blocks where pipeline stages begin).
+``seq_len`` (tokens per sample, for tokens/s), ``learning_rate``, ``tp_plan()`` (module
+name -> ``"colwise"`` | ``"rowwise"``) and ``split_points()`` (names of the blocks where
+pipeline stages begin).
+
+Samples per step, behind every throughput the executor reports: the task's
+``batch_size`` when it declares one; otherwise counted from the batches themselves, the
+leading dimension of the first tensor in what ``batches()`` yields (a tensor, or the
+first tensor found depth-first in a tuple, list or dict, in order), summed over the
+data-parallel ranks. A task that declares neither is refused before it starts
+(``count_samples``).
 
 For pipeline parallelism a batch is an ``(inputs, targets)`` pair and ``loss`` calls the
 model once, on ``inputs``: the last stage replays its output into ``loss``.
@@ -39,6 +47,8 @@ __all__ = [
     "MLPSynthetic",
     "TaskError",
     "TrainingTask",
+    "count_samples",
+    "declared_samples",
     "load_task",
     "stdlib_text",
 ]
@@ -55,6 +65,30 @@ class TrainingTask(Protocol):
     def batches(self, rank: int, world_size: int, seed: int) -> Iterator[Any]: ...
 
     def loss(self, model: nn.Module, batch: Any) -> Tensor: ...
+
+
+def count_samples(batch: Any) -> int | None:
+    """Samples in one batch as ``batches()`` yields it: the leading dimension of its first
+    tensor (depth-first through tuples, lists and dicts, in order); ``None`` when it holds
+    no tensor with a dimension."""
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, tuple | list):
+        for item in batch:
+            found = count_samples(item)
+            if found is not None:
+                return found
+    return None
+
+
+def declared_samples(task: Any) -> int | None:
+    """The global samples per step the task declares (``batch_size``), if any."""
+    size = getattr(task, "batch_size", None)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return None
+    return size
 
 
 def _shard(global_batch: int, rank: int, world_size: int) -> slice:
@@ -176,6 +210,11 @@ class GPTChar:
     """
 
     name = "gpt-char"
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens (bytes) per sample: the model's context."""
+        return self.config.context
 
     def __init__(self, *, batch_size: int | None = None, config: GPTConfig | None = None) -> None:
         self.config = config or GPTConfig()

@@ -39,7 +39,7 @@ from autotune.executor.parallel import (
     stage_ranges,
 )
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
-from autotune.executor.tasks import TrainingTask, load_task
+from autotune.executor.tasks import TrainingTask, count_samples, load_task
 
 __all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
 
@@ -370,7 +370,11 @@ class RankWorker:
         self.events.extend(events)
         elapsed = time.perf_counter() - start
         reports_loss = self.pp_index == self.pp - 1 and self.tp_index == 0
+        # One rank per data-parallel replica counts its share of the batch (tensor- and
+        # pipeline-parallel peers see the same samples).
+        counts = self.pp_index == 0 and self.tp_index == 0
         return {
+            "samples": count_samples(batch) if counts else None,
             "rank": self.rank,
             "step": self.step_count,
             "loss": loss if reports_loss else None,

@@ -23,6 +23,7 @@ def get_cluster(session: SessionDep, telemetry: TelemetryDep, request: Request) 
     public = [
         NodePublic(
             node_id=n.node_id,
+            backend_node_id=n.backend_node_id or None,
             gpu_model=n.gpu_model,
             gpu_count=n.gpu_count,
             gpus_allocated=allocated.get(n.node_id, 0) / MILLI_PER_GPU,

@@ -4,12 +4,14 @@ a timeline of decisions by source. Plotly's JavaScript is served from the instal
 
 from __future__ import annotations
 
+from datetime import datetime
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import FileResponse, HTMLResponse
+from sqlalchemy.orm import Session
 
 from autotune.api.deps import SessionDep
 from autotune.daemon.forecast import forecast_series
@@ -57,15 +59,6 @@ def dashboard_data(
     if len(utilization) > samples:
         since, utilization = utilization[0].recorded_at, utilization[1:]
     series = forecast_series([s.value for s in utilization], forecaster, horizon=1)
-    goodput: dict[str, dict[str, list[Any]]] = {}
-    for sample in repo.list_metrics(
-        session=session, names=["job_goodput"], since=since, limit=20_000
-    ):
-        if sample.job_id is None:
-            continue
-        line = goodput.setdefault(sample.job_id, {"at": [], "value": []})
-        line["at"].append(sample.recorded_at.isoformat())
-        line["value"].append(sample.value)
     rows, _ = repo.list_decision_rows(session=session, since=since, limit=500)
     return {
         "predictor": forecaster.name,
@@ -76,7 +69,13 @@ def dashboard_data(
             "predicted": [v for _, v in series.predicted],
             "mean_absolute_error": series.mean_absolute_error,
         },
-        "goodput": goodput,
+        "goodput": _per_job(session, "job_goodput", since),
+        # Measured on each step where jobs train for real (--backend ray); tokens/s where
+        # the task says its sequence length.
+        "throughput": {
+            unit: _per_job(session, f"job_{unit}", since)
+            for unit in ("samples_per_s", "tokens_per_s")
+        },
         "decisions": [
             {
                 "id": row["id"],
@@ -90,3 +89,17 @@ def dashboard_data(
         ],
         "jobs": repo.job_counts(session=session),
     }
+
+
+def _per_job(
+    session: Session, name: str, since: datetime | None
+) -> dict[str, dict[str, list[Any]]]:
+    """One line per job of the metric ``name``: ``{"at": [...], "value": [...]}``."""
+    lines: dict[str, dict[str, list[Any]]] = {}
+    for sample in repo.list_metrics(session=session, names=[name], since=since, limit=20_000):
+        if sample.job_id is None:
+            continue
+        line = lines.setdefault(sample.job_id, {"at": [], "value": []})
+        line["at"].append(sample.recorded_at.isoformat())
+        line["value"].append(sample.value)
+    return lines

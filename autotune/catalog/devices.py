@@ -206,6 +206,7 @@ def node_info(
     cpu_milli: int,
     memory_mib: int,
     inter_node_bandwidth_gbps: float = DEFAULT_INTER_NODE_GBPS,
+    backend_node_id: str = "",
 ) -> NodeInfo:
     """A ``NodeInfo`` whose GPU figures come from the catalog (``""``: CPU-only node)."""
     if gpu_count == 0 or not gpu_model:
@@ -218,6 +219,7 @@ def node_info(
             inter_node_bandwidth_gbps=inter_node_bandwidth_gbps,
             cpu_milli=cpu_milli,
             memory_mib=memory_mib,
+            backend_node_id=backend_node_id,
         )
     spec = device(gpu_model)
     return NodeInfo(
@@ -230,4 +232,5 @@ def node_info(
         inter_node_bandwidth_gbps=inter_node_bandwidth_gbps,
         cpu_milli=cpu_milli,
         memory_mib=memory_mib,
+        backend_node_id=backend_node_id,
     )

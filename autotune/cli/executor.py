@@ -164,6 +164,7 @@ def run_command(
         f"{summary['steps']} steps: loss {first:.4f} -> {last:.4f}; "
         f"median step {summary['step_time_s_median'] * 1000:.1f} ms, "
         f"{summary['samples_per_s']:.1f} samples/s"
+        + (f", {summary['tokens_per_s']:.0f} tokens/s" if summary["tokens_per_s"] else "")
     )
     if ratio is not None:
         typer.echo(
@@ -171,7 +172,7 @@ def run_command(
             f"({ratio:.3%})"
         )
     nodes = sorted({p["node"] for p in summary["placement"]})
-    typer.echo(f"ranks on {len(nodes)} node(s): " + ", ".join(n[:12] for n in nodes))
+    typer.echo(f"ranks on {len(nodes)} node(s): " + ", ".join(nodes))
     for event in summary["events"]:
         typer.echo(f"event: {json.dumps(event)}")
 

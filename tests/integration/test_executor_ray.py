@@ -5,11 +5,13 @@ NaN/Inf falls back to a safer precision."""
 from __future__ import annotations
 
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import ray
+from helpers import REPO
 
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.executor.parallel import ParallelError
@@ -182,3 +184,24 @@ def test_topk_one_percent_sends_under_5_percent_and_trains_like_dense() -> None:
     final_dense = sum(dense.losses[-20:]) / 20
     final_topk = sum(topk.losses[-20:]) / 20
     assert final_topk <= 1.05 * final_dense, (final_topk, final_dense)
+
+
+@pytest.mark.parametrize(
+    "cfg", [config(), config(dp=2), config(pp=2, micro_batches=2)], ids=["dp1", "dp2", "pp2"]
+)
+def test_a_user_task_reports_the_throughput_it_really_has(cfg: JobConfig) -> None:
+    """A task without ``batch_size`` (samples counted from its batches): the reported
+    samples/s is within 10% of steps x samples per step / the steps' wall time, measured
+    here between step callbacks; tokens/s follows from its seq_len."""
+    task = REPO / "tests" / "data" / "user_task.py"
+    done_at: list[float] = []
+    result = train(
+        f"{task}:TinyLM", cfg, 12, on_step=lambda *_: done_at.append(time.perf_counter())
+    )
+    summary = result.summary()
+    assert result.samples == [16] * 12
+    # Steps 3..11, timed from outside the executor (the first two warm up; the last one
+    # ends with the final checkpoint).
+    measured = 16 * (len(done_at) - 3) / (done_at[-2] - done_at[1])
+    assert summary["samples_per_s"] == pytest.approx(measured, rel=0.10)
+    assert summary["tokens_per_s"] == pytest.approx(32 * summary["samples_per_s"])

@@ -90,3 +90,29 @@ def test_decisions_pages_filters_and_detail(client: TestClient) -> None:
         client.get("/api/v1/decisions", params={"since": "2026-01-01T00:00:00"}).status_code == 422
     )
     assert client.get("/api/v1/decisions/999999").status_code == 404
+
+
+def test_cluster_gives_a_named_node_its_backend_id(database: Database) -> None:
+    from autotune.catalog.devices import node_info
+    from autotune.db import repository as repo
+
+    ray_id = "ab" * 28
+    with database.session() as session:
+        repo.upsert_nodes(
+            session=session,
+            nodes=[
+                node_info(
+                    "gpu-box-1",
+                    gpu_model="A100",
+                    gpu_count=2,
+                    cpu_milli=8000,
+                    memory_mib=1024,
+                    backend_node_id=ray_id,
+                ),
+                node_info("t4-0", gpu_model="T4", gpu_count=1, cpu_milli=8000, memory_mib=1024),
+            ],
+        )
+    with TestClient(create_app(db=database, telemetry="ray")) as client:
+        nodes = {n["node_id"]: n for n in client.get("/api/v1/cluster").json()["nodes"]}
+    assert nodes["gpu-box-1"]["backend_node_id"] == ray_id
+    assert nodes["t4-0"]["backend_node_id"] is None
