@@ -25,10 +25,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch._C._distributed_c10d import GradBucket
 
 from autotune.core import CompressionSpec
 
-__all__ = ["ByteCounter", "GradientReducer", "count_powersgd_traffic", "local_grad"]
+__all__ = [
+    "ByteCounter",
+    "CountingAllReduce",
+    "GradientReducer",
+    "count_powersgd_traffic",
+    "counting_allreduce_hook",
+    "local_grad",
+]
 
 
 def local_grad(p: Tensor) -> Tensor | None:
@@ -140,3 +148,28 @@ def count_powersgd_traffic(counter: ByteCounter) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
     powerSGD_hook.dist = _CountingDist(counter)  # type: ignore[assignment,attr-defined]
+
+
+@dataclass
+class CountingAllReduce:
+    """State of ``counting_allreduce_hook``: where to count, which group to reduce over."""
+
+    counter: ByteCounter
+    group: Any
+
+
+def counting_allreduce_hook(
+    state: CountingAllReduce, bucket: GradBucket
+) -> torch.futures.Future[Tensor]:
+    """DDP's own averaging all-reduce of a gradient bucket, counting the bytes it sends."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    buffer = bucket.buffer()
+    state.counter.sent += buffer.numel() * buffer.element_size()
+    return allreduce_hook(state.group, bucket)
+
+
+# DDP checks a hook's annotations as objects; this module's are strings (PEP 563).
+counting_allreduce_hook.__annotations__.update(
+    bucket=GradBucket, state=CountingAllReduce, **{"return": torch.futures.Future[Tensor]}
+)

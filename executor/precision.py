@@ -185,12 +185,21 @@ class PrecisionController:
                 dtype = DTYPES[precision]
                 with _parameters_as(module, lambda p: p.to(dtype)):
                     out = original(*_cast(args, dtype), **kwargs)
-            first = out[0] if isinstance(out, tuple) else out
-            if self.watching and not _finite(first) and all(_finite(a) for a in args):
-                self.nonfinite.add(cls)  # this module made finite inputs non-finite
+            # Only a class in reduced precision is watched: an fp32 class has no safer
+            # map to fall back to (a non-finite gradient still skips the step), and the
+            # check costs two passes over every output it watches.
+            if self.watching and precision != "fp32":
+                first = out[0] if isinstance(out, tuple) else out
+                if not _finite(first) and all(_finite(a) for a in args):
+                    self.nonfinite.add(cls)  # this module made finite inputs non-finite
             return out
 
         return forward
+
+    @property
+    def watches_any(self) -> bool:
+        """Whether any class runs in reduced precision (only those are watched)."""
+        return any(getattr(self.precision, cls) != "fp32" for cls in set(self.classes.values()))
 
     @contextmanager
     def paused(self) -> Iterator[None]:

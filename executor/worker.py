@@ -12,6 +12,7 @@ import resource
 import socket
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from itertools import islice
@@ -24,8 +25,10 @@ from torch import Tensor, nn
 from autotune.core import JobConfig, PrecisionMap
 from autotune.executor.compression import (
     ByteCounter,
+    CountingAllReduce,
     GradientReducer,
     count_powersgd_traffic,
+    counting_allreduce_hook,
     local_grad,
 )
 from autotune.executor.parallel import (
@@ -57,6 +60,16 @@ class WorkerSpec:
     Triton interpreter is for correctness tests), ``auto`` on GPUs."""
     learning_rate: float | None = None
     threads: int = 1
+
+
+def _all_finite(grads: list[Tensor]) -> bool:
+    """Whether every gradient is finite, in one fused pass: a NaN or Inf anywhere makes
+    its tensor's norm non-finite (as would a finite value above ~1e19, which overflows the
+    square in float32: no trainable gradient is that large). 2.1 ms per step for
+    gpt-char's 69 tensors one by one, 0.2 ms fused (1 thread, 2-core x86_64)."""
+    if not grads:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())
 
 
 def gpu_power_watts(index: int) -> float | None:
@@ -221,6 +234,17 @@ class RankWorker:
                 )
                 ddp.register_comm_hook(hook_state, powerSGD_hook.powerSGD_hook)
                 self.ddp = train_module = ddp
+        elif compression.kind == "none" and self.dp > 1 and self.tp == 1 and self.pp == 1:
+            # Plain data parallelism is DDP's: its bucketed all-reduces overlap the
+            # backward pass. One flat all-reduce after the backward made the dp2 step
+            # 1.13-1.15x a plain DDP script's on gpt-char (2-core x86_64, gloo).
+            from torch.nn.parallel import DistributedDataParallel
+
+            ddp = DistributedDataParallel(train_module, process_group=dp_group)
+            ddp.register_comm_hook(
+                CountingAllReduce(self.counter, dp_group), counting_allreduce_hook
+            )
+            self.ddp = train_module = ddp
         self.reducer = GradientReducer(
             spec=compression
             if compression.kind != "powersgd"
@@ -315,10 +339,14 @@ class RankWorker:
             return float(torch.stack([x.detach().float() for x in losses]).mean()) / scale
         chunks = _split(batch, m) if m > 1 else [batch]
         total = 0.0
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
             chunk = _to(chunk, self.device)
-            loss = self.task.loss(self.train_module, chunk) / len(chunks)
-            torch.autograd.backward(loss * scale)
+            # Under DDP, gradients of all but the last micro-batch accumulate locally and
+            # are reduced once, with the last one's.
+            last = i == len(chunks) - 1
+            with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():  # type: ignore[operator]
+                loss = self.task.loss(self.train_module, chunk) / len(chunks)
+                torch.autograd.backward(loss * scale)
             total += float(loss.detach())
         return total
 
@@ -337,8 +365,12 @@ class RankWorker:
             for i, cls in enumerate(COMPUTE_CLASSES):
                 flags[i] = float(cls in self.precision.nonfinite)
             grads = [g for g in (local_grad(p) for p in params) if g is not None]
-            flags[-1] = float(any(not bool(torch.isfinite(g).all()) for g in grads))
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            flags[-1] = float(not _all_finite(grads))
+            # The ranks agree on skipping a step. Under DDP with no class in reduced
+            # precision they agree already: the gradients were averaged in the backward
+            # pass (a NaN anywhere is a NaN everywhere) and no class is watched.
+            if self.ddp is None or self.precision.watches_any:
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             bad = {cls for i, cls in enumerate(COMPUTE_CLASSES) if flags[i] > 0}
             events: list[dict[str, Any]] = []
             sent = dense = 0

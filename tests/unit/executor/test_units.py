@@ -25,6 +25,7 @@ from autotune.executor.parallel import (
 )
 from autotune.executor.precision import LossScaler, PrecisionController, classify_modules
 from autotune.executor.tasks import GPTChar, MLPSynthetic, TaskError, load_task
+from autotune.executor.worker import _all_finite
 
 # ----------------------------------------------------------------------------- tasks
 
@@ -249,6 +250,31 @@ def test_nonfinite_outputs_move_the_class_one_step_safer() -> None:
     controller.nonfinite.clear()
     assert torch.isfinite(model(torch.full((1, 4), 1e6))).all()
     assert controller.nonfinite == set()
+
+
+def test_only_classes_in_reduced_precision_are_watched() -> None:
+    """An fp32 class has no safer map to fall back to: its outputs are not checked (the
+    check costs two passes over every output), and a job all in fp32 watches nothing."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    controller = PrecisionController(model, PrecisionMap())
+    assert not controller.watches_any
+    model(torch.full((1, 4), 3e38))  # Inf out of finite inputs, in fp32
+    assert controller.nonfinite == set()
+    bf16 = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    assert PrecisionController(bf16, PrecisionMap(ffn="bf16")).watches_any
+    # A class the model does not have is not watched either.
+    assert not PrecisionController(
+        nn.Sequential(nn.Linear(4, 2)), PrecisionMap(ffn="bf16")
+    ).watches_any
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_one_nonfinite_gradient_anywhere_is_found(bad: float) -> None:
+    grads = [torch.randn(7, 3), torch.randn(50), torch.randn(4, 4)]
+    assert _all_finite(grads)
+    grads[1][17] = bad
+    assert not _all_finite(grads)
+    assert _all_finite([])
 
 
 def test_loss_scaler_backs_off_and_grows() -> None:
