@@ -7,13 +7,27 @@ How it works
 ------------
 1. **Feasibility.** For every job and GPU model: is the model allowed (``gpu_types``)
    and does one rank fit its share of that GPU's memory (``autotune.perf.memory``)? A job no
-   model can hold comes back unplaced with the reason; it is never placed.
+   model can hold comes back unplaced with the reason; it is never placed. Jobs with the
+   same request share this work.
 2. **Placement units.** Ranks that must share a node form a unit: the whole job when
    ``max_nodes == 1`` (a Kubernetes pod); otherwise blocks of consecutive ranks, a
    multiple of ``tp`` and at most one node's GPUs, so tensor-parallel groups never cross
    the network and pipeline neighbours fill a node before the next one is used. When no
    node can take a block, the job is retried with smaller blocks (down to ``tp``).
-3. **Decision rounds.** Pending jobs are taken in order (priority, then submission) in
+   **One GPU model per job.** Synchronous training runs at the pace of its slowest GPU
+   (``autotune.perf.model.shape_of``), so all units of a job go to nodes of one model:
+   in each round, a job of several units may use only the model, among those with a
+   node able to take each of its units, where its units cost least on their cheapest
+   nodes (below; the fastest adequate model unless scarcity says otherwise). With no
+   such model, it is retried with smaller blocks, else unplaced.
+3. **Waiting jobs.** Running jobs keep their placement first. A pending job asking for
+   more GPUs than its allowed models then have free (GPUs with at least its milli free;
+   for a job that may span nodes, than one of its allowed models has free) cannot be
+   placed, as the cluster only fills from here on: it comes back unplaced at once with
+   the count and never enters a round. When no GPU is free, no round runs.
+   (Checked once, before the rounds: dropping jobs between rounds would change the
+   batches, and with them the placements of the other jobs.)
+4. **Decision rounds.** Pending jobs are taken in order (priority, then submission) in
    batches of ``round_size`` units. Each round builds a units x nodes cost matrix, where
    an entry is the cost of the cheapest GPU set for the unit on that node, and solves it
    with ``scipy.optimize.linear_sum_assignment``; every unit also gets a private
@@ -21,9 +35,11 @@ How it works
    unit's GPUs, so the matching allocates as many GPUs as it can, earlier jobs first on
    equal terms. A node takes at most one new unit per round, so every entry is exact
    against the round's state.
-   Columns are pruned to each row's ``rows`` cheapest nodes, which cannot change the
-   optimum (at most ``rows - 1`` of them are taken by other rows).
-4. **Gang semantics.** A job whose units were not all matched releases them all and
+   The matrix is built once per distinct request in the batch (shape and per-model
+   terms) with numpy, plus one row per unit of a running job that moves. Columns are
+   pruned to each row's ``rows`` cheapest nodes, which cannot change the optimum (at
+   most ``rows - 1`` of them are taken by other rows).
+5. **Gang semantics.** A job whose units were not all matched releases them all and
    waits for the next round; a job that no node set can take is unplaced with a reason.
 
 The cost of a unit on a node (lower is better), in GPU-equivalents:
@@ -44,7 +60,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -122,41 +138,63 @@ class ClusterState:
 
     def __init__(self, nodes: Sequence[NodeInfo]) -> None:
         ids = [n.node_id for n in nodes]
-        if len(set(ids)) != len(ids):
+        self.index = {node_id: i for i, node_id in enumerate(ids)}
+        if len(self.index) != len(ids):
             duplicate = next(i for i in ids if ids.count(i) > 1)
             raise ValueError(f"nodes: node_id {duplicate!r} appears twice")
         self.nodes = list(nodes)
-        self.index = {node_id: i for i, node_id in enumerate(ids)}
-        self.models = sorted({n.gpu_model for n in nodes if n.gpu_count > 0})
+        n = len(nodes)
+        self.models = sorted({node.gpu_model for node in nodes if node.gpu_count > 0})
         model_index = {m: i for i, m in enumerate(self.models)}
-        self.model_of: IntArray = np.array(
-            [model_index[n.gpu_model] if n.gpu_count > 0 else -1 for n in nodes], dtype=np.int64
+        self.model_of: IntArray = np.fromiter(
+            (model_index[node.gpu_model] if node.gpu_count > 0 else -1 for node in nodes),
+            dtype=np.int64,
+            count=n,
         )
-        width = max((n.gpu_count for n in nodes), default=0)
-        self.free_milli: IntArray = np.full((len(nodes), max(width, 1)), -1, dtype=np.int64)
-        for i, n in enumerate(nodes):
-            self.free_milli[i, : n.gpu_count] = MILLI_PER_GPU
-        self.capacity_gpus: IntArray = np.array([n.gpu_count for n in nodes], dtype=np.int64)
-        self.capacity_cpu: IntArray = np.array([n.cpu_milli for n in nodes], dtype=np.int64)
-        self.capacity_mem: IntArray = np.array([n.memory_mib for n in nodes], dtype=np.int64)
+        self.gpu_nodes: BoolArray = self.model_of >= 0
+        """Nodes with GPUs."""
+        self.model_safe: IntArray = np.where(self.gpu_nodes, self.model_of, 0)
+        """``model_of`` with 0 for nodes without GPUs, for indexing per-model arrays."""
+        self.capacity_gpus: IntArray = np.fromiter(
+            (node.gpu_count for node in nodes), dtype=np.int64, count=n
+        )
+        self.capacity_cpu: IntArray = np.fromiter(
+            (node.cpu_milli for node in nodes), dtype=np.int64, count=n
+        )
+        self.capacity_mem: IntArray = np.fromiter(
+            (node.memory_mib for node in nodes), dtype=np.int64, count=n
+        )
+        width = max(int(self.capacity_gpus.max(initial=0)), 1)
+        self.free_milli: IntArray = np.where(
+            np.arange(width)[None, :] < self.capacity_gpus[:, None], MILLI_PER_GPU, -1
+        ).astype(np.int64)
         self.free_cpu: IntArray = self.capacity_cpu.copy()
         self.free_mem: IntArray = self.capacity_mem.copy()
-        self.version: IntArray = np.zeros(len(nodes), dtype=np.int64)
+        self.version: IntArray = np.zeros(n, dtype=np.int64)
         # Per-model figures (GPU memory, peak TFLOP/s) come from the first node of each.
-        self.representative = [
-            nodes[int(np.argmax(self.model_of == m))] for m in range(len(self.models))
-        ]
+        first: dict[int, int] = {}
+        for i, m in enumerate(self.model_of.tolist()):
+            if m >= 0 and m not in first:
+                first[m] = i
+        self.representative = [nodes[first[m]] for m in range(len(self.models))]
+        # Plain lists for the per-rank checks of kept placements.
+        self._gpu_count_list: list[int] = self.capacity_gpus.tolist()
+        self._model_list: list[int] = self.model_of.tolist()
+        self._max_gpus: dict[bytes, int] = {}
 
     def take(self, node: int, gpus: Sequence[int], milli: int, cpu: int, mem: int) -> None:
-        for g in gpus:
-            if self.free_milli[node, g] < milli:
-                raise ValueError(
-                    f"GPU {g} of node {self.nodes[node].node_id} has "
-                    f"{self.free_milli[node, g]} milli free, {milli} asked"
-                )
+        row = self.free_milli[node]
+        index = list(gpus)
+        have = row[index]
+        short = have < milli
+        if short.any():
+            g = index[int(np.argmax(short))]
+            raise ValueError(
+                f"GPU {g} of node {self.nodes[node].node_id} has {row[g]} milli free, {milli} asked"
+            )
         if self.free_cpu[node] < cpu or self.free_mem[node] < mem:
             raise ValueError(f"node {self.nodes[node].node_id} lacks CPU or memory")
-        self.free_milli[node, list(gpus)] -= milli
+        row[index] = have - milli
         self.free_cpu[node] -= cpu
         self.free_mem[node] -= mem
         self.version[node] += 1
@@ -165,9 +203,27 @@ class ClusterState:
         """Free GPU capacity (in GPUs) per model."""
         free = np.clip(self.free_milli, 0, None).sum(axis=1) / MILLI_PER_GPU
         out = np.zeros(len(self.models))
-        gpu_nodes = self.model_of >= 0
-        np.add.at(out, self.model_of[gpu_nodes], free[gpu_nodes])
+        np.add.at(out, self.model_of[self.gpu_nodes], free[self.gpu_nodes])
         return out
+
+    def usable_gpus_by_model(self, milli: int) -> FloatArray:
+        """Per model: GPUs with at least ``milli`` free."""
+        usable = (self.free_milli >= milli).sum(axis=1)
+        result: FloatArray = np.bincount(
+            self.model_of[self.gpu_nodes],
+            weights=usable[self.gpu_nodes],
+            minlength=len(self.models),
+        ).astype(np.float64)
+        return result
+
+    def max_gpus_per_node(self, allowed: BoolArray) -> int:
+        """GPUs of the largest node of an allowed model."""
+        key = allowed.tobytes()
+        found = self._max_gpus.get(key)
+        if found is None:
+            eligible = self.gpu_nodes & allowed[self.model_safe]
+            found = self._max_gpus[key] = int(self.capacity_gpus[eligible].max(initial=0))
+        return found
 
 
 # --------------------------------------------------------------------------------------
@@ -209,12 +265,14 @@ def _expected_fragment(
     model: IntArray,
     c: WorkloadClasses,
 ) -> FloatArray:
-    """Expected fragment over the classes; leading axes broadcast, classes last."""
+    """Expected fragment over the classes; leading axes broadcast, classes last.
+    ``usable`` and ``fragment`` carry the class axis; ``total``, ``cpu``, ``mem`` and
+    ``model`` do not."""
     fits = (
         (usable >= c.gpus)
         & (cpu[..., None] >= c.cpu)
         & (mem[..., None] >= c.mem)
-        & np.moveaxis(c.allowed[:, model], 0, -1)
+        & c.allowed.T[model]
     )
     per_class = np.where(fits, fragment, total[..., None])
     result: FloatArray = per_class.astype(np.float64) @ c.weight
@@ -236,6 +294,7 @@ def _fragmentation(
 
 def _fragmentation_one_gpu(
     free_milli: IntArray,
+    terms: tuple[IntArray, IntArray, IntArray],
     milli: int,
     cpu: IntArray,
     mem: IntArray,
@@ -243,9 +302,9 @@ def _fragmentation_one_gpu(
     c: WorkloadClasses,
 ) -> FloatArray:
     """``_fragmentation`` of each node after ``milli`` is taken from each of its GPUs in
-    turn, (K, G) -> (K, G), updating the class terms for the one GPU that changes
-    instead of recounting all of them."""
-    usable, fragment, total = _class_terms(free_milli, c)
+    turn, (K, G) -> (K, G), updating the node's class terms (``_class_terms``) for the
+    one GPU that changes instead of recounting all of them."""
+    usable, fragment, total = terms
     before = np.clip(free_milli, 0, None)[:, :, None]  # (K, G, 1)
     after = before - milli
     was = before >= c.milli
@@ -253,10 +312,10 @@ def _fragmentation_one_gpu(
     return _expected_fragment(
         usable[:, None, :] - was + now,
         fragment[:, None, :] - np.where(was, 0, before) + np.where(now, 0, after),
-        np.broadcast_to(total[:, None] - milli, free_milli.shape),
-        np.broadcast_to(cpu[:, None], free_milli.shape),
-        np.broadcast_to(mem[:, None], free_milli.shape),
-        np.broadcast_to(model[:, None], free_milli.shape),
+        (total - milli)[:, None],
+        cpu[:, None],
+        mem[:, None],
+        model[:, None],
         c,
     )
 
@@ -266,36 +325,64 @@ def _fragmentation_one_gpu(
 # --------------------------------------------------------------------------------------
 
 
-@dataclass(slots=True, kw_only=True)
 class _Job:
-    spec: JobSpec
-    config: JobConfig
-    allowed: BoolArray
-    """Per GPU model: type allowed and a rank fits its memory."""
-    compute: FloatArray
-    """Per GPU model: compute-fit cost of one GPU."""
-    headroom: FloatArray
-    """Per GPU model: memory-headroom cost of one GPU."""
-    block: int
-    """Ranks per unit."""
-    current: Placement | None = None
+    """A job being placed: its per-model terms and its current unit size."""
 
-    @property
-    def world(self) -> int:
-        return self.config.world_size
+    __slots__ = (
+        "allowed",
+        "block",
+        "compute",
+        "config",
+        "current",
+        "headroom",
+        "index",
+        "shape",
+        "spec",
+        "terms",
+        "unit_cpu",
+        "unit_mem",
+        "units",
+        "world",
+    )
 
-    @property
-    def units(self) -> int:
-        return self.world // self.block
+    def __init__(
+        self,
+        *,
+        spec: JobSpec,
+        config: JobConfig,
+        allowed: BoolArray,
+        compute: FloatArray,
+        headroom: FloatArray,
+        block: int,
+        terms: int = -1,
+    ) -> None:
+        self.spec = spec
+        self.config = config
+        self.allowed = allowed
+        """Per GPU model: type allowed and a rank fits its memory."""
+        self.compute = compute
+        """Per GPU model: compute-fit cost of one GPU."""
+        self.headroom = headroom
+        """Per GPU model: memory-headroom cost of one GPU."""
+        self.terms = terms
+        """Equal for jobs with equal ``allowed``, ``compute`` and ``headroom``: with equal
+        shapes, their units have equal costs everywhere."""
+        self.world: int = config.world_size
+        self.current: Placement | None = None
+        self.index = -1
+        """Position among the pending jobs."""
+        self.block = self.units = self.unit_cpu = self.unit_mem = 0
+        self.shape: tuple[int, int, int, int] = (0, 0, 0, 0)
+        self.set_block(block)
 
-    def unit_cpu(self) -> int:
-        return math.ceil(self.spec.cpu_milli * self.block / self.world)
-
-    def unit_mem(self) -> int:
-        return math.ceil(self.spec.memory_mib * self.block / self.world)
-
-    def shape(self) -> tuple[int, int, int, int]:
-        return (self.block, self.spec.gpu_milli, self.unit_cpu(), self.unit_mem())
+    def set_block(self, block: int) -> None:
+        """Ranks per unit, and what follows from it."""
+        spec, world = self.spec, self.world
+        self.block = block
+        self.units = world // block
+        self.unit_cpu = math.ceil(spec.cpu_milli * block / world)
+        self.unit_mem = math.ceil(spec.memory_mib * block / world)
+        self.shape = (block, spec.gpu_milli, self.unit_cpu, self.unit_mem)
 
 
 def _block_sizes(job: _Job, max_gpus_per_node: int) -> list[int]:
@@ -304,11 +391,17 @@ def _block_sizes(job: _Job, max_gpus_per_node: int) -> list[int]:
     if job.spec.max_nodes == 1:
         return [world]
     sizes = [
-        b for b in range(world, 0, -1) if world % b == 0 and b % tp == 0 and b <= max_gpus_per_node
+        b for b in range(min(world, max_gpus_per_node), 0, -1) if world % b == 0 and b % tp == 0
     ]
     if job.spec.max_nodes is not None:
         sizes = [b for b in sizes if world // b <= job.spec.max_nodes]
     return sizes
+
+
+def _spans_nodes(job: _Job) -> bool:
+    """Whether the job's ranks may go to more than one node. Synchronous training runs
+    at the pace of its slowest GPU, so such a job's ranks all go to one GPU model."""
+    return job.spec.max_nodes != 1 and job.world > 1
 
 
 class _ShapeCosts:
@@ -327,16 +420,54 @@ class _CostModel:
         self.classes = classes
         self.weights = weights
         self.shapes: dict[tuple[int, int, int, int], _ShapeCosts] = {}
-        self.gpu_nodes: IntArray = np.nonzero(state.model_of >= 0)[0]
+        self.gpu_nodes: IntArray = np.nonzero(state.gpu_nodes)[0]
+        n, k = len(state.nodes), len(classes.weight)
+        # The class terms of every node's current state, shared by all shapes and kept
+        # up to date through the nodes' version counters.
+        self._node_version: IntArray = np.full(n, -1, dtype=np.int64)
+        self._usable: IntArray = np.zeros((n, k), dtype=np.int64)
+        self._fragment: IntArray = np.zeros((n, k), dtype=np.int64)
+        self._total: IntArray = np.zeros(n, dtype=np.int64)
+        self._closed: dict[int, BoolArray] = {}
+        self._last_before: tuple[tuple[bytes, bytes], FloatArray] | None = None
 
     def shape_costs(self, shape: tuple[int, int, int, int]) -> _ShapeCosts:
         entry = self.shapes.get(shape)
         if entry is None:
             entry = self.shapes[shape] = _ShapeCosts(len(self.state.nodes))
-        stale = self.gpu_nodes[entry.version[self.gpu_nodes] != self.state.version[self.gpu_nodes]]
+        nodes = self.gpu_nodes
+        stale = nodes[entry.version[nodes] != self.state.version[nodes]]
         if len(stale):
             self._refresh(shape, entry, stale)
         return entry
+
+    def _node_terms(self, nodes: IntArray) -> tuple[IntArray, IntArray, IntArray]:
+        """``_class_terms`` of the nodes as they are now."""
+        s = self.state
+        stale = nodes[self._node_version[nodes] != s.version[nodes]]
+        if len(stale):
+            usable, fragment, total = _class_terms(s.free_milli[stale], self.classes)
+            self._usable[stale] = usable
+            self._fragment[stale] = fragment
+            self._total[stale] = total
+            self._node_version[stale] = s.version[stale]
+        return self._usable[nodes], self._fragment[nodes], self._total[nodes]
+
+    def _before(
+        self, nodes: IntArray, terms: tuple[IntArray, IntArray, IntArray], model: IntArray
+    ) -> FloatArray:
+        """``_fragmentation`` of the nodes as they are now. The shapes of a round are
+        refreshed one after the other, mostly on the same nodes: the last answer is kept
+        for the same nodes at the same versions."""
+        s = self.state
+        key = (nodes.tobytes(), s.version[nodes].tobytes())
+        if self._last_before is not None and self._last_before[0] == key:
+            return self._last_before[1]
+        before = _expected_fragment(
+            *terms, s.free_cpu[nodes], s.free_mem[nodes], model, self.classes
+        )
+        self._last_before = (key, before)
+        return before
 
     def _refresh(
         self, shape: tuple[int, int, int, int], entry: _ShapeCosts, nodes: IntArray
@@ -347,12 +478,15 @@ class _CostModel:
         cpu_left = s.free_cpu[nodes] - cpu
         mem_left = s.free_mem[nodes] - mem
         model = s.model_of[nodes]
-        before = _fragmentation(free, s.free_cpu[nodes], s.free_mem[nodes], model, self.classes)
+        terms = self._node_terms(nodes)
+        before = self._before(nodes, terms, model)
         host_ok = (cpu_left >= 0) & (mem_left >= 0)
         n, _width = free.shape
         if gpus == 1:
             # Try every GPU as the one the rank goes to; keep the best per node.
-            after = _fragmentation_one_gpu(free, milli, cpu_left, mem_left, model, self.classes)
+            after = _fragmentation_one_gpu(
+                free, terms, milli, cpu_left, mem_left, model, self.classes
+            )
             fits = free >= milli
             score = np.where(fits, after - before[:, None], np.inf)
             # Among the GPUs that grow fragmentation least, the one left with the least
@@ -361,40 +495,65 @@ class _CostModel:
             option = np.argmin(np.where(tied, free - milli, MILLI_PER_GPU + 1), axis=1)
             delta = score[np.arange(n), option]
         else:
-            # Whole GPUs: any set of free GPUs gives the same node state up to order.
-            whole = free >= MILLI_PER_GPU
-            enough = whole.sum(axis=1) >= gpus
-            after_free = free.copy()
-            order = np.cumsum(whole, axis=1)
-            after_free[whole & (order <= gpus)] = 0
-            after = _fragmentation(after_free, cpu_left, mem_left, model, self.classes)
+            # Whole GPUs: any set of free GPUs gives the same node state up to order. A
+            # whole free GPU is usable by every class and no fragment; once taken, it is
+            # neither: the class terms follow without recounting.
+            usable, fragment, total = terms
+            enough = (free >= MILLI_PER_GPU).sum(axis=1) >= gpus
+            after = _expected_fragment(
+                usable - gpus,
+                fragment,
+                total - gpus * MILLI_PER_GPU,
+                cpu_left,
+                mem_left,
+                model,
+                self.classes,
+            )
             delta = np.where(enough, after - before, np.inf)
             option = np.full(n, -1, dtype=np.int64)
         entry.delta[nodes] = np.where(host_ok, delta, np.inf)
         entry.option[nodes] = option
         entry.version[nodes] = s.version[nodes]
 
-    def row(self, job: _Job, unit_ranks: range, pressure: FloatArray) -> FloatArray:
-        """Cost of one unit on every node (inf where it cannot go)."""
+    def closed(self, job: _Job) -> BoolArray:
+        """Nodes the job's units can never use: no GPUs, or a model it may not use."""
+        found = self._closed.get(job.terms) if job.terms >= 0 else None
+        if found is None:
+            s = self.state
+            found = ~(s.gpu_nodes & job.allowed[s.model_safe])
+            if job.terms >= 0:
+                self._closed[job.terms] = found
+        return found
+
+    def base_row(self, job: _Job, pressure: FloatArray) -> FloatArray:
+        """Cost of one of the job's units on every node (inf where it cannot go), before
+        the moving term: equal for every unit of a job, and for jobs of equal shape and
+        terms."""
         s, w = self.state, self.weights
-        shape = job.shape()
-        entry = self.shape_costs(shape)
+        entry = self.shape_costs(job.shape)
         gpu_equiv = job.block * job.spec.gpu_milli / MILLI_PER_GPU
-        model = np.where(s.model_of >= 0, s.model_of, 0)
         per_model = (
             w.scarcity * pressure * gpu_equiv
             + w.compute * job.compute * job.block
             + w.memory_headroom * job.headroom * job.block
         )
-        cost = w.fragmentation * entry.delta / MILLI_PER_GPU + per_model[model]
-        cost[(s.model_of < 0) | ~job.allowed[model]] = np.inf
-        if job.current is not None:
-            stay = np.zeros(len(s.nodes))
-            for slot in job.current.ranks:
-                if slot.rank in unit_ranks and slot.node_id in s.index:
-                    stay[s.index[slot.node_id]] += 1
-            cost += w.moving * (len(unit_ranks) - stay)
+        cost: FloatArray = w.fragmentation * entry.delta / MILLI_PER_GPU + per_model[s.model_safe]
+        cost[self.closed(job)] = np.inf
         return cost
+
+    def moving(self, job: _Job) -> FloatArray:
+        """(units, nodes): the moving term of each of the job's units on every node,
+        from the ranks of its current placement that each node holds."""
+        s = self.state
+        assert job.current is not None
+        stay = np.zeros((job.units, len(s.nodes)))
+        for slot in job.current.ranks:
+            unit = slot.rank // job.block
+            node = s.index.get(slot.node_id)
+            if unit < job.units and node is not None:
+                stay[unit, node] += 1
+        result: FloatArray = self.weights.moving * (job.block - stay)
+        return result
 
 
 def _workload_classes(jobs: Sequence[_Job], n_models: int) -> WorkloadClasses:
@@ -402,9 +561,11 @@ def _workload_classes(jobs: Sequence[_Job], n_models: int) -> WorkloadClasses:
     masks: dict[bytes, BoolArray] = {}
     for job in jobs:
         # Host requests rounded up to 1 core and 1 GiB so near-identical pods share a class.
-        gpus, milli, cpu, mem = job.shape()
-        key = (gpus, milli, -(-cpu // 1000) * 1000, -(-mem // 1024) * 1024, job.allowed.tobytes())
-        masks[key[4]] = job.allowed
+        gpus, milli, cpu, mem = job.shape
+        mask = job.allowed.tobytes()
+        key = (gpus, milli, -(-cpu // 1000) * 1000, -(-mem // 1024) * 1024, mask)
+        if mask not in masks:
+            masks[mask] = job.allowed
         counts[key] = counts.get(key, 0) + job.units * gpus * milli
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:_MAX_CLASSES]
     if not top:
@@ -426,11 +587,17 @@ def _workload_classes(jobs: Sequence[_Job], n_models: int) -> WorkloadClasses:
 def _pressure(jobs: Sequence[_Job], state: ClusterState) -> FloatArray:
     """Per GPU model: pending GPU demand that can go there / its free GPUs. Each job's
     demand is spread over its allowed models in proportion to their free capacity."""
-    free = state.free_gpus_by_model()
-    if not jobs or not len(free):
-        return np.zeros(len(free))
+    if not jobs:
+        return np.zeros(len(state.models))
     allowed = np.array([j.allowed for j in jobs], dtype=bool)
     demand = np.array([j.world * j.spec.gpu_milli / MILLI_PER_GPU for j in jobs])
+    return _pressure_of(allowed, demand, state)
+
+
+def _pressure_of(allowed: BoolArray, demand: FloatArray, state: ClusterState) -> FloatArray:
+    free = state.free_gpus_by_model()
+    if not len(allowed) or not len(free):
+        return np.zeros(len(free))
     share = allowed * free[None, :]
     totals = share.sum(axis=1, keepdims=True)
     share = np.divide(share, totals, out=np.zeros_like(share), where=totals > 0)
@@ -438,97 +605,349 @@ def _pressure(jobs: Sequence[_Job], state: ClusterState) -> FloatArray:
     return result
 
 
+class _Pending:
+    """The pending jobs as arrays, in queue order: which are still waiting for a round,
+    their demand per model (for the pressure) and their GPU count (for the check that
+    they can fit at all)."""
+
+    def __init__(self, jobs: Sequence[_Job], state: ClusterState) -> None:
+        self.jobs = list(jobs)
+        for i, job in enumerate(self.jobs):
+            job.index = i
+        n, n_models = len(self.jobs), len(state.models)
+        self.allowed: BoolArray = np.array([j.allowed for j in self.jobs], dtype=bool).reshape(
+            n, n_models
+        )
+        self.world: IntArray = np.fromiter((j.world for j in self.jobs), dtype=np.int64, count=n)
+        milli = np.fromiter((j.spec.gpu_milli for j in self.jobs), dtype=np.int64, count=n)
+        self.demand: FloatArray = self.world * milli / MILLI_PER_GPU
+        self.milli_values, self.milli_index = np.unique(milli, return_inverse=True)
+        self.spans: BoolArray = np.fromiter(
+            (_spans_nodes(j) for j in self.jobs), dtype=bool, count=n
+        )
+        """Jobs whose ranks may go to several nodes: all on one GPU model."""
+        self.alive: BoolArray = np.ones(n, dtype=bool)
+        self.state = state
+
+    def pressure(self) -> FloatArray:
+        """``_pressure`` of the jobs still alive, in queue order."""
+        alive = self.alive
+        if alive.all():
+            return _pressure_of(self.allowed, self.demand, self.state)
+        return _pressure_of(self.allowed[alive], self.demand[alive], self.state)
+
+    def settle(self, job: _Job) -> None:
+        self.alive[job.index] = False
+
+    def cannot_fit(self) -> list[tuple[_Job, int]]:
+        """The alive jobs asking for more GPUs than their allowed models have with their
+        milli free (a job that may span nodes: than one of its allowed models has), each
+        with that count; they are no longer alive."""
+        alive = np.nonzero(self.alive)[0]
+        if not len(alive):
+            return []
+        state = self.state
+        usable = np.stack([state.usable_gpus_by_model(int(m)) for m in self.milli_values])
+        per_model = usable[self.milli_index[alive]] * self.allowed[alive]
+        have = np.where(self.spans[alive], per_model.max(axis=1, initial=0), per_model.sum(axis=1))
+        short = have < self.world[alive]
+        if not short.any():
+            return []
+        out = [(self.jobs[i], int(h)) for i, h in zip(alive[short], have[short], strict=True)]
+        self.alive[alive[short]] = False
+        return out
+
+
+def _waiting_reason(job: _Job, have: int, state: ClusterState) -> str:
+    if _spans_nodes(job) and int(job.allowed.sum()) > 1:
+        milli = job.spec.gpu_milli
+        usable = state.usable_gpus_by_model(milli)
+        ok = "free" if milli >= MILLI_PER_GPU else "have it"
+        counts = ", ".join(
+            f"{m}: {int(usable[i])} {ok}" for i, m in enumerate(state.models) if job.allowed[i]
+        )
+        asked = f"{job.world} GPU(s)" + (f" with {milli} milli free" if ok == "have it" else "")
+        return f"no capacity: waiting for {asked} of one model ({counts})"
+    models = ", ".join(m for m, ok in zip(state.models, job.allowed, strict=True) if ok)
+    if job.spec.gpu_milli >= MILLI_PER_GPU:
+        return f"no capacity: waiting for {job.world} GPU(s) of {models}; {have} free"
+    return (
+        f"no capacity: waiting for {job.world} GPU(s) with {job.spec.gpu_milli} milli free "
+        f"of {models}; {have} have it"
+    )
+
+
 # --------------------------------------------------------------------------------------
 # Preparing jobs
 # --------------------------------------------------------------------------------------
 
+_Prepared = tuple[BoolArray, FloatArray, FloatArray, int, int]
+"""allowed, compute, headroom, first block size, terms id."""
 
-def _prepare(spec: JobSpec, config: JobConfig, state: ClusterState) -> tuple[_Job | None, str]:
-    """The job's per-model feasibility and cost terms, or ``None`` and the reason.
-    Per-model figures (memory, peak) come from the first node of each model."""
-    world = config.world_size
-    if not spec.min_gpus <= world <= spec.max_gpus:
-        return None, (
-            f"config asks for {world} GPUs, the job allows {spec.min_gpus}-{spec.max_gpus}"
+
+class _Preparer:
+    """``_prepare`` with the work shared between jobs of equal requests: jobs that
+    differ only in id, priority and submission time get the same answer."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self._results: dict[Hashable, _Prepared | str] = {}
+        self._type_ok: dict[tuple[str, ...] | None, BoolArray] = {}
+        self._hostable: dict[tuple[int, int, int], BoolArray] = {}
+        self._terms: dict[tuple[bytes, bytes, bytes], int] = {}
+        self._data_parallel: dict[int, JobConfig] = {}
+
+    def config(self, spec: JobSpec, configs: Mapping[str, JobConfig]) -> JobConfig:
+        config = configs.get(spec.job_id)
+        if config:
+            return config
+        found = self._data_parallel.get(spec.min_gpus)
+        if found is None:
+            found = self._data_parallel[spec.min_gpus] = JobConfig.data_parallel(spec.min_gpus)
+        return found
+
+    def job(self, spec: JobSpec, config: JobConfig) -> tuple[_Job | None, str]:
+        key: Hashable = (
+            spec.model,
+            spec.global_batch if spec.model is not None else 0,
+            spec.min_gpus,
+            spec.max_gpus,
+            spec.gpu_milli,
+            spec.gpu_types,
+            spec.max_nodes,
+            spec.cpu_milli,
+            spec.memory_mib,
+            config,
         )
-    representative = state.representative
-    type_ok = np.array([spec.allows(m) for m in state.models], dtype=bool)
-    if not type_ok.any():
-        if spec.gpu_types is None:
-            return None, "the cluster has no GPU nodes"
-        return None, f"no node has an allowed GPU model ({', '.join(spec.gpu_types)})"
-    compute = np.zeros(len(state.models))
-    headroom = np.zeros(len(state.models))
-    memory_ok = np.ones(len(state.models), dtype=bool)
-    if spec.model is not None:
-        estimate = rank_memory(spec.model, config, spec.global_batch)
-        for i, node in enumerate(representative):
-            share = node.gpu_memory_bytes * spec.gpu_milli / MILLI_PER_GPU
-            memory_ok[i] = estimate.fits(node.gpu_memory_bytes, spec.gpu_milli)
-            headroom[i] = max(0.0, estimate.total_bytes / share - _HEADROOM_LINE) / (
-                1 - _HEADROOM_LINE
+        try:
+            found = self._results.get(key)
+        except TypeError:  # an unhashable field: no sharing
+            key, found = None, None
+        if found is None:
+            found = self._prepare(spec, config)
+            if key is not None:
+                if len(self._results) > 100_000:
+                    self._results.clear()
+                self._results[key] = found
+        if isinstance(found, str):
+            return None, found
+        allowed, compute, headroom, block, terms = found
+        job = _Job(
+            spec=spec,
+            config=config,
+            allowed=allowed,
+            compute=compute,
+            headroom=headroom,
+            block=block,
+            terms=terms,
+        )
+        return job, ""
+
+    def type_ok(self, gpu_types: tuple[str, ...] | None) -> BoolArray:
+        found = self._type_ok.get(gpu_types)
+        if found is None:
+            models = self.state.models
+            if gpu_types is None:
+                found = np.ones(len(models), dtype=bool)
+            else:
+                found = np.array([m in gpu_types for m in models], dtype=bool)
+            self._type_ok[gpu_types] = found
+        return found
+
+    def hostable(self, block: int, cpu: int, mem: int) -> BoolArray:
+        """Per model: some node of it has ``block`` GPUs, ``cpu`` and ``mem``."""
+        key = (block, cpu, mem)
+        found = self._hostable.get(key)
+        if found is None:
+            s = self.state
+            fits = (
+                s.gpu_nodes
+                & (s.capacity_gpus >= block)
+                & (s.capacity_cpu >= cpu)
+                & (s.capacity_mem >= mem)
             )
-        peaks = np.array([effective_peak_tflops(n, config.precision) for n in representative])
-        compute = peaks[type_ok].max() / peaks - 1
-        if not (type_ok & memory_ok).any():
-            largest = max(
-                n.gpu_memory_bytes for n, ok in zip(representative, type_ok, strict=True) if ok
+            found = np.zeros(len(s.models), dtype=bool)
+            found[s.model_of[fits]] = True
+            self._hostable[key] = found
+        return found
+
+    def _prepare(self, spec: JobSpec, config: JobConfig) -> _Prepared | str:
+        """The job's per-model feasibility and cost terms, or the reason it cannot be
+        placed. Per-model figures (memory, peak) come from the first node of each model."""
+        state = self.state
+        world = config.world_size
+        if not spec.min_gpus <= world <= spec.max_gpus:
+            return f"config asks for {world} GPUs, the job allows {spec.min_gpus}-{spec.max_gpus}"
+        representative = state.representative
+        type_ok = self.type_ok(spec.gpu_types)
+        if not type_ok.any():
+            if spec.gpu_types is None:
+                return "the cluster has no GPU nodes"
+            return f"no node has an allowed GPU model ({', '.join(spec.gpu_types)})"
+        compute = np.zeros(len(state.models))
+        headroom = np.zeros(len(state.models))
+        memory_ok = np.ones(len(state.models), dtype=bool)
+        if spec.model is not None:
+            estimate = rank_memory(spec.model, config, config.batch(spec))
+            for i, node in enumerate(representative):
+                share = node.gpu_memory_bytes * spec.gpu_milli / MILLI_PER_GPU
+                memory_ok[i] = estimate.fits(node.gpu_memory_bytes, spec.gpu_milli)
+                headroom[i] = max(0.0, estimate.total_bytes / share - _HEADROOM_LINE) / (
+                    1 - _HEADROOM_LINE
+                )
+            peaks = np.array([effective_peak_tflops(n, config.precision) for n in representative])
+            compute = peaks[type_ok].max() / peaks - 1
+            if not (type_ok & memory_ok).any():
+                largest = max(
+                    n.gpu_memory_bytes for n, ok in zip(representative, type_ok, strict=True) if ok
+                )
+                return (
+                    f"out of memory: needs {estimate.describe()}; the largest allowed GPU has "
+                    f"{largest * spec.gpu_milli / MILLI_PER_GPU / (1 << 30):.1f} GiB for the job"
+                )
+        allowed = type_ok & memory_ok
+        job = _Job(
+            spec=spec,
+            config=config,
+            allowed=allowed,
+            compute=compute,
+            headroom=headroom,
+            block=world,
+        )
+        sizes = _block_sizes(job, state.max_gpus_per_node(allowed))
+        if not sizes:
+            return (
+                f"{world} ranks with tp={config.layout.tp} cannot be split over at most "
+                f"{spec.max_nodes} node(s) of the allowed models"
             )
-            return None, (
-                f"out of memory: needs {estimate.describe()}; the largest allowed GPU has "
-                f"{largest * spec.gpu_milli / MILLI_PER_GPU / (1 << 30):.1f} GiB for the job"
+        block = sizes[0]
+        # A model none of whose nodes can host a unit (GPUs, cores, memory) is not an option:
+        # leaving it in the mask would hide from the scarcity term that a 120-core pod can
+        # only go to the few nodes that have 120 cores. The smallest unit asks least of a
+        # node in every resource, so a model that can host some unit size can host it.
+        smallest = sizes[-1]
+        hostable = self.hostable(
+            smallest,
+            math.ceil(spec.cpu_milli * smallest / world),
+            math.ceil(spec.memory_mib * smallest / world),
+        )
+        if not (allowed & hostable).any():
+            return (
+                f"no node of an allowed model can host {block} of its ranks with "
+                f"{math.ceil(spec.cpu_milli * block / world) / 1000:g} cores and "
+                f"{math.ceil(spec.memory_mib * block / world)} MiB"
             )
-    job = _Job(
-        spec=spec,
-        config=config,
-        allowed=type_ok & memory_ok,
-        compute=compute,
-        headroom=headroom,
-        block=world,
+        allowed = allowed & hostable
+        key = (allowed.tobytes(), compute.tobytes(), headroom.tobytes())
+        terms = self._terms.setdefault(key, len(self._terms))
+        return allowed, compute, headroom, block, terms
+
+
+def _reserve(state: ClusterState, spec: JobSpec, placement: Placement) -> None:
+    """Take a placement's resources as they are (clipped at zero: never an error)."""
+    world = placement.world_size
+    for slot in placement.ranks:
+        node = state.index.get(slot.node_id)
+        if node is None or slot.gpu_index >= state.nodes[node].gpu_count:
+            continue
+        state.free_milli[node, slot.gpu_index] = max(
+            0, int(state.free_milli[node, slot.gpu_index]) - slot.gpu_milli
+        )
+        state.free_cpu[node] = max(0, int(state.free_cpu[node]) - spec.cpu_milli // world)
+        state.free_mem[node] = max(0, int(state.free_mem[node]) - spec.memory_mib // world)
+        state.version[node] += 1
+
+
+_PREPARERS: dict[Hashable, _Preparer] = {}
+"""Preparers by the cluster's static shape: what a job's request means for a cluster
+depends on its nodes' GPU models, memories and capacities only, not on what is free, so
+successive plans on one cluster (a daemon's ticks, an environment's steps) share it."""
+_MAX_PREPARERS = 8
+
+
+def _preparer(state: ClusterState) -> _Preparer:
+    key = tuple(
+        (
+            n.node_id,
+            n.gpu_model,
+            n.gpu_count,
+            n.gpu_memory_bytes,
+            n.cpu_milli,
+            n.memory_mib,
+            tuple(sorted(n.peak_tflops.items())),
+        )
+        for n in state.nodes
     )
-    sizes = _block_sizes(job, _max_gpus_per_node(job, state))
-    if not sizes:
-        return None, (
-            f"{world} ranks with tp={config.layout.tp} cannot be split over at most "
-            f"{spec.max_nodes} node(s) of the allowed models"
-        )
-    job.block = sizes[0]
-    # A model none of whose nodes can host a unit (GPUs, cores, memory) is not an option:
-    # leaving it in the mask would hide from the scarcity term that a 120-core pod can
-    # only go to the few nodes that have 120 cores.
-    gpu_nodes = state.model_of >= 0
-    hostable = np.zeros(len(state.models), dtype=bool)
-    for b in sizes:
-        fits = (
-            gpu_nodes
-            & (state.capacity_gpus >= b)
-            & (state.capacity_cpu >= math.ceil(spec.cpu_milli * b / world))
-            & (state.capacity_mem >= math.ceil(spec.memory_mib * b / world))
-        )
-        hostable[state.model_of[fits]] = True
-    if not (job.allowed & hostable).any():
-        return None, (
-            f"no node of an allowed model can host {job.block} of its ranks with "
-            f"{math.ceil(spec.cpu_milli * job.block / world) / 1000:g} cores and "
-            f"{math.ceil(spec.memory_mib * job.block / world)} MiB"
-        )
-    job.allowed &= hostable
-    return job, ""
+    found = _PREPARERS.pop(key, None)
+    if found is None:
+        found = _Preparer(state)
+        if len(_PREPARERS) >= _MAX_PREPARERS:
+            _PREPARERS.pop(next(iter(_PREPARERS)))
+    _PREPARERS[key] = found  # most recently used last
+    return found
+
+
+def _prepare_all(
+    jobs: Sequence[JobSpec], configs: Mapping[str, JobConfig], state: ClusterState
+) -> tuple[list[_Job], dict[str, str]]:
+    """The jobs that can be placed somewhere, in queue order (higher priority first,
+    then earlier submission, then the order given), and why the others cannot."""
+    ids = {j.job_id for j in jobs}
+    if len(ids) != len(jobs):
+        names = [j.job_id for j in jobs]
+        duplicate = next(i for i in names if names.count(i) > 1)
+        raise ValueError(f"jobs: job_id {duplicate!r} appears twice")
+    preparer = _preparer(state)
+    prepared: list[_Job] = []
+    unplaced: dict[str, str] = {}
+    order = sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, jobs[i].submitted_at, i))
+    for i in order:
+        spec = jobs[i]
+        job, reason = preparer.job(spec, preparer.config(spec, configs))
+        if job is None:
+            unplaced[spec.job_id] = reason
+        else:
+            prepared.append(job)
+    return prepared, unplaced
 
 
 def _max_gpus_per_node(job: _Job, state: ClusterState) -> int:
-    gpu_nodes = state.model_of >= 0
-    eligible = gpu_nodes & job.allowed[np.where(gpu_nodes, state.model_of, 0)]
-    return int(state.capacity_gpus[eligible].max(initial=0))
+    return state.max_gpus_per_node(job.allowed)
 
 
 def _unplaced_reason(job: _Job, state: ClusterState) -> str:
     """Which resource kept the job out, against the state it was given up in."""
-    gpus, milli, cpu, mem = job.shape()
-    eligible = (state.model_of >= 0) & job.allowed[np.where(state.model_of >= 0, state.model_of, 0)]
+    gpus, milli, cpu, mem = job.shape
+    eligible = state.gpu_nodes & job.allowed[state.model_safe]
     unit = f"{gpus} GPU(s) at {milli} milli" if milli < MILLI_PER_GPU else f"{gpus} free GPU(s)"
     what = f"{job.units} node(s) with {unit}" if job.units > 1 else f"a node with {unit}"
     gpu_ok = eligible & ((state.free_milli >= milli).sum(axis=1) >= gpus)
+    if job.units > 1 and int(job.allowed.sum()) > 1:
+        # The units all go to one GPU model: count the nodes of each.
+        def by_model(ok: BoolArray) -> tuple[bool, str]:
+            counts = np.bincount(state.model_safe[ok], minlength=len(state.models))
+            text = ", ".join(
+                f"{m}: {int(counts[i])}" for i, m in enumerate(state.models) if job.allowed[i]
+            )
+            return int(counts.max(initial=0)) < job.units, text
+
+        short, counts = by_model(gpu_ok)
+        if short:
+            return f"no capacity: needs {what} of one allowed model; {counts} have it"
+        cpu_ok = gpu_ok & (state.free_cpu >= cpu)
+        short, counts = by_model(cpu_ok)
+        if short:
+            return (
+                f"no capacity: needs {what} of one allowed model and {cpu / 1000:g} free "
+                f"cores; {counts} have both"
+            )
+        short, counts = by_model(cpu_ok & (state.free_mem >= mem))
+        if short:
+            return (
+                f"no capacity: needs {what} of one allowed model, {cpu / 1000:g} cores and "
+                f"{mem} MiB; {counts} have all three"
+            )
+        return "no capacity: competing jobs took the nodes it could use"
     if gpu_ok.sum() < job.units:
         return f"no capacity: needs {what} of an allowed model; {int(gpu_ok.sum())} have it"
     cpu_ok = gpu_ok & (state.free_cpu >= cpu)
@@ -551,30 +970,88 @@ def _unplaced_reason(job: _Job, state: ClusterState) -> str:
 # --------------------------------------------------------------------------------------
 
 
-def _commit(job: _Job, nodes: Sequence[int], cost_model: _CostModel) -> Placement:
-    """Take the matched GPUs. Nodes are untouched since the round's costs were computed
-    (a node takes one unit per round), so the cached GPU choice still holds."""
+def _commit(
+    matched: Sequence[tuple[_Job, Sequence[int]]], cost_model: _CostModel
+) -> list[Placement]:
+    """Take the GPUs of the jobs matched whole in a round, each job's units on the given
+    nodes. Nodes are untouched since the round's costs were computed and each takes at
+    most one unit (a node takes one unit per round), so the cached GPU choice still
+    holds and all units are taken at once."""
     state = cost_model.state
-    milli = job.spec.gpu_milli
-    option = cost_model.shapes[job.shape()].option
-    slots: list[RankSlot] = []
-    for unit, node in enumerate(nodes):
+    jobs = [job for job, _ in matched]
+    unit_node = [node for _, nodes in matched for node in nodes]
+    counts = [len(nodes) for _, nodes in matched]
+    node = np.array(unit_node, dtype=np.int64)
+    block = np.repeat(np.array([job.block for job in jobs], dtype=np.int64), counts)
+    milli = np.repeat(np.array([job.spec.gpu_milli for job in jobs], dtype=np.int64), counts)
+    cpu = np.repeat(np.array([job.unit_cpu for job in jobs], dtype=np.int64), counts)
+    mem = np.repeat(np.array([job.unit_mem for job in jobs], dtype=np.int64), counts)
+    if len(np.unique(node)) != len(node):
+        raise ValueError("a node was matched to two units of one round")
+    if (state.free_cpu[node] < cpu).any() or (state.free_mem[node] < mem).any():
+        raise ValueError("a matched node lacks CPU or memory")
+    free = state.free_milli[node]  # (units, width), a copy
+    # Single-GPU units: the GPU the shape's costs chose on that node.
+    single = np.flatnonzero(block == 1)
+    gpu = np.full(len(node), -1, dtype=np.int64)
+    if len(single):
+        first_unit = np.cumsum([0, *counts])
+        by_shape: dict[tuple[int, int, int, int], list[int]] = {}
+        for i, job in enumerate(jobs):
+            if job.block == 1:
+                by_shape.setdefault(job.shape, []).extend(range(first_unit[i], first_unit[i + 1]))
+        for shape, units in by_shape.items():
+            gpu[units] = cost_model.shapes[shape].option[node[units]]
+        rows = np.arange(len(node))[single]
+        if (gpu[single] < 0).any() or (free[rows, gpu[single]] < milli[single]).any():
+            raise ValueError("a matched GPU lacks the milli asked")
+        free[rows, gpu[single]] -= milli[single]
+    # Multi-GPU units: the first whole free GPUs of the node.
+    multi = np.flatnonzero(block > 1)
+    multi_gpus: list[int] = []
+    if len(multi):
+        whole = free[multi] >= MILLI_PER_GPU
+        chosen = whole & (np.cumsum(whole, axis=1) <= block[multi, None])
+        if (chosen.sum(axis=1) != block[multi]).any():
+            raise ValueError("a matched node lacks the whole GPUs asked")
+        free[multi] -= chosen * MILLI_PER_GPU
+        multi_gpus = np.nonzero(chosen)[1].tolist()
+    state.free_milli[node] = free
+    state.free_cpu[node] -= cpu
+    state.free_mem[node] -= mem
+    state.version[node] += 1
+    # The placements, rank by rank.
+    node_ids = [state.nodes[n].node_id for n in unit_node]
+    gpu_list = gpu.tolist()
+    placements: list[Placement] = []
+    unit = 0
+    taken = 0
+    for job, count in zip(jobs, counts, strict=True):
+        job_milli = job.spec.gpu_milli
+        slots: list[RankSlot] = []
         if job.block == 1:
-            gpus = [int(option[node])]
+            for u in range(count):
+                slots.append(
+                    RankSlot(
+                        rank=u,
+                        node_id=node_ids[unit + u],
+                        gpu_index=gpu_list[unit + u],
+                        gpu_milli=job_milli,
+                    )
+                )
         else:
-            gpus = [int(g) for g in np.nonzero(state.free_milli[node] >= MILLI_PER_GPU)[0]]
-            gpus = gpus[: job.block]
-        state.take(node, gpus, milli, job.unit_cpu(), job.unit_mem())
-        slots.extend(
-            RankSlot(
-                rank=unit * job.block + offset,
-                node_id=state.nodes[node].node_id,
-                gpu_index=gpu,
-                gpu_milli=milli,
-            )
-            for offset, gpu in enumerate(gpus)
-        )
-    return Placement(job_id=job.spec.job_id, ranks=tuple(slots))
+            rank = 0
+            for u in range(count):
+                node_id = node_ids[unit + u]
+                for g in multi_gpus[taken : taken + job.block]:
+                    slots.append(
+                        RankSlot(rank=rank, node_id=node_id, gpu_index=g, gpu_milli=job_milli)
+                    )
+                    rank += 1
+                taken += job.block
+        unit += count
+        placements.append(Placement(job_id=job.spec.job_id, ranks=tuple(slots)))
+    return placements
 
 
 @dataclass(frozen=True, slots=True)
@@ -587,58 +1064,195 @@ class _RoundOutcome:
     """Batch positions of jobs with a unit that no node can take."""
 
 
-def _unmatched_costs(batch: Sequence[_Job], owner: list[int]) -> FloatArray:
-    """Cost of leaving each row's unit out of the round: ``UNPLACED_COST`` per GPU of
-    the unit, up to 1.5x for the first job of the batch. The matching so allocates as
-    many GPUs as it can, and on equal terms serves earlier jobs first. (Per unit rather
-    than per GPU, it would favour small jobs and starve large ones: on the Alibaba
-    ``default`` pods it allocates 5,944 GPUs this way and ~15 fewer per unit.)"""
+def _unmatched_costs(batch: Sequence[_Job]) -> FloatArray:
+    """Cost of leaving one of each job's units out of the round: ``UNPLACED_COST`` per
+    GPU of the unit, up to 1.5x for the first job of the batch. The matching so
+    allocates as many GPUs as it can, and on equal terms serves earlier jobs first.
+    (Per unit rather than per GPU, it would favour small jobs and starve large ones: on
+    the Alibaba ``default`` pods it allocates 5,944 GPUs this way and ~15 fewer per
+    unit.)"""
     n = len(batch)
     return np.array(
         [
-            UNPLACED_COST
-            * batch[p].block
-            * batch[p].spec.gpu_milli
-            / MILLI_PER_GPU
-            * (1 + 0.5 * (n - p) / n)
-            for p in owner
+            UNPLACED_COST * job.block * job.spec.gpu_milli / MILLI_PER_GPU * (1 + 0.5 * (n - p) / n)
+            for p, job in enumerate(batch)
         ]
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _RoundCosts:
+    rows: FloatArray
+    """(distinct rows, nodes): the distinct cost rows of the round's units."""
+    row_of: IntArray
+    """Per unit (the batch's units in order): its row in ``rows``."""
+    owner: IntArray
+    """Per unit: the batch position of its job."""
+    job_row: list[int]
+    """Per batch position: the row of its base costs (without the moving term)."""
+
+
+def _round_costs(
+    batch: Sequence[_Job], cost_model: _CostModel, pressure: FloatArray
+) -> _RoundCosts:
+    """The cost of every unit of the batch on every node, built once per distinct
+    request (shape and per-model terms) and once per unit of a running job."""
+    rows: list[FloatArray] = []
+    row_of: list[int] = []
+    owner: list[int] = []
+    job_row: list[int] = []
+    distinct: dict[tuple[tuple[int, int, int, int], int], int] = {}
+    for position, job in enumerate(batch):
+        key = (job.shape, job.terms)
+        base = distinct.get(key) if job.terms >= 0 else None
+        if base is None:
+            base = len(rows)
+            rows.append(cost_model.base_row(job, pressure))
+            if job.terms >= 0:
+                distinct[key] = base
+        job_row.append(base)
+        owner.extend([position] * job.units)
+        if job.current is None:
+            row_of.extend([base] * job.units)
+        else:
+            moving = cost_model.moving(job)
+            for unit in range(job.units):
+                row_of.append(len(rows))
+                rows.append(rows[base] + moving[unit])
+    return _RoundCosts(
+        rows=np.array(rows).reshape(len(rows), len(cost_model.state.nodes)),
+        row_of=np.array(row_of, dtype=np.int64),
+        owner=np.array(owner, dtype=np.int64),
+        job_row=job_row,
+    )
+
+
+def _one_model(
+    batch: Sequence[_Job], costs: _RoundCosts, state: ClusterState
+) -> tuple[FloatArray, IntArray, set[int]]:
+    """The round's rows with each job of several units held to one GPU model, the rows
+    of its units, and the batch positions of the hopeless jobs (no node, or for a job of
+    several units no model with a node for each unit, can take it: the cluster only
+    fills from here on).
+
+    A job's units go to one model: synchronous training runs at the pace of its slowest
+    GPU, which the per-unit costs cannot see. Of the models with enough nodes able to
+    take a unit, the job gets the one where its units cost least on their cheapest
+    nodes (compute fit, scarcity and memory headroom for each GPU, plus fragmentation):
+    the fastest adequate model unless scarcity says otherwise. Jobs of one unit are left
+    as they are: one node has one model."""
+    rows, row_of, job_row = costs.rows, costs.row_of, costs.job_row
+    finite: BoolArray = np.isfinite(rows)
+    open_rows: list[bool] = np.any(finite, axis=1).tolist()
+    hopeless = {p for p, r in enumerate(job_row) if not open_rows[r]}
+    several = [p for p, job in enumerate(batch) if job.units > 1 and p not in hopeless]
+    if not several:
+        return rows, row_of, hopeless
+    n_models = len(state.models)
+    model = state.model_safe
+    onehot = np.zeros((len(state.nodes), n_models))
+    onehot[np.flatnonzero(state.gpu_nodes), model[state.gpu_nodes]] = 1.0
+    bases = sorted({job_row[p] for p in several})
+    where = {base: i for i, base in enumerate(bases)}
+    nodes_per_model = finite[bases].astype(np.float64) @ onehot  # (bases, models)
+    start = np.cumsum([0, *(job.units for job in batch)]).tolist()
+    rows = rows.copy()
+    row_of = row_of.copy()
+    extra: list[FloatArray] = []
+    held: dict[tuple[int, int], int] = {}
+    scores: dict[tuple[int, int], FloatArray] = {}
+    closed: int | None = None
+    changed = False
+    for p in several:
+        job, base = batch[p], job_row[p]
+        counts = nodes_per_model[where[base]]
+        room = counts >= job.units
+        units = slice(start[p], start[p + 1])
+        if not room.any():
+            hopeless.add(p)
+            changed = True
+            if job.current is None:
+                if closed is None:
+                    closed = len(rows) + len(extra)
+                    extra.append(np.full(rows.shape[1], np.inf))
+                row_of[units] = closed
+            else:
+                rows[row_of[units]] = np.inf
+            continue
+        if int((counts > 0).sum()) < 2:
+            continue  # its units can only go to one model anyway
+        changed = True
+        candidates = np.flatnonzero(room)
+        if job.current is None:
+            key = (base, job.units)
+            score = scores.get(key)
+            if score is None:
+                score = scores[key] = np.array(
+                    [
+                        np.partition(rows[base][finite[base] & (model == m)], job.units - 1)[
+                            : job.units
+                        ].sum()
+                        for m in candidates
+                    ]
+                )
+            chosen = int(candidates[int(np.argmin(score))])
+            restricted = held.get((base, chosen))
+            if restricted is None:
+                restricted = held[(base, chosen)] = len(rows) + len(extra)
+                extra.append(np.where(model == chosen, rows[base], np.inf))
+            row_of[units] = restricted
+        else:
+            # A running job that moves: its units' rows differ by the moving term.
+            own = row_of[units]
+            totals: list[float] = []
+            for m in candidates:
+                sub = rows[own][:, finite[base] & (model == m)]
+                r, c = linear_sum_assignment(sub)
+                totals.append(float(sub[r, c].sum()))
+            chosen = int(candidates[int(np.argmin(totals))])
+            rows[np.ix_(own, np.flatnonzero(model != chosen))] = np.inf
+    if not changed:
+        return costs.rows, costs.row_of, hopeless
+    if extra:
+        rows = np.vstack([rows, np.array(extra)])
+    # Only the rows still in use: the pruning of columns keeps each row's cheapest nodes.
+    used, row_of = np.unique(row_of, return_inverse=True)
+    return rows[used], row_of.astype(np.int64), hopeless
 
 
 def _solve_round(
     batch: Sequence[_Job], cost_model: _CostModel, pressure: FloatArray
 ) -> _RoundOutcome:
     """Match the batch's units to nodes with one linear assignment."""
-    rows: list[FloatArray] = []
-    owner: list[int] = []
-    for position, job in enumerate(batch):
-        for unit in range(job.units):
-            ranks = range(unit * job.block, (unit + 1) * job.block)
-            rows.append(cost_model.row(job, ranks, pressure))
-            owner.append(position)
-    cost = np.array(rows)
-    n_rows = len(rows)
-    hopeless = {owner[r] for r in range(n_rows) if not np.isfinite(cost[r]).any()}
+    costs = _round_costs(batch, cost_model, pressure)
+    rows, row_of, hopeless = _one_model(batch, costs, cost_model.state)
+    owner = costs.owner
+    finite: BoolArray = np.isfinite(rows)
+    n_rows = len(row_of)
     # Keep each row's n_rows cheapest nodes: the optimum never needs another column.
-    keep = min(n_rows, cost.shape[1])
-    best = np.argpartition(cost, keep - 1, axis=1)[:, :keep]
-    columns = np.unique(best[np.isfinite(np.take_along_axis(cost, best, axis=1))])
-    matrix = np.empty((n_rows, len(columns) + n_rows))
-    matrix[:, len(columns) :] = _unmatched_costs(batch, owner)[:, None]
-    sub = cost[:, columns]
-    matrix[:, : len(columns)] = np.where(np.isfinite(sub), sub, _INFEASIBLE)
+    # Equal rows keep equal nodes, so each distinct row is partitioned once.
+    keep = min(n_rows, rows.shape[1])
+    if keep < rows.shape[1]:
+        best = np.argpartition(rows, keep - 1, axis=1)[:, :keep]
+        columns = np.unique(best[np.take_along_axis(finite, best, axis=1)])
+    else:
+        columns = np.flatnonzero(finite.any(axis=0))
+    sub = rows[:, columns]
+    sub = np.where(np.isfinite(sub), sub, _INFEASIBLE)
+    n_cols = len(columns)
+    matrix = np.empty((n_rows, n_cols + n_rows))
+    matrix[:, :n_cols] = sub[row_of]
+    matrix[:, n_cols:] = _unmatched_costs(batch)[owner][:, None]
     row_ind, col_ind = linear_sum_assignment(matrix)
-    matched: dict[int, list[tuple[int, float]]] = {}
-    for r, c in zip(row_ind, col_ind, strict=True):
-        if c < len(columns) and matrix[r, c] < _INFEASIBLE:
-            matched.setdefault(owner[r], []).append((int(columns[c]), float(matrix[r, c])))
-    whole = {p: m for p, m in matched.items() if len(m) == batch[p].units}
-    return _RoundOutcome(
-        nodes={p: [node for node, _ in m] for p, m in whole.items()},
-        cost=sum(c for m in whole.values() for _, c in m),
-        hopeless=hopeless,
-    )
+    values = matrix[row_ind, col_ind]
+    matched = (col_ind < n_cols) & (values < _INFEASIBLE)
+    units = np.array([job.units for job in batch], dtype=np.int64)
+    whole: BoolArray = np.equal(np.bincount(owner[row_ind[matched]], minlength=len(batch)), units)
+    take = matched & whole[owner[row_ind]]
+    nodes: dict[int, list[int]] = {}
+    for r, node in zip(row_ind[take].tolist(), columns[col_ind[take]].tolist(), strict=True):
+        nodes.setdefault(int(owner[r]), []).append(node)
+    return _RoundOutcome(nodes=nodes, cost=sum(values[take].tolist()), hopeless=hopeless)
 
 
 def plan(
@@ -650,13 +1264,22 @@ def plan(
     weights: CostWeights | None = None,
     round_size: int = 256,
     progress: Callable[[int, int], None] | None = None,
+    reserved: Mapping[str, Placement] | None = None,
 ) -> PlanResult:
     """Place ``jobs`` on ``nodes`` under their ``configs``.
 
+    ``reserved``: placements of jobs (among ``jobs``) that stay exactly where they are,
+    without any check, before anything else is placed: running jobs the caller will not
+    move even where their configuration no longer passes the memory check (a backend
+    changed it). They are reported as kept.
+
     A job in ``current`` whose placement still matches its config and fits keeps it;
-    the others are placed in decision rounds. Jobs without a config are placed as plain
-    data parallelism over ``min_gpus`` GPUs. ``progress(settled, total)`` is called
-    after every round.
+    the others are placed in decision rounds, except those asking for more GPUs than
+    their allowed models have left free (a job that may span nodes: than one allowed
+    model has), which are unplaced at once (``no capacity: waiting for ...``). A job's
+    new ranks all run on one GPU model. Jobs without a config are placed as plain data
+    parallelism over ``min_gpus`` GPUs. ``progress(settled, total)`` is called after
+    every round.
     """
     started = time.perf_counter()
     if round_size < 1:
@@ -666,6 +1289,13 @@ def plan(
     placements: dict[str, Placement] = {}
     kept: set[str] = set()
     pending: list[_Job] = []
+    if reserved:
+        by_id = {j.job_id: j for j in jobs}
+        for job_id, fixed in reserved.items():
+            _reserve(state, by_id[job_id], fixed)
+            placements[job_id] = fixed
+            kept.add(job_id)
+        jobs = [j for j in jobs if j.job_id not in reserved]
     prepared, unplaced = _prepare_all(jobs, configs, state)
     # Running jobs keep what still holds before anything new is placed.
     for job in prepared:
@@ -676,26 +1306,44 @@ def plan(
         else:
             job.current = placement
             pending.append(job)
-
-    cost_model = _CostModel(
-        state, _workload_classes(pending, len(state.models)), weights or CostWeights()
-    )
-    queue: deque[_Job] = deque(pending)
     rounds = 0
     total_cost = 0.0
+    if not pending:
+        return PlanResult(
+            placements=placements,
+            unplaced=unplaced,
+            kept=frozenset(kept),
+            rounds=0,
+            total_cost=0.0,
+            solve_s=time.perf_counter() - started,
+        )
+    tracker = _Pending(pending, state)
+    # The cluster only fills from here on: a job asking for more GPUs than are free
+    # for it now never fits in this plan.
+    for job, have in tracker.cannot_fit():
+        unplaced[job.spec.job_id] = _waiting_reason(job, have, state)
+    queue: deque[_Job] = deque(job for job in pending if tracker.alive[job.index])
+    cost_model = (
+        _CostModel(state, _workload_classes(pending, len(state.models)), weights or CostWeights())
+        if queue
+        else None
+    )
     alone = False
     while queue:
+        assert cost_model is not None
         batch = [queue.popleft()]
         units = batch[0].units
         while not alone and queue and units + queue[0].units <= round_size:
             units += queue[0].units
             batch.append(queue.popleft())
-        outcome = _solve_round(batch, cost_model, _pressure([*batch, *queue], state))
+        outcome = _solve_round(batch, cost_model, tracker.pressure())
         rounds += 1
         total_cost += outcome.cost
-        for position in sorted(outcome.nodes):
-            job = batch[position]
-            placements[job.spec.job_id] = _commit(job, outcome.nodes[position], cost_model)
+        matched = [(batch[p], outcome.nodes[p]) for p in sorted(outcome.nodes)]
+        for (job, _), placement in zip(matched, _commit(matched, cost_model), strict=True):
+            placements[job.spec.job_id] = placement
+            tracker.settle(job)
+        reasons: dict[tuple[tuple[int, int, int, int], int, bytes], str] = {}
         retry: list[_Job] = []
         settled = False
         for position, job in enumerate(batch):
@@ -709,10 +1357,16 @@ def plan(
                     b for b in _block_sizes(job, _max_gpus_per_node(job, state)) if b < job.block
                 ]
                 if smaller:
-                    job.block = smaller[0]
+                    job.set_block(smaller[0])
                     retry.append(job)
                 else:
-                    unplaced[job.spec.job_id] = _unplaced_reason(job, state)
+                    # The state is the same for the whole loop: equal requests, equal reasons.
+                    key = (job.shape, job.units, job.allowed.tobytes())
+                    reason = reasons.get(key)
+                    if reason is None:
+                        reason = reasons[key] = _unplaced_reason(job, state)
+                    unplaced[job.spec.job_id] = reason
+                    tracker.settle(job)
             else:
                 retry.append(job)  # lost its nodes to other jobs of the batch
         queue.extendleft(reversed(retry))
@@ -731,64 +1385,52 @@ def plan(
     )
 
 
-def _prepare_all(
-    jobs: Sequence[JobSpec], configs: Mapping[str, JobConfig], state: ClusterState
-) -> tuple[list[_Job], dict[str, str]]:
-    """The jobs that can be placed somewhere, in queue order (higher priority first,
-    then earlier submission, then the order given), and why the others cannot."""
-    ids = [j.job_id for j in jobs]
-    if len(set(ids)) != len(ids):
-        duplicate = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"jobs: job_id {duplicate!r} appears twice")
-    prepared: list[_Job] = []
-    unplaced: dict[str, str] = {}
-    for i in sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, jobs[i].submitted_at, i)):
-        spec = jobs[i]
-        config = configs.get(spec.job_id) or JobConfig.data_parallel(spec.min_gpus)
-        job, reason = _prepare(spec, config, state)
-        if job is None:
-            unplaced[spec.job_id] = reason
-        else:
-            prepared.append(job)
-    return prepared, unplaced
-
-
 def _keep(job: _Job, placement: Placement, state: ClusterState) -> bool:
     """Keep a running job where it is if the placement still fits its config and the
     cluster; then its resources are taken."""
-    if placement.world_size != job.world:
+    if len(placement.ranks) != job.world:
+        return False
+    milli = job.spec.gpu_milli
+    index, gpu_count, model_of = state.index, state._gpu_count_list, state._model_list
+    allowed = job.allowed
+    need: dict[int, list[int]] = {}
+    for slot in placement.ranks:
+        node = index.get(slot.node_id)
+        if (
+            node is None
+            or slot.gpu_index >= gpu_count[node]
+            or slot.gpu_milli != milli
+            or not allowed[model_of[node]]
+        ):
+            return False
+        gpus = need.get(node)
+        if gpus is None:
+            need[node] = [slot.gpu_index]
+        else:
+            gpus.append(slot.gpu_index)
+    if job.spec.max_nodes is not None and len(need) > job.spec.max_nodes:
         return False
     per_rank_cpu = job.spec.cpu_milli / job.world
     per_rank_mem = job.spec.memory_mib / job.world
-    need: dict[int, list[int]] = {}
-    for slot in placement.ranks:
-        node = state.index.get(slot.node_id)
-        if node is None or slot.gpu_index >= state.nodes[node].gpu_count:
+    asks = [
+        (node, gpus, math.ceil(per_rank_cpu * len(gpus)), math.ceil(per_rank_mem * len(gpus)))
+        for node, gpus in need.items()
+    ]
+    # Few GPUs per node: element by element is faster here than fancy indexing.
+    free_milli, free_cpu, free_mem = state.free_milli, state.free_cpu, state.free_mem
+    for node, gpus, cpu, mem in asks:
+        if free_cpu[node] < cpu or free_mem[node] < mem:
             return False
-        if slot.gpu_milli != job.spec.gpu_milli:
+        row = free_milli[node]
+        if any(row[g] < milli for g in gpus):
             return False
-        if not job.allowed[state.model_of[node]]:
-            return False
-        need.setdefault(node, []).append(slot.gpu_index)
-    if job.spec.max_nodes is not None and len(need) > job.spec.max_nodes:
-        return False
-    for node, gpus in need.items():
-        cpu = math.ceil(per_rank_cpu * len(gpus))
-        mem = math.ceil(per_rank_mem * len(gpus))
-        if (
-            (state.free_milli[node, gpus] < job.spec.gpu_milli).any()
-            or state.free_cpu[node] < cpu
-            or state.free_mem[node] < mem
-        ):
-            return False
-    for node, gpus in need.items():
-        state.take(
-            node,
-            gpus,
-            job.spec.gpu_milli,
-            math.ceil(per_rank_cpu * len(gpus)),
-            math.ceil(per_rank_mem * len(gpus)),
-        )
+    for node, gpus, cpu, mem in asks:
+        row = free_milli[node]
+        for g in gpus:
+            row[g] -= milli
+        free_cpu[node] -= cpu
+        free_mem[node] -= mem
+        state.version[node] += 1
     return True
 
 
@@ -852,7 +1494,7 @@ def first_fit(
     for job in prepared:
         placement = None
         for block in _block_sizes(job, _max_gpus_per_node(job, state)):
-            job.block = block
+            job.set_block(block)
             placement = _first_fit_job(job, state)
             if placement is not None:
                 break
@@ -871,9 +1513,8 @@ def first_fit(
 
 
 def _first_fit_job(job: _Job, state: ClusterState) -> Placement | None:
-    gpus_needed, milli, cpu, mem = job.shape()
-    model = np.where(state.model_of >= 0, state.model_of, 0)
-    eligible = (state.model_of >= 0) & job.allowed[model]
+    gpus_needed, milli, cpu, mem = job.shape
+    eligible = state.gpu_nodes & job.allowed[state.model_safe]
     chosen: list[tuple[int, list[int]]] = []
     used: set[int] = set()
     for _ in range(job.units):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -17,10 +18,32 @@ from hypothesis import strategies as st
 
 from autotune.catalog.devices import node_info
 from autotune.catalog.profiles import MODEL_CATALOG
-from autotune.core import JobConfig, JobSpec, Layout, NodeInfo, Placement, PrecisionMap, RankSlot
+from autotune.core import (
+    MILLI_PER_GPU,
+    JobConfig,
+    JobSpec,
+    Layout,
+    NodeInfo,
+    Placement,
+    PrecisionMap,
+    RankSlot,
+)
+from autotune.envs.presets import default_nodes
 from autotune.perf.memory import rank_memory
-from autotune.perf.model import effective_peak_tflops
-from autotune.planner import UNPLACED_COST, CostWeights, first_fit, plan
+from autotune.perf.model import effective_peak_tflops, shape_of
+from autotune.planner import (
+    UNPLACED_COST,
+    ClusterState,
+    CostWeights,
+    _CostModel,
+    _Job,
+    _prepare_all,
+    _pressure,
+    _round_costs,
+    _workload_classes,
+    first_fit,
+    plan,
+)
 
 MODELS = ("A100", "T4", "V100M32")
 
@@ -405,3 +428,381 @@ def test_unmatched_cost_exceeds_any_real_entry() -> None:
     job = JobSpec(job_id="j", model=MODEL_CATALOG["gpt-350m"], global_batch=8)
     result = plan([job], nodes, {}, weights=CostWeights(compute=100.0))
     assert result.total_cost < UNPLACED_COST / 1000
+
+
+# --------------------------------------------------------------------------------------
+# Waiting jobs and the vectorised rounds
+# --------------------------------------------------------------------------------------
+
+
+def running(job_id: str, node: str, gpus: Sequence[int]) -> Placement:
+    return Placement(
+        job_id=job_id,
+        ranks=tuple(RankSlot(rank=r, node_id=node, gpu_index=g) for r, g in enumerate(gpus)),
+    )
+
+
+def test_a_job_larger_than_the_free_gpus_waits_with_the_count_and_smaller_ones_still_fit() -> None:
+    nodes = cluster(("A100", 4), ("A100", 4), ("T4", 4))
+    jobs = [
+        JobSpec(job_id="r0", min_gpus=4, max_gpus=4, submitted_at=0),
+        JobSpec(job_id="r1", min_gpus=2, max_gpus=2, submitted_at=1),
+        JobSpec(job_id="big", min_gpus=4, max_gpus=4, gpu_types=("A100",), submitted_at=2),
+        JobSpec(job_id="small", min_gpus=1, max_gpus=1, gpu_types=("A100",), submitted_at=3),
+        JobSpec(job_id="share", gpu_milli=500, gpu_types=("A100",), submitted_at=4),
+    ]
+    configs = {
+        "r0": JobConfig.data_parallel(4),
+        "r1": JobConfig.data_parallel(2),
+        "big": JobConfig.data_parallel(4),
+    }
+    current = {"r0": running("r0", "n0", [0, 1, 2, 3]), "r1": running("r1", "n1", [0, 1])}
+    result = plan(jobs, nodes, configs, current)
+    assert result.kept == {"r0", "r1"}
+    # 2 A100 GPUs are free after the kept jobs: the 4-GPU job cannot fit in this plan.
+    assert result.unplaced == {"big": "no capacity: waiting for 4 GPU(s) of A100; 2 free"}
+    assert set(result.placements) == {"r0", "r1", "small", "share"}
+    assert result.placements["small"].nodes == ("n1",)
+    assert_valid(jobs, nodes, configs, result.placements)
+
+
+def test_a_shared_gpu_job_waits_for_a_gpu_with_its_milli_free() -> None:
+    nodes = cluster(("T4", 1))
+    jobs = [
+        JobSpec(job_id="a", gpu_milli=700, submitted_at=0),
+        JobSpec(job_id="b", gpu_milli=500, submitted_at=1),
+    ]
+    current = {
+        "a": Placement(
+            job_id="a", ranks=(RankSlot(rank=0, node_id="n0", gpu_index=0, gpu_milli=700),)
+        )
+    }
+    result = plan(jobs, nodes, {}, current)
+    assert result.kept == {"a"}
+    assert result.unplaced == {
+        "b": "no capacity: waiting for 1 GPU(s) with 500 milli free of T4; 0 have it"
+    }
+    assert result.rounds == 0
+
+
+def test_with_no_gpu_free_running_jobs_are_kept_and_no_round_runs() -> None:
+    nodes = cluster(("A100", 2))
+    jobs = [
+        JobSpec(job_id="r", min_gpus=2, max_gpus=2, submitted_at=0),
+        *(JobSpec(job_id=f"p{i}", submitted_at=1 + i) for i in range(3)),
+    ]
+    configs = {"r": JobConfig.data_parallel(2)}
+    result = plan(jobs, nodes, configs, {"r": running("r", "n0", [0, 1])})
+    assert result.kept == {"r"}
+    assert set(result.placements) == {"r"}
+    assert result.rounds == 0
+    assert result.unplaced == {
+        f"p{i}": "no capacity: waiting for 1 GPU(s) of A100; 0 free" for i in range(3)
+    }
+
+
+def reference_row(
+    job: _Job,
+    unit: int,
+    state: ClusterState,
+    classes: list[tuple],  # type: ignore[type-arg]
+    pressure: Sequence[float],
+    weights: CostWeights,
+) -> list[float]:
+    """One unit's cost on every node from the definitions, node by node and GPU by GPU:
+    what the Planner computed row by row before its rounds were vectorised."""
+    gpus, milli, cpu, mem = job.shape
+    block = job.block
+    row: list[float] = []
+    for n, node in enumerate(state.nodes):
+        m = int(state.model_of[n])
+        if m < 0 or not job.allowed[m]:
+            row.append(math.inf)
+            continue
+        free = [int(f) for f in state.free_milli[n][: node.gpu_count]]
+        free_cpu = int(state.free_cpu[n])
+        free_mem = int(state.free_mem[n])
+        model = node.gpu_model
+        if free_cpu < cpu or free_mem < mem:
+            row.append(math.inf)
+            continue
+        before = fragmentation(free, free_cpu, free_mem, model, classes)
+        if gpus == 1:
+            picks = [[g] for g, f in enumerate(free) if f >= milli]
+        else:
+            whole = [g for g, f in enumerate(free) if f >= MILLI_PER_GPU]
+            picks = [whole[:gpus]] if len(whole) >= gpus else []
+        if not picks:
+            row.append(math.inf)
+            continue
+        growth = min(
+            fragmentation(
+                [f - milli if g in pick else f for g, f in enumerate(free)],
+                free_cpu - cpu,
+                free_mem - mem,
+                model,
+                classes,
+            )
+            - before
+            for pick in picks
+        )
+        cost = weights.fragmentation * growth / MILLI_PER_GPU
+        cost += weights.scarcity * pressure[m] * block * milli / MILLI_PER_GPU
+        cost += weights.compute * job.compute[m] * block
+        cost += weights.memory_headroom * job.headroom[m] * block
+        current = job.current
+        if current is not None:
+            stay = sum(
+                1
+                for s in current.ranks
+                if unit * block <= s.rank < (unit + 1) * block and s.node_id == node.node_id
+            )
+            cost += weights.moving * (block - stay)
+        row.append(cost)
+    return row
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=nodes_strategy(max_nodes=5),
+    jobs=jobs_strategy(max_jobs=6),
+    seed=st.integers(0, 2**16),
+    multi=st.booleans(),
+)
+def test_vectorised_round_costs_equal_the_per_unit_definition(
+    nodes: list[NodeInfo], jobs: list[JobSpec], seed: int, multi: bool
+) -> None:
+    rng = random.Random(seed)
+    if multi:  # jobs over several nodes in blocks, some of them running somewhere
+        jobs = [
+            *jobs,
+            JobSpec(job_id="m0", min_gpus=4, max_gpus=4, cpu_milli=4000, submitted_at=10),
+            JobSpec(job_id="m1", min_gpus=2, max_gpus=2, gpu_types=("A100", "T4"), submitted_at=11),
+        ]
+    state = ClusterState(nodes)
+    # Some capacity already taken, whole and shared GPUs.
+    for n, node in enumerate(nodes):
+        for g in range(node.gpu_count):
+            if rng.random() < 0.4:
+                state.take(n, [g], rng.choice([300, 500, 1000]), 0, 0)
+        state.take(n, [], 0, rng.choice([0, 1000, 4000]), rng.choice([0, 4096]))
+    prepared, _ = _prepare_all(jobs, {}, state)
+    assume(prepared)
+    for job in prepared:
+        if job.world > 1 and job.spec.max_nodes != 1:
+            job.set_block(1)  # several units per job
+        if rng.random() < 0.5:  # running somewhere: the moving term counts
+            job.current = Placement(
+                job_id=job.spec.job_id,
+                ranks=tuple(
+                    RankSlot(
+                        rank=r,
+                        node_id=rng.choice(nodes).node_id,
+                        gpu_index=r,
+                        gpu_milli=job.spec.gpu_milli,
+                    )
+                    for r in range(job.world)
+                ),
+            )
+    weights = CostWeights(moving=rng.choice([0.0, 2.0, 3.5]))
+    c = _workload_classes(prepared, len(state.models))
+    classes = [
+        (
+            float(c.weight[k]),
+            int(c.gpus[k]),
+            int(c.milli[k]),
+            int(c.cpu[k]),
+            int(c.mem[k]),
+            {m for i, m in enumerate(state.models) if c.allowed[k, i]},
+        )
+        for k in range(len(c.weight))
+    ]
+    pressure = _pressure(prepared, state)
+    costs = _round_costs(prepared, _CostModel(state, c, weights), pressure)
+    unit_rows = costs.rows[costs.row_of]
+    assert len(unit_rows) == sum(job.units for job in prepared)
+    r = 0
+    for position, job in enumerate(prepared):
+        for unit in range(job.units):
+            assert costs.owner[r] == position
+            expected = reference_row(job, unit, state, classes, pressure.tolist(), weights)
+            assert unit_rows[r].tolist() == pytest.approx(expected, rel=1e-9, abs=1e-9)
+            r += 1
+
+
+# --------------------------------------------------------------------------------------
+# One GPU model per job
+# --------------------------------------------------------------------------------------
+
+
+def models_of(placement: Placement, nodes: Sequence[NodeInfo]) -> set[str]:
+    by_id = {n.node_id: n for n in nodes}
+    return {by_id[node].gpu_model for node in placement.nodes}
+
+
+def test_a_multi_node_job_runs_on_one_gpu_model_of_a_partly_busy_mixed_cluster() -> None:
+    # default_nodes(): 2 x 8 A100, 8 V100M32, 2 x 4 T4. Running jobs leave 4 A100 GPUs
+    # free on each A100 node and none on the V100 node; the T4 nodes are free. The
+    # 8-GPU job cannot have one node, so it goes in two blocks of 4, and the 4-GPU job
+    # takes an A100 node first: 4 A100 + 4 T4 GPUs would run at T4 pace.
+    nodes = default_nodes()
+    model = MODEL_CATALOG["gpt-350m"]
+    jobs = [
+        JobSpec(job_id="ra", min_gpus=4, max_gpus=4, submitted_at=0),
+        JobSpec(job_id="rb", min_gpus=4, max_gpus=4, submitted_at=1),
+        JobSpec(job_id="rv", min_gpus=8, max_gpus=8, submitted_at=2),
+        JobSpec(job_id="big", model=model, global_batch=8, min_gpus=8, max_gpus=8, submitted_at=3),
+        JobSpec(
+            job_id="small", model=model, global_batch=8, min_gpus=4, max_gpus=4, submitted_at=4
+        ),
+    ]
+    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
+    current = {
+        "ra": running("ra", "a100-0", range(4)),
+        "rb": running("rb", "a100-1", range(4)),
+        "rv": running("rv", "v100-0", range(8)),
+    }
+    result = plan(jobs, nodes, configs, current)
+    assert set(result.placements) == {"ra", "rb", "rv", "big", "small"}
+    assert_valid(jobs, nodes, configs, result.placements)
+    big = result.placements["big"]
+    assert len(big.nodes) == 2
+    assert models_of(big, nodes) == {"T4"}
+    # Its pace is that of every one of its GPUs.
+    assert shape_of(big, {n.node_id: n for n in nodes}).gpu_model == "T4"
+    assert models_of(result.placements["small"], nodes) == {"A100"}
+
+
+def test_a_multi_node_job_takes_the_fastest_model_with_room_for_all_its_units() -> None:
+    nodes = default_nodes()
+    model = MODEL_CATALOG["gpt-350m"]
+    jobs = [
+        JobSpec(job_id="ra", min_gpus=4, max_gpus=4, submitted_at=0),
+        JobSpec(job_id="rb", min_gpus=4, max_gpus=4, submitted_at=1),
+        JobSpec(job_id="rv", min_gpus=4, max_gpus=4, submitted_at=2),
+        JobSpec(job_id="big", model=model, global_batch=8, min_gpus=8, max_gpus=8, submitted_at=3),
+    ]
+    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
+    current = {
+        "ra": running("ra", "a100-0", range(4)),
+        "rb": running("rb", "a100-1", range(4)),
+        "rv": running("rv", "v100-0", range(4)),
+    }
+    result = plan(jobs, nodes, configs, current)
+    assert models_of(result.placements["big"], nodes) == {"A100"}
+    assert_valid(jobs, nodes, configs, result.placements)
+
+
+def test_a_moving_multi_node_job_stays_on_one_model_and_keeps_a_node() -> None:
+    nodes = default_nodes()
+    model = MODEL_CATALOG["gpt-350m"]
+    jobs = [
+        JobSpec(job_id="ra", min_gpus=4, max_gpus=4, submitted_at=0),
+        JobSpec(job_id="rb", min_gpus=4, max_gpus=4, submitted_at=1),
+        JobSpec(job_id="rv", min_gpus=8, max_gpus=8, submitted_at=2),
+        JobSpec(job_id="grow", model=model, global_batch=8, min_gpus=4, max_gpus=8, submitted_at=3),
+    ]
+    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
+    configs["grow"] = JobConfig.data_parallel(8)  # from 4 GPUs to 8: it is placed anew
+    current = {
+        "ra": running("ra", "a100-0", range(4)),
+        "rb": running("rb", "a100-1", range(4)),
+        "rv": running("rv", "v100-0", range(8)),
+        "grow": running("grow", "a100-0", range(4, 8)),
+    }
+    result = plan(jobs, nodes, configs, current)
+    assert "grow" not in result.kept
+    grown = result.placements["grow"]
+    assert models_of(grown, nodes) == {"A100"}
+    assert "a100-0" in grown.nodes
+    assert_valid(jobs, nodes, configs, result.placements)
+
+
+def test_a_job_waits_when_no_single_model_has_room_though_the_gpus_exist_across_models() -> None:
+    # 8 GPUs are free, 6 A100 and 2 T4, but no model has 8 free.
+    nodes = default_nodes()
+    jobs = [
+        JobSpec(job_id="ra", min_gpus=8, max_gpus=8, submitted_at=0),
+        JobSpec(job_id="rb", min_gpus=2, max_gpus=2, submitted_at=1),
+        JobSpec(job_id="rv", min_gpus=8, max_gpus=8, submitted_at=2),
+        JobSpec(job_id="rt", min_gpus=6, max_gpus=6, submitted_at=3),
+        JobSpec(job_id="big", min_gpus=8, max_gpus=8, submitted_at=4),
+    ]
+    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
+    current = {
+        "ra": running("ra", "a100-0", range(8)),
+        "rb": running("rb", "a100-1", range(2)),
+        "rv": running("rv", "v100-0", range(8)),
+        "rt": Placement(
+            job_id="rt",
+            ranks=tuple(
+                RankSlot(rank=r, node_id=f"t4-{r // 4}", gpu_index=r % 4) for r in range(6)
+            ),
+        ),
+    }
+    result = plan(jobs, nodes, configs, current)
+    assert result.kept == {"ra", "rb", "rv", "rt"}
+    assert result.unplaced == {
+        "big": "no capacity: waiting for 8 GPU(s) of one model "
+        "(A100: 6 free, T4: 2 free, V100M32: 0 free)"
+    }
+    assert result.rounds == 0
+
+
+def test_a_job_whose_blocks_fit_no_single_model_is_unplaced_with_the_count_per_model() -> None:
+    # 8 A100 GPUs are free, as 6 + 2, and 6 T4, as 4 + 2: blocks of 4 ranks (tp=4) need
+    # two nodes with 4 free of one model; each model has one.
+    nodes = default_nodes()
+    jobs = [
+        JobSpec(job_id="ra", min_gpus=2, max_gpus=2, submitted_at=0),
+        JobSpec(job_id="rb", min_gpus=6, max_gpus=6, submitted_at=1),
+        JobSpec(job_id="rv", min_gpus=8, max_gpus=8, submitted_at=2),
+        JobSpec(job_id="rt", min_gpus=2, max_gpus=2, submitted_at=3),
+        JobSpec(job_id="tp", min_gpus=8, max_gpus=8, max_nodes=2, submitted_at=4),
+    ]
+    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
+    configs["tp"] = JobConfig(layout=Layout(world_size=8, tp=4))
+    current = {
+        "ra": running("ra", "a100-0", range(2)),
+        "rb": running("rb", "a100-1", range(6)),
+        "rv": running("rv", "v100-0", range(8)),
+        "rt": running("rt", "t4-1", range(2)),
+    }
+    result = plan(jobs, nodes, configs, current)
+    assert result.unplaced == {
+        "tp": "no capacity: needs 2 node(s) with 4 free GPU(s) of one allowed model; "
+        "A100: 1, T4: 1, V100M32: 0 have it"
+    }
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    nodes=nodes_strategy(max_nodes=6),
+    pods=jobs_strategy(max_jobs=4),
+    sizes=st.lists(st.integers(2, 8), min_size=1, max_size=4),
+    typed=st.booleans(),
+)
+def test_every_multi_node_job_is_placed_on_one_gpu_model(
+    nodes: list[NodeInfo], pods: list[JobSpec], sizes: list[int], typed: bool
+) -> None:
+    spanning = [
+        JobSpec(
+            job_id=f"m{i}",
+            model=MODEL_CATALOG["gpt-350m"] if i % 2 else None,
+            global_batch=8 * size,
+            min_gpus=size,
+            max_gpus=size,
+            gpu_types=("A100", "T4") if typed and i % 2 == 0 else None,
+            cpu_milli=1000 * size,
+            submitted_at=0.5 + i,
+        )
+        for i, size in enumerate(sizes)
+    ]
+    jobs = [*pods, *spanning]
+    result = plan(jobs, nodes, {}, round_size=4)
+    assert set(result.placements) | set(result.unplaced) == {j.job_id for j in jobs}
+    assert_valid(jobs, nodes, {}, result.placements)
+    for job in spanning:
+        placement = result.placements.get(job.job_id)
+        if placement is not None:
+            assert len(models_of(placement, nodes)) == 1, placement
