@@ -24,11 +24,12 @@ from autotune.api.routes import (
 )
 from autotune.daemon.auth import TokenCheck
 from autotune.daemon.forecast import PersistenceForecaster
+from autotune.daemon.loop import Daemon
 from autotune.daemon.telemetry import TelemetrySource
 from autotune.db import Database
 from autotune.interfaces import LoadForecaster
 
-__all__ = ["API_PREFIX", "create_app"]
+__all__ = ["API_PREFIX", "attach_daemon", "create_app"]
 
 API_PREFIX = "/api/v1"
 
@@ -77,6 +78,7 @@ def create_app(
     app.state.task_modules = tuple(task_modules)
     app.state.host_telemetry = tuple(host_telemetry)
     app.state.forecaster = forecaster or PersistenceForecaster()
+    app.state.tick_health = None  # set by attach_daemon
     app.state.metrics = metrics = metrics or ServiceMetrics(db)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_middleware(BodyLimitAndTiming, max_body_bytes=max_body_bytes, metrics=metrics)
@@ -95,3 +97,13 @@ def create_app(
     app.include_router(health.router)  # /healthz and /readyz at the root too, for probes
     app.include_router(dashboard.router)
     return app
+
+
+def attach_daemon(app: FastAPI, daemon: Daemon) -> None:
+    """Let the app report ``daemon``'s decision loop, which runs in the same process:
+    tick durations, failed ticks and the fallback in ``/metrics``, and its health in
+    ``/readyz``."""
+    app.state.tick_health = lambda: daemon.health
+    metrics: ServiceMetrics = app.state.metrics
+    metrics.tick_health = app.state.tick_health
+    daemon.tick_observers.append(metrics.observe_tick)

@@ -1,16 +1,17 @@
 """Prometheus metrics (``/metrics``): API latency and tick duration measured in the
-process; decisions per source, jobs per state and job goodput read from the database
-at scrape time, so they survive restarts and count what is committed."""
+process; failed ticks and the fallback read from the daemon's health at scrape time;
+decisions per source, jobs per state and job goodput read from the database at scrape
+time, so they survive restarts and count what is committed."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from autotune.daemon.loop import TickReport
+from autotune.daemon.loop import TickHealth, TickReport
 from autotune.db import Database
 from autotune.db import repository as repo
 
@@ -52,6 +53,32 @@ class _DatabaseCollector(Collector):
         yield family
 
 
+class _TickHealthCollector(Collector):
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        if self._metrics.tick_health is None:
+            return  # no decision loop in this process
+        health = self._metrics.tick_health()
+        failures = CounterMetricFamily(
+            "autotune_tick_failures", "Decision rounds that failed since the daemon started"
+        )
+        failures.add_metric([], health.failures_total)
+        yield failures
+        in_a_row = GaugeMetricFamily(
+            "autotune_tick_consecutive_failures", "Decision rounds failed in a row"
+        )
+        in_a_row.add_metric([], health.consecutive_failures)
+        yield in_a_row
+        fallback = GaugeMetricFamily(
+            "autotune_tick_fallback",
+            "1 while the daemon decides with its fallback policy (named by /readyz), else 0",
+        )
+        fallback.add_metric([], 1.0 if health.fallback is not None else 0.0)
+        yield fallback
+
+
 class ServiceMetrics:
     """One registry per app, so several apps (tests) never share counters."""
 
@@ -70,7 +97,10 @@ class ServiceMetrics:
             buckets=_TICK_BUCKETS,
             registry=self.registry,
         )
+        self.tick_health: Callable[[], TickHealth] | None = None
+        """The daemon's health, where one runs in this process (``attach_daemon``)."""
         self.registry.register(_DatabaseCollector(db))
+        self.registry.register(_TickHealthCollector(self))
 
     def observe_tick(self, report: TickReport) -> None:
         self.tick_duration.observe(report.duration_s)

@@ -37,6 +37,7 @@ __all__ = [
     "PolicyPublic",
     "RankPin",
     "Readiness",
+    "TickHealthPublic",
 ]
 
 
@@ -94,6 +95,30 @@ class JobPublic(BaseModel):
         default=None, description="What it trains: name, steps, origin (api or the backend)"
     )
     cancel_requested: bool = False
+    started_at: datetime | None = Field(
+        default=None, description="When the daemon first saw the job running; null: not yet"
+    )
+    finished_at: datetime | None = Field(
+        default=None,
+        description="When the daemon first saw the job finished, failed or cancelled; "
+        "null: still active",
+    )
+    sim_submitted_s: float | None = Field(
+        default=None,
+        description="Submission time on the backend's clock, seconds (the simulated "
+        "cluster's; null where the backend keeps none)",
+    )
+    sim_started_s: float | None = Field(
+        default=None, description="When the job first ran, on the backend's clock, seconds"
+    )
+    sim_finished_s: float | None = Field(
+        default=None, description="When the job ended, on the backend's clock, seconds"
+    )
+    jct_s: float | None = Field(
+        default=None,
+        description="Job completion time, seconds: sim_finished_s - sim_submitted_s where "
+        "the backend's clock gives both, else finished_at - submitted_at; null while active",
+    )
     metrics: dict[str, float] = Field(
         default_factory=dict,
         description="Newest measured figures (one job only): goodput, and where the job is "
@@ -253,7 +278,21 @@ class ForecastPublic(BaseModel):
     mean_absolute_error: float | None = Field(description="Over the predictions shown")
 
 
+class TickHealthPublic(BaseModel):
+    ok: bool = Field(description="The last tick succeeded and the daemon's own policy decided")
+    consecutive_failures: int = Field(description="Failed ticks in a row")
+    failures_total: int = Field(description="Failed ticks since the daemon started")
+    last_error: str | None = Field(description="Type: message of the newest failure")
+    last_failure_at: datetime | None
+    fallback: bool = Field(description="Deciding with the fallback policy")
+    fallback_policy: str | None = Field(description="Its name, while it decides")
+
+
 class Readiness(BaseModel):
     status: str
     database: bool
     policy_version: str | None
+    tick: TickHealthPublic | None = Field(
+        default=None, description="The decision loop's health (null: no daemon in this process)"
+    )
+    reasons: list[str] = Field(default_factory=list, description="Why not ready, in words")

@@ -22,6 +22,8 @@ __all__ = [
     "ACTIVE_STATES",
     "COMPRESSION_KINDS",
     "DECISION_SOURCES",
+    "DEFAULT_ENERGY_WEIGHT",
+    "DEFAULT_ROUND_S",
     "ID_PATTERN",
     "JOB_STATES",
     "MODULE_CLASSES",
@@ -62,6 +64,12 @@ _ID_RE = re.compile(ID_PATTERN)
 
 # A whole GPU in milli-GPU, the unit of the Alibaba trace and of Kubernetes GPU sharing.
 MILLI_PER_GPU = 1000
+
+DEFAULT_ROUND_S = 300.0
+"""Seconds of cluster time between two decisions on the simulated cluster and in the
+training environment (the daemon's ``round_s`` setting)."""
+DEFAULT_ENERGY_WEIGHT = 0.05
+"""Normalized goodput the reward gives up per kWh (the daemon's ``energy_weight``)."""
 
 
 def _fail(owner: str, name: str, value: object, why: str) -> FieldError:
@@ -440,10 +448,29 @@ class JobConfig:
     layout: Layout
     precision: PrecisionMap = field(default_factory=PrecisionMap)
     compression: CompressionSpec = field(default_factory=CompressionSpec)
+    global_batch: int | None = None
+    """Samples per optimizer step over all data-parallel ranks; ``None``: the job's own
+    (``JobSpec.global_batch``). With ``layout.micro_batches`` it sets the micro-batch
+    size, ``ceil(global_batch / (dp * micro_batches))``."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch is not None:
+            _check_int("JobConfig", "global_batch", self.global_batch, 1)
+            if self.global_batch < self.layout.dp:
+                raise _fail(
+                    "JobConfig",
+                    "global_batch",
+                    self.global_batch,
+                    f"must be >= the data-parallel degree {self.layout.dp}",
+                )
 
     @property
     def world_size(self) -> int:
         return self.layout.world_size
+
+    def batch(self, spec: JobSpec) -> int:
+        """The global batch this config trains ``spec`` with."""
+        return self.global_batch if self.global_batch is not None else spec.global_batch
 
     @classmethod
     def data_parallel(cls, world_size: int) -> JobConfig:
@@ -457,8 +484,12 @@ class JobConfig:
         parts = f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
         if layout.pp > 1:
             parts += f" m={layout.micro_batches}"
+        if layout.pp == 1 and layout.micro_batches > 1:
+            parts += f" accum={layout.micro_batches}"
         if layout.activation_checkpointing:
             parts += " +ckpt"
+        if self.global_batch is not None:
+            parts += f" batch={self.global_batch}"
         return f"{parts}, {self.precision.lowest()}, {self.compression}"
 
 

@@ -49,6 +49,10 @@ class JobStatus:
     """What the job trains (a built-in task name, ``module:Name``), when known."""
     steps: int | None = None
     """Optimizer steps the job trains for, when known."""
+    started_s: float | None = None
+    """When the job first ran, on the backend's clock (``time_s``); ``None``: not yet."""
+    finished_s: float | None = None
+    """When the job reached a final state, on the backend's clock; ``None``: not yet."""
     metrics: Mapping[str, float] = field(default_factory=dict)
     """Measured figures of the job's last step, where a backend trains it for real:
     ``loss``, ``step_time_s``, ``samples_per_s``, ``bytes_sent``, ``bytes_dense``,
@@ -126,7 +130,9 @@ class JobControl(Protocol):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyChoice:
-    config: JobConfig
+    config: JobConfig | None
+    """``None``: the job waits this round (a pending job is not placed; a running one
+    keeps its configuration); ``reason`` says why."""
     reason: str
     """Why, in words a user reads in the decision log."""
     features: Mapping[str, float] = field(default_factory=dict)
@@ -141,7 +147,9 @@ class Policy(Protocol):
     version: str
 
     def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        """A configuration for every job to (re)configure; jobs left out keep theirs."""
+        """A configuration for every job to (re)configure; running jobs left out keep
+        theirs, pending jobs left out are planned as plain data parallelism over their
+        ``min_gpus`` (a ``PolicyChoice`` with ``config=None`` keeps a job waiting)."""
         ...
 
 

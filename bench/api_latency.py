@@ -7,7 +7,9 @@ concurrent clients (one keep-alive connection each, asyncio, one process) that e
 ``GET /api/v1/decisions`` back to back for ``--seconds``. Reports request latency
 (p50/p90/p99/max), throughput and errors, and the daemon's tick period (time between
 the per-tick samples it commits) in the same window before the load (idle) and under
-it. Prints one JSON object and writes it to ``bench/out/api_latency.json``.
+it, and the policy version the daemon decides with (its default ``ppo``: the learned
+policy, or ``ppo-fallback-rules-...`` when the checkpoint does not fit the current
+spaces). Prints one JSON object and writes it to ``bench/out/api_latency.json``.
 """
 
 from __future__ import annotations
@@ -108,16 +110,18 @@ def periods(times: list[float], durations: list[float]) -> dict[str, float]:
     }
 
 
-def prefill(db: Path, ticks: int, seed: int, **sim: float) -> None:
+def prefill(db: Path, ticks: int, seed: int, *, round_s: float, mean_interarrival_s: float) -> None:
     """A decision log to page through: ``ticks`` ticks of the loop, in process."""
     from autotune.daemon.loop import Daemon
     from autotune.db import Database, sqlite_url
-    from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+    from autotune.envs.simulator import SimConfig, SimulatedCluster
     from autotune.policies.rules import RulesPolicy
 
     database = Database(sqlite_url(db))
     database.upgrade()
-    cluster = SimulatedCluster(SimulatedClusterConfig(seed=seed, **sim))  # type: ignore[arg-type]
+    cluster = SimulatedCluster(
+        SimConfig(seed=seed, round_s=round_s, mean_interarrival_s=mean_interarrival_s)
+    )
     daemon = Daemon(db=database, backend=cluster, policy=RulesPolicy())
     daemon.start()
     for _ in range(ticks):
@@ -125,12 +129,15 @@ def prefill(db: Path, ticks: int, seed: int, **sim: float) -> None:
     database.dispose()
 
 
-def wait_ready(port: int, timeout_s: float = 30.0) -> None:
+def wait_ready(port: int, timeout_s: float = 30.0) -> dict[str, Any]:
+    """The daemon's ``readyz`` body once it is ready."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/readyz", timeout=1):
-                return
+            url = f"http://127.0.0.1:{port}/api/v1/readyz"
+            with urllib.request.urlopen(url, timeout=1) as r:
+                body: dict[str, Any] = json.loads(r.read())
+                return body
         except OSError:
             time.sleep(0.1)
     raise RuntimeError("the daemon did not become ready")
@@ -153,12 +160,18 @@ def main() -> None:
         # Ten simulated minutes per tick and an arrival every 15 (on average): jobs start
         # and finish every few ticks, and the queue stays short enough that a tick's own
         # cost stays flat over the run (the rule-based policy's cost grows with it).
-        sim = {"mean_interarrival_s": 900.0, "seconds_per_tick": 600.0}
-        prefill(db, args.prefill_ticks, args.seed, **sim)
+        round_s, mean_interarrival_s = 600.0, 900.0
+        prefill(
+            db,
+            args.prefill_ticks,
+            args.seed,
+            round_s=round_s,
+            mean_interarrival_s=mean_interarrival_s,
+        )
         env = {**os.environ, "AUTOTUNE_DATA_DIR": tmp, "AUTOTUNE_TOKEN": "bench"}
         env.update(
-            AUTOTUNE_SIM_MEAN_INTERARRIVAL_S=str(sim["mean_interarrival_s"]),
-            AUTOTUNE_SIM_SECONDS_PER_TICK=str(sim["seconds_per_tick"]),
+            AUTOTUNE_SIM_MEAN_INTERARRIVAL_S=str(mean_interarrival_s),
+            AUTOTUNE_ROUND_S=str(round_s),
         )
         daemon = subprocess.Popen(
             [
@@ -179,7 +192,9 @@ def main() -> None:
             stderr=subprocess.DEVNULL,
         )
         try:
-            wait_ready(port)
+            # The daemon's default policy: the learned one, or its rules fallback when
+            # the shipped checkpoint does not fit the current spaces (the version says).
+            policy_version = wait_ready(port).get("policy_version")
             time.sleep(args.warmup)
             idle_start = time.time()
             time.sleep(args.seconds)
@@ -203,6 +218,7 @@ def main() -> None:
         "clients": args.clients,
         "seconds": args.seconds,
         "page_size": args.limit,
+        "daemon_policy": policy_version,
         "decisions_in_db": decisions,
         "requests": len(latencies),
         "requests_per_s": round(len(latencies) / args.seconds, 1),

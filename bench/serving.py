@@ -1,16 +1,27 @@
 """Latency of the learned policy per decision round, on one CPU core.
 
-Two measurements, each over ``--rounds`` rounds after a warm-up:
+Two measurements, each over ``--rounds`` rounds after ``--warmup`` rounds:
 
-- ``env``: a full ``ClusterEnv`` round at 32 job slots as ``autotune eval`` runs it: the
-  LSTM forecast from the rounds so far, then ``forward_inference`` and the per-entry
-  argmax (``PPOSimPolicy.act``); ``forward_only`` the last two alone; the environment's
-  own step is not timed;
-- ``daemon``: ``LearnedPolicy.decide`` on a daemon snapshot with 32 active jobs: the
-  observation built from the snapshot, the forecast, the forward pass and the
-  JobConfigs of the pending jobs.
+- ``env``: ``ClusterEnv`` rounds at ``--slots`` job slots as ``autotune eval`` runs the
+  ``ppo`` row: ``LearnedPolicy.decide(env.snapshot)`` (``policy``: the observation
+  encoded from the snapshot, the LSTM forecast from the rounds so far, the forward pass
+  and per-entry argmax, the slots decoded into choices), ``forward_only`` the forward
+  pass and argmax alone (``PolicyServer.act``), ``env_step`` the environment's own round
+  (``env.step_choices``: the daemon's decision step with the Planner, then the simulated
+  cluster's round) and ``round`` the two together;
+- ``daemon``: ``LearnedPolicy.decide`` on a snapshot of the daemon's simulated cluster
+  (``SimulatedCluster``, ``--backend sim``) with at least ``--slots`` active jobs
+  (``policy``), and, when the checkpoint does not load, the rules fallback the daemon
+  then decides with (``fallback_rules``).
 
-    python bench/serving.py [--checkpoint DIR] [--rounds 2000] [--json]
+The checkpoint must fit the current observation and action spaces
+(``autotune.envs.spaces``). When it does not load, the daemon would decide with the rules
+fallback; the report says so (``checkpoint.fallback_reason``) and times an UNTRAINED
+stand-in instead (a ``SlotPolicyModule`` with random weights, same network and spaces):
+its latency is the trained policy's, its decisions mean nothing.
+
+    python bench/serving.py [--checkpoint DIR] [--rounds 2000] [--warmup 50] [--slots 32]
+        [--json]
 """
 
 from __future__ import annotations
@@ -19,14 +30,17 @@ import argparse
 import json
 import os
 import platform
+import tempfile
 import time
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from autotune.envs.cluster_env import ClusterEnv
-from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
-from autotune.policies.serving import LearnedPolicy, PPOSimPolicy
+from autotune.envs.simulator import SimConfig, SimulatedCluster
+from autotune.policies.serving import IncompatiblePolicyError, LearnedPolicy, PolicyServer
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
@@ -39,77 +53,158 @@ def _stats(samples: list[float]) -> dict[str, float]:
     }
 
 
-def bench_env(checkpoint: str | None, rounds: int, slots: int) -> dict[str, float]:
-    policy = PPOSimPolicy(checkpoint, slots=slots)
-    env = ClusterEnv(slots=slots, n_jobs=400, mean_interarrival_s=60.0, max_steps=10**6)
-    obs, _ = env.reset(seed=0)
-    times: list[float] = []
-    forward: list[float] = []
-    busy_slots: list[int] = []
-    for i in range(rounds + 50):
-        start = time.perf_counter()
-        action = policy.act(env, obs)
-        elapsed = time.perf_counter() - start
-        start = time.perf_counter()
-        policy.server.act(obs)
-        forward_s = time.perf_counter() - start
-        if i >= 50:
-            times.append(elapsed)
-            forward.append(forward_s)
-            assert env.sim is not None
-            busy_slots.append(min(slots, len(env.sim.active)))
-        obs, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            obs, _ = env.reset(seed=i)
-    return {
-        **_stats(times),
-        "forward_only": _stats(forward),
-        "mean_occupied_slots": float(np.mean(busy_slots)),
+def untrained_module(path: Path, slots: int, hidden: int = 64) -> Path:
+    """An untrained ``SlotPolicyModule`` for the current spaces, saved under ``path``."""
+    from autotune.envs.spaces import action_space, observation_space
+    from autotune.policies.ppo import SlotPolicyModule
+
+    module = SlotPolicyModule(
+        observation_space=observation_space(slots),
+        action_space=action_space(slots),
+        model_config={"hidden": hidden},
+    )
+    module.save_to_path(path)
+    return path
+
+
+def load_server(
+    checkpoint: str | None, slots: int, scratch: Path
+) -> tuple[PolicyServer, dict[str, Any]]:
+    """The checkpoint's server, or an untrained stand-in when it does not load."""
+    try:
+        server = PolicyServer(checkpoint, slots=slots)
+        return server, {"path": str(server.path), "loaded": True, "module": "checkpoint"}
+    except IncompatiblePolicyError as exc:
+        reason = str(exc)
+    stand_in = untrained_module(scratch / "untrained", slots)
+    return PolicyServer(stand_in, slots=slots), {
+        "path": checkpoint or "shipped policy",
+        "loaded": False,
+        "fallback_reason": reason,
+        "module": "UNTRAINED stand-in (SlotPolicyModule, random weights): latency only",
     }
 
 
-def bench_daemon(checkpoint: str | None, rounds: int, slots: int) -> dict[str, float]:
-    policy = LearnedPolicy(checkpoint, slots=slots)
-    if policy.server is None:
-        raise SystemExit(f"the checkpoint does not load: {policy.fallback_reason}")
-    backend = SimulatedCluster(SimulatedClusterConfig(seed=0, initial_jobs=slots))
-    snapshot = backend.observe()
-    assert len(snapshot.by_state("pending", "running")) >= slots
+def bench_env(server: PolicyServer, rounds: int, warmup: int, slots: int) -> dict[str, Any]:
+    env = ClusterEnv(slots=slots, n_jobs=400, mean_interarrival_s=60.0, max_steps=10**6)
+    obs, _ = env.reset(seed=0)
+    policy = LearnedPolicy(slots=slots, round_s=env.round_s, server=server)
+    decide: list[float] = []
+    forward: list[float] = []
+    step: list[float] = []
+    occupied: list[int] = []
+    for i in range(rounds + warmup):
+        assert env.snapshot is not None
+        assert env.sim is not None
+        start = time.perf_counter()
+        choices = policy.decide(env.snapshot)
+        decided = time.perf_counter()
+        server.act(obs)
+        forwarded = time.perf_counter()
+        active = len(env.sim.active_jobs())
+        obs, _, terminated, truncated, _ = env.step_choices(choices)
+        stepped = time.perf_counter()
+        if i >= warmup:
+            decide.append(decided - start)
+            forward.append(forwarded - decided)
+            step.append(stepped - forwarded)
+            occupied.append(min(slots, active))
+        if terminated or truncated:
+            obs, _ = env.reset(seed=i)
+            policy = LearnedPolicy(slots=slots, round_s=env.round_s, server=server)
+    return {
+        "policy": _stats(decide),
+        "forward_only": _stats(forward),
+        "env_step": _stats(step),
+        "round": _stats([a + b for a, b in zip(decide, step, strict=True)]),
+        "mean_occupied_slots": float(np.mean(occupied)),
+    }
+
+
+def _time_decide(policy: LearnedPolicy, snapshot: Any, rounds: int, warmup: int) -> list[float]:
     times: list[float] = []
-    for i in range(rounds + 50):
+    for i in range(rounds + warmup):
         start = time.perf_counter()
         policy.decide(snapshot)
-        if i >= 50:
+        if i >= warmup:
             times.append(time.perf_counter() - start)
-    return _stats(times)
+    return times
+
+
+def bench_daemon(
+    server: PolicyServer, rounds: int, warmup: int, slots: int, fallback: str | None
+) -> dict[str, Any]:
+    """``fallback``: the checkpoint that did not load (``""``: the shipped one), whose
+    rules fallback is timed as well; ``None``: it loaded."""
+    backend = SimulatedCluster(SimConfig(seed=0, initial_jobs=slots))
+    snapshot = backend.observe()
+    active = len(snapshot.by_state("pending", "running"))
+    assert active >= slots, f"{active} active jobs, fewer than {slots} slots"
+    policy = LearnedPolicy(slots=slots, server=server)
+    report: dict[str, Any] = {
+        "policy": _stats(_time_decide(policy, snapshot, rounds, warmup)),
+        "active_jobs": active,
+    }
+    if fallback is not None:  # what the daemon would run: the rules fallback
+        rules = LearnedPolicy(fallback or None, slots=slots)
+        assert rules.server is None
+        report["fallback_rules"] = _stats(_time_decide(rules, snapshot, rounds, warmup))
+    return report
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", default=None, help="default: the shipped policy")
     parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--warmup", type=int, default=50, help="untimed rounds first")
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.rounds < 1 or args.warmup < 0:
+        parser.error("--rounds must be >= 1 and --warmup >= 0")
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     torch.set_num_threads(1)
-    report = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-        "(pinned to 1), torch threads 1",
-        "slots": args.slots,
-        "env": bench_env(args.checkpoint, args.rounds, args.slots),
-        "daemon": bench_daemon(args.checkpoint, args.rounds, args.slots),
-    }
+    with tempfile.TemporaryDirectory() as scratch:
+        server, checkpoint = load_server(args.checkpoint, args.slots, Path(scratch))
+        report = {
+            "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+            "(pinned to 1), torch threads 1",
+            "slots": args.slots,
+            "checkpoint": checkpoint,
+            "env": bench_env(server, args.rounds, args.warmup, args.slots),
+            "daemon": bench_daemon(
+                server,
+                args.rounds,
+                args.warmup,
+                args.slots,
+                None if checkpoint["loaded"] else (args.checkpoint or ""),
+            ),
+        }
     if args.json:
         print(json.dumps(report))
         return
-    for name in ("env", "daemon"):
-        row = report[name]
+    if not checkpoint["loaded"]:
+        print(f"checkpoint did not load ({checkpoint['fallback_reason']})")
+        print(f"timing an {checkpoint['module']}")
+    rows = [
+        ("env decide", report["env"]["policy"]),
+        ("env forward", report["env"]["forward_only"]),
+        ("env step", report["env"]["env_step"]),
+        ("env round", report["env"]["round"]),
+        ("daemon decide", report["daemon"]["policy"]),
+    ]
+    if "fallback_rules" in report["daemon"]:
+        rows.append(("daemon rules", report["daemon"]["fallback_rules"]))
+    for name, row in rows:
         print(
-            f"{name:7s} p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms  "
+            f"{name:14s} p50 {row['p50_ms']:.3f} ms  p99 {row['p99_ms']:.3f} ms  "
             f"max {row['max_ms']:.3f} ms over {row['rounds']} rounds"
         )
+    print(
+        f"env: {report['env']['mean_occupied_slots']:.1f} of {args.slots} slots occupied on "
+        f"average; daemon: {report['daemon']['active_jobs']} active jobs"
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,13 @@ def _register() -> None:
         register(
             id="autotune/Cluster-v0",
             entry_point="autotune.envs.cluster_env:ClusterEnv",
-            kwargs={"slots": 16, "n_jobs": 60, "max_steps": 500},
+            kwargs={
+                "slots": 16,
+                "n_jobs": 60,
+                "max_steps": 500,
+                "stream": True,
+                "mean_interarrival_s": 300.0,
+            },
         )
     if "autotune/ClusterSmall-v0" not in registry:
         register(

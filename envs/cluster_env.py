@@ -2,37 +2,87 @@
 
 ## Description
 
-Jobs arrive at a GPU cluster, queue and train; every step is one decision round of
-``interval_s`` simulated seconds (``autotune.envs.simulator``). For each of the first
-``slots`` active jobs (queue order), the agent picks a gradient compression, a precision
-map, a parallel layout (GPU count and data/tensor/pipeline mode), a batch size, and
-whether to change the job's config at all. Placement follows from the layout.
+A thin shell over the simulated cluster that ``autotune daemon --backend sim`` runs
+(``autotune.envs.simulator``). Each step is one decision round, exactly as a daemon tick:
+the action is decoded into per-job choices (``autotune.envs.spaces.decode_action``), the
+daemon's decision step (``autotune.daemon.decide.decide``: memory rule, Hungarian
+Planner) turns them into decisions, the simulated cluster applies them and runs
+``round_s`` simulated seconds. Jobs arrive, queue, train and finish.
 
 ## Action space
 
-``MultiDiscrete([6, 4, 21, 4, 2] * slots)``, per slot: compression (none, top-k 10%,
-top-k 1%, int8, fp8, PowerSGD rank 4), precision (fp32, bf16, fp16, fp8 matmuls), layout
-(GPU count 1-64 by powers of two x mode dp / dp x tp2 / dp x pp2), batch scale (0.5, 1,
-2, 4 x the job's batch), keep (0) or change (1). Entries for empty slots are ignored.
+``MultiDiscrete([2, 6, 5, 7, 3, 4, 2] * slots)``; per slot (the first ``slots`` active
+jobs in queue order):
+
+| entry | values |
+|---|---|
+| change | 1 reconfigure a running job now, 0 keep it (a waiting job is always configured) |
+| compression | none, top-k 10%, top-k 1%, int8, fp8, PowerSGD rank 4 |
+| precision | fp32, bf16, fp16, bf16 with fp8 feed-forward, fp8 matmuls |
+| gpus | 1, 2, 4, 8, 16, 32, 64 (clipped to the job's min..max) |
+| mode | data parallel, x tensor-parallel 2, x pipeline 2 |
+| batch | 0.5, 1, 2, 4 x the job's global batch |
+| checkpointing | off, on (the memory rule may still turn it on) |
+
+An entry out of its range raises ``InvalidActionError``. Waiting jobs beyond the slots
+wait in queue order.
 
 ## Observation space
 
-``Box(-inf, inf, (4*2 + 4 + slots*16,), float32)``: per GPU model (fastest first, padded
-to 4) total and free GPUs as shares of the cluster; queue length, busy share, load now
-and the load forecast (persistence unless a ``forecaster`` is given); per slot 16
-features of the job (model size, requested and held GPUs, its current choices, waiting
-time, normalized goodput of the last round, progress, OOM).
+``Box(0, 1, (34 + 20 * slots,), float32)``; every entry is bounded as listed
+(``autotune.envs.spaces.FEATURES`` is the same table):
+
+| index | feature | range | meaning |
+|---|---|---|---|
+| 0 | pending | [0, 1] | waiting jobs, log(1+n)/log(1001), capped at 1 |
+| 1 | running | [0, 1] | running jobs, log(1+n)/log(1001), capped at 1 |
+| 2 | beyond_window | [0, 1] | share of active jobs outside the slots |
+| 3 | busy | [0, 1] | share of the cluster's GPUs held now |
+| 4 | busy_last | [0, 1] | share held at the previous decision |
+| 5 | forecast | [0, 1] | forecast share held 15 minutes ahead (persistence if none) |
+| 6+7m | gpu{m}.present | [0, 1] | 1 if the cluster has GPU model m (m = 0..3, fastest first) |
+| 7+7m | gpu{m}.total | [0, 1] | its GPUs / the cluster's GPUs |
+| 8+7m | gpu{m}.free | [0, 1] | its free GPUs / the cluster's GPUs |
+| 9+7m | gpu{m}.memory | [0, 1] | memory of one GPU / 192 GiB |
+| 10+7m | gpu{m}.bf16 | [0, 1] | 1 if it has bf16 units |
+| 11+7m | gpu{m}.fp8 | [0, 1] | 1 if it has fp8 units |
+| 12+7m | gpu{m}.speed | [0, 1] | its 16-bit (else fp32) peak / the fastest model's |
+| 34+20k | slot[k].occupied | [0, 1] | 1 if a job is in slot k |
+| 35+20k | slot[k].running | [0, 1] | 1 if it runs |
+| 36+20k | slot[k].waiting | [0, 1] | hours waiting since submission, log(1+h)/log(101), capped |
+| 37+20k | slot[k].parameters | [0, 1] | log10(parameters)/12 |
+| 38+20k | slot[k].flops | [0, 1] | log10(FLOPs per sample)/16 |
+| 39+20k | slot[k].transformer | [0, 1] | 1 for a transformer (tensor parallelism possible) |
+| 40+20k | slot[k].min_gpus | [0, 1] | log2(min GPUs)/6 |
+| 41+20k | slot[k].max_gpus | [0, 1] | log2(max GPUs)/6 |
+| 42+20k | slot[k].memory_need | [0, 1] | one rank's bytes (1 GPU, bf16, job's batch) / 4x192 GiB |
+| 43+20k | slot[k].gpus | [0, 1] | log2(1 + GPUs held)/log2(65) |
+| 44+20k | slot[k].compression | [0, 1] | current compression option / 5 |
+| 45+20k | slot[k].precision | [0, 1] | current precision option / 4 |
+| 46+20k | slot[k].mode | [0, 1] | current layout mode / 2 |
+| 47+20k | slot[k].batch | [0, 1] | current batch-scale option / 3 |
+| 48+20k | slot[k].checkpointing | [0, 1] | 1 if activation checkpointing is on |
+| 49+20k | slot[k].accumulation | [0, 1] | log2(micro-batches)/6 |
+| 50+20k | slot[k].hardware_efficiency | [0, 1] | samples/s over the compute-bound rate |
+| 51+20k | slot[k].statistical_efficiency | [0, 1] | of the current batch, compression, precision |
+| 52+20k | slot[k].progress | [0, 1] | share of the job's work done |
+| 53+20k | slot[k].gpu_model | [0, 1] | (index of the GPU model it runs on + 1) / 4; 0 if none |
 
 ## Rewards
 
-Sum over running jobs of goodput / the job's reference goodput (its requested GPUs, data
-parallel, fp32), averaged over the round; minus ``oom_penalty`` per job whose config
-ran out of memory, ``nan_penalty`` per divergence event, ``restart_penalty`` times the
-share of the round lost to each reconfiguration, and ``energy_weight`` per kWh.
+Sum over running jobs of goodput / the job's reference goodput (its reference GPUs,
+data parallel, fp32), averaged over the round; minus ``oom_penalty`` per job whose
+configuration ran out of memory, ``nan_penalty`` per divergence event,
+``restart_penalty`` times the job-rounds lost to reconfiguration downtime, and
+``energy_weight`` per kWh the cluster drew (running jobs' power from the performance
+model, idle GPUs at their idle share).
 
 ## Starting state
 
-An empty cluster; jobs from ``jobs`` (a trace) or drawn from ``self.np_random``.
+An empty cluster; jobs from ``jobs`` (a trace), or drawn from ``self.np_random``: with
+``stream=True`` the daemon's own built-in job stream (``initial_jobs`` waiting at the
+start, then Poisson arrivals every ``mean_interarrival_s``, ``n_jobs`` in all), else a
+trace-like synthetic workload with log-normal durations.
 
 ## Episode end
 
@@ -40,54 +90,67 @@ Terminated when every job has finished; truncated after ``max_steps``.
 
 ## Arguments
 
-``gymnasium.make("autotune/Cluster-v0")`` (32 GPUs of three generations, 16 slots) or
-``"autotune/ClusterSmall-v0"`` (16 GPUs, 4 slots, short episodes); keyword arguments of
-``ClusterEnv`` override either.
+``gymnasium.make("autotune/Cluster-v0")`` (the daemon's default world: its 32 GPUs of
+three generations and its job stream; 16 slots) or ``"autotune/ClusterSmall-v0"`` (16
+GPUs, 4 slots, short synthetic episodes); keyword arguments of ``ClusterEnv`` override
+either.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from typing import Any, Final, SupportsFloat
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 
-from autotune.core import NodeInfo
+from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, NodeInfo
+from autotune.daemon.decide import decide
 from autotune.envs.presets import default_nodes, small_nodes
-from autotune.envs.simulator import (
-    BATCH_SCALES,
-    COMPRESSIONS,
-    N_LAYOUTS,
-    PRECISIONS,
-    Choice,
-    ClusterSimulator,
-    Job,
-    RoundOutcome,
-    SimConfig,
+from autotune.envs.simulator import Arrival, RoundOutcome, SimConfig, SimulatedCluster
+from autotune.envs.spaces import (
+    ObservationEncoder,
+    action_space,
+    decode_action,
 )
-from autotune.envs.workloads import synthetic_jobs
+from autotune.envs.workloads import job_stream, synthetic_jobs
+from autotune.interfaces import ClusterSnapshot, PolicyChoice
 
-__all__ = ["ACTION_DIMS", "ClusterEnv", "decode_action", "encode_choice"]
-
-ACTION_DIMS: Final = (len(COMPRESSIONS), len(PRECISIONS), N_LAYOUTS, len(BATCH_SCALES), 2)
-MAX_GPU_TYPES: Final = 4
-SLOT_FEATURES: Final = 16
-GLOBAL_FEATURES: Final = MAX_GPU_TYPES * 2 + 4
+__all__ = ["ChoicesPolicy", "ClusterEnv", "reward"]
 
 
-def encode_choice(choice: Choice | None, change: bool = True) -> list[int]:
-    """The five action entries of one slot."""
-    c = choice or Choice()
-    return [c.compression, c.precision, c.layout, c.batch, int(change)]
+class ChoicesPolicy:
+    """A ``Policy`` that returns choices made beforehand: how the environment passes
+    its decoded action to the decision step."""
+
+    name = "env"
+    version = "env"
+
+    def __init__(self, choices: dict[str, PolicyChoice]) -> None:
+        self.choices = choices
+
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        return self.choices
 
 
-def decode_action(action: np.ndarray, slot: int) -> tuple[Choice, bool]:
-    base = slot * len(ACTION_DIMS)
-    a = [int(x) for x in action[base : base + len(ACTION_DIMS)]]
-    return Choice(compression=a[0], precision=a[1], layout=a[2], batch=a[3]), bool(a[4])
+def reward(
+    outcome: RoundOutcome,
+    *,
+    round_s: float,
+    oom_penalty: float = 1.0,
+    nan_penalty: float = 0.5,
+    restart_penalty: float = 1.0,
+    energy_weight: float = DEFAULT_ENERGY_WEIGHT,
+) -> tuple[float, dict[str, float]]:
+    """The reward of one round and its parts (the same for training and replay)."""
+    parts = {
+        "goodput": outcome.normalized_goodput,
+        "oom": -oom_penalty * outcome.ooms,
+        "nan": -nan_penalty * outcome.nan_events,
+        "restart": -restart_penalty * outcome.restart_s / round_s,
+        "energy": -energy_weight * outcome.energy_kwh,
+    }
+    return float(sum(parts.values())), parts
 
 
 class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -97,20 +160,21 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self,
         *,
         nodes: Sequence[NodeInfo] | None = None,
-        jobs: Sequence[Job] | Callable[[], Sequence[Job]] | None = None,
+        jobs: Sequence[Arrival] | Callable[[], Sequence[Arrival]] | None = None,
         n_jobs: int = 60,
         mean_interarrival_s: float = 600.0,
         median_duration_s: float = 3600.0,
+        stream: bool = False,
+        initial_jobs: int = 6,
         slots: int = 16,
-        interval_s: float = 300.0,
+        round_s: float = DEFAULT_ROUND_S,
         restart_s: float = 30.0,
         max_steps: int = 500,
-        queue_order: str = "fifo",
         noise: bool = True,
         oom_penalty: float = 1.0,
         nan_penalty: float = 0.5,
         restart_penalty: float = 1.0,
-        energy_weight: float = 0.0,
+        energy_weight: float = DEFAULT_ENERGY_WEIGHT,
         small: bool = False,
         forecaster: Callable[[Sequence[float], float, float], float] | None = None,
     ) -> None:
@@ -122,28 +186,38 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self.n_jobs = n_jobs
         self.mean_interarrival_s = mean_interarrival_s
         self.median_duration_s = median_duration_s
+        self.stream = stream
+        self.initial_jobs = initial_jobs
         self.slots = slots
         self.sim_config = SimConfig(
-            interval_s=interval_s,
+            round_s=round_s,
             restart_s=restart_s,
-            queue_order="las" if queue_order == "las" else "fifo",
             noise=noise,
+            nodes=tuple(self.nodes),
+            initial_jobs=0,
+            max_jobs=0,
         )
         self.max_steps = max_steps
-        self.weights = (oom_penalty, nan_penalty, restart_penalty, energy_weight)
-        self.action_space = spaces.MultiDiscrete(np.array(ACTION_DIMS * slots, dtype=np.int64))
-        size = GLOBAL_FEATURES + slots * SLOT_FEATURES
-        self._obs_size = size
-        self.observation_space = spaces.Box(-np.inf, np.inf, shape=(size,), dtype=np.float32)
-        self.forecast: float | None = None
-        """Predicted busy share of the cluster 15 minutes ahead; a forecaster sets it."""
-        self.forecaster = forecaster
-        """``forecaster(busy_history, interval_s, now_s)``: the busy share 15 minutes
-        ahead from the busy share of every round so far (oldest first); called before
-        each observation (``autotune.policies.forecast.EnvForecast``)."""
-        self._busy_history: list[float] = []
-        self.sim: ClusterSimulator | None = None
+        self.weights = {
+            "oom_penalty": oom_penalty,
+            "nan_penalty": nan_penalty,
+            "restart_penalty": restart_penalty,
+            "energy_weight": energy_weight,
+        }
+        self.encoder = ObservationEncoder(slots, round_s=round_s, forecaster=forecaster)
+        self.action_space = action_space(slots)
+        self.observation_space = self.encoder.space
+        self.sim: SimulatedCluster | None = None
+        self.snapshot: ClusterSnapshot | None = None
         self.steps = 0
+
+    @property
+    def forecaster(self) -> Callable[[Sequence[float], float, float], float] | None:
+        return self.encoder.forecaster
+
+    @property
+    def round_s(self) -> float:
+        return self.sim_config.round_s
 
     # -- Gymnasium API ------------------------------------------------------------------
 
@@ -154,99 +228,76 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         if callable(self._jobs):
             jobs = list(self._jobs())
         elif self._jobs is not None:
-            jobs = [_fresh(j) for j in self._jobs]
+            jobs = list(self._jobs)
         else:
-            jobs = synthetic_jobs(
-                self.np_random,
-                n_jobs=self.n_jobs,
-                mean_interarrival_s=self.mean_interarrival_s,
-                median_duration_s=self.median_duration_s,
+            jobs = (
+                list(
+                    job_stream(
+                        self.np_random,
+                        mean_interarrival_s=self.mean_interarrival_s,
+                        initial_jobs=self.initial_jobs,
+                        max_jobs=self.n_jobs,
+                    )
+                )
+                if self.stream
+                else synthetic_jobs(
+                    self.np_random,
+                    n_jobs=self.n_jobs,
+                    mean_interarrival_s=self.mean_interarrival_s,
+                    median_duration_s=self.median_duration_s,
+                )
             )
-        self.sim = ClusterSimulator(self.nodes, jobs, config=self.sim_config, rng=self.np_random)
+        self.sim = SimulatedCluster(self.sim_config, arrivals=jobs, rng=self.np_random)
         self.sim.skip_idle()
         self.steps = 0
-        self._last_busy = 0.0
-        self._busy_history = []
-        return self._observe(), self._info(None)
+        self.encoder.reset()
+        self.snapshot = self.sim.snapshot()
+        return self.encoder.encode(self.snapshot), self._info(None, {})
+
+    def choices(self, action: np.ndarray) -> dict[str, PolicyChoice]:
+        """What ``action`` means for the current state (``InvalidActionError`` if out of
+        range)."""
+        return decode_action(action, self._snapshot(), self.slots, source="action")
 
     def step(
         self, action: np.ndarray
     ) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
+        return self.step_choices(self.choices(action))
+
+    def step_choices(
+        self, choices: dict[str, PolicyChoice]
+    ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
+        """One round with choices made directly (how baselines that are daemon
+        ``Policy`` objects run in the environment)."""
         sim = self._require()
-        choices: dict[str, Choice | None] = {}
-        for slot, job in enumerate(sim.active[: self.slots]):
-            choice, change = decode_action(action, slot)
-            if change or job.choice is None:
-                choices[job.job_id] = choice
-        outcome = sim.advance(choices)
+        snapshot = self._snapshot()
+        round_ = decide(snapshot, ChoicesPolicy(choices), {}, honoured={}, explain=False)
+        sim.apply(round_.decisions)
+        outcome = sim.advance()
         sim.skip_idle()
         self.steps += 1
-        self._last_busy = outcome.busy_gpus / sim.total_gpus
-        oom_w, nan_w, restart_w, energy_w = self.weights
-        lost = sim.config.restart_s / sim.config.interval_s
-        reward = (
-            outcome.normalized_goodput
-            - oom_w * outcome.ooms
-            - nan_w * outcome.nan_events
-            - restart_w * lost * outcome.restarts
-            - energy_w * outcome.energy_kwh
-        )
+        self.snapshot = sim.snapshot()
+        value, parts = reward(outcome, round_s=self.round_s, **self.weights)
         terminated = sim.done
         truncated = not terminated and self.steps >= self.max_steps
-        return self._observe(), float(reward), terminated, truncated, self._info(outcome)
+        obs = self.encoder.encode(self.snapshot)
+        return obs, value, terminated, truncated, self._info(outcome, parts)
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _require(self) -> ClusterSimulator:
+    def _require(self) -> SimulatedCluster:
         if self.sim is None:
             raise RuntimeError("call reset() before step()")
         return self.sim
 
-    def _observe(self) -> np.ndarray:
-        sim = self._require()
-        obs = np.zeros(self._obs_size, dtype=np.float32)
-        total = float(sim.total_gpus)
-        for i, model in enumerate(sim.gpu_models[:MAX_GPU_TYPES]):
-            obs[2 * i] = sum(n.gpu_count for n in sim.nodes if n.gpu_model == model) / total
-            obs[2 * i + 1] = sim.free_gpus(model) / total
-        active = sim.active
-        g = MAX_GPU_TYPES * 2
-        obs[g] = len(active) / self.slots
-        obs[g + 1] = self._last_busy
-        obs[g + 2] = 1 - sim.free_gpus() / total
-        if self.forecaster is not None:
-            self._busy_history.append(float(obs[g + 2]))
-            self.forecast = self.forecaster(self._busy_history, sim.config.interval_s, sim.now)
-        obs[g + 3] = self.forecast if self.forecast is not None else obs[g + 2]
-        for slot, job in enumerate(active[: self.slots]):
-            base = GLOBAL_FEATURES + slot * SLOT_FEATURES
-            c = job.choice or Choice()
-            waiting = (sim.now - job.submit_s) if job.start_s is None else 0.0
-            obs[base : base + SLOT_FEATURES] = (
-                1.0,
-                float(job.running),
-                math.log1p(waiting / 3600),
-                math.log10(job.model.parameters) / 10,
-                math.log10(job.model.flops_per_sample) / 15,
-                float(job.model.hidden_size > 0),
-                job.requested_gpus / 64,
-                job.gpus / 64,
-                c.compression / (len(COMPRESSIONS) - 1),
-                c.precision / (len(PRECISIONS) - 1),
-                c.layout / (N_LAYOUTS - 1),
-                c.batch / (len(BATCH_SCALES) - 1),
-                min(job.last_goodput / job.reference_goodput, 8.0) / 8,
-                job.progress / job.work if job.work else 0.0,
-                float(job.oom),
-                float(sim.gpu_models.index(job.gpu_model) + 1) / MAX_GPU_TYPES
-                if job.gpu_model
-                else 0.0,
-            )
-        return obs
+    def _snapshot(self) -> ClusterSnapshot:
+        self._require()
+        assert self.snapshot is not None
+        return self.snapshot
 
-    def _info(self, outcome: RoundOutcome | None) -> dict[str, Any]:
+    def _info(self, outcome: RoundOutcome | None, parts: dict[str, float]) -> dict[str, Any]:
         sim = self._require()
-        info: dict[str, Any] = {"time_s": sim.now, "finished": len(sim.finished)}
+        info: dict[str, Any] = {"time_s": sim.now, "finished": len(sim.finished_jobs())}
         if outcome is not None:
             info.update(
                 normalized_goodput=outcome.normalized_goodput,
@@ -255,22 +306,6 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
                 restarts=outcome.restarts,
                 energy_kwh=outcome.energy_kwh,
                 busy_gpus=outcome.busy_gpus,
+                reward_parts=parts,
             )
         return info
-
-
-def _fresh(job: Job) -> Job:
-    """A copy of a trace job with no run state, so episodes don't share state."""
-    return Job(
-        job_id=job.job_id,
-        model=job.model,
-        coeffs=job.coeffs,
-        submit_s=job.submit_s,
-        work=job.work if job.duration_s is None else 0.0,
-        duration_s=job.duration_s,
-        base_batch=job.base_batch,
-        requested_gpus=job.requested_gpus,
-        min_gpus=job.min_gpus,
-        max_gpus=job.max_gpus,
-        max_local_batch=job.max_local_batch,
-    )

@@ -1,144 +1,131 @@
-"""Discrete-time cluster simulator: jobs arrive, queue, run under a config and finish.
+"""The simulated cluster: the one cluster model that ``autotune daemon --backend sim``
+runs and that the Gymnasium environment wraps.
 
-The physics is ``autotune.perf.model``: a running job progresses at its goodput
-(samples/s x statistical efficiency) and finishes when it has done its work, counted in
-samples at statistical efficiency 1. Every decision round (``advance``), each job may
-get a new config (``Choice``); changing it costs a restart (checkpoint, tear down,
-restore). Randomness, all from the generator passed in: straggler levels per job (the
-measured Alibaba distribution) and divergence events of low-precision maps (Poisson at
-``autotune.perf.model.divergence_rate_per_hour``).
+It is a ``Backend`` with ``JobControl``: ``observe()`` advances the clock by one round
+(``round_s`` simulated seconds) and reports a ``ClusterSnapshot``; ``apply()`` starts or
+reconfigures jobs exactly as the decision step placed them. Jobs arrive from a list (a
+trace) or from the built-in job stream (``autotune.envs.workloads.job_stream``), and
+users' jobs can be submitted through the API.
 
-Jobs are admitted in queue order (FIFO by submission, or least attained service for
-Tiresias) when the GPUs their config asks for are free: strict ordering, so job
-completion time (JCT) includes queueing. A job gets GPUs of one model, packed onto as
-few nodes as possible, fastest GPU model first: a fast stand-in for the Planner's
-matching, which the daemon uses.
+Physics (``autotune.perf.model.estimate``, the same everywhere): a running job advances
+at its goodput (samples/s x statistical efficiency) for its configuration and placement
+(``shape_of``: slowest GPU model, ranks per node, network) and finishes when it has done
+its work, counted in samples at statistical efficiency 1. Communication, compression,
+pipeline bubbles, stragglers (a coefficient of variation per job, drawn from the measured
+Alibaba distribution), memory and power all come from that model.
+
+Events, all drawn from the generator given:
+
+- **reconfiguration**: a running job whose configuration or placement changes pays
+  ``restart_s`` of downtime (checkpoint, tear down, restore and the steps lost since the
+  last checkpoint) before it makes progress again;
+- **divergence**: low-precision maps diverge (NaN/Inf) as a Poisson process at
+  ``divergence_rate_per_hour``; the job rolls back to its last checkpoint (half a round
+  lost on average) and moves to a safer map (bf16 where the GPU has it, else fp32, with
+  the micro-batches the memory rule then needs), as the executor does;
+- **out of memory**: a configuration whose rank does not fit its GPU crashes at start
+  and the job fails (the decision step's memory rule and the Planner prevent this unless
+  an override forces it).
+
+Energy: each running job's power from the model, idle GPUs at their idle share of TDP.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Literal
+from typing import Any
 
 import numpy as np
 
 from autotune.catalog.devices import device
-from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, NodeInfo, PrecisionMap
-from autotune.perf.model import Coefficients, Estimate, Shape, estimate
+from autotune.core import (
+    ACTIVE_STATES,
+    MILLI_PER_GPU,
+    Decision,
+    JobConfig,
+    JobSpec,
+    Layout,
+    NodeInfo,
+    PrecisionMap,
+)
+from autotune.envs.presets import default_nodes
+from autotune.interfaces import ClusterSnapshot, JobStatus, JobSubmission
+from autotune.perf.memory import fit_memory
+from autotune.perf.model import (
+    DEFAULT_COEFFICIENTS,
+    IDLE_POWER_FRACTION,
+    Coefficients,
+    Estimate,
+    Shape,
+    estimate,
+    shape_of,
+)
 from autotune.perf.stragglers import median_cv, sample_cv
 
 __all__ = [
-    "BATCH_SCALES",
-    "COMPRESSIONS",
-    "GPU_OPTIONS",
-    "LAYOUT_MODES",
-    "PRECISIONS",
-    "Choice",
-    "ClusterSimulator",
-    "Job",
+    "Arrival",
     "RoundOutcome",
     "SimConfig",
-    "job_config",
+    "SimJob",
+    "SimulatedCluster",
 ]
 
-COMPRESSIONS: Final = (
-    CompressionSpec(),
-    CompressionSpec(kind="topk", ratio=0.1),
-    CompressionSpec(kind="topk", ratio=0.01),
-    CompressionSpec(kind="int8"),
-    CompressionSpec(kind="fp8"),
-    CompressionSpec(kind="powersgd", rank=4),
-)
-PRECISIONS: Final = (
-    PrecisionMap.uniform("fp32"),
-    PrecisionMap.uniform("bf16"),
-    PrecisionMap.uniform("fp16"),
-    PrecisionMap.uniform("fp8"),
-)
-GPU_OPTIONS: Final = (1, 2, 4, 8, 16, 32, 64)
-LAYOUT_MODES: Final = ("dp", "dp x tp2", "dp x pp2")
-BATCH_SCALES: Final = (0.5, 1.0, 2.0, 4.0)
-N_LAYOUTS: Final = len(GPU_OPTIONS) * len(LAYOUT_MODES)
-# Tiresias' queue threshold: jobs past one GPU-hour of service drop to the low queue
-# (the paper's 2-queue setting tunes it per trace; one GPU-hour is its order).
-LAS_THRESHOLD_GPU_S: Final = 3600.0
-MAX_ACCUMULATION: Final = 64
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Arrival:
+    """A job as it enters the simulated cluster; ``spec.submitted_at`` is when."""
 
-@dataclass(frozen=True, slots=True)
-class Choice:
-    """Indices into the tables above: what a policy picks for one job."""
-
-    compression: int = 0
-    precision: int = 0
-    layout: int = 0
-    """gpus_index * len(LAYOUT_MODES) + mode_index."""
-    batch: int = 1
-
-    @staticmethod
-    def for_gpus(gpus: int, mode: int = 0, **rest: int) -> Choice:
-        """The layout index nearest to ``gpus`` GPUs (rounded down to a power of two)."""
-        index = max(i for i, g in enumerate(GPU_OPTIONS) if g <= max(1, gpus))
-        return Choice(layout=index * len(LAYOUT_MODES) + mode, **rest)
-
-
-@dataclass(slots=True, kw_only=True)
-class Job:
-    job_id: str
-    model: ModelProfile
-    coeffs: Coefficients
-    submit_s: float
-    work: float
+    spec: JobSpec
+    task: str | None = None
+    steps: int | None = None
+    work: float = 0.0
     """Samples at statistical efficiency 1 to finish; 0: ``duration_s`` at the reference
-    config (a trace job's measured runtime)."""
+    configuration (a trace job's measured runtime) sets it."""
     duration_s: float | None = None
-    base_batch: int
-    requested_gpus: int
-    min_gpus: int
-    max_gpus: int
-    max_local_batch: int | None = None
-    straggler_cv: float = 0.0
-    choice: Choice | None = None
-    gpus: int = 0
-    gpu_model: str = ""
-    ranks_per_node: tuple[int, ...] = ()
-    allocation: dict[int, int] = field(default_factory=dict)
-    """node index -> GPUs held."""
-    progress: float = 0.0
-    attained_gpu_s: float = 0.0
-    start_s: float | None = None
-    finish_s: float | None = None
-    downtime_s: float = 0.0
-    """Restart time still to serve before the job makes progress again."""
-    last_goodput: float = 0.0
-    last_samples_per_s: float = 0.0
-    reference_goodput: float = 1.0
-    """Goodput of the requested GPUs, data parallel, fp32, reference batch: the unit of
-    normalized goodput."""
-    oom: bool = False
-    failed: bool = False
-    """Its config ran out of memory: the job crashed and left the cluster."""
-    nan_events: int = 0
+    reference_gpus: int = 1
+    """GPUs of the reference configuration (data parallel, fp32, the job's batch): the
+    unit of normalized goodput, and the run a trace job's duration was measured on."""
+    coeffs: Coefficients = DEFAULT_COEFFICIENTS
+    """The performance model's coefficients for this job (calibrated per application
+    for the Pollux workloads)."""
 
-    @property
-    def running(self) -> bool:
-        return self.gpus > 0 and self.finish_s is None
-
-    @property
-    def done(self) -> bool:
-        return self.finish_s is not None
+    def __post_init__(self) -> None:
+        if self.spec.model is None:
+            raise ValueError(f"job {self.spec.job_id}: the simulator needs a model profile")
+        if self.work <= 0 and not self.duration_s:
+            raise ValueError(f"job {self.spec.job_id}: neither work nor duration")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
-    interval_s: float = 300.0
+    seed: int = 0
+    round_s: float = 300.0
+    """Simulated seconds between two decisions (one ``observe()``)."""
     restart_s: float = 30.0
-    """Checkpoint, tear-down and restore of a job whose config changes (seconds)."""
-    queue_order: Literal["fifo", "las"] = "fifo"
+    """Downtime of a job whose configuration or placement changes."""
     noise: bool = True
-    """Sample stragglers and divergence; ``False``: the expected values (the oracle's)."""
+    """Draw stragglers and divergence; ``False``: their expected values."""
+    nodes: tuple[NodeInfo, ...] = field(default_factory=lambda: tuple(default_nodes()))
+    mean_interarrival_s: float = 300.0
+    """Of the built-in job stream (when no arrivals are given)."""
+    initial_jobs: int = 6
+    """Jobs of the built-in stream waiting at time 0 (not when jobs were restored)."""
+    max_jobs: int | None = None
+    """Jobs the built-in stream generates in all (``None``: no limit)."""
+
+    def __post_init__(self) -> None:
+        if not self.round_s > 0:
+            raise ValueError(f"round_s={self.round_s!r}: must be > 0")
+        if self.restart_s < 0:
+            raise ValueError(f"restart_s={self.restart_s!r}: must be >= 0")
+        if not self.mean_interarrival_s > 0:
+            raise ValueError(f"mean_interarrival_s={self.mean_interarrival_s!r}: must be > 0")
+        if self.initial_jobs < 0:
+            raise ValueError(f"initial_jobs={self.initial_jobs!r}: must be >= 0")
+        if not any(n.gpu_count > 0 for n in self.nodes):
+            raise ValueError("the cluster has no GPU node")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,332 +135,425 @@ class RoundOutcome:
     ooms: int
     nan_events: int
     restarts: int
+    restart_s: float
+    """Job-seconds of downtime served this round."""
     energy_kwh: float
     finished: int
-    busy_gpus: int
+    busy_gpus: float
 
 
-def job_config(job: Job, choice: Choice) -> tuple[JobConfig, int]:
-    """The JobConfig and global batch that ``choice`` means for ``job``, clipped to what
-    the job allows: GPUs within its min/max, a tensor/pipeline degree only when the GPU
-    count and the model allow it."""
-    gpus_index, mode = divmod(choice.layout % N_LAYOUTS, len(LAYOUT_MODES))
-    gpus = min(max(GPU_OPTIONS[gpus_index], job.min_gpus), job.max_gpus)
-    tp = pp = 1
-    if mode == 1 and gpus % 2 == 0 and job.model.hidden_size:
-        tp = 2
-    elif mode == 2 and gpus % 2 == 0 and job.model.num_layers >= 2:
-        pp = 2
-    dp = gpus // (tp * pp)
-    batch = max(dp, int(job.base_batch * BATCH_SCALES[choice.batch % len(BATCH_SCALES)]))
-    if job.max_local_batch is not None:
-        batch = min(batch, job.max_local_batch * dp)
-    micro = 4 if pp > 1 else 1
-    layout = Layout(world_size=gpus, dp=dp, tp=tp, pp=pp, micro_batches=micro)
-    config = JobConfig(
-        layout=layout,
-        precision=PRECISIONS[choice.precision % len(PRECISIONS)],
-        compression=COMPRESSIONS[choice.compression % len(COMPRESSIONS)],
-    )
-    return config, batch
+@dataclass(slots=True, kw_only=True)
+class SimJob:
+    """One job: what arrived, its status as the daemon sees it, and its run state."""
+
+    arrival: Arrival
+    status: JobStatus
+    work: float
+    done: float = 0.0
+    straggler_cv: float = 0.0
+    reference_goodput: float = 1.0
+    downtime_s: float = 0.0
+    attained_gpu_s: float = 0.0
+    goodput: float = 0.0
+    nan_events: int = 0
+    restarts: int = 0
+
+    @property
+    def job_id(self) -> str:
+        return self.status.spec.job_id
 
 
-class ClusterSimulator:
-    """The cluster's state and its dynamics; see the module docstring."""
+class SimulatedCluster:
+    """The simulated cluster; see the module docstring."""
+
+    name = "simulator"
 
     def __init__(
         self,
-        nodes: Sequence[NodeInfo],
-        jobs: Sequence[Job],
+        config: SimConfig | None = None,
         *,
-        config: SimConfig = SimConfig(),
-        rng: np.random.Generator,
+        arrivals: Iterable[Arrival] | None = None,
+        rng: np.random.Generator | None = None,
     ) -> None:
-        self.nodes = [n for n in nodes if n.gpu_count > 0]
-        if not self.nodes:
-            raise ValueError("the cluster has no GPU node")
-        self.config = config
-        self.rng = rng
-        self.free = [n.gpu_count for n in self.nodes]
-        order = sorted(  # fastest first; the name breaks ties (a set's order is not fixed)
-            {n.gpu_model for n in self.nodes},
-            key=lambda m: (-device(m).peak_tflops.get("bf16", device(m).peak_tflops["fp32"]), m),
-        )
-        self.gpu_models: tuple[str, ...] = tuple(order)
+        self.config = config or SimConfig()
+        self.rng = rng if rng is not None else np.random.default_rng(self.config.seed)
+        self.nodes = [n for n in self.config.nodes if n.gpu_count > 0]
+        self._nodes = {n.node_id: n for n in self.config.nodes}
         self.total_gpus = sum(n.gpu_count for n in self.nodes)
         self.reference_gpu = max(
-            self.gpu_models,
+            sorted({n.gpu_model for n in self.nodes}),
             key=lambda m: sum(n.gpu_count for n in self.nodes if n.gpu_model == m),
         )
-        # A job runs on GPUs of one model: it can use at most the largest such pool.
-        pool = max(
-            sum(n.gpu_count for n in self.nodes if n.gpu_model == m) for m in self.gpu_models
-        )
-        for job in jobs:
-            job.max_gpus = min(job.max_gpus, pool)
-            job.requested_gpus = min(job.requested_gpus, pool)
-            job.min_gpus = min(job.min_gpus, job.max_gpus)
-        self.pending = sorted(jobs, key=lambda j: j.submit_s)
-        self.arrived: list[Job] = []
-        self.finished: list[Job] = []
-        self.failed: list[Job] = []
+        self.jobs: dict[str, SimJob] = {}
         self.now = 0.0
+        self._arrivals = arrivals
+        self._stream: Iterator[Any] | None = None
+        self._next: Arrival | None = None
+        self._observed = False
+        self._taken: set[str] = set()
+        self._restored = False
         self._cache: dict[tuple[object, ...], Estimate] = {}
-        for job in self.pending:
-            job.straggler_cv = sample_cv(rng) if config.noise else median_cv()
-            config0, batch = job_config(
-                job, Choice.for_gpus(job.requested_gpus, batch=_unit_batch_index())
+        self._restarts = 0
+        """Reconfigurations applied since the last round."""
+
+    # -- the job stream ---------------------------------------------------------------
+
+    def _start_stream(self) -> None:
+        from autotune.envs.workloads import job_stream
+
+        stream: Iterator[Any]
+        if self._arrivals is not None:
+            stream = iter(sorted(self._arrivals, key=lambda a: a.spec.submitted_at))
+        else:
+            stream = job_stream(
+                self.rng,
+                mean_interarrival_s=self.config.mean_interarrival_s,
+                initial_jobs=0 if self._restored else self.config.initial_jobs,
+                max_jobs=self.config.max_jobs,
+                taken=lambda job_id: job_id in self._taken or job_id in self.jobs,
             )
-            shape = Shape(gpu_model=self.reference_gpu, ranks_per_node=(config0.layout.world_size,))
-            ref = self.estimate(job, config0, batch, shape, noise_free=True)
-            # Ignore memory here: the reference is a unit of speed, not a config to run.
-            job.reference_goodput = ref.step.samples_per_s * ref.efficiency
-            if job.work <= 0:
-                if not job.duration_s:
-                    raise ValueError(f"job {job.job_id}: neither work nor duration")
-                job.work = job.duration_s * job.reference_goodput
-        self._admit_arrivals()
+        self._stream = stream
+        self._next = next(stream, None)
+        self._admit(self.now)
 
-    # -- queries ------------------------------------------------------------------------
+    def _admit(self, until_s: float) -> None:
+        while self._next is not None and self._next.spec.submitted_at <= until_s:
+            self._add(self._next)
+            assert self._stream is not None
+            self._next = next(self._stream, None)
 
-    @property
-    def active(self) -> list[Job]:
-        """Arrived, unfinished jobs in queue order (running ones keep their place)."""
-        jobs = [j for j in self.arrived if not j.done]
-        if self.config.queue_order == "las":
-            # Tiresias' two priority queues, FIFO within each (Gu et al., NSDI'19).
-            jobs.sort(key=lambda j: (j.attained_gpu_s >= LAS_THRESHOLD_GPU_S, j.submit_s))
-        return jobs
+    def _add(self, arrival: Arrival, *, progress: float = 0.0) -> SimJob:
+        spec = arrival.spec
+        job = SimJob(
+            arrival=arrival,
+            status=JobStatus(spec=spec, state="pending", task=arrival.task, steps=arrival.steps),
+            work=arrival.work,
+            straggler_cv=sample_cv(self.rng) if self.config.noise else median_cv(),
+        )
+        assert spec.model is not None
+        reference = JobConfig(layout=Layout(world_size=arrival.reference_gpus))
+        shape = Shape(gpu_model=self.reference_gpu, ranks_per_node=(arrival.reference_gpus,))
+        ref = self._estimate(job, reference, shape, cv=median_cv())
+        # The unit of speed, not a config to run: memory is ignored here.
+        job.reference_goodput = ref.step.samples_per_s * ref.efficiency
+        if job.work <= 0:
+            assert arrival.duration_s is not None
+            job.work = arrival.duration_s * job.reference_goodput
+        job.done = progress * job.work
+        job.status = replace(job.status, progress=progress)
+        self.jobs[spec.job_id] = job
+        return job
+
+    # -- queries ----------------------------------------------------------------------
 
     @property
     def done(self) -> bool:
-        return not self.pending and all(j.done for j in self.arrived)
+        """No job will arrive and none is active."""
+        return self._observed and self._next is None and not self.active_jobs()
 
-    def free_gpus(self, gpu_model: str | None = None) -> int:
-        return sum(
-            f
-            for f, n in zip(self.free, self.nodes, strict=True)
-            if gpu_model is None or n.gpu_model == gpu_model
+    def active_jobs(self) -> list[SimJob]:
+        return [j for j in self.jobs.values() if j.status.state in ACTIVE_STATES]
+
+    def finished_jobs(self) -> list[SimJob]:
+        return [j for j in self.jobs.values() if j.status.state == "finished"]
+
+    def failed_jobs(self) -> list[SimJob]:
+        return [j for j in self.jobs.values() if j.status.state == "failed"]
+
+    def coefficients(self, job_id: str) -> Coefficients:
+        """The performance-model coefficients of a job (what an oracle may know)."""
+        return self.jobs[job_id].arrival.coeffs
+
+    def reference_goodput(self, job_id: str) -> float:
+        return self.jobs[job_id].reference_goodput
+
+    def snapshot(self) -> ClusterSnapshot:
+        held = sum(
+            slot.gpu_milli
+            for job in self.jobs.values()
+            if job.status.state == "running" and job.status.placement is not None
+            for slot in job.status.placement.ranks
+        )
+        return ClusterSnapshot(
+            time_s=self.now,
+            nodes=list(self.config.nodes),
+            jobs=[j.status for j in self.jobs.values()],
+            telemetry=self.name,
+            gpu_utilization=held / max(1, self.total_gpus * MILLI_PER_GPU),
         )
 
-    def estimate(
-        self, job: Job, config: JobConfig, batch: int, shape: Shape, *, noise_free: bool = False
+    # -- Backend ------------------------------------------------------------------------
+
+    def observe(self) -> ClusterSnapshot:
+        if self._observed:
+            self.advance()
+        else:
+            self.start()
+        return self.snapshot()
+
+    def start(self) -> None:
+        """Admit the jobs present at the start (the first ``observe()`` does this)."""
+        if not self._observed:
+            self._observed = True
+            self._start_stream()
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        changed: list[tuple[SimJob, JobConfig, object]] = []
+        for decision in decisions:
+            job = self.jobs.get(decision.job_id)
+            if job is None:
+                raise KeyError(f"no job {decision.job_id!r} in the simulated cluster")
+            if decision.placement is None or job.status.state not in ACTIVE_STATES:
+                continue
+            changed.append((job, decision.config, decision.placement))
+        for job, config, placement in changed:
+            status = job.status
+            if status.state == "running" and (
+                status.config != config or status.placement != placement
+            ):
+                job.downtime_s = self.config.restart_s
+                job.restarts += 1
+                self._restarts += 1
+            job.status = replace(
+                status,
+                state="running",
+                config=config,
+                placement=placement,  # type: ignore[arg-type]
+                started_s=status.started_s if status.started_s is not None else self.now,
+            )
+        # One check after all moves: a job may take GPUs another one of the round left.
+        self._check_capacity()
+
+    def close(self) -> None:
+        self.jobs.clear()
+
+    # -- JobControl ---------------------------------------------------------------------
+
+    def submit(self, job: JobSubmission) -> None:
+        job_id = job.spec.job_id
+        if job_id in self.jobs:
+            raise ValueError(f"job {job_id!r} already exists in the simulated cluster")
+        if job.spec.model is None:
+            raise ValueError(
+                f"task {job.task!r}: the simulated cluster needs a model profile (a built-in "
+                "task); module tasks run on a backend that trains them"
+            )
+        # Queue order among equal priorities is by arrival on the simulated clock.
+        self._add(_arrival_of(job, submitted_at=self.now))
+
+    def cancel(self, job_id: str) -> None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise KeyError(f"no job {job_id!r} in the simulated cluster")
+        if job.status.state in ACTIVE_STATES:
+            job.status = replace(
+                job.status,
+                state="cancelled",
+                placement=None,
+                samples_per_s=0.0,
+                finished_s=self.now,
+            )
+
+    def restore(
+        self, jobs: Sequence[tuple[JobSubmission, JobStatus]], *, taken_ids: Collection[str]
+    ) -> None:
+        if self._observed:
+            raise RuntimeError("restore() must come before the first observe()")
+        self._taken = set(taken_ids)
+        for submission, status in jobs:
+            self._restored = True
+            job = self._add(
+                _arrival_of(submission, submitted_at=submission.spec.submitted_at),
+                progress=status.progress,
+            )
+            if status.state != "running" or status.config is None or status.placement is None:
+                continue
+            job.status = replace(
+                job.status,
+                state="running",
+                config=status.config,
+                placement=status.placement,
+                started_s=self.now,
+            )
+            try:
+                self._check_capacity()
+            except ValueError:  # its GPUs no longer exist or are taken: it waits again
+                job.status = replace(job.status, state="pending", placement=None)
+
+    # -- physics ------------------------------------------------------------------------
+
+    def _estimate(
+        self, job: SimJob, config: JobConfig, shape: Shape, *, cv: float | None = None
     ) -> Estimate:
-        cv = median_cv() if noise_free else job.straggler_cv
-        key = (job.model.name, id(job.coeffs), config, batch, shape, cv)
+        spec = job.status.spec
+        assert spec.model is not None
+        straggler = job.straggler_cv if cv is None else cv
+        batch = config.batch(spec)
+        key = (spec.model, id(job.arrival.coeffs), config, batch, shape, straggler)
         hit = self._cache.get(key)
         if hit is None:
-            hit = estimate(job.model, config, shape, batch, coeffs=job.coeffs, straggler_cv=cv)
-            micro = config.layout.micro_batches
-            while hit.oom and micro < MAX_ACCUMULATION and micro * 2 * config.layout.dp <= batch:
-                # Gradient accumulation (or more pipeline micro-batches) until it fits, as
-                # the executor does before it gives up.
-                micro *= 2
-                layout = replace(config.layout, micro_batches=micro)
-                fitted = replace(config, layout=layout)
-                hit = estimate(job.model, fitted, shape, batch, coeffs=job.coeffs, straggler_cv=cv)
+            hit = estimate(
+                spec.model,
+                config,
+                shape,
+                batch,
+                coeffs=job.arrival.coeffs,
+                straggler_cv=straggler,
+            )
             if len(self._cache) > 200_000:
                 self._cache.clear()
             self._cache[key] = hit
         return hit
 
-    def best_shape(self, gpus: int, exclude: Job | None = None) -> Shape | None:
-        """Where ``gpus`` GPUs would go now (counting ``exclude``'s own as free)."""
-        plan = self._pack(gpus, exclude)
-        if plan is None:
-            return None
-        model, alloc = plan
-        return self._shape(model, alloc)
+    def estimate_for(
+        self, job_id: str, config: JobConfig, shape: Shape, *, noise_free: bool = True
+    ) -> Estimate:
+        """The model's estimate for a job under a config and shape (for oracles)."""
+        job = self.jobs[job_id]
+        return self._estimate(job, config, shape, cv=median_cv() if noise_free else None)
 
-    # -- dynamics -----------------------------------------------------------------------
-
-    def advance(self, choices: dict[str, Choice | None]) -> RoundOutcome:
-        """Apply ``choices`` (job id -> new choice; ``None`` or absent: keep), admit in
-        queue order, then run ``interval_s`` of training."""
-        restarts = 0
-        for job in self.active:
-            choice = choices.get(job.job_id)
-            if choice is None or choice == job.choice:
-                continue
-            if job.running:
-                restarts += 1
-                job.downtime_s = self.config.restart_s
-                self._release(job)
-            job.choice = choice
-        order = self.active
-        if self.config.queue_order == "las":
-            restarts += self._preempt(order)
-        blocked = False
-        for job in order:
-            if job.running:
-                continue
-            if job.choice is None:
-                job.choice = Choice.for_gpus(job.requested_gpus)
-            config, _ = job_config(job, job.choice)
-            if blocked:
-                continue
-            if not self._allocate(job, config.layout.world_size):
-                blocked = True  # strict order: nobody behind a waiting job starts
-                continue
-            if job.start_s is None:
-                job.start_s = self.now
-        return self._run(restarts)
-
-    def _preempt(self, order: list[Job]) -> int:
-        """Least-attained-service: the jobs that fit first in priority order run; running
-        jobs outside that set are preempted (they pay a restart when they resume)."""
-        room = self.total_gpus
-        keep: set[str] = set()
-        for job in order:
-            config, _ = job_config(job, job.choice or Choice.for_gpus(job.requested_gpus))
-            if config.layout.world_size > room:
-                break
-            room -= config.layout.world_size
-            keep.add(job.job_id)
-        preempted = 0
-        for job in order:
-            if job.running and job.job_id not in keep:
-                self._release(job)
-                job.downtime_s = self.config.restart_s
-                preempted += 1
-        return preempted
-
-    def _run(self, restarts: int) -> RoundOutcome:
-        dt = self.config.interval_s
+    def advance(self, dt_s: float | None = None) -> RoundOutcome:
+        """Run ``dt_s`` (default ``round_s``) of training, then admit the arrivals."""
+        self.start()
+        dt = self.config.round_s if dt_s is None else dt_s
         end = self.now + dt
-        total_norm = 0.0
-        energy_j = 0.0
-        nans = 0
-        ooms = 0
-        finished = 0
-        busy = 0
-        for job in self.active:
-            if not job.running:
+        norm = energy_j = lost_s = 0.0
+        ooms = nans = finished = 0
+        restarts, self._restarts = self._restarts, 0
+        busy = 0.0
+        idle_watts = {
+            n.node_id: device(n.gpu_model).tdp_watts * IDLE_POWER_FRACTION for n in self.nodes
+        }
+        held_milli: dict[str, int] = {}
+        for job in list(self.jobs.values()):
+            status = job.status
+            if status.state != "running" or status.placement is None or status.config is None:
                 continue
-            assert job.choice is not None
-            busy += job.gpus
-            config, batch = job_config(job, job.choice)
-            shape = self._shape(job.gpu_model, job.allocation)
-            est = self.estimate(job, config, batch, shape)
-            job.oom = est.oom
-            job.last_samples_per_s = 0.0 if est.oom else est.step.samples_per_s
-            job.last_goodput = est.goodput
+            for slot in status.placement.ranks:
+                held_milli[slot.node_id] = held_milli.get(slot.node_id, 0) + slot.gpu_milli
+            gpus = status.placement.world_size * status.placement.ranks[0].gpu_milli / 1000
+            busy += gpus
+            est = self._estimate(job, status.config, shape_of(status.placement, self._nodes))
             run_s = max(0.0, dt - job.downtime_s)
+            lost_s += dt - run_s
             job.downtime_s = max(0.0, job.downtime_s - dt)
-            job.attained_gpu_s += job.gpus * dt
+            job.attained_gpu_s += gpus * dt
             energy_j += est.power_watts * dt
             if est.oom:
-                # Out of memory at start-up: the job crashes and leaves the cluster.
                 ooms += 1
-                job.failed = True
-                job.finish_s = self.now
-                self._release(job)
-                self.failed.append(job)
+                job.goodput = 0.0
+                job.status = replace(
+                    status,
+                    state="failed",
+                    placement=None,
+                    samples_per_s=0.0,
+                    finished_s=self.now,
+                    metrics={"oom": 1.0},
+                )
                 continue
             rate = est.divergence_per_hour * run_s / 3600
             events = int(self.rng.poisson(rate)) if self.config.noise and rate > 0 else 0
+            config = status.config
             if events:
-                # The executor rolls back to its last checkpoint (half a round on average)
-                # and moves the offending classes to a safer precision.
                 nans += events
                 job.nan_events += events
                 run_s *= 0.5
-                job.choice = Choice(
-                    compression=job.choice.compression,
-                    precision=max(0, min(job.choice.precision, 1)),
-                    layout=job.choice.layout,
-                    batch=job.choice.batch,
-                )
-            need = job.work - job.progress
+                node = self._nodes[status.placement.ranks[0].node_id]
+                safer = replace(config, precision=self._safer(node.node_id))
+                # As the executor does: more micro-batches where the wider map needs them.
+                assert status.spec.model is not None
+                config = fit_memory(
+                    status.spec.model,
+                    safer,
+                    safer.batch(status.spec),
+                    node.gpu_memory_bytes * status.placement.ranks[0].gpu_milli / MILLI_PER_GPU,
+                )[0]
+            need = job.work - job.done
             gained = est.goodput * run_s
+            job.goodput = est.goodput
+            metrics = {
+                "goodput": est.goodput,
+                "power_watts": est.power_watts,
+                "step_time_s": est.step.step_s,
+                "nan_events": float(job.nan_events),
+            }
             if gained >= need:
-                used = need / est.goodput + (dt - run_s)
-                job.progress = job.work
-                job.finish_s = self.now + min(dt, used)
-                # Credit the time it trained, not the restart downtime before it.
-                total_norm += need / job.reference_goodput / dt
-                self._release(job)
-                self.finished.append(job)
+                used = need / est.goodput + (dt - run_s) if est.goodput > 0 else dt
+                norm += need / job.reference_goodput / dt
+                job.done = job.work
                 finished += 1
+                job.status = replace(
+                    status,
+                    state="finished",
+                    config=config,
+                    placement=None,
+                    progress=1.0,
+                    samples_per_s=0.0,
+                    finished_s=self.now + min(dt, used),
+                    metrics=metrics,
+                )
             else:
-                job.progress += gained
-                total_norm += est.goodput / job.reference_goodput * run_s / dt
+                job.done += gained
+                norm += est.goodput / job.reference_goodput * run_s / dt
+                job.status = replace(
+                    status,
+                    config=config,
+                    progress=job.done / job.work,
+                    samples_per_s=est.step.samples_per_s if run_s > 0 else 0.0,
+                    metrics=metrics,
+                )
+        for node_id, watts in idle_watts.items():
+            idle_gpus = self._nodes[node_id].gpu_count - held_milli.get(node_id, 0) / 1000
+            energy_j += watts * max(0.0, idle_gpus) * dt
         self.now = end
-        self._admit_arrivals()
+        self._admit(self.now)
         return RoundOutcome(
-            normalized_goodput=total_norm,
+            normalized_goodput=norm,
             ooms=ooms,
             nan_events=nans,
             restarts=restarts,
+            restart_s=lost_s,
             energy_kwh=energy_j / 3.6e6,
             finished=finished,
             busy_gpus=busy,
         )
 
-    def _admit_arrivals(self) -> None:
-        while self.pending and self.pending[0].submit_s <= self.now:
-            self.arrived.append(self.pending.pop(0))
-
     def skip_idle(self) -> None:
-        """Jump to the next arrival when nothing is active (no decisions to make)."""
-        if not self.active and self.pending:
-            step = self.config.interval_s
-            gap = self.pending[0].submit_s - self.now
-            self.now += math.ceil(gap / step) * step
-            self._admit_arrivals()
+        """Jump to the round of the next arrival when nothing is active (nothing to
+        decide); the environment does this, the daemon's clock does not jump."""
+        self.start()
+        if not self.active_jobs() and self._next is not None:
+            gap = self._next.spec.submitted_at - self.now
+            if gap > 0:
+                self.now += math.ceil(gap / self.config.round_s) * self.config.round_s
+            self._admit(self.now)
 
-    # -- allocation ---------------------------------------------------------------------
+    def _safer(self, node_id: str) -> PrecisionMap:
+        peaks = self._nodes[node_id].peak_tflops
+        return PrecisionMap.uniform("bf16" if "bf16" in peaks else "fp32")
 
-    def _pack(self, gpus: int, exclude: Job | None) -> tuple[str, dict[int, int]] | None:
-        free = list(self.free)
-        if exclude is not None:
-            for i, n in exclude.allocation.items():
-                free[i] += n
-        for model in self.gpu_models:
-            idx = [i for i, n in enumerate(self.nodes) if n.gpu_model == model and free[i] > 0]
-            if sum(free[i] for i in idx) < gpus:
+    def _check_capacity(self) -> None:
+        used: dict[tuple[str, int], int] = {}
+        for job in self.jobs.values():
+            placement = job.status.placement
+            if job.status.state != "running" or placement is None:
                 continue
-            fits = [i for i in idx if free[i] >= gpus]
-            if fits:  # one node: the tightest that fits
-                best = min(fits, key=lambda i: (free[i], i))
-                return model, {best: gpus}
-            alloc: dict[int, int] = {}
-            left = gpus
-            for i in sorted(idx, key=lambda i: (-free[i], i)):
-                take = min(left, free[i])
-                alloc[i] = take
-                left -= take
-                if left == 0:
-                    return model, alloc
-        return None
-
-    def _allocate(self, job: Job, gpus: int) -> bool:
-        plan = self._pack(gpus, None)
-        if plan is None:
-            return False
-        model, alloc = plan
-        for i, n in alloc.items():
-            self.free[i] -= n
-        job.allocation = alloc
-        job.gpus = gpus
-        job.gpu_model = model
-        job.ranks_per_node = tuple(alloc.values())
-        return True
-
-    def _release(self, job: Job) -> None:
-        for i, n in job.allocation.items():
-            self.free[i] += n
-        job.allocation = {}
-        job.gpus = 0
-
-    def _shape(self, model: str, alloc: dict[int, int]) -> Shape:
-        nodes = [self.nodes[i] for i in alloc]
-        return Shape(
-            gpu_model=model,
-            ranks_per_node=tuple(alloc.values()),
-            inter_node_gbps=min(n.inter_node_bandwidth_gbps for n in nodes),
-        )
+            for slot in placement.ranks:
+                node = self._nodes.get(slot.node_id)
+                if node is None or slot.gpu_index >= node.gpu_count:
+                    raise ValueError(f"{job.job_id}: no GPU {slot}")
+                key = (slot.node_id, slot.gpu_index)
+                used[key] = used.get(key, 0) + slot.gpu_milli
+                if used[key] > MILLI_PER_GPU:
+                    raise ValueError(f"GPU {key} over-committed by {job.job_id}")
 
 
-def _unit_batch_index() -> int:
-    return BATCH_SCALES.index(1.0)
+def _arrival_of(job: JobSubmission, *, submitted_at: float) -> Arrival:
+    spec = replace(job.spec, submitted_at=submitted_at)
+    return Arrival(
+        spec=spec,
+        task=job.task,
+        steps=job.steps,
+        work=float(job.steps * spec.global_batch),
+        reference_gpus=spec.min_gpus,
+    )

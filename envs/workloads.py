@@ -1,26 +1,29 @@
-"""Jobs for the simulator: from traces, from the Pollux workloads, or generated.
+"""Jobs for the simulated cluster: from traces, from the Pollux workloads, or generated.
 
 A trace job asks for a GPU count; the simulator treats it as elastic between 1 and
 ``ELASTIC_FACTOR`` times that count (as Pollux does for its workloads), and its work is
 its measured duration at the requested count under the reference config (data
 parallel, fp32, no compression). Pollux jobs carry their application's measured work
-and calibrated coefficients.
+and calibrated coefficients. ``job_stream`` is the built-in stream the daemon's
+simulated cluster runs on its defaults.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from typing import Final
 
 import numpy as np
 
 from autotune.catalog.profiles import MODEL_CATALOG
-from autotune.envs.simulator import Job
+from autotune.core import JobSpec
+from autotune.envs.simulator import Arrival
 from autotune.envs.traces import TraceJob
 from autotune.perf.model import DEFAULT_COEFFICIENTS
-from autotune.perf.pollux import APPS, coefficients, max_local_batch, target_samples
+from autotune.perf.pollux import APPS, coefficients, target_samples
 
-__all__ = ["ELASTIC_FACTOR", "jobs_from_trace", "synthetic_jobs"]
+__all__ = ["ELASTIC_FACTOR", "STREAM_MIX", "job_stream", "jobs_from_trace", "synthetic_jobs"]
 
 ELASTIC_FACTOR: Final = 2
 MAX_GPUS: Final = 64
@@ -34,34 +37,46 @@ SYNTHETIC_MIX: Final = (
     ("gpt-1.3b", 0.1, 8),
 )
 
+# The daemon's built-in stream: (model, share of arrivals, min GPUs, max GPUs).
+STREAM_MIX: Final = (
+    ("gpt-125m", 0.30, 1, 8),
+    ("gpt-350m", 0.20, 1, 8),
+    ("bert-large", 0.20, 1, 8),
+    ("resnet-50", 0.20, 1, 4),
+    ("gpt-1.3b", 0.10, 2, 16),
+)
+STREAM_BATCH: Final = 256
 
-def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Job]:
-    jobs: list[Job] = []
+
+def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Arrival]:
+    jobs: list[Arrival] = []
     for t in trace:
+        model = MODEL_CATALOG[t.model]
         if t.model in APPS:
-            model = MODEL_CATALOG[t.model]
             coeffs = coefficients(t.model)
             work = target_samples(t.model)
-            local_cap: int | None = max_local_batch(t.model)
         else:
-            model = MODEL_CATALOG[t.model]
             coeffs = DEFAULT_COEFFICIENTS
             work = 0.0
-            local_cap = None
-        base = t.global_batch or model.reference_batch
+        max_gpus = min(MAX_GPUS, t.num_gpus * ELASTIC_FACTOR)
+        spec = JobSpec(
+            job_id=t.job_id,
+            model=model,
+            global_batch=t.global_batch or model.reference_batch,
+            min_gpus=1,
+            max_gpus=max_gpus,
+            gpu_types=t.gpu_types,
+            max_nodes=t.max_nodes,
+            submitted_at=t.submit_s,
+        )
         jobs.append(
-            Job(
-                job_id=t.job_id,
-                model=model,
-                coeffs=coeffs,
-                submit_s=t.submit_s,
+            Arrival(
+                spec=spec,
+                task=t.model,
                 work=work,
                 duration_s=t.duration_s,
-                base_batch=base,
-                requested_gpus=t.num_gpus,
-                min_gpus=1,
-                max_gpus=min(MAX_GPUS, t.num_gpus * ELASTIC_FACTOR),
-                max_local_batch=local_cap,
+                reference_gpus=min(t.num_gpus, max_gpus),
+                coeffs=coeffs,
             )
         )
     return jobs
@@ -73,29 +88,74 @@ def synthetic_jobs(
     n_jobs: int,
     mean_interarrival_s: float = 600.0,
     median_duration_s: float = 3600.0,
-) -> list[Job]:
+) -> list[Arrival]:
     """A Poisson stream of catalog models with log-normal durations (sigma 1)."""
     names = [m for m, _, _ in SYNTHETIC_MIX]
     weights = np.array([w for _, w, _ in SYNTHETIC_MIX])
     gpus = {m: g for m, _, g in SYNTHETIC_MIX}
     t = 0.0
-    jobs: list[Job] = []
+    jobs: list[Arrival] = []
     for i in range(n_jobs):
         name = names[int(rng.choice(len(names), p=weights / weights.sum()))]
         model = MODEL_CATALOG[name]
+        spec = JobSpec(
+            job_id=f"job-{i}",
+            model=model,
+            global_batch=model.reference_batch,
+            min_gpus=1,
+            max_gpus=gpus[name] * ELASTIC_FACTOR,
+            submitted_at=t,
+        )
         jobs.append(
-            Job(
-                job_id=f"job-{i}",
-                model=model,
-                coeffs=DEFAULT_COEFFICIENTS,
-                submit_s=t,
-                work=0.0,
+            Arrival(
+                spec=spec,
+                task=name,
                 duration_s=float(median_duration_s * rng.lognormal(0.0, 1.0)),
-                base_batch=model.reference_batch,
-                requested_gpus=gpus[name],
-                min_gpus=1,
-                max_gpus=gpus[name] * ELASTIC_FACTOR,
+                reference_gpus=gpus[name],
             )
         )
         t += float(rng.exponential(mean_interarrival_s))
     return jobs
+
+
+def job_stream(
+    rng: np.random.Generator,
+    *,
+    mean_interarrival_s: float,
+    initial_jobs: int,
+    max_jobs: int | None,
+    taken: Callable[[str], bool] = lambda _: False,
+) -> Iterator[Arrival]:
+    """The built-in stream: ``initial_jobs`` waiting at time 0, then Poisson arrivals of
+    ``STREAM_MIX`` models, each training for log-uniform 1,000-10,000 steps of
+    ``STREAM_BATCH`` samples; ids ``job-00000`` on, skipping those ``taken``."""
+    shares = np.array([share for _, share, _, _ in STREAM_MIX])
+    at = 0.0
+    made = 0
+    number = 0
+    while max_jobs is None or made < max_jobs:
+        if made >= initial_jobs:
+            at += float(rng.exponential(mean_interarrival_s))
+        name, _, min_gpus, max_gpus = STREAM_MIX[
+            int(rng.choice(len(STREAM_MIX), p=shares / shares.sum()))
+        ]
+        steps = round(math.exp(rng.uniform(math.log(1e3), math.log(1e4))))
+        while taken(f"job-{number:05d}"):
+            number += 1  # the id belongs to a job of an earlier run
+        spec = JobSpec(
+            job_id=f"job-{number:05d}",
+            model=MODEL_CATALOG[name],
+            global_batch=STREAM_BATCH,
+            min_gpus=min_gpus,
+            max_gpus=max_gpus,
+            submitted_at=at,
+        )
+        number += 1
+        made += 1
+        yield Arrival(
+            spec=spec,
+            task=name,
+            steps=steps,
+            work=float(steps * STREAM_BATCH),
+            reference_gpus=max(min_gpus, max_gpus // 2),
+        )

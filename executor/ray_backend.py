@@ -165,7 +165,7 @@ class RayBackend:
         run = RunnerConfig(
             task=job.submission.task,
             steps=job.submission.steps,
-            batch_size=job.submission.spec.global_batch,
+            batch_size=config.batch(job.submission.spec),
             checkpoint_dir=self._root / job_id,
             checkpoint_every=self._every,
             device=self._device,

@@ -1,272 +1,307 @@
-"""Baseline scheduling policies for the cluster environment, with the RL policy's
-interface: ``act(env, observation) -> action`` (the env's ``MultiDiscrete`` vector).
+"""Baseline policies for ``autotune eval``. Every one is a daemon ``Policy`` (snapshot in,
+per-job choices out) run through the same decision step as the learned policy, in the
+environment and in the daemon alike.
 
-Baselines may read the simulator's state (``env.sim``) where the RL policy sees only the
-observation; ``queue_order`` tells the evaluator how the queue is ordered.
-
-- ``static``: the requested GPUs, data parallel, fp32, no compression, the job's batch;
-  set once, never changed.
-- ``rules``: hand-written rules, set at arrival: 16-bit where the GPU has a fast path
-  (bf16, else fp16 for models that tolerate it), int8 gradient compression when the
-  job would spend over 30% of its step synchronising, twice the requested GPUs when
-  nobody is waiting and they are free.
-- ``random``: uniform over the action space (a lower bound).
-- ``tiresias``: static configs, queue ordered by least attained service (GPU-seconds),
-  Tiresias' discretised LAS without its priority queues (Gu et al., NSDI'19); jobs are
-  not preempted.
-- ``oracle``: each round, for every job and GPU count the best config of the whole grid
-  under the noise-free model, then GPUs shared among jobs by dynamic programming to
-  maximise the round's total normalized goodput (joint over jobs); a config changes
-  only when it gains more than the restart costs. An upper bound for one-round
-  decisions, not for whole schedules.
+- ``rules``: the daemon's rule-based policy (``autotune.policies.rules.RulesPolicy``),
+  the very one ``autotune daemon --policy rules`` runs.
+- ``static``: the requested GPUs (half the elastic maximum, at least the minimum), data
+  parallel (or, where that cannot fit, the rules' first layout that does), fp32, no
+  compression, the job's batch; set once, never changed.
+- ``random``: a uniformly random action of the learned policy's action space (a lower
+  bound).
+- ``oracle``: each round, for every job in the policy's window and every GPU count it may
+  take, the best configuration of the whole action grid under the noise-free
+  performance model with the job's true coefficients (where the GPUs would go now), then
+  GPUs shared among the jobs by dynamic programming to maximise the round's total
+  normalized goodput; a running job's configuration changes only when the gain pays for
+  the restart. An upper bound for one-round decisions, not for whole schedules; it reads
+  the simulator (coefficients, reference speeds), which no deployable policy can.
 """
 
 from __future__ import annotations
 
 import itertools
-from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Final, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 
+from autotune import __version__
 from autotune.catalog.devices import device
-from autotune.envs.cluster_env import ACTION_DIMS, ClusterEnv, encode_choice
-from autotune.envs.simulator import (
+from autotune.core import JobConfig, JobSpec, NodeInfo, PrecisionMap
+from autotune.envs.spaces import (
+    ACTION_DIMS,
     BATCH_SCALES,
     COMPRESSIONS,
     GPU_OPTIONS,
     LAYOUT_MODES,
-    PRECISIONS,
-    Choice,
-    ClusterSimulator,
-    Job,
-    job_config,
+    PRECISION_MAPS,
+    decode_action,
+    gpu_models,
+    slot_config,
+    slot_jobs,
+)
+from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
+from autotune.perf.memory import fit_memory
+from autotune.perf.model import Shape, shape_of
+from autotune.policies.rules import (
+    RulesPolicy,
+    candidate_nodes,
+    first_fitting_layout,
+    free_gpus,
 )
 
-__all__ = ["BASELINES", "SimPolicy", "make_policy"]
+if TYPE_CHECKING:
+    from autotune.envs.cluster_env import ClusterEnv
 
-_FP16: Final = PRECISIONS.index(next(p for p in PRECISIONS if p.ffn == "fp16"))
-_BF16: Final = PRECISIONS.index(next(p for p in PRECISIONS if p.ffn == "bf16"))
-_INT8: Final = next(i for i, c in enumerate(COMPRESSIONS) if c.kind == "int8")
+__all__ = ["BASELINES", "OraclePolicy", "RandomPolicy", "StaticPolicy", "make_policy"]
+
 _UNIT: Final = BATCH_SCALES.index(1.0)
 
 
-class SimPolicy(Protocol):
-    name: str
-    queue_order: str
-
-    def act(self, env: ClusterEnv, observation: np.ndarray) -> np.ndarray: ...
-
-
-def _keep_all(env: ClusterEnv) -> np.ndarray:
-    return np.zeros(len(ACTION_DIMS) * env.slots, dtype=np.int64)
+def requested_gpus(spec: JobSpec) -> int:
+    """The GPUs a job asks for: half its elastic maximum, at least its minimum (a trace
+    job's request, whose maximum is twice it)."""
+    return max(spec.min_gpus, spec.max_gpus // 2)
 
 
-def _sim(env: ClusterEnv) -> ClusterSimulator:
-    if env.sim is None:
-        raise RuntimeError("reset the environment first")
-    return env.sim
-
-
-class _SetOnArrival(ABC):
-    """Decides a job's config the first time it appears in a slot, then keeps it."""
-
-    name = ""
-    queue_order = "fifo"
-
-    @abstractmethod
-    def choose(self, sim: ClusterSimulator, job: Job) -> Choice:
-        """The config of ``job``, decided once."""
-
-    def act(self, env: ClusterEnv, observation: np.ndarray) -> np.ndarray:
-        sim = _sim(env)
-        action = _keep_all(env)
-        width = len(ACTION_DIMS)
-        for slot, job in enumerate(sim.active[: env.slots]):
-            if job.choice is None:
-                action[slot * width : (slot + 1) * width] = encode_choice(self.choose(sim, job))
-        return action
-
-
-class StaticPolicy(_SetOnArrival):
+class StaticPolicy:
     name = "static"
 
-    def choose(self, sim: ClusterSimulator, job: Job) -> Choice:
-        return Choice.for_gpus(job.requested_gpus, batch=_UNIT)
+    def __init__(self) -> None:
+        self.version = f"static-{__version__}"
 
-
-class TiresiasPolicy(StaticPolicy):
-    name = "tiresias"
-    queue_order = "las"
-
-
-class RulesBaseline(_SetOnArrival):
-    """The ``rules`` row of ``autotune eval``: on arrival, twice the requested GPUs when
-    nothing else waits, bf16 (or fp16 for insensitive models) where the GPU has it, and
-    int8 compression when synchronisation takes over 30% of the step. The daemon's rule
-    policy (``autotune.policies.rules.RulesPolicy``) decides from a ``ClusterSnapshot``
-    with rules of its own."""
-
-    name = "rules"
-
-    def choose(self, sim: ClusterSimulator, job: Job) -> Choice:
-        waiting = sum(1 for j in sim.active if not j.running and j is not job)
-        gpus = job.requested_gpus
-        doubled = min(job.max_gpus, 2 * gpus)
-        if waiting == 0 and sim.best_shape(doubled) is not None:
-            gpus = doubled
-        shape = sim.best_shape(gpus) or sim.best_shape(job.requested_gpus)
-        gpu_model = shape.gpu_model if shape else sim.reference_gpu
-        peaks = device(gpu_model).peak_tflops
-        precision = 0
-        if "bf16" in peaks:
-            precision = _BF16
-        elif "fp16" in peaks and job.model.precision_sensitivity < 0.05:
-            precision = _FP16
-        choice = Choice.for_gpus(gpus, precision=precision, batch=_UNIT)
-        if shape is not None:
-            config, batch = job_config(job, choice)
-            if config.layout.world_size == shape.world_size:
-                step = sim.estimate(job, config, batch, shape, noise_free=True).step
-                if step.sync_s > 0.3 * step.step_s:
-                    choice = Choice(
-                        compression=_INT8,
-                        precision=precision,
-                        layout=choice.layout,
-                        batch=choice.batch,
-                    )
-        return choice
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        free = free_gpus(snapshot)
+        choices: dict[str, PolicyChoice] = {}
+        for job in snapshot.by_state("pending"):
+            candidates = candidate_nodes(job.spec, snapshot.nodes, free)
+            gpus = requested_gpus(job.spec)
+            if candidates is None:
+                continue
+            # Data parallel in fp32; where that cannot fit, the rules' first layout that does.
+            layout, why, _ = first_fitting_layout(job.spec, gpus, PrecisionMap(), candidates)
+            choices[job.spec.job_id] = PolicyChoice(
+                config=JobConfig(layout=layout),
+                reason=f"static: the requested GPUs in fp32; {why}",
+                source="static",
+            )
+        return choices
 
 
 class RandomPolicy:
     name = "random"
-    queue_order = "fifo"
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, slots: int = 32) -> None:
         self.rng = np.random.default_rng(seed)
+        self.slots = slots
+        self.version = f"random-{__version__}"
 
-    def act(self, env: ClusterEnv, observation: np.ndarray) -> np.ndarray:
-        nvec = np.array(ACTION_DIMS * env.slots, dtype=np.int64)
-        out: np.ndarray = (self.rng.random(nvec.shape) * nvec).astype(np.int64)
-        return out
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        nvec = np.array(ACTION_DIMS * self.slots, dtype=np.int64)
+        action = (self.rng.random(nvec.shape) * nvec).astype(np.int64)
+        return decode_action(action, snapshot, self.slots, source="random")
+
+
+def _shape_for(
+    spec: JobSpec, gpus: int, free: dict[str, int], nodes: Sequence[NodeInfo]
+) -> Shape | None:
+    """Where ``gpus`` GPUs of one model would go now: the fastest allowed model with
+    room, packed onto as few nodes as possible."""
+    for model in gpu_models(nodes):
+        if not spec.allows(model):
+            continue
+        pool = sorted(
+            (n for n in nodes if n.gpu_model == model and free.get(n.node_id, 0) > 0),
+            key=lambda n: (-free[n.node_id], n.node_id),
+        )
+        if spec.max_nodes == 1:
+            pool = [n for n in pool if free[n.node_id] >= gpus][:1]
+        if sum(free[n.node_id] for n in pool) < gpus:
+            continue
+        fits = [n for n in pool if free[n.node_id] >= gpus]
+        if fits:
+            best = min(fits, key=lambda n: (free[n.node_id], n.node_id))
+            return Shape(
+                gpu_model=model,
+                ranks_per_node=(gpus,),
+                inter_node_gbps=best.inter_node_bandwidth_gbps,
+            )
+        per_node: list[int] = []
+        used: list[NodeInfo] = []
+        left = gpus
+        for n in pool:
+            take = min(left, free[n.node_id])
+            per_node.append(take)
+            used.append(n)
+            left -= take
+            if left == 0:
+                break
+        return Shape(
+            gpu_model=model,
+            ranks_per_node=tuple(per_node),
+            inter_node_gbps=min(n.inter_node_bandwidth_gbps for n in used),
+        )
+    return None
 
 
 class OraclePolicy:
     name = "oracle"
-    queue_order = "fifo"
 
-    def __init__(self, gain_margin: float = 0.05) -> None:
+    def __init__(self, env: ClusterEnv, *, slots: int = 32, gain_margin: float = 0.05) -> None:
+        self.env = env
+        self.slots = slots
         self.gain_margin = gain_margin
-        grid = itertools.product(
-            range(len(COMPRESSIONS)),
-            range(len(PRECISIONS)),
-            range(len(LAYOUT_MODES)),
-            range(len(BATCH_SCALES)),
+        self.version = f"oracle-{__version__}"
+        self._grid = list(
+            itertools.product(
+                range(len(COMPRESSIONS)),
+                range(len(PRECISION_MAPS)),
+                range(len(LAYOUT_MODES)),
+                range(len(BATCH_SCALES)),
+            )
         )
-        self._grid = list(grid)
+        self._best: dict[tuple[str, int, Shape], tuple[float, JobConfig | None]] = {}
 
-    def _best_per_gpus(self, sim: ClusterSimulator, job: Job) -> dict[int, tuple[float, Choice]]:
-        """For each GPU count the job may take, the best (normalized goodput, choice)."""
-        best: dict[int, tuple[float, Choice]] = {}
-        for gi, gpus in enumerate(GPU_OPTIONS):
-            if gpus < job.min_gpus or gpus > job.max_gpus:
+    def _value(self, job: JobStatus, config: JobConfig, shape: Shape) -> float:
+        sim = self.env.sim
+        assert sim is not None
+        job_id = job.spec.job_id
+        est = sim.estimate_for(job_id, config, shape)
+        value = est.goodput / sim.reference_goodput(job_id)
+        # Expected loss to divergence in a round: half a round per event.
+        return value * (1 - min(1.0, est.divergence_per_hour * self.env.round_s / 7200))
+
+    def _best_for(
+        self, job: JobStatus, gpus: int, shape: Shape, nodes: Sequence[NodeInfo]
+    ) -> tuple[float, JobConfig | None]:
+        key = (job.spec.job_id, gpus, shape)
+        hit = self._best.get(key)
+        if hit is not None:
+            return hit
+        gi = max(i for i, g in enumerate(GPU_OPTIONS) if g <= gpus)
+        memory = device(shape.gpu_model).memory_bytes
+        best: tuple[float, JobConfig | None] = (0.0, JobConfig.data_parallel(gpus))
+        for comp, prec, mode, batch in self._grid:
+            config = slot_config(job.spec, (comp, prec, gi, mode, batch, 0))
+            if config.world_size != gpus:
                 continue
-            shape = sim.best_shape(gpus, exclude=job if job.running else None)
-            if shape is None:
-                continue
-            top = (0.0, Choice.for_gpus(gpus))
-            for comp, prec, mode, batch in self._grid:
-                choice = Choice(
-                    compression=comp,
-                    precision=prec,
-                    layout=gi * len(LAYOUT_MODES) + mode,
-                    batch=batch,
-                )
-                config, global_batch = job_config(job, choice)
-                if config.layout.world_size != gpus:
-                    continue
-                est = sim.estimate(job, config, global_batch, shape, noise_free=True)
-                value = est.goodput / job.reference_goodput
-                # Expected loss to divergence in a round: half a round per event.
-                value *= 1 - min(1.0, est.divergence_per_hour * sim.config.interval_s / 7200)
-                if value > top[0]:
-                    top = (value, choice)
-            best[gpus] = top
+            assert job.spec.model is not None
+            fitted = fit_memory(job.spec.model, config, config.batch(job.spec), memory)[0]
+            value = self._value(job, fitted, shape)
+            if value > best[0]:
+                best = (value, fitted)
+        self._best[key] = best
         return best
 
-    def act(self, env: ClusterEnv, observation: np.ndarray) -> np.ndarray:
-        sim = _sim(env)
-        jobs = sim.active[: env.slots]
-        options = [self._best_per_gpus(sim, job) for job in jobs]
-        capacity = sim.free_gpus() + sum(j.gpus for j in jobs)
-        # Dynamic programming over jobs x GPUs used: the best total normalized goodput.
-        value = np.full(capacity + 1, -1.0)
-        value[0] = 0.0
-        picks: list[dict[int, int]] = []
-        for opts in options:
-            new = value.copy()  # taking nothing: the job waits
-            pick: dict[int, int] = {}
-            for used in range(capacity + 1):
-                if value[used] < 0:
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
+        jobs = slot_jobs(snapshot, self.slots)
+        free = {n.node_id: n.gpu_count for n in nodes}
+        for other in snapshot.by_state("running"):
+            if other.placement is not None:
+                for slot in other.placement.ranks:
+                    free[slot.node_id] -= 1
+        lost = self.env.sim_config.restart_s / self.env.round_s
+        options: list[dict[int, tuple[float, JobConfig | None]]] = []
+        for job in jobs:
+            own = dict(free)
+            if job.placement is not None:
+                for slot in job.placement.ranks:
+                    own[slot.node_id] += 1
+            best: dict[int, tuple[float, JobConfig | None]] = {}
+            for gpus in GPU_OPTIONS:
+                if not job.spec.min_gpus <= gpus <= job.spec.max_gpus:
                     continue
-                for gpus, (v, _) in opts.items():
-                    total = used + gpus
-                    if total <= capacity and value[used] + v > new[total]:
-                        new[total] = value[used] + v
-                        pick[total] = gpus
-            picks.append(pick)
-            value = new
-        # Walk back from the best total.
-        used = int(np.argmax(value))
-        chosen: list[int] = [0] * len(jobs)
-        for i in range(len(jobs) - 1, -1, -1):
-            gpus = picks[i].get(used, 0)
-            if gpus and used - gpus >= 0:
-                chosen[i] = gpus
-                used -= gpus
-        action = _keep_all(env)
-        width = len(ACTION_DIMS)
-        for slot, (job, gpus) in enumerate(zip(jobs, chosen, strict=True)):
-            opts = options[slot]
+                shape = _shape_for(job.spec, gpus, own, nodes)
+                if shape is not None:
+                    best[gpus] = self._best_for(job, gpus, shape, nodes)
+            if job.state == "running" and job.config is not None and job.placement is not None:
+                # A change pays the restart; keeping (config None) is worth what runs now,
+                # unless a change gains more than the margin.
+                best = {g: (v * (1 - lost), c) for g, (v, c) in best.items()}
+                held = job.placement.world_size
+                current = self._current(job, nodes)
+                if best.get(held, (0.0, None))[0] <= current * (1 + self.gain_margin):
+                    best[held] = (current, None)
+                if not best:
+                    best[held] = (current, None)
+            options.append(best)
+        capacity = sum(max(0, f) for f in free.values()) + sum(
+            j.placement.world_size for j in jobs if j.placement is not None
+        )
+        running = [j.state == "running" and j.placement is not None for j in jobs]
+        chosen = _share(options, capacity, running)
+        choices: dict[str, PolicyChoice] = {}
+        for job, opts, gpus in zip(jobs, options, chosen, strict=True):
             if gpus == 0:
-                # Not worth GPUs this round: keep a running job as it is, queue the rest
-                # with the config they would get.
-                if job.choice is None and opts:
-                    target = max(opts.values(), key=lambda t: t[0])[1]
-                    action[slot * width : (slot + 1) * width] = encode_choice(target)
+                if job.state == "pending":
+                    choices[job.spec.job_id] = PolicyChoice(
+                        config=None, reason="oracle: not worth GPUs this round"
+                    )
                 continue
-            new_value, target = opts[gpus]
-            if job.running and job.choice is not None:
-                current = self._current_value(sim, job)
-                lost = sim.config.restart_s / sim.config.interval_s
-                if new_value * (1 - lost) <= current * (1 + self.gain_margin):
-                    continue
-            action[slot * width : (slot + 1) * width] = encode_choice(target)
-        return action
+            value, config = opts[gpus]
+            if config is None:
+                continue  # keeps its configuration
+            choices[job.spec.job_id] = PolicyChoice(
+                config=config, reason=f"oracle: {value:.2f} normalized goodput"
+            )
+        for job in snapshot.by_state("pending"):
+            choices.setdefault(
+                job.spec.job_id, PolicyChoice(config=None, reason="oracle: outside the window")
+            )
+        return choices
 
-    @staticmethod
-    def _current_value(sim: ClusterSimulator, job: Job) -> float:
-        assert job.choice is not None
-        config, batch = job_config(job, job.choice)
-        shape = sim.best_shape(job.gpus, exclude=job)
-        if shape is None:
-            return 0.0
-        est = sim.estimate(job, config, batch, shape, noise_free=True)
-        return est.goodput / job.reference_goodput
+    def _current(self, job: JobStatus, nodes: Sequence[NodeInfo]) -> float:
+        assert job.config is not None
+        assert job.placement is not None
+        shape = shape_of(job.placement, {n.node_id: n for n in nodes})
+        return self._value(job, job.config, shape)
 
 
-BASELINES: Final[dict[str, Callable[[int], SimPolicy]]] = {
-    "static": lambda seed: StaticPolicy(),
-    "rules": lambda seed: RulesBaseline(),
-    "random": lambda seed: RandomPolicy(seed),
-    "tiresias": lambda seed: TiresiasPolicy(),
-    "oracle": lambda seed: OraclePolicy(),
+def _share(
+    options: Sequence[dict[int, tuple[float, JobConfig | None]]],
+    capacity: int,
+    required: Sequence[bool],
+) -> list[int]:
+    """GPUs per job maximising the summed value within ``capacity`` (dynamic programming
+    over jobs x GPUs used); 0: the job waits, which a ``required`` (running) job may not."""
+    value = np.full(capacity + 1, -1.0)
+    value[0] = 0.0
+    picks: list[dict[int, int]] = []
+    for opts, must in zip(options, required, strict=True):
+        new = np.full(capacity + 1, -1.0) if must else value.copy()  # copy: it waits
+        pick: dict[int, int] = {}
+        for start in np.nonzero(value >= 0)[0].tolist():
+            for gpus, (v, _) in opts.items():
+                total = start + gpus
+                if total <= capacity and value[start] + v > new[total]:
+                    new[total] = value[start] + v
+                    pick[total] = gpus
+        if must and not (new >= 0).any():
+            new = value.copy()  # cannot hold it (the cluster shrank): leave it as it is
+        picks.append(pick)
+        value = new
+    used = int(np.argmax(value))
+    chosen = [0] * len(options)
+    for i in range(len(options) - 1, -1, -1):
+        gpus = picks[i].get(used, 0)
+        if gpus and used - gpus >= 0:
+            chosen[i] = gpus
+            used -= gpus
+    return chosen
+
+
+BASELINES: Final[dict[str, Callable[[ClusterEnv, int], Policy]]] = {
+    "static": lambda env, seed: StaticPolicy(),
+    "rules": lambda env, seed: RulesPolicy(),
+    "random": lambda env, seed: RandomPolicy(seed, slots=env.slots),
+    "oracle": lambda env, seed: OraclePolicy(env, slots=env.slots),
 }
 
 
-def make_policy(name: str, seed: int) -> SimPolicy:
+def make_policy(name: str, env: ClusterEnv, seed: int) -> Policy:
     try:
-        return BASELINES[name](seed)
+        return BASELINES[name](env, seed)
     except KeyError:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(BASELINES)}") from None

@@ -1,15 +1,18 @@
 """Run scheduling policies side by side on the same trace and seeds.
 
-Each (policy, seed) pair replays the whole trace in a fresh ``ClusterEnv`` until every
-job has finished (or ``max_steps`` rounds pass) and reports:
+Each (policy, seed) pair replays the whole trace in a fresh ``ClusterEnv`` (the simulated
+cluster the daemon runs, through the daemon's decision step) until every job has
+finished (or ``max_steps`` rounds pass) and reports:
 
 - ``avg_jct_s``, ``p99_jct_s``: job completion time, submission to finish (queueing in),
   over finished jobs;
 - ``makespan_s``: first submission to last finish;
 - ``goodput``: the cluster's normalized goodput averaged over the makespan: each job's
-  goodput divided by its reference goodput (requested GPUs, data parallel, fp32), summed
+  goodput divided by its reference goodput (reference GPUs, data parallel, fp32), summed
   over running jobs;
 - ``gpu_util``: allocated GPU-seconds over the cluster's GPU-seconds in the makespan;
+- ``energy_kwh``: what the cluster drew over the episode (running jobs from the
+  performance model's power, idle GPUs at their idle share);
 - ``n_jobs_done``; ``n_jobs_failed``: jobs whose config ran out of memory.
 
 Top-level figures are means over seeds; ``per_seed`` keeps each run.
@@ -25,8 +28,9 @@ import numpy as np
 
 from autotune.core import NodeInfo
 from autotune.envs.cluster_env import ClusterEnv
-from autotune.envs.simulator import Job
-from autotune.policies.baselines import SimPolicy, make_policy
+from autotune.envs.simulator import Arrival
+from autotune.interfaces import Policy
+from autotune.policies.baselines import make_policy
 
 __all__ = ["METRICS", "evaluate", "run_episode"]
 
@@ -36,53 +40,56 @@ METRICS = (
     "makespan_s",
     "goodput",
     "gpu_util",
+    "energy_kwh",
     "n_jobs_done",
     "n_jobs_failed",
 )
 
 
-def run_episode(policy: SimPolicy, env: ClusterEnv, seed: int) -> dict[str, float]:
+def run_episode(policy: Policy, env: ClusterEnv, seed: int) -> dict[str, float]:
     """One replay of the env's trace under ``policy``."""
-    observation, _ = env.reset(seed=seed)
+    env.reset(seed=seed)
     sim = env.sim
     assert sim is not None
-    interval = sim.config.interval_s
-    goodput_s = 0.0
-    busy_gpu_s = 0.0
+    assert env.snapshot is not None
+    interval = env.round_s
+    goodput_s = busy_gpu_s = energy = 0.0
     while True:
-        observation, _, terminated, truncated, info = env.step(policy.act(env, observation))
+        _, _, terminated, truncated, info = env.step_choices(policy.decide(env.snapshot))
         goodput_s += info["normalized_goodput"] * interval
         busy_gpu_s += info["busy_gpus"] * interval
+        energy += info["energy_kwh"]
         if terminated or truncated:
             break
-    done = sim.finished
-    first = min((j.submit_s for j in sim.arrived), default=0.0)
-    last = max((j.finish_s or 0.0 for j in done), default=first)
+    done = sim.finished_jobs()
+    first = min((j.status.spec.submitted_at for j in sim.jobs.values()), default=0.0)
+    last = max((j.status.finished_s or 0.0 for j in done), default=first)
     makespan = max(last - first, interval)
-    jct = np.array([(j.finish_s or 0.0) - j.submit_s for j in done])
+    jct = np.array([(j.status.finished_s or 0.0) - j.status.spec.submitted_at for j in done])
     return {
         "avg_jct_s": float(jct.mean()) if jct.size else math.nan,
         "p99_jct_s": float(np.percentile(jct, 99)) if jct.size else math.nan,
         "makespan_s": float(makespan),
         "goodput": goodput_s / makespan,
         "gpu_util": busy_gpu_s / (sim.total_gpus * makespan),
+        "energy_kwh": energy,
         "n_jobs_done": float(len(done)),
-        "n_jobs_failed": float(len(sim.failed)),
+        "n_jobs_failed": float(len(sim.failed_jobs())),
     }
 
 
 def evaluate(
     *,
     nodes: Sequence[NodeInfo],
-    jobs: Sequence[Job],
+    jobs: Sequence[Arrival],
     policies: Sequence[str],
     seeds: int,
     slots: int = 32,
-    interval_s: float = 300.0,
+    round_s: float = 300.0,
     max_steps: int = 100_000,
     progress: Callable[[str, int], None] | None = None,
     trace: dict[str, Any] | None = None,
-    extra: Mapping[str, Callable[[int], SimPolicy]] | None = None,
+    extra: Mapping[str, Callable[[ClusterEnv, int], Policy]] | None = None,
 ) -> dict[str, Any]:
     """The report of ``autotune eval``: every policy on the same jobs and seeds.
     ``extra`` makes policies beyond the baselines (the learned ones), by name."""
@@ -93,22 +100,18 @@ def evaluate(
             "gpus": sum(n.gpu_count for n in nodes),
             "nodes": len(nodes),
             "seeds": seeds,
-            "interval_s": interval_s,
+            "round_s": round_s,
         },
         "policies": {},
     }
     for name in policies:
         per_seed: list[dict[str, float]] = []
         for seed in range(seeds):
-            policy = extra[name](seed) if extra and name in extra else make_policy(name, seed)
             env = ClusterEnv(
-                nodes=nodes,
-                jobs=jobs,
-                slots=slots,
-                interval_s=interval_s,
-                max_steps=max_steps,
-                queue_order=policy.queue_order,
+                nodes=nodes, jobs=jobs, slots=slots, round_s=round_s, max_steps=max_steps
             )
+            policy = extra[name](env, seed) if extra and name in extra else None
+            policy = policy or make_policy(name, env, seed)
             per_seed.append(run_episode(policy, env, seed))
             if progress:
                 progress(name, seed)

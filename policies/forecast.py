@@ -366,18 +366,32 @@ def default_checkpoint() -> Path:
 
 
 class EnvForecast:
-    """The forecaster as ``ClusterEnv(forecaster=...)`` wants it: the busy share 15
-    minutes ahead from the busy share of each decision round. Rounds are spread over
-    minutes (each round's value held for its ``interval_s``) and the simulator's clock
-    gives the time of day."""
+    """The forecaster as the observation encoder wants it
+    (``autotune.envs.spaces.ObservationEncoder``, in the environment and in the daemon):
+    the busy share 15 minutes ahead from the busy share of each decision round. Rounds
+    are put on real minutes whatever the round period (``minutes``), and the cluster's
+    clock gives the time of day."""
 
     def __init__(self, forecaster: Forecaster | None = None, horizon: int = 15) -> None:
         self.forecaster = forecaster or load_checkpoint(default_checkpoint())
         self.horizon = horizon
 
     def __call__(self, history: Sequence[float], interval_s: float, now_s: float) -> float:
-        per_round = max(1, round(interval_s / 60))
-        need = math.ceil(self.forecaster.history / per_round)
-        minutes = np.repeat(np.asarray(history[-need:], dtype=np.float64), per_round)
+        minutes = self.minutes(history, interval_s)
+        return self._predict(minutes, now_s)
+
+    def minutes(self, history: Sequence[float], interval_s: float) -> np.ndarray:
+        """The busy share per real minute, oldest first, whatever the round period:
+        rounds of a minute or more are held for their minutes, shorter rounds are sampled
+        once a minute (the newest round of each minute)."""
+        values = np.asarray(history, dtype=np.float64)
+        if interval_s >= 60:
+            per_round = max(1, round(interval_s / 60))
+            need = math.ceil(self.forecaster.history / per_round)
+            return np.repeat(values[-need:], per_round)
+        stride = max(1, round(60 / interval_s))
+        return values[::-1][::stride][::-1][-self.forecaster.history :]
+
+    def _predict(self, minutes: np.ndarray, now_s: float) -> float:
         value = self.forecaster.predict_next(minutes, (now_s / 60) % DAY_MINUTES, self.horizon)
         return float(min(1.0, max(0.0, value)))

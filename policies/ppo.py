@@ -1,9 +1,10 @@
 """PPO for ``ClusterEnv`` on RLlib's new API stack, with the load forecast in the
 observation.
 
-The network (``SlotPolicyModule``) is shared across job slots: every slot's 16 features
-are joined with the 12 cluster-wide ones and mapped to that slot's logits (compression,
-precision, layout, batch scale, keep/change); the value is read from the mean of the
+The network (``SlotPolicyModule``) is shared across job slots: every slot's features
+are joined with the cluster-wide ones (``autotune.envs.spaces``) and mapped to that
+slot's logits (keep/change, compression, precision, GPUs, layout mode, batch scale,
+checkpointing); the value is read from the mean of the
 slot embeddings. The same weights therefore act on any number of slots: a policy trained
 with 16 slots decides 32 at serving time.
 
@@ -33,8 +34,12 @@ from ray.rllib.core.rl_module.apis import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 
-from autotune.envs.cluster_env import ACTION_DIMS, GLOBAL_FEATURES, SLOT_FEATURES, ClusterEnv
-from autotune.envs.simulator import Job
+from autotune.envs.cluster_env import ClusterEnv
+from autotune.envs.simulator import Arrival
+from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT, encode_config, slot_jobs
+
+GLOBAL_FEATURES: Final = HEADER
+SLOT_FEATURES: Final = len(SLOT)
 
 __all__ = [
     "ENV_NAME",
@@ -103,13 +108,13 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
         return values
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Deterministic actions (B, slots * 5): the most likely value of each entry."""
+        """Deterministic actions (B, slots * entries): the most likely value of each entry."""
         logits = self.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
         return greedy_actions(logits.reshape(obs.shape[0], -1, N_LOGITS))
 
 
 def greedy_actions(logits: torch.Tensor) -> torch.Tensor:
-    """(B, S, 37) logits -> (B, S * 5) argmax per action entry."""
+    """(B, S, logits per slot) -> (B, S * entries) argmax per action entry."""
     parts = torch.split(logits, list(ACTION_DIMS), dim=-1)
     picks = torch.stack([p.argmax(-1) for p in parts], dim=-1)
     return picks.reshape(logits.shape[0], -1)
@@ -122,7 +127,8 @@ class TraceSource:
 
     ``kind="alibaba"``: ``jobs`` is an Alibaba v2023 pod list and ``nodes`` its node
     list. ``kind="pollux"``: ``jobs`` is a Pollux workload CSV, on ``gpus`` T4 GPUs (4
-    per node) as the Pollux testbed."""
+    per node) as the Pollux testbed. ``kind="stream"``: the daemon's default world (its
+    cluster and built-in job stream), ``window`` jobs per episode; ``jobs`` is unused."""
 
     jobs: str
     kind: str = "alibaba"
@@ -131,7 +137,7 @@ class TraceSource:
     start: int = 0
     stop: int | None = None
     window: int = 60
-    interval_s: float = 3600.0
+    round_s: float = 300.0
     trace_seed: int = 0
     weight: float = 1.0
     """Share of episodes drawn from this source, relative to the others."""
@@ -141,7 +147,7 @@ class TraceSource:
 class PPOSettings:
     iterations: int = 20
     slots: int = 16
-    interval_s: float = 3600.0
+    round_s: float = 300.0
     max_steps: int = 128
     forecast: bool = True
     """The shipped LSTM fills the observation's forecast entry (else persistence)."""
@@ -176,7 +182,7 @@ def _trace(source: TraceSource) -> tuple[list[Any], list[Any]]:
     if source.kind == "pollux":
         nodes = pollux_nodes(source.gpus)
         return nodes, traces.pollux_workload(source.jobs)
-    raise ValueError(f"source kind {source.kind!r}: alibaba or pollux")
+    raise ValueError(f"source kind {source.kind!r}: alibaba, pollux or stream")
 
 
 class _Mixture(gym.Env[np.ndarray, np.ndarray]):
@@ -230,10 +236,24 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
         getattr(config, "vector_index", 0)
     )
     if not settings.sources:
-        env = ClusterEnv(n_jobs=60, interval_s=settings.interval_s, **common)
+        env = ClusterEnv(n_jobs=60, round_s=settings.round_s, **common)
         return _Mixture([env], [1.0], settings.reward_scale, settings.seed + worker)
     envs: list[ClusterEnv] = []
     for k, source in enumerate(settings.sources):
+        if source.kind == "stream":
+            # The daemon's own world: its default cluster and built-in job stream, a
+            # queue of half a window at the start.
+            envs.append(
+                ClusterEnv(
+                    stream=True,
+                    n_jobs=source.window,
+                    initial_jobs=source.window // 2,
+                    mean_interarrival_s=300.0,
+                    round_s=source.round_s,
+                    **common,
+                )
+            )
+            continue
         nodes, trace = _trace(source)
         stop = min(source.stop or len(trace), len(trace)) - source.window
         if stop <= source.start:
@@ -249,13 +269,13 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
             rng: np.random.Generator = rng,
             source: TraceSource = source,
             stop: int = stop,
-        ) -> Sequence[Job]:
+        ) -> Sequence[Arrival]:
             first = int(rng.integers(source.start, stop))
             window = trace[first : first + source.window]
             origin = window[0].submit_s
             return jobs_from_trace([replace(t, submit_s=t.submit_s - origin) for t in window])
 
-        envs.append(ClusterEnv(nodes=nodes, jobs=jobs, interval_s=source.interval_s, **common))
+        envs.append(ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, **common))
     return _Mixture(
         envs, [s.weight for s in settings.sources], settings.reward_scale, settings.seed + worker
     )
@@ -289,7 +309,6 @@ def _demonstrations(
     from autotune.policies.baselines import make_policy
 
     env = make_train_env({**asdict(settings), "reward_scale": 1.0})
-    teacher = make_policy(teacher_name, settings.seed)
     obs_list: list[np.ndarray] = []
     act_list: list[np.ndarray] = []
     set_list: list[np.ndarray] = []
@@ -298,18 +317,29 @@ def _demonstrations(
     for episode in range(episodes):
         obs, _ = env.reset(seed=settings.seed * 10_000 + episode)
         inner = env.current
+        teacher = make_policy(teacher_name, inner, settings.seed + episode)
         rewards: list[float] = []
         while True:
-            sim = inner.sim
-            assert sim is not None
-            action = teacher.act(inner, obs)
+            snapshot = inner.snapshot
+            assert snapshot is not None
+            choices = teacher.decide(snapshot)
+            action = np.zeros(width * settings.slots, dtype=np.int64)
             decided = np.zeros(settings.slots, dtype=np.float32)
-            for slot, job in enumerate(sim.active[: settings.slots]):
-                decided[slot] = float(job.choice is None or action[slot * width + 4] == 1)
+            for slot, job in enumerate(slot_jobs(snapshot, settings.slots)):
+                choice = choices.get(job.spec.job_id)
+                if choice is not None and choice.config is not None:
+                    action[slot * width : (slot + 1) * width] = encode_config(
+                        choice.config, job.spec
+                    )
+                    decided[slot] = 1.0
+                elif job.config is not None:
+                    action[slot * width : (slot + 1) * width] = encode_config(
+                        job.config, job.spec, change=False
+                    )
             obs_list.append(obs)
             act_list.append(action)
             set_list.append(decided)
-            obs, reward, terminated, truncated, _ = env.step(action)
+            obs, reward, terminated, truncated, _ = inner.step_choices(choices)
             rewards.append(float(reward) * settings.reward_scale)
             if terminated or truncated:
                 break
@@ -336,15 +366,17 @@ def behaviour_clone(
     lr: float = 3e-3,
 ) -> float:
     """Fit the module's policy to the teacher's actions (cross-entropy per action entry:
-    the keep/change bit on every occupied slot, the config entries where the teacher set
-    one), and the critic to the teacher's discounted returns (squared error). Returns the
+    the keep/change bit on every running job's slot, the config entries where the teacher
+    set one), and the critic to the teacher's discounted returns (squared error). Returns the
     final loss."""
     obs = torch.from_numpy(demos[0]).float()
     actions = torch.from_numpy(demos[1]).long().reshape(len(obs), -1, len(ACTION_DIMS))
     decided = torch.from_numpy(demos[2]).float()
     returns = torch.from_numpy(demos[3]).float()
     scale = float(returns.var()) + 1e-6 if len(returns) > 1 else 1.0
-    occupied = obs[:, GLOBAL_FEATURES:].reshape(len(obs), -1, SLOT_FEATURES)[:, :, 0]
+    slot_features = obs[:, GLOBAL_FEATURES:].reshape(len(obs), -1, SLOT_FEATURES)
+    # The keep/change entry matters for running jobs only (a waiting one is configured).
+    running = slot_features[:, :, 1]
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(module.parameters(), lr=lr)
     loss_value = math.nan
@@ -363,7 +395,7 @@ def behaviour_clone(
                     actions[idx][:, :, k].reshape(-1),
                     reduction="none",
                 ).reshape(len(idx), -1)
-                mask = occupied[idx] if k == len(ACTION_DIMS) - 1 else decided[idx]
+                mask = running[idx] if k == 0 else decided[idx]
                 loss = loss + (ce * mask).sum() / mask.sum().clamp(min=1.0)
             optimizer.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]

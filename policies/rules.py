@@ -10,10 +10,11 @@ For every pending job, in queue order:
 2. **Precision.** The narrowest precision every candidate GPU model runs natively:
    bf16 if all have bf16 units, else fp16 (with dynamic loss scaling) if all have fast
    fp16, else fp32. Norms and optimizer state stay fp32.
-3. **Layout.** The first of: data parallel; data parallel with activation
-   checkpointing; tensor parallel 2, 4, 8 within a node (with and without
-   checkpointing); then pipeline stages; whose rank fits the smallest candidate GPU
-   (``autotune.perf.memory``). Pipelines run ``2 x pp`` micro-batches (bubble <= 1/3).
+3. **Layout.** The first of: data parallel; tensor parallel 2, 4, 8 within a node; then
+   pipeline stages; whose rank fits the smallest candidate GPU under the decision step's
+   memory rule (gradient accumulation, then activation checkpointing:
+   ``autotune.perf.memory.fit_memory``). Pipelines run at least ``2 x pp`` micro-batches
+   (bubble <= 1/3).
 4. **Compression.** int8 blockwise quantisation when the job cannot fit in one node of
    its candidates (its all-reduce then crosses the network, 4x fewer bytes) and has more
    than 100 M parameters; otherwise none.
@@ -38,9 +39,9 @@ from autotune.core import (
     PrecisionMap,
 )
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
-from autotune.perf.memory import rank_memory
+from autotune.perf.memory import fit_memory
 
-__all__ = ["RulesPolicy"]
+__all__ = ["RulesPolicy", "candidate_nodes", "first_fitting_layout", "free_gpus"]
 
 # Compress only jobs big enough for the all-reduce to matter: at 100 M parameters a
 # dense fp32 all-reduce moves 0.8 GB per step, 64 ms at 12.5 GB/s.
@@ -74,13 +75,13 @@ class RulesPolicy:
         self.version = f"rules-{__version__}"
 
     def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        free = _free_gpus(snapshot)
+        free = free_gpus(snapshot)
         pending = sorted(
             snapshot.by_state("pending"), key=lambda j: (-j.spec.priority, j.spec.submitted_at)
         )
         choices: dict[str, PolicyChoice] = {}
         for status in pending:
-            candidates = _candidates(status.spec, snapshot.nodes, free)
+            candidates = candidate_nodes(status.spec, snapshot.nodes, free)
             if candidates is None:
                 continue  # no allowed GPU model in the cluster: the Planner says so
             waiting = sum(
@@ -92,7 +93,7 @@ class RulesPolicy:
         return choices
 
 
-def _free_gpus(snapshot: ClusterSnapshot) -> dict[str, int]:
+def free_gpus(snapshot: ClusterSnapshot) -> dict[str, int]:
     """Whole free GPUs per node."""
     used: dict[tuple[str, int], int] = {}
     for job in snapshot.by_state("running"):
@@ -106,7 +107,7 @@ def _free_gpus(snapshot: ClusterSnapshot) -> dict[str, int]:
     }
 
 
-def _candidates(
+def candidate_nodes(
     spec: JobSpec, nodes: Sequence[NodeInfo], free: dict[str, int]
 ) -> _Candidates | None:
     allowed = [n for n in nodes if n.gpu_count > 0 and spec.allows(n.gpu_model)]
@@ -126,13 +127,13 @@ def _choose(spec: JobSpec, candidates: _Candidates, waiting: int) -> PolicyChoic
         f"within [{spec.min_gpus}, {spec.max_gpus}]"
     )
     precision, why_precision = _precision(candidates.nodes)
-    layout, why_layout, fits = _layout(spec, gpus, precision, candidates)
+    layout, why_layout, fits = first_fitting_layout(spec, gpus, precision, candidates)
     # A fair share too small for the model would keep it waiting for ever (and the
     # queue with it): take the smallest power of two within its bounds that fits.
     ceiling = min(spec.max_gpus, max(candidates.free_gpus, gpus))
     while not fits and gpus * 2 <= ceiling:
         gpus *= 2
-        layout, why_layout, fits = _layout(spec, gpus, precision, candidates)
+        layout, why_layout, fits = first_fitting_layout(spec, gpus, precision, candidates)
         if fits:
             why_gpus += f"; raised to {gpus}, the fewest on which a layout fits"
     compression, why_compression = _compression(spec, gpus, candidates)
@@ -161,7 +162,7 @@ def _precision(nodes: Sequence[NodeInfo]) -> tuple[PrecisionMap, str]:
     return PrecisionMap.uniform(chosen), f"{chosen} on {'/'.join(models)} ({why})"
 
 
-def _layout(
+def first_fitting_layout(
     spec: JobSpec, gpus: int, precision: PrecisionMap, candidates: _Candidates
 ) -> tuple[Layout, str, bool]:
     """The first layout of ``gpus`` ranks that fits the smallest candidate GPU, why, and
@@ -181,27 +182,26 @@ def _layout(
         if gpus % (best_tp * pp) == 0 and pp <= spec.model.num_layers
     ]
     for tp, pp in options:
-        for checkpointing in (False, True):
-            layout = Layout(
-                world_size=gpus,
-                tp=tp,
-                pp=pp,
-                micro_batches=2 * pp if pp > 1 else 1,
-                activation_checkpointing=checkpointing,
+        layout = Layout(world_size=gpus, tp=tp, pp=pp, micro_batches=2 * pp if pp > 1 else 1)
+        # The decision step's memory rule: gradient accumulation, then checkpointing.
+        config, estimate = fit_memory(
+            spec.model, JobConfig(layout=layout, precision=precision), spec.global_batch, memory
+        )
+        layout = config.layout
+        label = f"dp={layout.dp} tp={tp} pp={pp}"
+        if estimate.fits(int(memory)):
+            if pp == 1 and layout.micro_batches > 1:
+                label += f" accum={layout.micro_batches}"
+            if layout.activation_checkpointing:
+                label += " +ckpt"
+            skipped = f" (too big: {', '.join(tried)})" if tried else ""
+            return (
+                layout,
+                f"{label}: {estimate.total_bytes / (1 << 30):.1f} GiB per rank fits "
+                f"{memory / (1 << 30):.0f} GiB{skipped}",
+                True,
             )
-            estimate = rank_memory(
-                spec.model, JobConfig(layout=layout, precision=precision), spec.global_batch
-            )
-            label = f"dp={layout.dp} tp={tp} pp={pp}{' +ckpt' if checkpointing else ''}"
-            if estimate.fits(int(memory)):
-                skipped = f" (too big: {', '.join(tried)})" if tried else ""
-                return (
-                    layout,
-                    f"{label}: {estimate.total_bytes / (1 << 30):.1f} GiB per rank fits "
-                    f"{memory / (1 << 30):.0f} GiB{skipped}",
-                    True,
-                )
-            tried.append(label)
+        tried.append(label)
     layout = Layout(world_size=gpus)
     return (
         layout,

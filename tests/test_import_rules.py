@@ -75,6 +75,8 @@ def test_kernels_import_nothing_of_the_project() -> None:
 
 
 def test_envs_never_import_the_executor_the_api_the_daemon_or_policies() -> None:
+    """Except the daemon's pure decision step, which the environment runs every step (one
+    decision step for the environment, the daemon and replay)."""
     forbidden = (
         "autotune.executor",
         "autotune.api",
@@ -83,7 +85,23 @@ def test_envs_never_import_the_executor_the_api_the_daemon_or_policies() -> None
         "autotune.policies",
         "autotune.db",
     )
-    assert _violations("envs", lambda _p, m: not m.startswith(forbidden)) == []
+
+    def allowed(_path: Path, module: str) -> bool:
+        return module == "autotune.daemon.decide" or not module.startswith(forbidden)
+
+    assert _violations("envs", allowed) == []
+
+
+def test_the_decision_step_stays_pure() -> None:
+    """What the environment imports of the daemon must not reach storage or the loop."""
+    pure = ("decide.py", "explain.py", "overrides.py")
+    forbidden = ("autotune.db", "autotune.api", "autotune.cli", "autotune.daemon.loop")
+    found = [
+        v
+        for v in _violations("autotune", lambda _p, m: not m.startswith(forbidden))
+        if v.split(":")[0].endswith(tuple(f"daemon/{name}" for name in pure))
+    ]
+    assert found == []
 
 
 def test_policies_reach_storage_only_through_autotune() -> None:

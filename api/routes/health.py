@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from autotune import __version__
-from autotune.api.schemas import Health, Readiness
+from autotune.api.schemas import Health, Readiness, TickHealthPublic
+from autotune.daemon.loop import TickHealth
 from autotune.db import Database
 from autotune.db import repository as repo
 
@@ -17,20 +20,48 @@ def healthz() -> Health:
     return Health(version=__version__)
 
 
+def _tick_public(health: TickHealth) -> TickHealthPublic:
+    return TickHealthPublic(
+        ok=health.ok,
+        consecutive_failures=health.consecutive_failures,
+        failures_total=health.failures_total,
+        last_error=health.last_error,
+        last_failure_at=health.last_failure_at,
+        fallback=health.fallback is not None,
+        fallback_policy=health.fallback,
+    )
+
+
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 def readyz(request: Request) -> JSONResponse:
-    """Ready to serve: the database answers and a policy is loaded (503 otherwise)."""
+    """Ready to serve: the database answers, a policy is loaded, and the daemon's last
+    tick succeeded with its own policy (503 otherwise, with the reasons)."""
     database: Database = request.app.state.db
     version = None
     reachable = False
+    reasons: list[str] = []
     try:
         with database.session() as session:
             version = repo.active_policy_version(session=session)
         reachable = True
-    except Exception:  # any driver error means: not ready
+    except Exception as exc:  # any driver error means: not ready
         reachable = False
-    ready = reachable and version is not None
+        reasons.append(f"database unreachable: {type(exc).__name__}")
+    if reachable and version is None:
+        reasons.append("no active policy version")
+    tick = None
+    tick_health: Callable[[], TickHealth] | None = getattr(request.app.state, "tick_health", None)
+    if tick_health is not None:
+        health = tick_health()
+        tick = _tick_public(health)
+        if (why := health.describe()) is not None:
+            reasons.append(why)
+    ready = not reasons
     body = Readiness(
-        status="ready" if ready else "not ready", database=reachable, policy_version=version
+        status="ready" if ready else "not ready",
+        database=reachable,
+        policy_version=version,
+        tick=tick,
+        reasons=reasons,
     )
-    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if ready else 503)

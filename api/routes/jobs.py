@@ -29,6 +29,12 @@ def _public(record: repo.JobRecord) -> JobPublic:
         spec=to_json(record.spec),
         task=record.task,
         cancel_requested=record.cancel_requested_at is not None,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        sim_submitted_s=record.sim_submitted_s,
+        sim_started_s=record.sim_started_s,
+        sim_finished_s=record.sim_finished_s,
+        jct_s=record.jct_s,
     )
 
 

@@ -29,6 +29,15 @@ def daemon(
     tick_s: Annotated[
         float | None, typer.Option("--tick-s", help="Seconds between decision rounds (default 2).")
     ] = None,
+    round_s: Annotated[
+        float | None,
+        typer.Option(
+            "--round-s",
+            help="Decision round period the policy sees: simulated seconds per tick on "
+            "sim (default 300, as the shipped policy was trained), wall seconds between "
+            "ticks on ray (default --tick-s).",
+        ),
+    ] = None,
     seed: Annotated[
         int | None, typer.Option(help="Seed of the simulated cluster's job stream (default 0).")
     ] = None,
@@ -61,8 +70,9 @@ def daemon(
     ] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="DEBUG, INFO, ...")] = None,
     policy: Annotated[
-        str, typer.Option(help="rules, or ppo (the learned policy; rules if it cannot load).")
-    ] = "rules",
+        str,
+        typer.Option(help="ppo (the learned policy, default; rules if it cannot load) or rules."),
+    ] = "ppo",
     policy_checkpoint: Annotated[
         Path | None, typer.Option(help="RLModule checkpoint for ppo (default: the shipped one).")
     ] = None,
@@ -70,7 +80,7 @@ def daemon(
     """Run the decision loop, the REST API and the dashboard until Ctrl-C or SIGTERM.
 
     With no attached cluster it drives the built-in simulated cluster (32 GPUs, a
-    seeded job stream) with the rule-based policy, and stores every decision in SQLite
+    seeded job stream) with the learned policy, and stores every decision in SQLite
     before applying it. API: http://HOST:PORT/api/v1, OpenAPI docs at /docs, dashboard
     at /. Mutations need the token in $AUTOTUNE_TOKEN; without it, a token is generated
     at the first start and printed once.
@@ -91,6 +101,7 @@ def daemon(
         host=host,
         port=port,
         tick_s=tick_s,
+        round_s=round_s,
         seed=seed,
         backend=backend,
         ray_address=ray_address,
@@ -116,12 +127,17 @@ def daemon(
             "Set AUTOTUNE_TOKEN to it for `autotune job ...` and other API clients."
         )
         sys.stdout.flush()
-    chosen = RulesPolicy() if policy == "rules" else _learned_policy(policy_checkpoint)
+    chosen = (
+        RulesPolicy()
+        if policy == "rules"
+        else _learned_policy(policy_checkpoint, settings.round_period_s)
+    )
     serve(
-        Daemon(db=database, backend=cluster, policy=chosen),
+        # The rules decide whenever the chosen policy fails after ticks failed in a row.
+        Daemon(db=database, backend=cluster, policy=chosen, fallback=RulesPolicy()),
         host=settings.host,
         port=settings.port,
-        tick_s=settings.tick_s,
+        tick_s=settings.tick_period_s,
         telemetry=cluster.name,
         token_check=token_check,
         task_modules=settings.task_modules,
@@ -130,10 +146,10 @@ def daemon(
     )
 
 
-def _learned_policy(checkpoint: Path | None) -> Any:
+def _learned_policy(checkpoint: Path | None, round_s: float) -> Any:
     from autotune.policies.serving import LearnedPolicy
 
-    return LearnedPolicy(checkpoint)
+    return LearnedPolicy(checkpoint, round_s=round_s)
 
 
 @db_app.command("upgrade")

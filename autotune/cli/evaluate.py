@@ -39,10 +39,10 @@ def eval_policies(
     policies: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: static, rules, random, tiresias, oracle, ppo (the learned "
-            "policy), tune (per-job trial search)."
+            help="Comma-separated: static, rules (the daemon's), random, oracle, ppo (the "
+            "learned policy, as the daemon serves it), tune (per-job trial search)."
         ),
-    ] = "static,rules,tiresias,oracle",
+    ] = "static,rules,oracle",
     policy_checkpoint: Annotated[
         Path | None,
         typer.Option(help="RLModule checkpoint for ppo (default: the one shipped)."),
@@ -56,12 +56,16 @@ def eval_policies(
     ] = True,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy.")] = 3,
     slots: Annotated[int, typer.Option(min=1, help="Jobs a policy decides per round.")] = 32,
-    interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 300.0,
+    round_s: Annotated[
+        float,
+        typer.Option("--round-s", min=1.0, help="Decision round period (simulated s)."),
+    ] = 300.0,
     trace_seed: Annotated[int, typer.Option(help="Seed of model assignment to trace jobs.")] = 0,
     as_json: JsonOption = False,
 ) -> None:
-    """Replay a trace in the simulator under several policies, same jobs and seeds, and
-    compare job completion time, makespan, goodput and GPU utilisation."""
+    """Replay a trace in the simulated cluster the daemon runs, through the daemon's
+    decision step, under several policies (same jobs and seeds), and compare job
+    completion time, makespan, goodput, GPU utilisation and energy."""
     from autotune.envs import traces
     from autotune.envs.presets import philly_nodes, pollux_nodes
     from autotune.envs.traces import load_nodes
@@ -106,6 +110,7 @@ def eval_policies(
         names,
         checkpoint=policy_checkpoint,
         slots=slots,
+        round_s=round_s,
         budget_s=tune_budget_s,
         charge=tune_charge,
     )
@@ -125,7 +130,7 @@ def eval_policies(
             policies=names,
             seeds=seeds,
             slots=slots,
-            interval_s=interval,
+            round_s=round_s,
             trace=info,
             extra=extra,
             progress=lambda name, seed: progress.update(
@@ -142,13 +147,13 @@ def eval_policies(
     )
     out.print(
         f"{'policy':10s} {'avg JCT s':>10s} {'p99 JCT s':>10s} {'makespan s':>11s} "
-        f"{'goodput':>8s} {'GPU util':>8s} {'done':>6s}"
+        f"{'goodput':>8s} {'GPU util':>8s} {'kWh':>8s} {'done':>6s}"
     )
     for name, row in report["policies"].items():
         out.print(
             f"{name:10s} {row['avg_jct_s']:10.0f} {row['p99_jct_s']:10.0f} "
             f"{row['makespan_s']:11.0f} {row['goodput']:8.2f} {row['gpu_util']:8.1%} "
-            f"{row['n_jobs_done']:6.0f}"
+            f"{row['energy_kwh']:8.1f} {row['n_jobs_done']:6.0f}"
         )
 
 

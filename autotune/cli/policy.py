@@ -46,13 +46,22 @@ def train_policy(
         typer.Option(help="Pollux workload CSV(s) to train on as well; repeat the option."),
     ] = None,
     pollux_gpus: Annotated[int, typer.Option(min=4, help="T4 GPUs for Pollux episodes.")] = 64,
-    pollux_interval: Annotated[
-        float, typer.Option(min=1.0, help="Decision round of Pollux episodes (s).")
-    ] = 300.0,
+    stream: Annotated[
+        bool,
+        typer.Option(
+            help="Also train on the daemon's default world: its simulated cluster and "
+            "built-in job stream."
+        ),
+    ] = False,
     slots: Annotated[int, typer.Option(min=1, help="Job slots of the training env.")] = 16,
-    interval: Annotated[
-        float, typer.Option(min=1.0, help="Decision round of Alibaba/synthetic episodes (s).")
-    ] = 3600.0,
+    round_s: Annotated[
+        float,
+        typer.Option(
+            "--round-s",
+            min=1.0,
+            help="Decision round period (simulated s); serve the policy with the same --round-s.",
+        ),
+    ] = 300.0,
     max_steps: Annotated[int, typer.Option(min=1, help="Rounds per episode at most.")] = 128,
     warm_start: Annotated[
         str, typer.Option(help="Imitate this baseline before PPO: oracle, rules or none.")
@@ -102,7 +111,7 @@ def train_policy(
                 start=start,
                 stop=stop,
                 window=window,
-                interval_s=interval,
+                round_s=round_s,
             )
         )
     for workload in pollux_workload or []:
@@ -112,14 +121,24 @@ def train_policy(
                 jobs=str(workload.resolve()),
                 gpus=pollux_gpus,
                 window=window,
-                interval_s=pollux_interval,
+                round_s=round_s,
                 weight=1.0 / len(pollux_workload or [1]),
+            )
+        )
+    if stream:
+        sources.append(
+            TraceSource(
+                kind="stream",
+                jobs="",
+                window=window,
+                round_s=round_s,
+                weight=1.0,
             )
         )
     settings = PPOSettings(
         iterations=iterations,
         slots=slots,
-        interval_s=interval,
+        round_s=round_s,
         max_steps=max_steps,
         forecast=forecast,
         lr=lr,
@@ -164,25 +183,31 @@ def learned_policies(
     *,
     checkpoint: Path | None,
     slots: int,
+    round_s: float,
     budget_s: float,
     charge: bool = True,
 ) -> dict[str, Any]:
-    """Factories (seed -> policy) for the ``eval`` policies that are not baselines. The
-    checkpoint is loaded once; a bad one is an ``InputError``."""
+    """Factories ``(env, seed) -> Policy`` for the ``eval`` policies that are not
+    baselines. The checkpoint is loaded at the first episode of each seed; a bad one is an
+    ``InputError`` before any episode runs."""
     factories: dict[str, Any] = {}
     if "ppo" in names:
         import torch
 
-        from autotune.policies.serving import PPOSimPolicy
+        from autotune.policies.serving import LearnedPolicy, PolicyServer
 
         torch.set_num_threads(1)
-        policy = PPOSimPolicy(checkpoint, slots=slots)
-        factories["ppo"] = lambda seed: policy
+        server = PolicyServer(checkpoint, slots=slots)  # raises on a bad checkpoint
+
+        def ppo(env: Any, seed: int) -> Any:
+            return LearnedPolicy(slots=slots, round_s=round_s, server=server)
+
+        factories["ppo"] = ppo
     if "tune" in names:
         from autotune.policies.trial_tuner import TrialTunerPolicy
 
-        factories["tune"] = lambda seed: TrialTunerPolicy(
-            budget_s=budget_s, seed=seed, charge=charge
+        factories["tune"] = lambda env, seed: TrialTunerPolicy(
+            env, budget_s=budget_s, seed=seed, charge=charge
         )
     return factories
 
@@ -198,7 +223,9 @@ def tune_policy(
     train_pods: TrainPodsOption = "1000:",
     window: WindowOption = 60,
     slots: Annotated[int, typer.Option(min=1, help="Job slots of the training env.")] = 16,
-    interval: Annotated[float, typer.Option(min=1.0, help="Decision round (s).")] = 3600.0,
+    round_s: Annotated[
+        float, typer.Option("--round-s", min=1.0, help="Decision round period (simulated s).")
+    ] = 300.0,
     max_steps: Annotated[int, typer.Option(min=1, help="Rounds per episode at most.")] = 128,
     warm_start: Annotated[
         str, typer.Option(help="Imitate this baseline before every trial: oracle, rules, none.")
@@ -233,13 +260,13 @@ def tune_policy(
                 start=start,
                 stop=stop,
                 window=window,
-                interval_s=interval,
+                round_s=round_s,
             ),
         )
     settings = PPOSettings(
         iterations=iterations,
         slots=slots,
-        interval_s=interval,
+        round_s=round_s,
         max_steps=max_steps,
         warm_start=None if warm_start == "none" else warm_start,
         warm_start_episodes=warm_start_episodes,

@@ -15,12 +15,12 @@ __all__ = ["BACKENDS", "build_backend"]
 
 
 def _simulated(settings: Settings) -> Backend:
-    from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+    from autotune.envs.simulator import SimConfig, SimulatedCluster
 
     return SimulatedCluster(
-        SimulatedClusterConfig(
+        SimConfig(
             seed=settings.seed,
-            seconds_per_tick=settings.sim_seconds_per_tick,
+            round_s=settings.round_period_s,
             mean_interarrival_s=settings.sim_mean_interarrival_s,
             initial_jobs=settings.sim_initial_jobs,
             max_jobs=settings.sim_max_jobs,

@@ -8,32 +8,63 @@ One round:
 
 1. jobs whose override has ended or been deleted go back to the policy, which decides for
    them as for waiting jobs;
-2. the policy chooses configurations (``Policy.decide``);
-3. every active override's pin is merged into its job's configuration; an override that
+2. the policy chooses configurations (``Policy.decide``), for waiting jobs and, where it
+   wants, for running ones (resize, recompress, another precision map or batch); a
+   choice without a configuration keeps its job waiting, with the reason;
+3. the memory rule (``autotune.perf.memory.fit_memory``) adds gradient accumulation,
+   then activation checkpointing, until a rank of each chosen configuration fits the
+   smallest GPU the job may run on;
+4. every active override's pin is merged into its job's configuration; an override that
    no longer composes with the configuration, or whose pinned GPUs are not free, is
    skipped with the reason and the job is planned as if it had none;
-4. the Planner places the jobs (pinned placements first, current placements kept where
-   the configuration did not change);
-5. a decision is made for every job placed anew, with its source (``policy``,
+5. the Planner places the jobs (pinned placements first, current placements kept where
+   the configuration did not change); a running job whose new configuration cannot be
+   placed keeps its current one;
+6. a decision is made for every job placed anew, with its source (``policy``,
    ``override``, ``fallback``), its reason and its explanation.
+
+The daemon's tick, the training environment (``autotune.envs.cluster_env``) and replay
+all call this one function.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any, Protocol
 
-from autotune.core import ACTIVE_STATES, Decision, DecisionSource, JobConfig, Placement
+from autotune.core import (
+    ACTIVE_STATES,
+    MILLI_PER_GPU,
+    Decision,
+    DecisionSource,
+    JobConfig,
+    JobSpec,
+    ModelProfile,
+    NodeInfo,
+    Placement,
+)
 from autotune.daemon.explain import explain_decision
 from autotune.daemon.overrides import pinned_config, pinned_placement
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
+from autotune.perf.memory import fit_memory
 from autotune.planner import plan
 
-if TYPE_CHECKING:
-    from autotune.db.repository import OverrideRecord
 
-__all__ = ["DecisionRound", "Why", "decide", "placement_summary"]
+class OverrideRecord(Protocol):
+    """What the decision step reads of an active override (the database's
+    ``autotune.db.repository.OverrideRecord`` is one)."""
+
+    @property
+    def override_id(self) -> int: ...
+    @property
+    def pin(self) -> Mapping[str, Any]: ...
+    @property
+    def reason(self) -> str: ...
+
+
+__all__ = ["DecisionRound", "Why", "decide", "fit_to_cluster", "placement_summary"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +87,8 @@ class DecisionRound:
     """Per decided job."""
     skipped_overrides: dict[str, str]
     """Overrides not applied this round, by job, with the reason."""
+    declined: dict[str, str] = field(default_factory=dict)
+    """Running jobs whose new configuration could not be placed (they keep theirs)."""
 
 
 def placement_summary(placement: Placement) -> str:
@@ -72,10 +105,12 @@ def decide(
     overrides: Mapping[str, OverrideRecord],
     *,
     honoured: Mapping[str, int | None],
+    explain: bool = True,
 ) -> DecisionRound:
     """The decisions of one round. ``overrides``: the active override of each job that has
     one; ``honoured``: per active job, the override its newest decision honoured (``None``:
-    the policy's)."""
+    the policy's); ``explain=False`` skips the explanations (the training environment
+    does not store them)."""
     active = snapshot.by_state(*ACTIVE_STATES)
     overrides = dict(overrides)
     # 1. A job whose newest decision honoured an override that has since ended goes back
@@ -96,11 +131,19 @@ def decide(
                 for j in snapshot.jobs
             ],
         )
-    # 2. The policy's choices.
-    choices = policy.decide(view)
-    # 3-4. Pins merged, then the Planner; an override that cannot be applied this round is
-    #      skipped with the reason and the round planned again without it.
+    # 2. The policy's choices; 3. the memory rule.
+    choices = _fit_memory(policy.decide(view), active, snapshot.nodes)
+    waiting = {
+        job_id: c.reason
+        for job_id, c in choices.items()
+        if c.config is None and job_id not in overrides
+    }
+    # 4-5. Pins merged, then the Planner; an override that cannot be applied this round is
+    #      skipped with the reason and the round planned again without it, and so is a
+    #      running job's new configuration that finds no room (it keeps its current one).
     skipped: dict[str, str] = {}
+    declined: dict[str, str] = {}
+    reserved: dict[str, Placement] = {}
     while True:
         configs, current, pinned = _pinned_configs(active, choices, overrides, released, skipped)
         # Pinned placements take their GPUs first: the Planner keeps current placements in
@@ -108,8 +151,9 @@ def decide(
         specs = [
             replace(j.spec, priority=2**31 - 1) if j.spec.job_id in pinned else j.spec
             for j in active
+            if j.spec.job_id in configs or j.spec.job_id not in waiting
         ]
-        result = plan(specs, snapshot.nodes, configs, current)
+        result = plan(specs, snapshot.nodes, configs, current, reserved=reserved)
         lost = [job_id for job_id, p in pinned.items() if result.placements.get(job_id) != p]
         for job_id in lost:
             skipped[job_id] = (
@@ -117,7 +161,46 @@ def decide(
                 "are not free for it (held by another pinned job, or CPU or host memory)"
             )
             overrides.pop(job_id)
-        if not lost:
+        # A running job is never displaced without somewhere to go: a pin that takes the
+        # GPUs of a running job the Planner cannot re-place is not applied this round.
+        for job_id, cause in _displacing_pins(
+            active, result.placements, pinned, choices
+        ).items():
+            if job_id in overrides:
+                skipped[job_id] = f"override {overrides[job_id].override_id} not applied: {cause}"
+                overrides.pop(job_id)
+                lost.append(job_id)
+        # A running job whose new configuration finds no room keeps its current one.
+        stuck = [
+            j.spec.job_id
+            for j in active
+            if j.state == "running"
+            and j.placement is not None
+            and j.spec.job_id not in result.placements
+            and (c := choices.get(j.spec.job_id)) is not None
+            and c.config is not None
+        ]
+        for job_id in stuck:
+            refused = choices.pop(job_id)
+            declined[job_id] = (
+                f"kept its configuration: the new one ({_describe(refused)}) was not placed "
+                f"({result.unplaced.get(job_id, 'no room')})"
+            )
+        # A running job keeping its configuration that the Planner would not keep where
+        # it is (its GPUs went to a pin, or the backend changed its configuration to one
+        # the memory check refuses) stays where it runs: nothing else takes its GPUs.
+        displaced = {
+            j.spec.job_id: j.placement
+            for j in active
+            if j.state == "running"
+            and j.placement is not None
+            and j.spec.job_id not in result.placements
+            and j.spec.job_id not in released
+            and j.spec.job_id not in pinned
+            and configs.get(j.spec.job_id) == j.config
+        }
+        reserved.update(displaced)
+        if not lost and not stuck and not displaced:
             break
     # 5. A decision for every job placed anew.
     nodes = {n.node_id: n for n in snapshot.nodes}
@@ -166,13 +249,16 @@ def decide(
                 nodes=nodes,
                 features=_features(snapshot, choice),
                 why=reason,
-            ),
+            )
+            if explain
+            else {},
         )
     return DecisionRound(
         decisions=decisions,
-        unplaced={**skipped, **result.unplaced},
+        unplaced={**waiting, **skipped, **result.unplaced},
         why=why,
         skipped_overrides=skipped,
+        declined=declined,
     )
 
 
@@ -193,7 +279,7 @@ def _pinned_configs(
     for job in active:
         job_id = job.spec.job_id
         choice = choices.get(job_id)
-        if choice is not None:
+        if choice is not None and choice.config is not None:
             configs[job_id] = choice.config
         elif job.config is not None:
             configs[job_id] = job.config
@@ -214,7 +300,7 @@ def _pinned_configs(
         if (
             job.placement is not None
             and configs.get(job_id) == job.config
-            and (job_id not in released or choice is None)
+            and (job_id not in released or choice is None or choice.config is None)
         ):
             current[job_id] = job.placement
     return configs, current, pinned
@@ -230,3 +316,80 @@ def _features(snapshot: ClusterSnapshot, choice: PolicyChoice | None) -> dict[st
     if choice is not None:
         features.update(choice.features)
     return features
+
+
+def _describe(choice: PolicyChoice) -> str:
+    return choice.config.describe() if choice.config is not None else "none"
+
+
+def fit_to_cluster(spec: JobSpec, config: JobConfig, nodes: Sequence[NodeInfo]) -> JobConfig:
+    """``config`` after the memory rule, for the smallest GPU ``spec`` may run on in
+    ``nodes`` (unchanged for a job without a model profile or with no such GPU)."""
+    if spec.model is None:
+        return config
+    memory = [n.gpu_memory_bytes for n in nodes if n.gpu_count > 0 and spec.allows(n.gpu_model)]
+    if not memory:
+        return config
+    share = min(memory) * spec.gpu_milli / MILLI_PER_GPU
+    return _fitted(spec.model, config, config.batch(spec), share)
+
+
+@lru_cache(maxsize=65_536)
+def _fitted(model: ModelProfile, config: JobConfig, batch: int, memory: float) -> JobConfig:
+    return fit_memory(model, config, batch, memory)[0]
+
+
+def _fit_memory(
+    choices: Mapping[str, PolicyChoice], active: Sequence[JobStatus], nodes: Sequence[NodeInfo]
+) -> dict[str, PolicyChoice]:
+    specs = {j.spec.job_id: j.spec for j in active}
+    fitted: dict[str, PolicyChoice] = {}
+    for job_id, choice in choices.items():
+        spec = specs.get(job_id)
+        if spec is None or choice.config is None:
+            fitted[job_id] = choice
+            continue
+        config = fit_to_cluster(spec, choice.config, nodes)
+        if config != choice.config:
+            layout = config.layout
+            what = []
+            if layout.micro_batches != choice.config.layout.micro_batches:
+                what.append(f"{layout.micro_batches} micro-batches")
+            if layout.activation_checkpointing != choice.config.layout.activation_checkpointing:
+                what.append("activation checkpointing")
+            choice = replace(
+                choice, config=config, reason=f"{choice.reason}; to fit memory: {', '.join(what)}"
+            )
+        fitted[job_id] = choice
+    return fitted
+
+
+def _displacing_pins(
+    active: Sequence[JobStatus],
+    placements: Mapping[str, Placement],
+    pinned: Mapping[str, Placement],
+    choices: Mapping[str, PolicyChoice],
+) -> dict[str, str]:
+    """Pinned jobs whose GPUs belong to a running job left without a placement."""
+    gpu_owner = {
+        (slot.node_id, slot.gpu_index): job_id
+        for job_id, placement in pinned.items()
+        for slot in placement.ranks
+    }
+    found: dict[str, str] = {}
+    for job in active:
+        job_id = job.spec.job_id
+        if job.state != "running" or job.placement is None or job_id in placements:
+            continue
+        choice = choices.get(job_id)
+        if job_id in pinned or (choice is not None and choice.config is not None):
+            continue
+        for slot in job.placement.ranks:
+            owner = gpu_owner.get((slot.node_id, slot.gpu_index))
+            if owner is not None and owner != job_id:
+                found.setdefault(
+                    owner,
+                    f"its pinned GPUs are held by running job {job_id}, which has nowhere "
+                    "else to go this round",
+                )
+    return found

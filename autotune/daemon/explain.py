@@ -82,7 +82,7 @@ def explain_decision(
         explanation["why"] += "; no model profile: goodput cannot be predicted"
         return explanation
     shape = shape_of(placement, nodes)
-    chosen = estimate(spec.model, config, shape, spec.global_batch)
+    chosen = estimate(spec.model, config, shape, config.batch(spec))
     explanation["chosen"] |= {
         "predicted_goodput": round(chosen.goodput, 3),
         "predicted_samples_per_s": round(chosen.step.samples_per_s, 3),
@@ -90,7 +90,7 @@ def explain_decision(
     }
     scored: list[tuple[str, JobConfig, float, bool]] = []
     for change, candidate in _neighbours(config):
-        predicted = estimate(spec.model, candidate, shape, spec.global_batch)
+        predicted = estimate(spec.model, candidate, shape, candidate.batch(spec))
         scored.append((change, candidate, predicted.goodput, not predicted.oom))
     scored.sort(key=lambda item: -item[2])
     explanation["alternatives"] = [

@@ -4,6 +4,13 @@ Every tick: observe the cluster (``Backend``), take the round's decisions with t
 decision step (``autotune.daemon.decide``: the ``Policy``, the active overrides and the
 Planner), commit every decision to the database, and only then apply it.
 A decision in the database with no ``applied_at`` was decided but not (yet) applied.
+
+A failing tick is counted (``Daemon.health``: ``GET /readyz`` answers 503 naming it,
+``/metrics`` counts it). After ``FALLBACK_AFTER`` failed ticks in a row the daemon
+decides with its fallback policy (``Daemon(fallback=...)``, the rules where the command
+line assembles it) whenever its own policy fails: each tick still asks its own policy
+first, and the first tick that its own policy decides and that completes ends the
+fallback. Decisions the fallback takes have ``source="fallback"`` and say why.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from types import FrameType
 from typing import Any
 
@@ -22,7 +30,7 @@ import uvicorn
 from sqlalchemy.orm import Session
 
 from autotune.core import ACTIVE_STATES, Decision, utc_now
-from autotune.daemon.decide import decide, placement_summary
+from autotune.daemon.decide import DecisionRound, decide, placement_summary
 from autotune.daemon.log import event
 from autotune.db import Database
 from autotune.db import repository as repo
@@ -33,10 +41,14 @@ from autotune.interfaces import (
     JobStatus,
     JobSubmission,
     Policy,
+    PolicyChoice,
 )
 from autotune.perf.model import statistical_efficiency
 
-__all__ = ["Daemon", "TickReport", "serve"]
+__all__ = ["FALLBACK_AFTER", "Daemon", "TickHealth", "TickReport", "serve"]
+
+FALLBACK_AFTER = 3
+"""Failed ticks in a row after which the daemon decides with its fallback policy."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,27 +60,111 @@ class TickReport:
     running: int
     pending: int
     gpu_utilization: float
+    fallback: bool = False
+    """The fallback policy decided this tick: the daemon's own policy failed."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TickHealth:
+    """How the decision loop is doing: what ``GET /readyz`` and ``/metrics`` report."""
+
+    consecutive_failures: int = 0
+    """Failed ticks in a row; a tick decided by the daemon's own policy resets it (a tick
+    the fallback decided leaves it as it is)."""
+    failures_total: int = 0
+    """Failed ticks since the daemon started."""
+    last_error: str | None = None
+    """``Type: message`` of the newest failure: of a tick, or of the daemon's own policy
+    in a tick the fallback then decided."""
+    last_failure_at: datetime | None = None
+    fallback: str | None = None
+    """The fallback policy's name while the daemon decides with it; ``None``: it does
+    not."""
+
+    @property
+    def ok(self) -> bool:
+        """The last tick succeeded and the daemon's own policy decided it."""
+        return self.consecutive_failures == 0 and self.fallback is None
+
+    def describe(self) -> str | None:
+        """Why the loop is not ok, in words; ``None`` when it is."""
+        if self.ok:
+            return None
+        text = f"{self.consecutive_failures} consecutive failed tick(s); last error: "
+        text += str(self.last_error)
+        if self.fallback is not None:
+            text += f"; deciding with the fallback policy {self.fallback}"
+        return text
+
+
+def _error(exc: BaseException) -> str:
+    """``Type: message`` (the message cut at 500 characters)."""
+    message = str(exc)
+    if len(message) > 500:
+        message = message[:497] + "..."
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+class _Fallback:
+    """The fallback policy as the decision step sees it: its choices say
+    ``source="fallback"`` and why, before its own reason."""
+
+    def __init__(self, policy: Policy, why: str) -> None:
+        self._policy = policy
+        self._why = why
+        self.name = policy.name
+        self.version = policy.version
+
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        return {
+            job_id: replace(choice, source="fallback", reason=f"{self._why}: {choice.reason}")
+            for job_id, choice in self._policy.decide(snapshot).items()
+        }
 
 
 class Daemon:
-    def __init__(self, *, db: Database, backend: Backend, policy: Policy) -> None:
+    def __init__(
+        self,
+        *,
+        db: Database,
+        backend: Backend,
+        policy: Policy,
+        fallback: Policy | None = None,
+    ) -> None:
+        """``fallback`` decides when ``policy`` fails after ``FALLBACK_AFTER`` failed
+        ticks in a row (``None``: failed ticks are only counted)."""
         self.db = db
         self.backend = backend
         self.policy = policy
+        self.fallback = fallback
+        # Replaced, never changed in place, by the decision loop's thread: other threads
+        # (the API's) read it without a lock.
+        self._health = TickHealth()
         # What the job rows last said, so unchanged jobs are not rewritten every tick.
-        self._job_rows: dict[str, tuple[str, str, float]] = {}
+        self._job_rows: dict[str, tuple[object, ...]] = {}
         self._nodes_written: tuple[object, ...] | None = None
         self._reconciled = False
+        self._started_at = utc_now()
         # Jobs the backend knows, and per active job the override its newest decision
         # honoured (None: the policy's); both rebuilt from the database at start().
         self._known: set[str] = set()
         self._honoured: dict[str, int | None] = {}
         self.tick_observers: list[Callable[[TickReport], None]] = []
 
+    @property
+    def health(self) -> TickHealth:
+        """How the decision loop is doing (safe to read from any thread)."""
+        return self._health
+
     def start(self) -> None:
-        """Record the active policy version; resume the database's active jobs on a
-        backend that can (``JobControl``)."""
+        """Record the active policy version (and the fallback's); resume the database's
+        active jobs on a backend that can (``JobControl``)."""
+        self._started_at = utc_now()
         with self.db.session() as session:
+            if self.fallback is not None:
+                repo.register_policy_version(
+                    session=session, version=self.fallback.version, kind=self.fallback.name
+                )
             repo.register_policy_version(
                 session=session,
                 version=self.policy.version,
@@ -108,6 +204,7 @@ class Daemon:
                         config=decision.config if decision is not None else None,
                         placement=decision.placement if decision is not None else None,
                         progress=record.progress,
+                        started_s=record.sim_started_s,
                     ),
                 )
             )
@@ -178,13 +275,88 @@ class Daemon:
             event("job.submitted", job=job_id, task=task["name"])
 
     def tick(self) -> TickReport:
+        """One decision round. A failure is counted in ``health`` and raised."""
+        try:
+            report = self._tick()
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        self._succeeded(report)
+        for observer in self.tick_observers:
+            observer(report)
+        return report
+
+    def _failed(self, exc: Exception) -> None:
+        before = self._health
+        failures = before.consecutive_failures + 1
+        fallback = before.fallback
+        error = _error(exc)
+        if fallback is None and self.fallback is not None and failures >= FALLBACK_AFTER:
+            fallback = self.fallback.name
+            event(
+                "tick.fallback",
+                level=logging.WARNING,
+                failures=failures,
+                error=error,
+                policy=self.policy.version,
+                fallback=self.fallback.version,
+            )
+        self._health = TickHealth(
+            consecutive_failures=failures,
+            failures_total=before.failures_total + 1,
+            last_error=error,
+            last_failure_at=utc_now(),
+            fallback=fallback,
+        )
+
+    def _succeeded(self, report: TickReport) -> None:
+        before = self._health
+        if before.ok or report.fallback:
+            return  # a tick the fallback decided leaves the loop degraded
+        self._health = replace(before, consecutive_failures=0, fallback=None)
+        event(
+            "tick.recovered",
+            failures=before.consecutive_failures,
+            last_error=before.last_error,
+            policy=self.policy.version,
+            fallback_ended=before.fallback is not None,
+        )
+
+    def _decide(
+        self, snapshot: ClusterSnapshot, overrides: dict[str, repo.OverrideRecord]
+    ) -> tuple[DecisionRound, bool]:
+        """The round's decisions, and whether the fallback policy took them: only when
+        the daemon is on its fallback and its own policy fails this round too (the
+        decision step is pure, so it can be taken again)."""
+        if self.fallback is None or self._health.fallback is None:
+            return decide(snapshot, self.policy, overrides, honoured=self._honoured), False
+        try:
+            return decide(snapshot, self.policy, overrides, honoured=self._honoured), False
+        except Exception as exc:
+            error = _error(exc)
+        self._health = health = replace(self._health, last_error=error, last_failure_at=utc_now())
+        event(
+            "policy.failed",
+            level=logging.WARNING,
+            policy=self.policy.version,
+            error=error,
+            fallback=self.fallback.version,
+        )
+        why = (
+            f"{health.consecutive_failures} consecutive failed ticks ({error}); "
+            f"deciding with {self.fallback.name}"
+        )
+        fallback = _Fallback(self.fallback, why)
+        return decide(snapshot, fallback, overrides, honoured=self._honoured), True
+
+    def _tick(self) -> TickReport:
         started = time.perf_counter()
         self._intake()
         snapshot = self.backend.observe()
         self._known.update(j.spec.job_id for j in snapshot.jobs)
         with self.db.session() as session:
             overrides = repo.active_overrides(session=session, at=utc_now())
-        round_ = decide(snapshot, self.policy, overrides, honoured=self._honoured)
+        round_, used_fallback = self._decide(snapshot, overrides)
         decisions, unplaced, why = round_.decisions, round_.unplaced, round_.why
         for job_id, reason in round_.skipped_overrides.items():
             event("override.skipped", job=job_id, reason=reason)
@@ -250,9 +422,8 @@ class Daemon:
             running=running,
             pending=pending,
             gpu_utilization=snapshot.gpu_utilization,
+            fallback=used_fallback,
         )
-        for observer in self.tick_observers:
-            observer(report)
         return report
 
     def _reconcile(self, session: Session, snapshot: ClusterSnapshot) -> None:
@@ -265,6 +436,11 @@ class Daemon:
             for record in records:
                 if record.spec.job_id in known:
                     continue
+                submitted = record.submitted_at
+                if submitted.tzinfo is None:
+                    submitted = submitted.replace(tzinfo=UTC)
+                if submitted >= self._started_at:
+                    continue  # submitted through the API since start: the next intake takes it
                 repo.set_job_state(
                     session=session,
                     job_id=record.spec.job_id,
@@ -289,7 +465,8 @@ class Daemon:
         session.flush()
 
     def _write_job(self, session: Session, job: JobStatus, reason: str) -> None:
-        row = (job.state, reason, round(job.progress, 4))
+        progress = round(job.progress, 4)
+        row = (job.state, reason, progress, job.spec.submitted_at, job.started_s, job.finished_s)
         if self._job_rows.get(job.spec.job_id) == row:
             return
         task = None
@@ -300,14 +477,19 @@ class Daemon:
             spec=job.spec,
             state=job.state,
             reason=reason,
-            progress=row[2],
+            progress=progress,
             task=task,
+            sim_submitted_s=job.spec.submitted_at,
+            sim_started_s=job.started_s,
+            sim_finished_s=job.finished_s,
         )
         self._job_rows[job.spec.job_id] = row
 
     def run(self, stop: threading.Event, tick_s: float) -> None:
         """Tick every ``tick_s`` seconds until ``stop`` is set; a tick in progress
-        finishes first. A failing tick is logged and the loop goes on.
+        finishes first. A failing tick is logged with how many failed in a row, counted
+        in ``health``, and the loop goes on (on the fallback policy after
+        ``FALLBACK_AFTER`` of them).
 
         It runs in a thread of its own, not on the API's event loop, so a busy API
         cannot delay a tick's start; ticks start at a fixed rate (the wait is
@@ -318,7 +500,15 @@ class Daemon:
             try:
                 self.tick()
             except Exception:
-                logging.getLogger("autotune").exception("tick failed")
+                health = self._health
+                logging.getLogger("autotune").exception(
+                    "tick.failed",
+                    extra={
+                        "error": health.last_error,
+                        "failures": health.consecutive_failures,
+                        "fallback": health.fallback,
+                    },
+                )
             next_at = max(next_at + tick_s, time.monotonic())
             stop.wait(next_at - time.monotonic())
 
@@ -355,10 +545,10 @@ def serve(
 ) -> None:
     """Run the decision loop and the API until SIGINT or SIGTERM; ``app_options`` go to
     ``autotune.api.app.create_app`` (token check, task allow-list, body limit, ...)."""
-    from autotune.api.app import create_app
+    from autotune.api.app import attach_daemon, create_app
 
     app = create_app(db=daemon.db, telemetry=telemetry, **app_options)
-    daemon.tick_observers.append(app.state.metrics.observe_tick)
+    attach_daemon(app, daemon)
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
     )

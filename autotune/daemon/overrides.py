@@ -146,7 +146,7 @@ def _memory_problems(
 ) -> list[str]:
     if spec.model is None:
         return []
-    estimate = rank_memory(spec.model, config, spec.global_batch)
+    estimate = rank_memory(spec.model, config, config.batch(spec))
     by_id = {n.node_id: n for n in nodes}
     return [
         f"out of memory on {node.node_id} ({node.gpu_model}, "

@@ -20,6 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S
 from autotune.db.engine import sqlite_url
 from autotune.errors import InputError
 
@@ -39,11 +40,20 @@ class Settings(BaseSettings):
     """Address the REST API binds to; loopback unless told otherwise."""
     port: int = Field(default=8000, ge=1, le=65535)
     tick_s: float = Field(default=2.0, gt=0, le=3600)
-    """Seconds between decision rounds."""
+    """Wall seconds between decision rounds: how fast the simulated cluster plays back
+    on ``--backend sim``; the round period itself on ``--backend ray`` unless ``round_s``
+    is set."""
+    round_s: float | None = Field(default=None, gt=0, le=86_400)
+    """The decision round period the policy sees, the one setting the training
+    environment and the daemon share: simulated seconds per tick on ``--backend sim``
+    (default 300, the period the shipped policy was trained at), wall seconds between
+    ticks on ``--backend ray`` (default ``tick_s``)."""
+    energy_weight: float = Field(default=DEFAULT_ENERGY_WEIGHT, ge=0)
+    """Reward given up per kWh the cluster draws, in units of normalized goodput (one job
+    at its reference speed for a whole round): the environment's and replay's reward use
+    it. At 0.05, a 300 s round of 32 busy 300 W GPUs (0.8 kWh) costs 0.04."""
     seed: int = Field(default=0, ge=0)
     """Seed of the simulated cluster's job stream."""
-    sim_seconds_per_tick: float = Field(default=120.0, gt=0)
-    """Simulated seconds that pass at each tick of the built-in simulated cluster."""
     sim_mean_interarrival_s: float = Field(default=300.0, gt=0)
     """Mean simulated seconds between job arrivals in the built-in job stream."""
     sim_initial_jobs: int = Field(default=6, ge=0)
@@ -70,6 +80,18 @@ class Settings(BaseSettings):
     """Largest request body the API reads; larger ones get 413."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
+
+    @property
+    def round_period_s(self) -> float:
+        """``round_s``, or its default for the backend."""
+        if self.round_s is not None:
+            return self.round_s
+        return DEFAULT_ROUND_S if self.backend == "sim" else self.tick_s
+
+    @property
+    def tick_period_s(self) -> float:
+        """Wall seconds between ticks."""
+        return self.tick_s if self.backend == "sim" else self.round_period_s
 
     @property
     def database_url(self) -> str:

@@ -93,6 +93,25 @@ class JobRecord:
     task: dict[str, Any] | None = None
     """``{"name", "steps", "origin"}``; ``None`` when unknown."""
     cancel_requested_at: datetime | None = None
+    started_at: datetime | None = None
+    """When the daemon first saw the job running (or decided it so)."""
+    finished_at: datetime | None = None
+    """When the daemon first saw the job finished, failed or cancelled."""
+    sim_submitted_s: float | None = None
+    """Submission, start and end on the backend's clock, where the backend gives them."""
+    sim_started_s: float | None = None
+    sim_finished_s: float | None = None
+
+    @property
+    def jct_s(self) -> float | None:
+        """Job completion time, seconds: end minus submission on the backend's clock
+        where it gives both, else ``finished_at - submitted_at``; ``None`` while the job
+        is active."""
+        if self.sim_finished_s is not None and self.sim_submitted_s is not None:
+            return self.sim_finished_s - self.sim_submitted_s
+        if self.finished_at is not None:
+            return (self.finished_at - self.submitted_at).total_seconds()
+        return None
 
 
 def _job_record(row: JobRow) -> JobRecord:
@@ -105,6 +124,11 @@ def _job_record(row: JobRow) -> JobRecord:
         updated_at=row.updated_at,
         task=row.task,
         cancel_requested_at=row.cancel_requested_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        sim_submitted_s=row.sim_submitted_s,
+        sim_started_s=row.sim_started_s,
+        sim_finished_s=row.sim_finished_s,
     )
 
 
@@ -161,6 +185,14 @@ def _check_state(state: str) -> None:
         raise ValueError(f"job state {state!r}: must be one of {JOB_STATES}")
 
 
+def _stamp(row: JobRow, now: datetime) -> None:
+    """Record when the job first ran and when it first reached a final state."""
+    if row.state == "running" and row.started_at is None:
+        row.started_at = now
+    if row.state not in ACTIVE_STATES and row.finished_at is None:
+        row.finished_at = now
+
+
 def upsert_job(
     *,
     session: Session,
@@ -169,31 +201,47 @@ def upsert_job(
     reason: str = "",
     progress: float = 0.0,
     task: dict[str, Any] | None = None,
+    sim_submitted_s: float | None = None,
+    sim_started_s: float | None = None,
+    sim_finished_s: float | None = None,
 ) -> None:
-    """Create the job, or update its state, reason and progress (and its task, when the
-    row has none yet)."""
+    """Create the job, or update its state, reason and progress (and its task, and its
+    times on the backend's clock, where the row has none yet). ``started_at`` and
+    ``finished_at`` are set when the job first shows running, and in a final state."""
     _check_state(state)
     now = utc_now()
     row = session.get(JobRow, spec.job_id)
     if row is None:
-        session.add(
-            JobRow(
-                job_id=spec.job_id,
-                spec=to_json(spec),
-                state=state,
-                state_reason=reason,
-                progress=progress,
-                submitted_at=now,
-                updated_at=now,
-                task=task,
-                cancel_requested_at=None,
-            )
+        row = JobRow(
+            job_id=spec.job_id,
+            spec=to_json(spec),
+            state=state,
+            state_reason=reason,
+            progress=progress,
+            submitted_at=now,
+            updated_at=now,
+            task=task,
+            cancel_requested_at=None,
+            started_at=None,
+            finished_at=None,
+            sim_submitted_s=sim_submitted_s,
+            sim_started_s=sim_started_s,
+            sim_finished_s=sim_finished_s,
         )
+        _stamp(row, now)
+        session.add(row)
         return
     if (row.state, row.state_reason, row.progress) != (state, reason, progress):
         row.state, row.state_reason, row.progress, row.updated_at = state, reason, progress, now
+        _stamp(row, now)
     if row.task is None and task is not None:
         row.task = task
+    if row.sim_submitted_s is None and sim_submitted_s is not None:
+        row.sim_submitted_s = sim_submitted_s
+    if row.sim_started_s is None and sim_started_s is not None:
+        row.sim_started_s = sim_started_s
+    if row.sim_finished_s is None and sim_finished_s is not None:
+        row.sim_finished_s = sim_finished_s
 
 
 def submit_job(*, session: Session, spec: JobSpec, task: dict[str, Any]) -> JobRecord | None:
@@ -260,6 +308,7 @@ def set_job_state(
     if row is None:
         raise KeyError(f"no job {job_id!r}")
     row.state, row.state_reason, row.updated_at = state, reason, utc_now()
+    _stamp(row, row.updated_at)
     if progress is not None:
         row.progress = progress
 

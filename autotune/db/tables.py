@@ -97,6 +97,16 @@ class JobRow(Base):
     ``None`` when the backend did not say (then the job cannot resume after a restart)."""
     cancel_requested_at: Mapped[datetime | None]
     """Set by ``DELETE /jobs/{id}``; the daemon cancels the job at its next tick."""
+    started_at: Mapped[datetime | None]
+    """When the daemon first saw the job running (or decided it so)."""
+    finished_at: Mapped[datetime | None]
+    """When the daemon first saw the job in a final state: finished, failed, cancelled."""
+    sim_submitted_s: Mapped[float | None] = mapped_column(Float)
+    """Submission time on the backend's clock (``JobSpec.submitted_at``)."""
+    sim_started_s: Mapped[float | None] = mapped_column(Float)
+    """When the job first ran, on the backend's clock (``JobStatus.started_s``)."""
+    sim_finished_s: Mapped[float | None] = mapped_column(Float)
+    """When the job reached a final state, on the backend's clock (``JobStatus.finished_s``)."""
 
 
 class DecisionRow(Base):

@@ -25,12 +25,19 @@ the approximation here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from autotune.core import MILLI_PER_GPU, JobConfig, ModelProfile, Precision
 
-__all__ = ["BYTES_PER_ELEMENT", "PARAMETER_SHARE", "MemoryEstimate", "rank_memory"]
+__all__ = [
+    "BYTES_PER_ELEMENT",
+    "MAX_MICRO_BATCHES",
+    "PARAMETER_SHARE",
+    "MemoryEstimate",
+    "fit_memory",
+    "rank_memory",
+]
 
 BYTES_PER_ELEMENT: Final[dict[Precision, int]] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -124,3 +131,40 @@ def rank_memory(model: ModelProfile, config: JobConfig, global_batch: int) -> Me
         activations_bytes=activations,
         runtime_bytes=RUNTIME_OVERHEAD_BYTES,
     )
+
+
+MAX_MICRO_BATCHES: Final = 64
+"""Most micro-batches (gradient accumulation steps) the memory rule adds."""
+
+
+def fit_memory(
+    model: ModelProfile, config: JobConfig, global_batch: int, memory_bytes: float
+) -> tuple[JobConfig, MemoryEstimate]:
+    """The memory rule: the config a rank of ``model`` needs to fit ``memory_bytes``, and
+    its estimate. Unchanged when it fits; otherwise more micro-batches (gradient
+    accumulation, or pipeline micro-batches), doubling while a micro-batch keeps at least
+    one sample and up to ``MAX_MICRO_BATCHES``; then the same with activation
+    checkpointing. The first that fits is returned; when none does, the last tried (the
+    Planner then says how much it needs). Layout degrees, precision and compression are
+    never changed: they are the policy's to choose."""
+    estimate = rank_memory(model, config, global_batch)
+    if estimate.fits(int(memory_bytes)):
+        return config, estimate
+    layout = config.layout
+    per_rank = max(1, global_batch // layout.dp)
+    tried = (config, estimate)
+    for checkpointing in sorted({layout.activation_checkpointing, True}):
+        micro = layout.micro_batches
+        while True:
+            candidate = replace(
+                config,
+                layout=replace(layout, micro_batches=micro, activation_checkpointing=checkpointing),
+            )
+            estimate = rank_memory(model, candidate, global_batch)
+            if estimate.fits(int(memory_bytes)):
+                return candidate, estimate
+            tried = (candidate, estimate)
+            if micro * 2 > min(per_rank, MAX_MICRO_BATCHES):
+                break
+            micro *= 2
+    return tried

@@ -17,12 +17,12 @@ import uvicorn
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
-from autotune.api.app import create_app
+from autotune.api.app import attach_daemon, create_app
 from autotune.daemon.auth import TokenCheck, ensure_token, hash_token
 from autotune.daemon.forecast import PersistenceForecaster, forecast_series
 from autotune.daemon.loop import Daemon
 from autotune.db import Database
-from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.policies.rules import RulesPolicy
 
 TOKEN = "test-token-0123456789"
@@ -33,7 +33,7 @@ class Service:
     def __init__(self, database: Database) -> None:
         self.daemon = Daemon(
             db=database,
-            backend=SimulatedCluster(SimulatedClusterConfig(seed=1)),
+            backend=SimulatedCluster(SimConfig(seed=1, initial_jobs=6, max_jobs=6)),
             policy=RulesPolicy(),
         )
         self.daemon.start()
@@ -44,7 +44,7 @@ class Service:
             task_modules=["labtasks"],
             max_body_bytes=4096,
         )
-        self.daemon.tick_observers.append(self.app.state.metrics.observe_tick)
+        attach_daemon(self.app, self.daemon)  # as serve() does
         self.client = TestClient(self.app)
 
     def ticks(self, n: int) -> None:
@@ -353,6 +353,16 @@ def test_readiness_needs_the_database_and_a_policy(service: Service, tmp_path: P
         "status": "ready",
         "database": True,
         "policy_version": service.daemon.policy.version,
+        "tick": {
+            "ok": True,
+            "consecutive_failures": 0,
+            "failures_total": 0,
+            "last_error": None,
+            "last_failure_at": None,
+            "fallback": False,
+            "fallback_policy": None,
+        },
+        "reasons": [],
     }
     fresh = Database(f"sqlite:///{tmp_path / 'fresh.db'}")
     fresh.upgrade()
@@ -360,6 +370,8 @@ def test_readiness_needs_the_database_and_a_policy(service: Service, tmp_path: P
         response = client.get("/api/v1/readyz")
         assert response.status_code == 503
         assert response.json()["database"] is True
+        assert response.json()["reasons"] == ["no active policy version"]
+        assert response.json()["tick"] is None  # no decision loop attached to this app
         with fresh.engine.begin() as connection:
             connection.execute(text("DROP TABLE policy_versions"))
         assert client.get("/api/v1/readyz").json()["database"] is False

@@ -19,7 +19,7 @@ from autotune.core import Decision
 from autotune.daemon.loop import Daemon
 from autotune.db import Database
 from autotune.db import repository as repo
-from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.interfaces import ClusterSnapshot
 from autotune.planner import verify_placements
 from autotune.policies.rules import RulesPolicy
@@ -29,7 +29,7 @@ class RecordingCluster(SimulatedCluster):
     """The simulated cluster, checking at apply() time that every decision is already
     committed (a new connection sees it) and not yet marked applied."""
 
-    def __init__(self, db: Database, config: SimulatedClusterConfig) -> None:
+    def __init__(self, db: Database, config: SimConfig) -> None:
         super().__init__(config)
         self.db = db
         self.applied: list[Decision] = []
@@ -52,7 +52,7 @@ class RecordingCluster(SimulatedCluster):
 
 
 def run_ticks(database: Database, ticks: int, seed: int = 0) -> RecordingCluster:
-    backend = RecordingCluster(database, SimulatedClusterConfig(seed=seed))
+    backend = RecordingCluster(database, SimConfig(seed=seed))
     daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
     daemon.start()
     for _ in range(ticks):
@@ -104,7 +104,7 @@ class ObserveOnlyCluster:
 
     name = "simulator"
 
-    def __init__(self, config: SimulatedClusterConfig) -> None:
+    def __init__(self, config: SimConfig) -> None:
         self._cluster = SimulatedCluster(config)
 
     def observe(self) -> ClusterSnapshot:
@@ -133,7 +133,7 @@ def test_restart_resumes_the_database_jobs_where_they_were(database: Database) -
         all_ids = {r.spec.job_id for r in repo.list_jobs(session=session, limit=1000)[0]}
         latest = repo.latest_decisions(session=session)
     assert any(r.state == "running" for r in before.values())
-    backend = SimulatedCluster(SimulatedClusterConfig(seed=0))
+    backend = SimulatedCluster(SimConfig(seed=0))
     daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
     daemon.start()
     snapshot = backend.observe()
@@ -153,7 +153,7 @@ def test_restart_fails_jobs_a_backend_cannot_resume(database: Database) -> None:
     run_ticks(database, ticks=5, seed=0)
     active = set(active_jobs(database))
     assert active
-    backend = ObserveOnlyCluster(SimulatedClusterConfig(seed=0, initial_jobs=0, max_jobs=0))
+    backend = ObserveOnlyCluster(SimConfig(seed=0, initial_jobs=0, max_jobs=0))
     daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
     daemon.start()
     daemon.tick()
@@ -246,7 +246,7 @@ class CrashingCluster(SimulatedCluster):
     """Dies in ``apply`` at its ``crash_at``-th tick: after the decisions were
     committed, before they took effect (what a SIGKILL there would leave)."""
 
-    def __init__(self, config: SimulatedClusterConfig, crash_at: int) -> None:
+    def __init__(self, config: SimConfig, crash_at: int) -> None:
         super().__init__(config)
         self.crash_at = crash_at
         self.ticks = 0
@@ -266,8 +266,8 @@ def run_until_killed(daemon: Daemon) -> None:
 def test_a_crash_between_commit_and_apply_leaves_decisions_marked_unapplied(
     database: Database,
 ) -> None:
-    config = SimulatedClusterConfig(seed=0, mean_interarrival_s=60)
-    daemon = Daemon(db=database, backend=CrashingCluster(config, crash_at=4), policy=RulesPolicy())
+    config = SimConfig(seed=0, mean_interarrival_s=60)
+    daemon = Daemon(db=database, backend=CrashingCluster(config, crash_at=2), policy=RulesPolicy())
     daemon.start()
     with pytest.raises(SystemExit):
         run_until_killed(daemon)

@@ -14,8 +14,9 @@ from helpers import autotune_command
 
 from autotune.db import Database
 from autotune.db import repository as repo
-from autotune.envs.cluster_env import ACTION_DIMS, ClusterEnv
-from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.cluster_env import ClusterEnv
+from autotune.envs.simulator import SimConfig, SimulatedCluster
+from autotune.envs.spaces import ACTION_DIMS
 from autotune.planner import verify_placements
 from autotune.policies.evaluate import run_episode
 from autotune.policies.ppo import MODULE_PATH, SlotPolicyModule
@@ -23,7 +24,6 @@ from autotune.policies.serving import (
     IncompatiblePolicyError,
     LearnedPolicy,
     PolicyServer,
-    PPOSimPolicy,
     default_policy_checkpoint,
 )
 from autotune.policies.trial_tuner import TrialTunerPolicy
@@ -47,7 +47,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "16",
             "--slots",
             "4",
-            "--interval",
+            "--round-s",
             "600",
             "--warm-start",
             "rules",
@@ -92,7 +92,7 @@ def test_checkpoint_serves_any_slot_count(trained: Path) -> None:
     assert action.shape == (32 * len(ACTION_DIMS),)
     assert env.action_space.contains(action)
     assert np.array_equal(action, server.act(obs)), "inference is deterministic"
-    metrics = run_episode(PPOSimPolicy(trained, slots=32), env, seed=0)
+    metrics = run_episode(LearnedPolicy(trained, slots=32, round_s=env.round_s), env, seed=0)
     assert metrics["n_jobs_done"] > 0
 
 
@@ -110,7 +110,7 @@ def test_shipped_policy_loads_and_acts() -> None:
 def _incompatible_module(path: Path) -> Path:
     """A valid RLModule checkpoint whose action space is not the env's."""
     module = SlotPolicyModule(
-        observation_space=gym.spaces.Box(-np.inf, np.inf, (12 + 16,), np.float32),
+        observation_space=gym.spaces.Box(0, 1, (12 + 16,), np.float32),
         action_space=gym.spaces.MultiDiscrete([3, 3]),
         model_config={"hidden": 4},
     )
@@ -121,7 +121,7 @@ def _incompatible_module(path: Path) -> Path:
 def _fallback_ticks(database: Database, policy: LearnedPolicy, ticks: int = 3) -> list:  # type: ignore[type-arg]
     from autotune.daemon.loop import Daemon
 
-    backend = SimulatedCluster(SimulatedClusterConfig(seed=0))
+    backend = SimulatedCluster(SimConfig(seed=0))
     daemon = Daemon(db=database, backend=backend, policy=policy)
     daemon.start()
     decisions = []
@@ -185,7 +185,7 @@ def test_daemon_falls_back_to_rules(
 def test_daemon_decides_with_the_learned_policy(trained: Path, database: Database) -> None:
     policy = LearnedPolicy(trained)
     assert policy.server is not None
-    backend = SimulatedCluster(SimulatedClusterConfig(seed=0))
+    backend = SimulatedCluster(SimConfig(seed=0))
     from autotune.daemon.loop import Daemon
 
     daemon = Daemon(db=database, backend=backend, policy=policy)
@@ -195,6 +195,7 @@ def test_daemon_decides_with_the_learned_policy(trained: Path, database: Databas
         decisions.extend(daemon.tick().decisions)
     assert decisions
     assert {d.source for d in decisions} == {"policy"}
+    assert all(d.reason.startswith("ppo (slot ") for d in decisions)
     snapshot = backend.observe()
     running = {
         j.spec.job_id: j.placement for j in snapshot.by_state("running") if j.placement is not None
@@ -205,11 +206,23 @@ def test_daemon_decides_with_the_learned_policy(trained: Path, database: Databas
 
 
 def test_trial_tuner_sets_each_job_once() -> None:
-    policy = TrialTunerPolicy(budget_s=600, trial_s=120, seed=0)
-    env = ClusterEnv(small=True, slots=4, n_jobs=6, max_steps=64)
+    env = ClusterEnv(small=True, slots=4, n_jobs=6, max_steps=128)
+    policy = TrialTunerPolicy(env, budget_s=600, trial_s=120, seed=0)
+    env.reset(seed=0)
+    assert env.snapshot is not None
+    assert env.sim is not None
+    choices = policy.decide(env.snapshot)
+    # Tuned on arrival, charged the trial budget as downtime served once it starts.
+    assert policy.chosen
+    for job_id, config in policy.chosen.items():
+        assert choices[job_id].config == config
+        assert env.sim.jobs[job_id].downtime_s == 600
     metrics = run_episode(policy, env, seed=0)
     assert metrics["n_jobs_done"] + metrics["n_jobs_failed"] == 6
     assert set(policy.trials.values()) == {5}
+    assert len(policy.chosen) == 6
+    # Set once: no job is ever reconfigured.
+    assert all(job.restarts == 0 for job in env.sim.jobs.values())
 
 
 @pytest.mark.ray
@@ -267,7 +280,7 @@ def test_asha_search_smoke(tmp_path: Path) -> None:
             "4",
             "--max-steps",
             "16",
-            "--interval",
+            "--round-s",
             "600",
             "--out",
             str(tmp_path / "search"),

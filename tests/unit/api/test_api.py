@@ -12,15 +12,13 @@ from autotune.api.app import create_app
 from autotune.core import utc_now
 from autotune.daemon.loop import Daemon
 from autotune.db import Database
-from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.policies.rules import RulesPolicy
 
 
 @pytest.fixture
 def client(database: Database) -> Iterator[TestClient]:
-    daemon = Daemon(
-        db=database, backend=SimulatedCluster(SimulatedClusterConfig(seed=1)), policy=RulesPolicy()
-    )
+    daemon = Daemon(db=database, backend=SimulatedCluster(SimConfig(seed=1)), policy=RulesPolicy())
     daemon.start()
     for _ in range(8):
         daemon.tick()

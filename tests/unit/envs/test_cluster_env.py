@@ -14,11 +14,13 @@ from helpers import autotune_command
 
 import autotune.envs  # noqa: F401 - registers the environments
 from autotune.catalog.profiles import MODEL_CATALOG
-from autotune.envs.cluster_env import ClusterEnv
+from autotune.core import Decision, JobConfig, JobSpec, NodeInfo, Placement, RankSlot
+from autotune.daemon.decide import decide
+from autotune.envs.cluster_env import ChoicesPolicy, ClusterEnv
 from autotune.envs.presets import small_nodes
-from autotune.envs.simulator import Choice, ClusterSimulator, Job, SimConfig
+from autotune.envs.simulator import Arrival, SimConfig, SimulatedCluster
 from autotune.envs.workloads import synthetic_jobs
-from autotune.perf.model import DEFAULT_COEFFICIENTS
+from autotune.interfaces import PolicyChoice
 from autotune.policies.baselines import BASELINES, make_policy
 from autotune.policies.evaluate import METRICS, evaluate, run_episode
 
@@ -48,95 +50,116 @@ def test_same_seed_same_trajectory() -> None:
     assert _trajectory(7) != _trajectory(8)
 
 
-def _job(job_id: str, gpus: int, submit_s: float = 0.0, duration_s: float = 3600.0) -> Job:
+def _job(job_id: str, gpus: int, submit_s: float = 0.0, duration_s: float = 3600.0) -> Arrival:
     model = MODEL_CATALOG["gpt-125m"]
-    return Job(
-        job_id=job_id,
-        model=model,
-        coeffs=DEFAULT_COEFFICIENTS,
-        submit_s=submit_s,
-        work=0.0,
+    return Arrival(
+        spec=JobSpec(
+            job_id=job_id,
+            model=model,
+            global_batch=model.reference_batch,
+            min_gpus=1,
+            max_gpus=2 * gpus,
+            submitted_at=submit_s,
+        ),
         duration_s=duration_s,
-        base_batch=model.reference_batch,
-        requested_gpus=gpus,
-        min_gpus=1,
-        max_gpus=2 * gpus,
+        reference_gpus=gpus,
     )
+
+
+def _sim(nodes: list[NodeInfo], jobs: list[Arrival], round_s: float = 300.0) -> SimulatedCluster:
+    config = SimConfig(nodes=tuple(nodes), round_s=round_s, noise=False)
+    sim = SimulatedCluster(config, arrivals=jobs, rng=np.random.default_rng(0))
+    sim.start()
+    return sim
+
+
+def _place(sim: SimulatedCluster, job_id: str, config: JobConfig) -> None:
+    """Apply one decision for ``job_id`` through the daemon's decision step."""
+    choice = PolicyChoice(config=config, reason="test")
+    round_ = decide(sim.snapshot(), ChoicesPolicy({job_id: choice}), {}, honoured={})
+    sim.apply([d for d in round_.decisions if d.job_id == job_id])
 
 
 def test_static_config_reproduces_the_trace_duration_on_the_reference_gpu() -> None:
     nodes = [n for n in small_nodes() if n.gpu_model == "A100"]
-    sim = ClusterSimulator(
-        nodes,
-        [_job("a", 4)],
-        config=SimConfig(interval_s=60, noise=False),
-        rng=np.random.default_rng(0),
-    )
+    sim = _sim(nodes, [_job("a", 4)], round_s=60)
+    _place(sim, "a", JobConfig.data_parallel(4))
     while not sim.done:
-        sim.advance({"a": Choice.for_gpus(4, batch=1)} if sim.now == 0 else {})
-    (job,) = sim.finished
-    assert job.finish_s == pytest.approx(3600.0, rel=0.02)
-
-
-def test_fifo_queues_jobs_that_do_not_fit() -> None:
-    nodes = [n for n in small_nodes() if n.gpu_model == "A100"]  # 8 GPUs
-    jobs = [_job("a", 8), _job("b", 1, submit_s=0.0)]
-    sim = ClusterSimulator(nodes, jobs, config=SimConfig(noise=False), rng=np.random.default_rng(0))
-    sim.advance({})
-    running = {j.job_id for j in sim.active if j.running}
-    assert running == {"a"}  # b waits behind a although it is small: strict FIFO
-    while not sim.done:
-        sim.advance({})
-    a, b = sorted(sim.finished, key=lambda j: j.job_id)
-    assert b.start_s is not None
-    assert a.finish_s is not None
-    assert b.start_s >= a.finish_s - 300
+        sim.advance()
+    (job,) = sim.finished_jobs()
+    assert job.status.finished_s == pytest.approx(3600.0, rel=0.02)
+    assert job.status.started_s == 0.0
 
 
 def test_reconfiguration_costs_a_restart() -> None:
-    nodes = small_nodes()
-    sim = ClusterSimulator(
-        nodes, [_job("a", 2)], config=SimConfig(noise=False), rng=np.random.default_rng(0)
-    )
-    sim.advance({"a": Choice.for_gpus(2)})
-    outcome = sim.advance({"a": Choice.for_gpus(4)})
-    assert outcome.restarts == 1
-    assert outcome.normalized_goodput < sim.advance({}).normalized_goodput
+    sim = _sim(small_nodes(), [_job("a", 2)])
+    _place(sim, "a", JobConfig.data_parallel(2))
+    steady = sim.advance()
+    assert steady.restarts == 0
+    _place(sim, "a", JobConfig.data_parallel(4))
+    changed = sim.advance()
+    assert changed.restarts == 1
+    assert changed.restart_s == pytest.approx(sim.config.restart_s)
+    assert changed.normalized_goodput < sim.advance().normalized_goodput
 
 
 def test_out_of_memory_config_fails_the_job() -> None:
     model = MODEL_CATALOG["gpt-7b"]
-    job = Job(
+    spec = JobSpec(job_id="big", model=model, global_batch=32, min_gpus=1, max_gpus=1)
+    sim = _sim(small_nodes(), [Arrival(spec=spec, work=1e6)])
+    # The Planner refuses it; a forced placement (as an override could) crashes it.
+    round_ = decide(
+        sim.snapshot(),
+        ChoicesPolicy({"big": PolicyChoice(config=JobConfig.data_parallel(1), reason="t")}),
+        {},
+        honoured={},
+    )
+    assert "big" in round_.unplaced
+    node = small_nodes()[0]
+    forced = Decision(
         job_id="big",
-        model=model,
-        coeffs=DEFAULT_COEFFICIENTS,
-        submit_s=0,
-        work=1e6,
-        base_batch=32,
-        requested_gpus=1,
-        min_gpus=1,
-        max_gpus=1,
+        config=JobConfig.data_parallel(1),
+        placement=Placement(
+            job_id="big", ranks=(RankSlot(rank=0, node_id=node.node_id, gpu_index=0),)
+        ),
+        source="override",
+        policy_version="test",
+        reason="forced",
     )
-    sim = ClusterSimulator(
-        small_nodes(), [job], config=SimConfig(noise=False), rng=np.random.default_rng(0)
-    )
-    outcome = sim.advance({"big": Choice.for_gpus(1)})
+    sim.apply([forced])
+    outcome = sim.advance()
     assert outcome.ooms == 1
-    assert sim.failed == [job]
+    assert [j.job_id for j in sim.failed_jobs()] == ["big"]
     assert sim.done
+
+
+def test_the_memory_rule_adds_accumulation_before_the_planner_refuses() -> None:
+    model = MODEL_CATALOG["bert-large"]
+    spec = JobSpec(job_id="b", model=model, global_batch=256, min_gpus=1, max_gpus=8)
+    sim = _sim(small_nodes(), [Arrival(spec=spec, work=1e6)])
+    config = JobConfig.data_parallel(1)
+    round_ = decide(
+        sim.snapshot(),
+        ChoicesPolicy({"b": PolicyChoice(config=config, reason="t")}),
+        {},
+        honoured={},
+    )
+    (decision,) = round_.decisions
+    assert decision.config.layout.micro_batches > 1
+    assert "to fit memory" in decision.reason
+    sim.apply(round_.decisions)
+    assert sim.advance().ooms == 0
 
 
 @pytest.mark.parametrize("name", sorted(BASELINES))
 def test_every_baseline_finishes_the_small_workload(name: str) -> None:
     rng = np.random.default_rng(3)
     jobs = synthetic_jobs(rng, n_jobs=10, mean_interarrival_s=600, median_duration_s=1800)
-    policy = make_policy(name, 0)
-    env = ClusterEnv(
-        nodes=small_nodes(), jobs=jobs, slots=8, max_steps=5000, queue_order=policy.queue_order
-    )
-    result = run_episode(policy, env, seed=0)
+    env = ClusterEnv(nodes=small_nodes(), jobs=jobs, slots=8, max_steps=5000)
+    result = run_episode(make_policy(name, env, 0), env, seed=0)
     assert set(result) == set(METRICS)
-    assert result["n_jobs_done"] + len(env.sim.failed if env.sim else []) == 10
+    assert result["n_jobs_done"] + result["n_jobs_failed"] == 10
+    assert result["energy_kwh"] > 0
     assert 0 < result["gpu_util"] <= 1
 
 
@@ -167,7 +190,7 @@ def test_eval_command_on_a_philly_style_trace(tmp_path: Path) -> None:
             "--gpus",
             "16",
             "--policies",
-            "static,rules,tiresias",
+            "static,rules,oracle",
             "--seeds",
             "2",
             "--json",

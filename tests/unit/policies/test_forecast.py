@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from helpers import autotune_command, cli
 
-from autotune.envs.cluster_env import GLOBAL_FEATURES, ClusterEnv
+from autotune.envs.cluster_env import ClusterEnv
+from autotune.envs.spaces import GLOBAL
 from autotune.policies.forecast import (
     TRAIN_SERIES,
     EnvForecast,
@@ -147,14 +148,34 @@ def test_env_observes_the_forecast() -> None:
     for _ in range(5):
         obs, *_ = env.step(env.action_space.sample())
     assert calls == [1, 2, 3, 4, 5, 6]
-    g = GLOBAL_FEATURES - 4
-    assert obs[g + 3] == pytest.approx(env.forecast)
-    assert 0.0 <= obs[g + 3] <= 1.0
-    expected = hook(env._busy_history, env.sim_config.interval_s, env.sim.now)  # type: ignore[union-attr]
-    assert obs[g + 3] == pytest.approx(expected, abs=1e-6)
+    forecast = [f.name for f in GLOBAL].index("forecast")
+    busy = [f.name for f in GLOBAL].index("busy")
+    assert obs[forecast] == pytest.approx(env.encoder.forecast)
+    assert 0.0 <= obs[forecast] <= 1.0
+    history = env.encoder._busy
+    expected = hook(history, env.round_s, env.sim.now)  # type: ignore[union-attr]
+    assert obs[forecast] == pytest.approx(min(1.0, max(0.0, expected)), abs=1e-6)
 
     plain = ClusterEnv(small=True, slots=4, n_jobs=6)
     obs, _ = plain.reset(seed=1)
     obs, *_ = plain.step(plain.action_space.sample())
-    assert obs[g + 3] == obs[g + 2]
+    assert obs[forecast] == obs[busy]
     assert np.isfinite(obs).all()
+
+
+def test_env_forecast_reads_real_minutes_whatever_the_round() -> None:
+    from autotune.policies.forecast import EnvForecast
+
+    forecast = EnvForecast()
+    need = forecast.forecaster.history
+    # Five-minute rounds: each value held for five minutes.
+    five = forecast.minutes([0.1, 0.2, 0.3], 300)
+    assert list(five[-10:]) == [0.2] * 5 + [0.3] * 5
+    # Two-second rounds (a Ray daemon): one value per minute, the newest of each.
+    rounds = [i / 1000 for i in range(30 * (need + 5))]
+    per_minute = forecast.minutes(rounds, 2)
+    assert len(per_minute) == need
+    assert per_minute[-1] == rounds[-1]
+    assert per_minute[-2] == rounds[-31]
+    direct = forecast.forecaster.predict_next(per_minute, 60.0, forecast.horizon)
+    assert forecast(rounds, 2, 3600.0) == pytest.approx(min(1.0, max(0.0, direct)))

@@ -8,13 +8,13 @@ from datetime import timedelta
 from autotune.core import utc_now
 from autotune.daemon.decide import decide
 from autotune.db.repository import OverrideRecord
-from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.planner import verify_placements
 from autotune.policies.rules import RulesPolicy
 
 
 def _snapshot(seed: int = 0):  # type: ignore[no-untyped-def]
-    cluster = SimulatedCluster(SimulatedClusterConfig(seed=seed, initial_jobs=6, max_jobs=6))
+    cluster = SimulatedCluster(SimConfig(seed=seed, initial_jobs=6, max_jobs=6))
     return cluster.observe()
 
 

@@ -37,7 +37,7 @@ def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision
 
 def test_migrations_create_exactly_the_models_schema(any_database: Database) -> None:
     database = any_database
-    assert database.current_revision() == "0002"
+    assert database.current_revision() == "0003"
     with database.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
@@ -175,8 +175,8 @@ def test_db_upgrade_command_creates_the_schema(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "cli.db")
     result = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
     assert result.exit_code == 0, result.output
-    assert "revision 0002" in result.stdout
-    assert Database(url).current_revision() == "0002"
+    assert "revision 0003" in result.stdout
+    assert Database(url).current_revision() == "0003"
     bad = CliRunner().invoke(app, ["db", "upgrade", "--db", "nonsense"])
     assert bad.exit_code == 2
     assert bad.stderr.startswith("error: not a database URL")
@@ -244,13 +244,13 @@ def test_overrides_cancellation_and_tokens_round_trip(any_database: Database) ->
 
 def test_the_daemon_decides_and_resumes_on_either_database(any_database: Database) -> None:
     from autotune.daemon.loop import Daemon
-    from autotune.envs.sim_backend import SimulatedCluster, SimulatedClusterConfig
+    from autotune.envs.simulator import SimConfig, SimulatedCluster
     from autotune.policies.rules import RulesPolicy
 
     database = any_database
     daemon = Daemon(
         db=database,
-        backend=SimulatedCluster(SimulatedClusterConfig(seed=2)),
+        backend=SimulatedCluster(SimConfig(seed=2)),
         policy=RulesPolicy(),
     )
     daemon.start()
@@ -261,7 +261,7 @@ def test_the_daemon_decides_and_resumes_on_either_database(any_database: Databas
         _, decided = repo.list_decisions(session=session)
     assert running
     assert decided >= len(running)
-    again = SimulatedCluster(SimulatedClusterConfig(seed=2))
+    again = SimulatedCluster(SimConfig(seed=2))
     restarted = Daemon(db=database, backend=again, policy=RulesPolicy())
     restarted.start()
     restarted.tick()
