@@ -36,6 +36,7 @@ __all__ = [
     "count_powersgd_traffic",
     "counting_allreduce_hook",
     "local_grad",
+    "stop_counting_powersgd_traffic",
 ]
 
 
@@ -144,10 +145,22 @@ class _CountingDist:
 
 def count_powersgd_traffic(counter: ByteCounter) -> None:
     """Make PowerSGD's hook count the bytes of every all-reduce it issues (P, Q and the
-    tensors it leaves uncompressed) into ``counter``, in this process."""
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    tensors it leaves uncompressed) into ``counter``, in this process, including the plain
+    all-reduces of its warm-up steps (``start_powerSGD_iter``), which go through
+    ``default_hooks``. A worker process trains one job, so nothing else is counted."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    powerSGD_hook.dist = _CountingDist(counter)  # type: ignore[assignment,attr-defined]
+    counting = _CountingDist(counter)
+    powerSGD_hook.dist = counting  # type: ignore[assignment,attr-defined]
+    default_hooks.dist = counting  # type: ignore[assignment,attr-defined]
+
+
+def stop_counting_powersgd_traffic() -> None:
+    """Undo ``count_powersgd_traffic`` (a process that trains another job next)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    powerSGD_hook.dist = dist  # type: ignore[attr-defined]
+    default_hooks.dist = dist  # type: ignore[attr-defined]
 
 
 @dataclass

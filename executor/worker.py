@@ -30,6 +30,7 @@ from autotune.executor.compression import (
     count_powersgd_traffic,
     counting_allreduce_hook,
     local_grad,
+    stop_counting_powersgd_traffic,
 )
 from autotune.executor.parallel import (
     ParallelError,
@@ -206,6 +207,7 @@ class RankWorker:
         self.counter = ByteCounter()
         self.ddp: nn.Module | None = None
         dp_group = self.mesh["dp"].get_group()
+        stop_counting_powersgd_traffic()
         if compression.kind == "powersgd":
             if self.tp > 1 or self.pp > 1:
                 raise ParallelError(
