@@ -16,11 +16,11 @@ feature has declared bounds; ``FEATURES`` lists them (index, name, range, meanin
 environment's docstring prints the same table.
 
 **Action.** Per slot, ``ACTION_FIELDS`` in order: reconfigure a running job now (1) or
-keep its configuration (0; a waiting job is always configured), compression, precision map, GPU count, layout mode, batch scale,
-activation checkpointing. An entry out of its range is rejected
-(``InvalidActionError``), never wrapped. The decoded configuration then passes the
-decision step's memory rule (gradient accumulation, then checkpointing, until a rank
-fits: ``autotune.perf.memory.fit_memory``) and the Planner.
+keep its configuration (0; a waiting job is always configured), compression, precision
+map, GPU count, layout mode, batch scale, activation checkpointing. An entry out of its
+range is rejected (``InvalidActionError``), never wrapped. The decoded configuration then
+passes the decision step's memory rule (gradient accumulation, then checkpointing, until
+a rank fits: ``autotune.perf.memory.fit_memory``) and the Planner.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from ray.rllib.core.rl_module.apis import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 
+from autotune.core import DEFAULT_ENERGY_WEIGHT
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import Arrival
 from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT, encode_config, slot_jobs
@@ -159,6 +160,8 @@ class PPOSettings:
     gamma: float = 0.97
     hidden: int = 64
     reward_scale: float = 0.1
+    energy_weight: float = DEFAULT_ENERGY_WEIGHT
+    """Normalized goodput the reward gives up per kWh (the daemon's ``energy_weight``)."""
     warm_start: str | None = "oracle"
     """Teacher baseline for behaviour cloning before PPO (``None``: from scratch)."""
     warm_start_episodes: int = 12
@@ -231,6 +234,7 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
         "slots": settings.slots,
         "max_steps": settings.max_steps,
         "forecaster": forecaster,
+        "energy_weight": settings.energy_weight,
     }
     worker = int(getattr(config, "worker_index", 0)) * 1000 + int(
         getattr(config, "vector_index", 0)

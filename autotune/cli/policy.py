@@ -63,6 +63,13 @@ def train_policy(
         ),
     ] = 300.0,
     max_steps: Annotated[int, typer.Option(min=1, help="Rounds per episode at most.")] = 128,
+    energy_weight: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Reward given up per kWh (default: the energy_weight setting, 0.05).",
+        ),
+    ] = None,
     warm_start: Annotated[
         str, typer.Option(help="Imitate this baseline before PPO: oracle, rules or none.")
     ] = "oracle",
@@ -135,11 +142,16 @@ def train_policy(
                 weight=1.0,
             )
         )
+    if energy_weight is None:
+        from autotune.daemon.settings import load_settings
+
+        energy_weight = load_settings().energy_weight
     settings = PPOSettings(
         iterations=iterations,
         slots=slots,
         round_s=round_s,
         max_steps=max_steps,
+        energy_weight=energy_weight,
         forecast=forecast,
         lr=lr,
         entropy_coeff=entropy_coeff,

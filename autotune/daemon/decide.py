@@ -163,9 +163,7 @@ def decide(
             overrides.pop(job_id)
         # A running job is never displaced without somewhere to go: a pin that takes the
         # GPUs of a running job the Planner cannot re-place is not applied this round.
-        for job_id, cause in _displacing_pins(
-            active, result.placements, pinned, choices
-        ).items():
+        for job_id, cause in _displacing_pins(active, result.placements, pinned, choices).items():
             if job_id in overrides:
                 skipped[job_id] = f"override {overrides[job_id].override_id} not applied: {cause}"
                 overrides.pop(job_id)

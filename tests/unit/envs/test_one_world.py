@@ -292,3 +292,18 @@ def test_energy_is_a_real_term_of_the_reward() -> None:
     assert e0 == 0.0
     assert e1 == pytest.approx(-kwh1)
     assert r1 == pytest.approx(r0 - kwh1)
+
+
+def test_training_episodes_use_the_energy_weight_setting() -> None:
+    from dataclasses import asdict
+
+    from autotune.core import DEFAULT_ENERGY_WEIGHT
+    from autotune.policies.ppo import PPOSettings, TraceSource, make_train_env
+
+    settings = PPOSettings(
+        energy_weight=0.7, forecast=False, sources=(TraceSource(kind="stream", jobs=""),)
+    )
+    env = make_train_env(asdict(settings))
+    assert env.current.weights["energy_weight"] == 0.7
+    assert env.current.stream
+    assert PPOSettings().energy_weight == DEFAULT_ENERGY_WEIGHT
