@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Final
 
 import numpy as np
@@ -41,6 +42,7 @@ from autotune.core import (
     JobConfig,
     JobSpec,
     Layout,
+    ModelProfile,
     NodeInfo,
     PrecisionMap,
 )
@@ -378,11 +380,7 @@ class ObservationEncoder:
             first = nodes.get(job.placement.ranks[0].node_id)
             if first is not None and first.gpu_model in models[:MAX_GPU_MODELS]:
                 gpu_model = (models.index(first.gpu_model) + 1) / MAX_GPU_MODELS
-        need = 0.0
-        if model is not None:
-            one = JobConfig(layout=Layout(world_size=1), precision=PRECISION_MAPS[1])
-            need = rank_memory(model, one, spec.global_batch).total_bytes
-            need = min(1.0, need / (4 * _LARGEST_GPU_BYTES))
+        need = _memory_need(model, spec.global_batch) if model is not None else 0.0
         return (
             1.0,
             float(running),
@@ -405,6 +403,13 @@ class ObservationEncoder:
             min(1.0, max(0.0, job.progress)),
             gpu_model,
         )
+
+
+@lru_cache(maxsize=4096)
+def _memory_need(model: ModelProfile, batch: int) -> float:
+    """One rank's bytes on one GPU in bf16 at the job's batch, over 4x the largest GPU."""
+    one = JobConfig(layout=Layout(world_size=1), precision=PRECISION_MAPS[1])
+    return min(1.0, rank_memory(model, one, batch).total_bytes / (4 * _LARGEST_GPU_BYTES))
 
 
 # -- actions ----------------------------------------------------------------------------

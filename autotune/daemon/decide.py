@@ -138,11 +138,13 @@ def decide(
         for job_id, c in choices.items()
         if c.config is None and job_id not in overrides
     }
+    declined: dict[str, str] = _hopeless_resizes(snapshot, active, choices, overrides)
+    for job_id in declined:
+        choices.pop(job_id)
     # 4-5. Pins merged, then the Planner; an override that cannot be applied this round is
     #      skipped with the reason and the round planned again without it, and so is a
     #      running job's new configuration that finds no room (it keeps its current one).
     skipped: dict[str, str] = {}
-    declined: dict[str, str] = {}
     reserved: dict[str, Placement] = {}
     while True:
         configs, current, pinned = _pinned_configs(active, choices, overrides, released, skipped)
@@ -391,3 +393,53 @@ def _displacing_pins(
                     "else to go this round",
                 )
     return found
+
+
+def _hopeless_resizes(
+    snapshot: ClusterSnapshot,
+    active: Sequence[JobStatus],
+    choices: Mapping[str, PolicyChoice],
+    overrides: Mapping[str, OverrideRecord],
+) -> dict[str, str]:
+    """Running jobs whose new configuration asks for more GPUs than any one GPU model has
+    free, counting the job's own: declined before planning (the Planner would refuse them
+    too, at the cost of planning the round twice)."""
+    nodes = {n.node_id: n for n in snapshot.nodes if n.gpu_count > 0}
+    free: dict[str, float] = {}
+    for node in nodes.values():
+        free[node.gpu_model] = free.get(node.gpu_model, 0.0) + node.gpu_count
+    held: dict[str, dict[str, float]] = {}
+    for job in snapshot.by_state("running"):
+        if job.placement is None:
+            continue
+        for slot in job.placement.ranks:
+            host = nodes.get(slot.node_id)
+            if host is None:
+                continue
+            share = slot.gpu_milli / MILLI_PER_GPU
+            free[host.gpu_model] = free.get(host.gpu_model, 0.0) - share
+            mine = held.setdefault(job.spec.job_id, {})
+            mine[host.gpu_model] = mine.get(host.gpu_model, 0.0) + share
+    declined: dict[str, str] = {}
+    for job in active:
+        job_id = job.spec.job_id
+        choice = choices.get(job_id)
+        if (
+            job.state != "running"
+            or job.placement is None
+            or choice is None
+            or choice.config is None
+            or job_id in overrides
+        ):
+            continue
+        own = held.get(job_id, {})
+        room = max(
+            (free.get(m, 0.0) + own.get(m, 0.0) for m in free if job.spec.allows(m)),
+            default=0.0,
+        )
+        if choice.config.world_size > room + 1e-9:
+            declined[job_id] = (
+                f"kept its configuration: the new one ({_describe(choice)}) needs "
+                f"{choice.config.world_size} GPUs of one model; {room:g} are free for it"
+            )
+    return declined

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autotune.core import JobConfig
+from autotune.core import JobConfig, Layout
 from autotune.daemon.decide import decide
 from autotune.daemon.loop import Daemon
 from autotune.db import Database
@@ -211,6 +211,16 @@ def test_a_new_config_that_finds_no_room_keeps_the_running_one() -> None:
     assert round_.decisions == []
     assert job_id in round_.declined
     assert "kept its configuration" in round_.declined[job_id]
+    assert "needs 64 GPUs of one model" in round_.declined[job_id]  # declined before planning
+    # One that fits the free GPUs but not this round's plan is declined after planning.
+    sim2, other = _running_snapshot(2)
+    eight = PolicyChoice(
+        config=JobConfig(layout=Layout(world_size=8), global_batch=10**6),
+        reason="fits no GPU's memory",
+    )
+    round2 = decide(sim2.snapshot(), ChoicesPolicy({other: eight}), {}, honoured={})
+    assert round2.decisions == []
+    assert "kept its configuration" in round2.declined[other]
 
 
 @pytest.mark.parametrize("policy_kind", ["learned", "rules"])
