@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from autotune.core import (
+    MILLI_PER_GPU,
     Decision,
     DecisionSource,
     JobConfig,
@@ -87,6 +88,17 @@ class ClusterSnapshot:
 
     def by_state(self, *states: JobState) -> list[JobStatus]:
         return [j for j in self.jobs if j.state in states]
+
+    def held_gpus(self) -> dict[str, float]:
+        """GPUs the running jobs hold per node, in whole-GPU equivalents."""
+        held: dict[str, float] = {}
+        for job in self.by_state("running"):
+            if job.placement is not None:
+                for slot in job.placement.ranks:
+                    held[slot.node_id] = (
+                        held.get(slot.node_id, 0.0) + slot.gpu_milli / MILLI_PER_GPU
+                    )
+        return held
 
 
 @runtime_checkable

@@ -197,12 +197,9 @@ def observation_size(slots: int) -> int:
 
 
 def observation_space(slots: int) -> spaces.Box:
-    low = np.array(
-        [f.low for _, _, f in FEATURES[:HEADER]] + [f.low for f in SLOT] * slots, np.float32
-    )
-    high = np.array(
-        [f.high for _, _, f in FEATURES[:HEADER]] + [f.high for f in SLOT] * slots, np.float32
-    )
+    features = [f for _, _, f in FEATURES[:HEADER]] + list(SLOT) * slots
+    low = np.array([f.low for f in features], np.float32)
+    high = np.array([f.high for f in features], np.float32)
     return spaces.Box(low, high, dtype=np.float32)
 
 
@@ -234,16 +231,6 @@ def queue_order(snapshot: ClusterSnapshot) -> list[JobStatus]:
 def slot_jobs(snapshot: ClusterSnapshot, slots: int) -> list[JobStatus]:
     """The jobs in the policy's slots."""
     return queue_order(snapshot)[:slots]
-
-
-def _held(snapshot: ClusterSnapshot) -> dict[str, float]:
-    """GPUs held per node (whole-GPU equivalents)."""
-    held: dict[str, float] = {}
-    for job in snapshot.by_state("running"):
-        if job.placement is not None:
-            for slot in job.placement.ranks:
-                held[slot.node_id] = held.get(slot.node_id, 0.0) + slot.gpu_milli / MILLI_PER_GPU
-    return held
 
 
 def _log_share(n: int) -> float:
@@ -311,7 +298,7 @@ class ObservationEncoder:
         obs = np.zeros(observation_size(self.slots), dtype=np.float32)
         nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
         total = float(sum(n.gpu_count for n in nodes)) or 1.0
-        held = _held(snapshot)
+        held = snapshot.held_gpus()
         models = gpu_models(nodes)
         node_model = {n.node_id: n.gpu_model for n in nodes}
         busy = min(1.0, sum(held.values()) / total)

@@ -23,7 +23,14 @@ from autotune.envs.traces import TraceJob
 from autotune.perf.model import DEFAULT_COEFFICIENTS
 from autotune.perf.pollux import APPS, coefficients, target_samples
 
-__all__ = ["ELASTIC_FACTOR", "STREAM_MIX", "job_stream", "jobs_from_trace", "synthetic_jobs"]
+__all__ = [
+    "ELASTIC_FACTOR",
+    "STREAM_MIX",
+    "job_stream",
+    "jobs_from_trace",
+    "requested_gpus",
+    "synthetic_jobs",
+]
 
 ELASTIC_FACTOR: Final = 2
 MAX_GPUS: Final = 64
@@ -46,6 +53,12 @@ STREAM_MIX: Final = (
     ("gpt-1.3b", 0.10, 2, 16),
 )
 STREAM_BATCH: Final = 256
+
+
+def requested_gpus(spec: JobSpec) -> int:
+    """The GPUs a job asks for: its elastic maximum over ``ELASTIC_FACTOR``, at least its
+    minimum (a trace job's request, whose maximum is twice it)."""
+    return max(spec.min_gpus, spec.max_gpus // ELASTIC_FACTOR)
 
 
 def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Arrival]:
@@ -157,5 +170,5 @@ def job_stream(
             task=name,
             steps=steps,
             work=float(steps * STREAM_BATCH),
-            reference_gpus=max(min_gpus, max_gpus // 2),
+            reference_gpus=requested_gpus(spec),
         )

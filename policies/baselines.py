@@ -41,9 +41,10 @@ from autotune.envs.spaces import (
     slot_config,
     slot_jobs,
 )
+from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
-from autotune.perf.model import Shape, shape_of
+from autotune.perf.model import Estimate, Shape, shape_of
 from autotune.policies.rules import (
     RulesPolicy,
     candidate_nodes,
@@ -53,16 +54,19 @@ from autotune.policies.rules import (
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
+    from autotune.envs.simulator import SimulatedCluster
 
-__all__ = ["BASELINES", "OraclePolicy", "RandomPolicy", "StaticPolicy", "make_policy"]
+__all__ = [
+    "BASELINES",
+    "OraclePolicy",
+    "RandomPolicy",
+    "StaticPolicy",
+    "make_policy",
+    "modelled_value",
+    "shape_for",
+]
 
 _UNIT: Final = BATCH_SCALES.index(1.0)
-
-
-def requested_gpus(spec: JobSpec) -> int:
-    """The GPUs a job asks for: half its elastic maximum, at least its minimum (a trace
-    job's request, whose maximum is twice it)."""
-    return max(spec.min_gpus, spec.max_gpus // 2)
 
 
 class StaticPolicy:
@@ -103,7 +107,7 @@ class RandomPolicy:
         return decode_action(action, snapshot, self.slots, source="random")
 
 
-def _shape_for(
+def shape_for(
     spec: JobSpec, gpus: int, free: dict[str, int], nodes: Sequence[NodeInfo]
 ) -> Shape | None:
     """Where ``gpus`` GPUs of one model would go now: the fastest allowed model with
@@ -145,6 +149,20 @@ def _shape_for(
     return None
 
 
+def modelled_value(
+    sim: SimulatedCluster, spec: JobSpec, config: JobConfig, shape: Shape
+) -> tuple[float, JobConfig, Estimate]:
+    """What the simulator's noise-free model says of ``config`` on ``shape`` after the
+    memory rule for that GPU: normalized goodput (goodput / the job's reference goodput,
+    0 when it runs out of memory), the fitted config and the estimate. What the oracle
+    optimises and what the ``tune`` baseline's trials measure."""
+    assert spec.model is not None
+    memory = device(shape.gpu_model).memory_bytes
+    fitted = fit_memory(spec.model, config, config.batch(spec), memory)[0]
+    est = sim.estimate_for(spec.job_id, fitted, shape)
+    return est.goodput / sim.reference_goodput(spec.job_id), fitted, est
+
+
 class OraclePolicy:
     name = "oracle"
 
@@ -163,13 +181,9 @@ class OraclePolicy:
         )
         self._best: dict[tuple[str, int, Shape], tuple[float, JobConfig | None]] = {}
 
-    def _value(self, job: JobStatus, config: JobConfig, shape: Shape) -> float:
-        sim = self.env.sim
-        assert sim is not None
-        job_id = job.spec.job_id
-        est = sim.estimate_for(job_id, config, shape)
-        value = est.goodput / sim.reference_goodput(job_id)
-        # Expected loss to divergence in a round: half a round per event.
+    def _at_risk(self, value: float, est: Estimate) -> float:
+        """``value`` less the expected loss to divergence in a round (half a round per
+        event)."""
         return value * (1 - min(1.0, est.divergence_per_hour * self.env.round_s / 7200))
 
     def _best_for(
@@ -179,16 +193,16 @@ class OraclePolicy:
         hit = self._best.get(key)
         if hit is not None:
             return hit
+        sim = self.env.sim
+        assert sim is not None
         gi = max(i for i, g in enumerate(GPU_OPTIONS) if g <= gpus)
-        memory = device(shape.gpu_model).memory_bytes
         best: tuple[float, JobConfig | None] = (0.0, JobConfig.data_parallel(gpus))
         for comp, prec, mode, batch in self._grid:
             config = slot_config(job.spec, (comp, prec, gi, mode, batch, 0))
             if config.world_size != gpus:
                 continue
-            assert job.spec.model is not None
-            fitted = fit_memory(job.spec.model, config, config.batch(job.spec), memory)[0]
-            value = self._value(job, fitted, shape)
+            value, fitted, est = modelled_value(sim, job.spec, config, shape)
+            value = self._at_risk(value, est)
             if value > best[0]:
                 best = (value, fitted)
         self._best[key] = best
@@ -197,11 +211,7 @@ class OraclePolicy:
     def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
         nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
         jobs = slot_jobs(snapshot, self.slots)
-        free = {n.node_id: n.gpu_count for n in nodes}
-        for other in snapshot.by_state("running"):
-            if other.placement is not None:
-                for slot in other.placement.ranks:
-                    free[slot.node_id] -= 1
+        free = free_gpus(snapshot)
         lost = self.env.sim_config.restart_s / self.env.round_s
         options: list[dict[int, tuple[float, JobConfig | None]]] = []
         for job in jobs:
@@ -213,7 +223,7 @@ class OraclePolicy:
             for gpus in GPU_OPTIONS:
                 if not job.spec.min_gpus <= gpus <= job.spec.max_gpus:
                     continue
-                shape = _shape_for(job.spec, gpus, own, nodes)
+                shape = shape_for(job.spec, gpus, own, nodes)
                 if shape is not None:
                     best[gpus] = self._best_for(job, gpus, shape, nodes)
             if job.state == "running" and job.config is not None and job.placement is not None:
@@ -256,7 +266,10 @@ class OraclePolicy:
         assert job.config is not None
         assert job.placement is not None
         shape = shape_of(job.placement, {n.node_id: n for n in nodes})
-        return self._value(job, job.config, shape)
+        sim = self.env.sim
+        assert sim is not None
+        est = sim.estimate_for(job.spec.job_id, job.config, shape)
+        return self._at_risk(est.goodput / sim.reference_goodput(job.spec.job_id), est)
 
 
 def _share(

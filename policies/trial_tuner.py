@@ -11,7 +11,7 @@ compression, precision map, GPU count within the job's bounds, layout mode, batc
 no activation checkpointing beyond what the memory rule adds). There are
 ``budget_s // trial_s`` trials (at least one). Each trial measures the job's normalized
 goodput (goodput / reference goodput) under the simulator's noise-free performance model,
-on the GPUs the configuration would get now (``autotune.policies.baselines._shape_for``:
+on the GPUs the configuration would get now (``autotune.policies.baselines.shape_for``:
 the fastest allowed GPU model with room, as few nodes as possible), times log-normal
 measurement noise (``noise`` sigma). The memory rule (``autotune.perf.memory.fit_memory``
 for that GPU's memory) is applied first; a configuration that still runs out of memory,
@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from autotune import __version__
-from autotune.catalog.devices import device
 from autotune.core import MILLI_PER_GPU, JobConfig, JobSpec, NodeInfo
 from autotune.envs.simulator import SimulatedCluster
 from autotune.envs.spaces import (
@@ -50,10 +49,11 @@ from autotune.envs.spaces import (
     slot_config,
     wait_choices,
 )
+from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
-from autotune.perf.memory import fit_memory
 from autotune.perf.model import Shape
-from autotune.policies.baselines import _shape_for, requested_gpus
+from autotune.policies.baselines import modelled_value, shape_for
+from autotune.policies.rules import free_gpus
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
@@ -138,11 +138,7 @@ class TrialTunerPolicy:
             self.chosen.clear()
             self.scores.clear()
         nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
-        free = {n.node_id: n.gpu_count for n in nodes}
-        for other in snapshot.by_state("running"):
-            if other.placement is not None:
-                for slot in other.placement.ranks:
-                    free[slot.node_id] -= 1
+        free = free_gpus(snapshot)
         active = queue_order(snapshot)
         choices: dict[str, PolicyChoice] = {}
         for job in active[: self.env.slots]:
@@ -159,7 +155,7 @@ class TrialTunerPolicy:
             else:
                 # The Planner places jobs in queue order: the GPUs this one would take
                 # now are not there for the jobs behind it.
-                shape = _shape_for(job.spec, config.world_size, free, nodes)
+                shape = shape_for(job.spec, config.world_size, free, nodes)
                 if shape is not None:
                     _reserve(shape, free, nodes)
                 choices[job_id] = PolicyChoice(
@@ -184,7 +180,7 @@ class TrialTunerPolicy:
             counts = {
                 min(max(GPU_OPTIONS[i], spec.min_gpus), spec.max_gpus) for i in _gpu_choices(spec)
             }
-        return any(_shape_for(spec, gpus, free, nodes) is not None for gpus in counts)
+        return any(shape_for(spec, gpus, free, nodes) is not None for gpus in counts)
 
     def _tune(
         self, sim: SimulatedCluster, job: JobStatus, free: dict[str, int], nodes: list[NodeInfo]
@@ -233,16 +229,12 @@ class TrialTunerPolicy:
     ) -> tuple[float, JobConfig]:
         """One trial's measured normalized goodput, and the config after the memory
         rule."""
-        shape = _shape_for(spec, config.world_size, free, nodes)
+        shape = shape_for(spec, config.world_size, free, nodes)
         if shape is None:
             return 0.0, config
-        assert spec.model is not None
-        memory = device(shape.gpu_model).memory_bytes
-        fitted = fit_memory(spec.model, config, config.batch(spec), memory)[0]
-        est = sim.estimate_for(spec.job_id, fitted, shape)
+        value, fitted, est = modelled_value(sim, spec, config, shape)
         if est.oom:
             return 0.0, fitted
-        value = est.goodput / sim.reference_goodput(spec.job_id)
         return float(value * self.rng.lognormal(0.0, self.noise)), fitted
 
     def _make_searcher(self, spec: JobSpec) -> Any:

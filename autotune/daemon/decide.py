@@ -408,18 +408,21 @@ def _hopeless_resizes(
     free: dict[str, float] = {}
     for node in nodes.values():
         free[node.gpu_model] = free.get(node.gpu_model, 0.0) + node.gpu_count
+    for node_id, count in snapshot.held_gpus().items():
+        host = nodes.get(node_id)
+        if host is not None:
+            free[host.gpu_model] -= count
     held: dict[str, dict[str, float]] = {}
     for job in snapshot.by_state("running"):
         if job.placement is None:
             continue
         for slot in job.placement.ranks:
             host = nodes.get(slot.node_id)
-            if host is None:
-                continue
-            share = slot.gpu_milli / MILLI_PER_GPU
-            free[host.gpu_model] = free.get(host.gpu_model, 0.0) - share
-            mine = held.setdefault(job.spec.job_id, {})
-            mine[host.gpu_model] = mine.get(host.gpu_model, 0.0) + share
+            if host is not None:
+                mine = held.setdefault(job.spec.job_id, {})
+                mine[host.gpu_model] = (
+                    mine.get(host.gpu_model, 0.0) + slot.gpu_milli / MILLI_PER_GPU
+                )
     declined: dict[str, str] = {}
     for job in active:
         job_id = job.spec.job_id
