@@ -58,6 +58,7 @@ def create_app(
     telemetry: str,
     token_check: TokenCheck | None = None,
     task_modules: Sequence[str] = (),
+    trains: bool = False,
     max_body_bytes: int = 65_536,
     host_telemetry: Sequence[TelemetrySource] = (),
     forecaster: LoadForecaster | None = None,
@@ -65,7 +66,9 @@ def create_app(
 ) -> FastAPI:
     """The API over ``db``; ``telemetry`` names where cluster figures come from.
 
-    Mutations need a bearer token that ``token_check`` accepts (none without one)."""
+    Mutations need a bearer token that ``token_check`` accepts (none without one).
+    ``trains``: the daemon's backend trains jobs for real (``--backend ray``), so jobs
+    whose built-in task is simulated only are refused at submission."""
     app = FastAPI(
         title="autotune",
         version=__version__,
@@ -76,6 +79,7 @@ def create_app(
     app.state.telemetry = telemetry
     app.state.token_check = token_check
     app.state.task_modules = tuple(task_modules)
+    app.state.trains = trains
     app.state.host_telemetry = tuple(host_telemetry)
     app.state.forecaster = forecaster or PersistenceForecaster()
     app.state.tick_health = None  # set by attach_daemon

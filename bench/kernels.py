@@ -13,12 +13,19 @@ to the unfused torch code a training loop would otherwise run:
 
 GB/s counts the bytes each operation must read and write once (its minimum traffic), not
 what an implementation happens to move; "% peak" divides that by the device's memory
-bandwidth (the datasheet figure of a known GPU; on a CPU, a measured tensor copy). On a
-GPU the time is ``triton.testing.do_bench``'s; on a CPU the median wall time, and the
-kernel column is the pure-torch reference (Triton kernels run on a CPU only through the
-interpreter, which is for correctness, not speed).
+bandwidth (the datasheet figure of a known GPU; on a CPU, a measured tensor copy), and
+"% copy" by the bandwidth a torch copy (``dst.copy_(src)``, read + write) reaches on a
+tensor of the same element count and dtype, timed the same way: what the memory system
+delivers for that size in practice. On a GPU the time is ``triton.testing.do_bench``'s;
+on a CPU the median wall time, and the kernel column is the pure-torch reference (Triton
+kernels run on a CPU only through the interpreter, which is for correctness, not speed).
 
-    python bench/kernels.py [--sizes 1M,16M,128M] [--dtype float32] [--repeat N]
+The issue's goals are checked at the largest size measured and reported (``goals`` in the
+JSON, a list after the table): quantize and dequantize at >= 80 % of the copy's
+bandwidth; topk_compress (ratio 0.01) >= 3x ``torch.topk``'s speed at >= 100M elements;
+the fused LayerNorm+GELU faster than the two torch calls, forward and forward+backward.
+
+    python bench/kernels.py [--sizes 1M,16M,100M] [--dtype float32] [--repeat N]
                             [--threads N] [--json FILE]
 """
 
@@ -31,7 +38,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -75,6 +82,20 @@ class Row:
     kernel_ms: float
     baseline: str
     baseline_ms: float
+    copy_bytes_per_s: float | None = None
+    """What a torch copy of a tensor of ``elements`` elements of ``dtype`` reaches."""
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.kernel_ms * 1e3
+
+    @property
+    def of_copy(self) -> float | None:
+        return self.bytes_per_s / self.copy_bytes_per_s if self.copy_bytes_per_s else None
+
+    @property
+    def speedup(self) -> float:
+        return self.baseline_ms / self.kernel_ms
 
 
 def parse_size(text: str) -> int:
@@ -130,6 +151,14 @@ def peak_bandwidth(device: torch.device) -> tuple[float | None, str]:
     seconds = min(_timed(lambda: dst.copy_(src)) for _ in range(5))
     measured = 2 * src.numel() * 4 / seconds
     return measured, f"CPU: measured tensor copy {measured / 1e9:.1f} GB/s (read + write)"
+
+
+def copy_bandwidth(n: int, dtype: torch.dtype, device: torch.device, time_ms: Any) -> float:
+    """Bytes/s of ``dst.copy_(src)`` on ``n`` elements of ``dtype`` (read + write)."""
+    src = torch.randn(n, device=device).to(dtype)
+    dst = torch.empty_like(src)
+    ms = float(time_ms(lambda: dst.copy_(src)))
+    return 2 * n * src.element_size() / ms * 1e3
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -248,19 +277,88 @@ def bench_layernorm_gelu(
 
 def table(rows: list[Row], peak: float | None) -> str:
     lines = [
-        "| kernel | elements | backend | ms | GB/s | % peak | baseline | ms | GB/s | speed-up |",
-        "|---|---:|---|---:|---:|---:|---|---:|---:|---:|",
+        "| kernel | elements | backend | ms | GB/s | % peak | % copy | baseline | ms | GB/s "
+        "| speed-up |",
+        "|---|---:|---|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
-        gbs = r.bytes / r.kernel_ms / 1e6
+        gbs = r.bytes_per_s / 1e9
         base_gbs = r.bytes / r.baseline_ms / 1e6
-        share = f"{100 * gbs * 1e9 / peak:.0f}%" if peak else "n/a"
+        share = f"{100 * r.bytes_per_s / peak:.0f}%" if peak else "n/a"
+        of_copy = f"{100 * r.of_copy:.0f}%" if r.of_copy is not None else "n/a"
         lines.append(
             f"| {r.kernel} | {label(r.elements)} | {r.backend} | {r.kernel_ms:.3f} | "
-            f"{gbs:.1f} | {share} | {r.baseline} | {r.baseline_ms:.3f} | {base_gbs:.1f} | "
-            f"{r.baseline_ms / r.kernel_ms:.2f}x |"
+            f"{gbs:.1f} | {share} | {of_copy} | {r.baseline} | {r.baseline_ms:.3f} | "
+            f"{base_gbs:.1f} | {r.speedup:.2f}x |"
         )
     return "\n".join(lines)
+
+
+TOPK_GOAL_ELEMENTS = 100_000_000
+
+
+def goals(rows: list[Row], decides: bool = True) -> list[dict[str, Any]]:
+    """The issue's targets, each checked at the largest size measured (smaller tensors
+    are launch-bound). ``met`` is ``None`` where the measurement cannot decide: not on a
+    GPU (``decides`` false: the reference path ran), no copy bandwidth, top-k measured
+    below 100M elements."""
+    if not rows:
+        return []
+    largest = max(r.elements for r in rows)
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        if r.elements != largest:
+            continue
+        if r.kernel.startswith(("quantize", "dequantize")):
+            value = r.of_copy
+            out.append(
+                {
+                    "goal": f"{r.kernel} >= 80% of a torch copy's bandwidth",
+                    "kernel": r.kernel,
+                    "elements": r.elements,
+                    "measure": "fraction of copy bandwidth",
+                    "value": value,
+                    "target": 0.8,
+                    "met": None if value is None else value >= 0.8,
+                }
+            )
+        elif r.kernel == "topk_compress":
+            out.append(
+                {
+                    "goal": "topk_compress >= 3x torch.topk at ratio 0.01 on 100M elements",
+                    "kernel": r.kernel,
+                    "elements": r.elements,
+                    "measure": "speed-up over torch.topk",
+                    "value": r.speedup,
+                    "target": 3.0,
+                    "met": r.speedup >= 3.0 if r.elements >= TOPK_GOAL_ELEMENTS else None,
+                }
+            )
+        elif r.kernel.startswith("layernorm_gelu"):
+            out.append(
+                {
+                    "goal": f"{r.kernel} faster than F.layer_norm + F.gelu",
+                    "kernel": r.kernel,
+                    "elements": r.elements,
+                    "measure": "speed-up over the torch pair",
+                    "value": r.speedup,
+                    "target": 1.0,
+                    "met": r.speedup > 1.0,
+                }
+            )
+    if not decides:
+        out = [{**g, "met": None} for g in out]
+    return out
+
+
+def goal_lines(checked: list[dict[str, Any]]) -> str:
+    verdict = {True: "met", False: "NOT met", None: "undecided"}
+    return "\n".join(
+        f"- {g['goal']} ({label(g['elements'])}): "
+        + (f"{g['value']:.2f}" if g["value"] is not None else "n/a")
+        + f" (target {g['target']}): {verdict[g['met']]}"
+        for g in checked
+    )
 
 
 def main() -> int:
@@ -268,8 +366,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--sizes",
-        help="comma-separated element counts, K/M/G suffixes (default 1M,16M,128M on a GPU; "
-        "1M,16M on a CPU, where 128M takes minutes per kernel)",
+        help="comma-separated element counts, K/M/G suffixes (default 1M,16M,100M on a GPU; "
+        "1M,16M on a CPU, where 100M takes minutes per kernel)",
     )
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per measurement")
@@ -280,47 +378,89 @@ def main() -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype)
-    default_sizes = "1M,16M,128M" if device.type == "cuda" else "1M,16M"
+    default_sizes = "1M,16M,100M" if device.type == "cuda" else "1M,16M"
     sizes = [parse_size(s) for s in (args.sizes or default_sizes).split(",")]
-    if backend(device) == "triton-interpreter":
+    interpreted = backend(device) == "triton-interpreter"
+    if interpreted:
         progress("warning: TRITON_INTERPRET=1: timing the interpreter, not a performance path")
     time_ms = timer(device, args.repeat)
     peak, peak_source = peak_bandwidth(device)
-    rows: list[Row] = []
     for n in sizes:
         if n % HIDDEN:
             parser.error(f"sizes must be multiples of {HIDDEN} (rows of layernorm_gelu)")
-        progress(f"{label(n)} elements: topk_compress")
-        rows.append(bench_topk(n, dtype, device, time_ms))
-        progress(f"{label(n)} elements: scatter_add_decompress")
-        rows.append(bench_scatter(n, dtype, device, time_ms))
-        for fmt in ("int8", "fp8_e4m3"):
-            progress(f"{label(n)} elements: quantize/dequantize {fmt}")
-            rows.extend(bench_quantize(n, dtype, device, time_ms, fmt))
-        progress(f"{label(n)} elements: layernorm_gelu")
-        rows.extend(bench_layernorm_gelu(n, dtype, device, time_ms))
     machine = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
         else f"{platform.machine()} CPU, {torch.get_num_threads()} threads"
     )
-    print(f"{datetime.now(UTC).date()}, {machine}, torch {torch.__version__}, {args.dtype}")
-    print(f"peak: {peak_source}")
-    if device.type != "cuda":
-        print("CPU: the kernel column is the pure-torch reference path (no GPU).")
-    print(table(rows, peak))
-    if args.json:
+    decides = device.type == "cuda" and not interpreted
+    rows: list[Row] = []
+    errors: list[dict[str, Any]] = []
+
+    def write_json() -> None:
+        if not args.json:
+            return
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "device": machine,
             "dtype": args.dtype,
+            "sizes": sizes,
             "peak_bytes_per_s": peak,
             "peak_source": peak_source,
-            "rows": [asdict(r) for r in rows],
+            "torch": torch.__version__,
+            "rows": [
+                {
+                    **asdict(r),
+                    "bytes_per_s": r.bytes_per_s,
+                    "of_copy": r.of_copy,
+                    "speedup": r.speedup,
+                }
+                for r in rows
+            ],
+            "goals": goals(rows, decides=decides),
+            "errors": errors,
         }
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+
+    benches: list[tuple[str, Callable[[int], Row | list[Row]]]] = [
+        ("topk_compress", lambda n: bench_topk(n, dtype, device, time_ms)),
+        ("scatter_add_decompress", lambda n: bench_scatter(n, dtype, device, time_ms)),
+        ("quantize/dequantize int8", lambda n: bench_quantize(n, dtype, device, time_ms, "int8")),
+        (
+            "quantize/dequantize fp8_e4m3",
+            lambda n: bench_quantize(n, dtype, device, time_ms, "fp8_e4m3"),
+        ),
+        ("layernorm_gelu", lambda n: bench_layernorm_gelu(n, dtype, device, time_ms)),
+    ]
+    for n in sizes:
+        first = len(rows)
+        progress(f"{label(n)} elements: torch copy")
+        copy = copy_bandwidth(n, dtype, device, time_ms)
+        for name, bench in benches:
+            progress(f"{label(n)} elements: {name}")
+            try:
+                made = bench(n)
+            except Exception as exc:  # one kernel failing does not end the benchmark
+                errors.append({"kernel": name, "elements": n, "error": repr(exc)})
+                progress(f"{label(n)} elements: {name} FAILED: {exc!r}")
+                continue
+            rows.extend(made if isinstance(made, list) else [made])
+        rows[first:] = [replace(r, copy_bytes_per_s=copy) for r in rows[first:]]
+        write_json()  # after each size: a run cut short keeps what it measured
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    print(f"{datetime.now(UTC).date()}, {machine}, torch {torch.__version__}, {args.dtype}")
+    print(f"peak: {peak_source}")
+    if device.type != "cuda":
+        print("CPU: the kernel column is the pure-torch reference path (no GPU).")
+    print(table(rows, peak))
+    print("\ngoals (at the largest size):")
+    print(goal_lines(goals(rows, decides=decides)))
+    for error in errors:
+        print(f"FAILED: {error['kernel']} at {label(error['elements'])}: {error['error']}")
+    write_json()
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

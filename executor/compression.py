@@ -14,10 +14,17 @@ parameter order into one float32 buffer and reduced over the data-parallel group
 
 ``bytes_sent`` is the payload a rank hands to the collectives in a step; ``bytes_dense``
 what a dense float32 all-reduce of the same gradients would hand over.
+
+Error feedback (top-k's residual, PowerSGD's error) is state a checkpoint keeps, keyed by
+parameter name so that it does not depend on the flat buffer's or DDP bucket's order:
+``GradientReducer.residual_parts`` / ``load_residual_parts`` and ``NamedPowerSGD``'s
+``export`` / ``load``. ``int8`` and ``fp8`` have no error feedback (stochastic rounding
+seeded by step and rank): they have no state.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,9 +40,11 @@ __all__ = [
     "ByteCounter",
     "CountingAllReduce",
     "GradientReducer",
+    "NamedPowerSGD",
     "count_powersgd_traffic",
     "counting_allreduce_hook",
     "local_grad",
+    "named_powersgd_hook",
     "stop_counting_powersgd_traffic",
 ]
 
@@ -69,14 +78,27 @@ class GradientReducer:
     size: int
     rank: int
     residual: Tensor | None = None
+    """Top-k's error feedback: what this rank has not sent yet, flat, over the gradients
+    of ``slots``."""
+    slots: tuple[int, ...] = ()
+    """Indices (in ``params`` as ``reduce`` is given them) of the parameters whose local
+    gradients ``residual`` covers, in order."""
+    sizes: tuple[int, ...] = ()
+    """Their local gradients' sizes."""
+    pending: dict[int, Tensor] | None = None
+    """Residual parts by parameter index, loaded from a checkpoint, for the next step."""
     counter: ByteCounter = field(default_factory=ByteCounter)
 
     def reduce(self, params: Sequence[Tensor], step: int) -> tuple[int, int]:
         """Average the gradients of ``params`` in place; returns (bytes sent, dense bytes)."""
-        grads = [g for g in (local_grad(p) for p in params) if g is not None]
+        local = [local_grad(p) for p in params]
+        slots = tuple(i for i, g in enumerate(local) if g is not None)
+        grads = [g for g in local if g is not None]
         if self.size == 1 or not grads:
             return 0, 0
         flat = torch.cat([g.reshape(-1).float() for g in grads])
+        if self.spec.kind == "topk":
+            self._align_residual(flat, slots, [g.numel() for g in grads])
         dense = flat.numel() * 4
         kind = self.spec.kind
         if kind == "none":
@@ -96,11 +118,52 @@ class GradientReducer:
             offset += n
         return sent, dense
 
+    def residual_parts(self, params: Sequence[Tensor]) -> dict[int, Tensor]:
+        """The residual's part for each parameter it covers (by index in ``params``), in
+        the shape of the parameter's local gradient; parts loaded and not used yet too."""
+        if self.residual is None:
+            return dict(self.pending or {})
+        parts = self._parts()
+        for i, part in parts.items():
+            p = params[i]
+            shape = p.to_local().shape if hasattr(p, "to_local") else p.shape
+            parts[i] = part.view(shape)
+        return parts
+
+    def load_residual_parts(self, parts: dict[int, Tensor]) -> None:
+        """Start the next step from these residual parts (by parameter index; a missing
+        one is zero)."""
+        self.residual, self.slots, self.sizes, self.pending = None, (), (), dict(parts)
+
+    def _parts(self) -> dict[int, Tensor]:
+        parts, offset = {}, 0
+        assert self.residual is not None
+        for i, n in zip(self.slots, self.sizes, strict=True):
+            parts[i] = self.residual[offset : offset + n]
+            offset += n
+        return parts
+
+    def _align_residual(self, flat: Tensor, slots: tuple[int, ...], sizes: list[int]) -> None:
+        """Make ``residual`` cover ``slots``: kept as it is, or laid out anew when the
+        parameters with a gradient changed or parts were loaded (zero where nothing is
+        owed)."""
+        if self.residual is not None and self.slots == slots:
+            return
+        source = self._parts() if self.residual is not None else (self.pending or {})
+        residual = torch.zeros_like(flat)
+        offset = 0
+        for i, n in zip(slots, sizes, strict=True):
+            part = source.get(i)
+            if part is not None and part.numel() == n:
+                residual[offset : offset + n] = part.reshape(-1).to(residual)
+            offset += n
+        self.residual, self.slots, self.sizes, self.pending = residual, slots, tuple(sizes), None
+
     def _topk(self, flat: Tensor, step: int) -> tuple[Tensor, int]:
         from autotune.kernels import scatter_add_decompress, topk_compress
 
-        if self.residual is None or self.residual.numel() != flat.numel():
-            self.residual = torch.zeros_like(flat)
+        assert self.residual is not None
+        assert self.residual.numel() == flat.numel()
         assert self.spec.ratio is not None
         values, indices = topk_compress(flat, self.residual, self.spec.ratio)
         gathered_values = [torch.empty_like(values) for _ in range(self.size)]
@@ -182,7 +245,198 @@ def counting_allreduce_hook(
     return allreduce_hook(state.group, bucket)
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """One gradient of a DDP bucket as PowerSGD treats it."""
+
+    name: str
+    offset: int
+    """Start in the bucket's flat buffer (elements)."""
+    shape: tuple[int, ...]
+    low_rank: tuple[int, int, int] | None
+    """``(n, m, r)`` when PowerSGD compresses it as an ``n x m`` matrix of rank ``r``."""
+
+
+@dataclass
+class NamedPowerSGD:
+    """State of ``named_powersgd_hook``: torch's ``PowerSGDState`` and, per bucket, which
+    parameter each stretch of its memories belongs to, so that the memories can be saved
+    and restored by parameter name (independent of DDP's bucket order, which DDP
+    rebuilds after the first step, and of the data-parallel degree).
+
+    Torch's memories per bucket: ``error_dict`` (this rank's error feedback, over the
+    bucket's flat buffer), ``p_memory_dict`` and ``q_memory_dict`` (the low-rank factors
+    of the compressed gradients, grouped by matrix shape in order of first appearance,
+    as ``powerSGD_hook`` lays them out; the same on every rank after its all-reduces;
+    ``Q`` warm-starts the next step)."""
+
+    state: Any
+    names: dict[int, str]
+    """``id(parameter)`` -> parameter name."""
+    layouts: dict[int, tuple[_Entry, ...]] = field(default_factory=dict)
+    pending: dict[str, dict[str, Tensor]] | None = None
+    """``{"error" | "p" | "q": {name: tensor}}`` loaded from a checkpoint, laid into each
+    bucket the first time the hook sees it."""
+
+    def layout(self, bucket: GradBucket) -> tuple[_Entry, ...]:
+        from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import (
+            _should_compress,
+        )
+
+        buffer = bucket.buffer()
+        base, size = buffer.data_ptr(), buffer.element_size()
+        entries = []
+        for p, g in zip(bucket.parameters(), bucket.gradients(), strict=True):
+            n = g.shape[0] if g.dim() else 1
+            m = g.numel() // n if n else 0
+            rank = min(n, m, self.state.matrix_approximation_rank)
+            compress = _should_compress(  # type: ignore[no-untyped-call]
+                n, m, rank, self.state.min_compression_rate
+            )[0]
+            entries.append(
+                _Entry(
+                    name=self.names[id(p)],
+                    offset=(g.data_ptr() - base) // size,
+                    shape=tuple(g.shape),
+                    low_rank=(n, m, rank) if compress else None,
+                )
+            )
+        return tuple(entries)
+
+    @staticmethod
+    def _factor_slices(layout: tuple[_Entry, ...]) -> dict[str, tuple[slice, slice]]:
+        """Each compressed gradient's stretch of the P and Q memories."""
+        groups: dict[tuple[int, int], list[_Entry]] = {}
+        for entry in layout:
+            if entry.low_rank is not None:
+                groups.setdefault(entry.low_rank[:2], []).append(entry)
+        out, p_at, q_at = {}, 0, 0
+        for entries in groups.values():
+            for entry in entries:
+                assert entry.low_rank is not None
+                n, m, r = entry.low_rank
+                out[entry.name] = (slice(p_at, p_at + n * r), slice(q_at, q_at + m * r))
+                p_at, q_at = p_at + n * r, q_at + m * r
+        return out
+
+    def _export_bucket(
+        self, index: int, layout: tuple[_Entry, ...]
+    ) -> dict[str, dict[str, Tensor]]:
+        out: dict[str, dict[str, Tensor]] = {"error": {}, "p": {}, "q": {}}
+        error = self.state.error_dict.get(index)
+        if error is not None:
+            for entry in layout:
+                numel = math.prod(entry.shape)
+                part = error[entry.offset : entry.offset + numel].view(entry.shape)
+                out["error"][entry.name] = part.detach().clone()
+        p_memory = self.state.p_memory_dict.get(index)
+        q_memory = self.state.q_memory_dict.get(index)
+        if p_memory is not None and q_memory is not None:
+            for name, (ps, qs) in self._factor_slices(layout).items():
+                out["p"][name] = p_memory[ps].detach().clone()
+                out["q"][name] = q_memory[qs].detach().clone()
+        return out
+
+    def _import_bucket(
+        self,
+        index: int,
+        layout: tuple[_Entry, ...],
+        saved: dict[str, dict[str, Tensor]],
+        buffer: Tensor,
+    ) -> None:
+        errors = saved.get("error", {})
+        if any(entry.name in errors for entry in layout):
+            error = torch.zeros_like(buffer)
+            for entry in layout:
+                part = errors.get(entry.name)
+                numel = math.prod(entry.shape)
+                if part is not None and part.numel() == numel:
+                    error[entry.offset : entry.offset + numel] = part.reshape(-1).to(error)
+            self.state.error_dict[index] = error
+        else:
+            self.state.error_dict.pop(index, None)
+        slices = self._factor_slices(layout)
+        ps, qs = saved.get("p", {}), saved.get("q", {})
+        whole = slices and all(
+            name in ps
+            and name in qs
+            and ps[name].numel() == s[0].stop - s[0].start
+            and qs[name].numel() == s[1].stop - s[1].start
+            for name, s in slices.items()
+        )
+        if whole:
+            p_size = max(s[0].stop for s in slices.values())
+            q_size = max(s[1].stop for s in slices.values())
+            p_memory = buffer.new_empty(p_size)
+            q_memory = buffer.new_empty(q_size)
+            for name, (p_slice, q_slice) in slices.items():
+                p_memory[p_slice] = ps[name].reshape(-1).to(p_memory)
+                q_memory[q_slice] = qs[name].reshape(-1).to(q_memory)
+            self.state.p_memory_dict[index] = p_memory
+            self.state.q_memory_dict[index] = q_memory
+        else:  # torch draws new factors (from its seeded generator)
+            self.state.p_memory_dict.pop(index, None)
+            self.state.q_memory_dict.pop(index, None)
+
+    def export(self) -> dict[str, Any]:
+        """``{"error": {name: tensor}, "p": ..., "q": ..., "iter", "rng", "rank"}``:
+        this rank's error feedback, the (rank-independent) factors, torch's step counter
+        and generator state."""
+        out: dict[str, Any] = {"error": {}, "p": {}, "q": {}}
+        for index, layout in self.layouts.items():
+            for key, values in self._export_bucket(index, layout).items():
+                out[key].update(values)
+        if self.pending is not None:  # loaded, not laid into a bucket yet
+            for key, values in self.pending.items():
+                for name, value in values.items():
+                    out[key].setdefault(name, value)
+        out.update(
+            iter=int(self.state.iter),
+            rng=self.state.rng.get_state(),
+            rank=int(self.state.matrix_approximation_rank),
+        )
+        return out
+
+    def load(self, saved: dict[str, Any], error: dict[str, Tensor]) -> None:
+        """Restore what ``export`` gave (``error``: this rank's error feedback, which may
+        be another rank's or a mean; factors of another rank are dropped)."""
+        same_rank = saved.get("rank") == self.state.matrix_approximation_rank
+        self.pending = {
+            "error": dict(error),
+            "p": dict(saved.get("p", {})) if same_rank else {},
+            "q": dict(saved.get("q", {})) if same_rank else {},
+        }
+        if "iter" in saved:
+            self.state.iter = int(saved["iter"])
+        if saved.get("rng") is not None:
+            self.state.rng.set_state(saved["rng"])
+        self.state.error_dict.clear()
+        self.state.p_memory_dict.clear()
+        self.state.q_memory_dict.clear()
+        self.layouts.clear()
+
+
+def named_powersgd_hook(state: NamedPowerSGD, bucket: GradBucket) -> torch.futures.Future[Tensor]:
+    """Torch's ``powerSGD_hook``, with its memories re-laid by parameter name when a
+    bucket's layout changes (DDP rebuilds its buckets after the first step) and loaded
+    from ``state.pending`` the first time a bucket is seen."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    index = bucket.index()
+    layout = state.layout(bucket)
+    previous = state.layouts.get(index)
+    if previous is not None and previous != layout:
+        state._import_bucket(index, layout, state._export_bucket(index, previous), bucket.buffer())
+    elif previous is None and state.pending is not None:
+        state._import_bucket(index, layout, state.pending, bucket.buffer())
+    state.layouts[index] = layout
+    return powerSGD_hook.powerSGD_hook(state.state, bucket)
+
+
 # DDP checks a hook's annotations as objects; this module's are strings (PEP 563).
 counting_allreduce_hook.__annotations__.update(
     bucket=GradBucket, state=CountingAllReduce, **{"return": torch.futures.Future[Tensor]}
+)
+named_powersgd_hook.__annotations__.update(
+    bucket=GradBucket, state=NamedPowerSGD, **{"return": torch.futures.Future[Tensor]}
 )

@@ -5,8 +5,13 @@ a running job (``apply``) without losing its step or optimizer state.
 Checkpoints are layout-independent: full (unsharded) weights and Adam moments, the step,
 the current precision map and the loss scale, written atomically as
 ``<dir>/step-XXXXXXXX.pt``; the newest two are kept. Restoring loads the newest that
-loads, reporting any that does not. Error-feedback residuals of top-k compression and
-PowerSGD's warm-start memories are not checkpointed: they start empty after a restart.
+loads, reporting any that does not. Compression state is checkpointed as well: the
+error-feedback residuals of top-k and PowerSGD of every data-parallel rank (by parameter
+name) and PowerSGD's warm-start factors, step counter and generator, so a job restarted
+at the same layout trains on as if uninterrupted. After a change of the data-parallel
+degree each rank starts from the mean residual (a ``compression_state_resharded``
+event); a change of compression, or to one data-parallel rank, drops the state (a
+``compression_state_reset`` event). See ``worker``.
 """
 
 from __future__ import annotations
@@ -460,20 +465,11 @@ class JobRunner:
     # ----------------------------------------------------------------- checkpoints
 
     def _gather_state(self) -> dict[str, Any]:
-        parts = [p for p in self._wait_all([w.state.remote() for w in self.workers]) if p]
-        parts.sort(key=lambda p: p["stage"])
-        merged: dict[str, Any] = {
-            "step": parts[0]["step"],
-            "model": dict(parts[0]["model"]),
-            "optim": {},
-            "precision": parts[0]["precision"],
-            "scaler": parts[0]["scaler"],
-        }
-        for part in parts:
-            for name in part["optim"]:  # the parameters this stage trains
-                merged["model"][name] = part["model"][name]
-            merged["optim"].update(part["optim"])
-        return merged
+        """The job's checkpoint: every rank's part (each pipeline stage's own weights, every
+        data-parallel rank's compression state) joined by ``merge_rank_states``."""
+        from autotune.executor.worker import merge_rank_states
+
+        return merge_rank_states(self._wait_all([w.state.remote() for w in self.workers]))
 
     def _save_checkpoint(self) -> None:
         state = self._gather_state()

@@ -18,8 +18,19 @@ data-parallel ranks. A task that declares neither is refused before it starts
 For pipeline parallelism a batch is an ``(inputs, targets)`` pair and ``loss`` calls the
 model once, on ``inputs``: the last stage replays its output into ``loss``.
 
-Built-in tasks: ``gpt-char`` (a small GPT over the bytes of the running interpreter's
-standard-library sources) and ``mlp-synthetic``. User tasks are named
+Built-in tasks (``autotune.catalog.tasks.BUILTIN_TASKS`` names the class and the shape
+config of each; the catalog's profile is counted from the same config):
+
+- ``gpt-char``, ``gpt-125m``, ``gpt-350m``, ``gpt-1.3b``: GPTs initialised at random,
+  predicting the next byte of the running interpreter's standard-library sources
+  (``GPTBytes``; ``gpt-char`` is a 0.87 M-parameter one);
+- ``bert-large``: an encoder trained as a masked LM on the same bytes (``BERTMasked``);
+- ``resnet-50``, ``resnet-152``: bottleneck ResNets classifying seeded synthetic images
+  by a fixed random teacher (``ResNetSynthetic``);
+- ``mlp-synthetic``: a residual MLP learning a fixed random teacher.
+
+The catalog's other names (``gpt-7b`` to ``gpt-70b``, the Pollux applications) are
+simulated only; ``load_task`` says why. User tasks are named
 ``path/to/file.py:ClassName`` or ``package.module:ClassName``.
 """
 
@@ -39,12 +50,26 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
-from autotune.catalog.tasks import BUILTIN_TASKS, GPTConfig, MLPConfig
+from autotune.catalog.tasks import (
+    BUILTIN_TASKS,
+    BERTConfig,
+    GPTConfig,
+    MLPConfig,
+    ResNetConfig,
+    trainable_tasks,
+)
 from autotune.errors import InputError
+from autotune.executor.parallel import ParallelError
 
 __all__ = [
+    "BERT",
+    "GPT",
+    "BERTMasked",
+    "GPTBytes",
     "GPTChar",
     "MLPSynthetic",
+    "ResNet",
+    "ResNetSynthetic",
     "TaskError",
     "TrainingTask",
     "count_samples",
@@ -104,7 +129,7 @@ def _shard(global_batch: int, rank: int, world_size: int) -> slice:
 
 
 # --------------------------------------------------------------------------------------
-# gpt-char
+# Transformers over bytes: gpt-char, gpt-125m, gpt-350m, gpt-1.3b, bert-large
 # --------------------------------------------------------------------------------------
 
 
@@ -126,13 +151,32 @@ def stdlib_text(max_bytes: int = 4 << 20) -> bytes:
     return b"".join(chunks)[:max_bytes]
 
 
-class CausalSelfAttention(nn.Module):
-    """Separate q/k/v/out projections; heads are inferred from the local width, so the
-    projections can be sharded column- and row-wise for tensor parallelism."""
+def _byte_windows(batch_size: int, span: int, part: slice, seed: int) -> Iterator[Tensor]:
+    """Every step, ``batch_size`` windows of ``span`` bytes of ``stdlib_text()`` drawn by
+    one generator seeded by ``(seed, step)``; yields the rows in ``part`` (int64)."""
+    data = torch.frombuffer(bytearray(stdlib_text()), dtype=torch.uint8)
+    if len(data) <= span:
+        raise TaskError(f"a context of {span - 1} bytes is longer than the corpus ({len(data)})")
+    offsets = torch.arange(span)
+    step = 0
+    while True:
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        starts = torch.randint(0, len(data) - span, (batch_size,), generator=generator)
+        yield data[starts[part, None] + offsets].long()
+        step += 1
 
-    def __init__(self, width: int, heads: int) -> None:
+
+class SelfAttention(nn.Module):
+    """Separate q/k/v/out projections; heads are inferred from the local width, so the
+    projections can be sharded column- and row-wise for tensor parallelism. ``causal``:
+    each position attends to itself and earlier ones only (a decoder's)."""
+
+    def __init__(self, width: int, heads: int, *, causal: bool = True) -> None:
         super().__init__()
+        if width % heads:
+            raise TaskError(f"width {width} is not a multiple of {heads} heads")
         self.head_dim = width // heads
+        self.causal = causal
         self.q_proj = nn.Linear(width, width)
         self.k_proj = nn.Linear(width, width)
         self.v_proj = nn.Linear(width, width)
@@ -144,7 +188,7 @@ class CausalSelfAttention(nn.Module):
             proj(x).view(b, t, -1, self.head_dim).transpose(1, 2)
             for proj in (self.q_proj, self.k_proj, self.v_proj)
         )
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         out: Tensor = self.out_proj(y.transpose(1, 2).reshape(b, t, -1))
         return out
 
@@ -161,10 +205,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, width: int, heads: int) -> None:
+    """A pre-norm transformer block: attention and the feed-forward pair, each on a
+    LayerNorm of the residual stream."""
+
+    def __init__(self, width: int, heads: int, *, causal: bool = True) -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(width)
-        self.attn = CausalSelfAttention(width, heads)
+        self.attn = SelfAttention(width, heads, causal=causal)
         self.ln_2 = nn.LayerNorm(width)
         self.mlp = MLP(width)
 
@@ -174,8 +221,20 @@ class Block(nn.Module):
         return out
 
 
+def _init_transformer(model: nn.Module, layers: int) -> None:
+    """GPT-2's initialisation: weights N(0, 0.02), the residual projections' scaled by
+    1/sqrt(2 x layers), biases zero, LayerNorms at identity."""
+    for name, p in model.named_parameters():
+        if name.endswith("weight") and p.dim() == 2:
+            std = 0.02 / math.sqrt(2 * layers) if "proj.weight" in name else 0.02
+            nn.init.normal_(p, 0.0, std)
+        elif name.endswith("bias"):
+            nn.init.zeros_(p)
+
+
 class GPT(nn.Module):
-    """nanoGPT's shape without dropout or weight tying (so stages own disjoint weights)."""
+    """nanoGPT's shape without dropout or weight tying (so stages own disjoint weights);
+    ``autotune.catalog.profiles.gpt_parameters`` counts its parameters."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -185,12 +244,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config.width, config.heads) for _ in range(config.layers))
         self.ln_f = nn.LayerNorm(config.width)
         self.lm_head = nn.Linear(config.width, config.vocab, bias=False)
-        for name, p in self.named_parameters():
-            if name.endswith("weight") and p.dim() == 2:
-                std = 0.02 / math.sqrt(2 * config.layers) if "proj.weight" in name else 0.02
-                nn.init.normal_(p, 0.0, std)
-            elif name.endswith("bias"):
-                nn.init.zeros_(p)
+        _init_transformer(self, config.layers)
 
     def forward(self, idx: Tensor) -> Tensor:
         positions = torch.arange(idx.shape[1], device=idx.device)
@@ -201,46 +255,267 @@ class GPT(nn.Module):
         return logits
 
 
-class GPTChar:
-    """Next-byte prediction over the standard library's sources with a small GPT.
+class GPTBytes:
+    """Next-byte prediction over the standard library's sources with a GPT of shape
+    ``config``, initialised at random. A vocabulary above 256 (the catalog's GPTs keep
+    GPT-2's 50,257) costs what it costs the published model; only ids 0-255 occur.
 
     Every step draws ``batch_size`` windows of ``context + 1`` bytes from one generator
     seeded by ``(seed, step)``; data-parallel rank ``r`` takes its slice, so any
     data-parallel degree sees the same global batches.
     """
 
-    name = "gpt-char"
+    def __init__(self, *, config: GPTConfig | None = None, batch_size: int | None = None) -> None:
+        self.config = config or GPTConfig()
+        self.batch_size = self.config.batch_size if batch_size is None else batch_size
+        self.learning_rate = self.config.learning_rate
 
     @property
     def seq_len(self) -> int:
         """Tokens (bytes) per sample: the model's context."""
         return self.config.context
 
-    def __init__(self, *, batch_size: int | None = None, config: GPTConfig | None = None) -> None:
-        self.config = config or GPTConfig()
-        self.batch_size = self.config.batch_size if batch_size is None else batch_size
-        self.learning_rate = 3e-3
-
     def build_model(self) -> nn.Module:
         return GPT(self.config)
 
     def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        data = torch.frombuffer(bytearray(stdlib_text()), dtype=torch.uint8)
         part = _shard(self.batch_size, rank, world_size)
-        span = self.config.context + 1
-        offsets = torch.arange(span)
-        step = 0
-        while True:
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
-            starts = torch.randint(0, len(data) - span, (self.batch_size,), generator=generator)
-            windows = data[starts[part, None] + offsets].long()
+        for windows in _byte_windows(self.batch_size, self.config.context + 1, part, seed):
             yield windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
-            step += 1
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         inputs, targets = batch
         logits = model(inputs)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+class GPTChar(GPTBytes):
+    """``gpt-char``: a 0.87 M-parameter GPT (``GPTConfig()``) over 64 bytes of context."""
+
+    name = "gpt-char"
+
+
+class BERT(nn.Module):
+    """BERT's encoder with the GPT's blocks, bidirectional: token and position embeddings,
+    pre-norm blocks (BERT's own are post-norm; pre-norm trains from scratch without
+    warm-up and has the same parameters), a final LayerNorm, BERT's masked-LM head (h x h
+    transform, GELU, LayerNorm) and an untied vocabulary projection with a bias.
+    ``autotune.catalog.profiles.bert_parameters`` counts its parameters."""
+
+    def __init__(self, config: BERTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab, config.width)
+        self.wpe = nn.Embedding(config.context, config.width)
+        self.blocks = nn.ModuleList(
+            Block(config.width, config.heads, causal=False) for _ in range(config.layers)
+        )
+        self.ln_f = nn.LayerNorm(config.width)
+        self.head_transform = nn.Linear(config.width, config.width)
+        self.head_norm = nn.LayerNorm(config.width)
+        self.lm_head = nn.Linear(config.width, config.vocab)
+        _init_transformer(self, config.layers)
+
+    def forward(self, idx: Tensor) -> Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(positions)
+        for block in self.blocks:
+            x = block(x)
+        x = self.head_norm(F.gelu(self.head_transform(self.ln_f(x))))
+        logits: Tensor = self.lm_head(x)
+        return logits
+
+
+MASK_ID: Final = 256
+"""The id of BERT's [MASK] on byte inputs: the first id after the bytes."""
+IGNORE: Final = -100
+"""The target of positions the masked-LM loss skips (``cross_entropy``'s default)."""
+
+
+class BERTMasked:
+    """Masked-LM over the standard library's sources with a BERT of shape ``config``,
+    initialised at random: every step draws ``batch_size`` windows of ``context`` bytes
+    (as ``GPTBytes`` does) and picks ``mask_rate`` of the positions (at least one per
+    window) to predict; of those, BERT's rule: 80% become ``MASK_ID``, 10% a random byte,
+    10% stay. Targets are the original bytes there and ``IGNORE`` elsewhere."""
+
+    def __init__(self, *, config: BERTConfig | None = None, batch_size: int | None = None) -> None:
+        self.config = config or BERTConfig()
+        if self.config.vocab <= MASK_ID:
+            raise TaskError(
+                f"a masked LM over bytes needs a vocabulary above {MASK_ID} (the mask's id), "
+                f"not {self.config.vocab}"
+            )
+        self.batch_size = self.config.batch_size if batch_size is None else batch_size
+        self.learning_rate = self.config.learning_rate
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.context
+
+    def build_model(self) -> nn.Module:
+        return BERT(self.config)
+
+    def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+        part = _shard(self.batch_size, rank, world_size)
+        c = self.config
+        windows_per_step = _byte_windows(self.batch_size, c.context, slice(None), seed)
+        for step, windows in enumerate(windows_per_step):
+            generator = torch.Generator().manual_seed(seed * 1_000_003 + step + (1 << 40))
+            shape = (self.batch_size, c.context)
+            chosen = torch.rand(shape, generator=generator) < c.mask_rate
+            forced = torch.randint(0, c.context, (self.batch_size,), generator=generator)
+            chosen[torch.arange(self.batch_size), forced] = True
+            roll = torch.rand(shape, generator=generator)
+            noise = torch.randint(0, MASK_ID, shape, generator=generator)
+            inputs = torch.where(chosen & (roll < 0.8), MASK_ID, windows)
+            inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), noise, inputs)
+            targets = torch.where(chosen, windows, IGNORE)
+            yield inputs[part].contiguous(), targets[part].contiguous()
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        inputs, targets = batch
+        logits = model(inputs)
+        return F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE
+        )
+
+
+# --------------------------------------------------------------------------------------
+# resnet-50, resnet-152
+# --------------------------------------------------------------------------------------
+
+
+class Bottleneck(nn.Module):
+    """1x1 narrow, 3x3 (carrying the stride, torchvision's v1.5), 1x1 widen to 4x, each
+    followed by a batch norm; the shortcut is a 1x1 projection where the shape changes.
+    The last batch norm starts at zero, so each block starts as the identity (Goyal et
+    al. 2017)."""
+
+    def __init__(self, channels: int, inner: int, stride: int) -> None:
+        super().__init__()
+        out = 4 * inner
+        self.conv1 = nn.Conv2d(channels, inner, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(inner)
+        self.conv2 = nn.Conv2d(inner, inner, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(inner)
+        self.conv3 = nn.Conv2d(inner, out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(out)
+        nn.init.zeros_(self.bn3.weight)
+        self.shortcut: nn.Module | None = None
+        if stride != 1 or channels != out:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(channels, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        identity = x if self.shortcut is None else self.shortcut(x)
+        out: Tensor = F.relu(y + identity)
+        return out
+
+
+class ResNet(nn.Module):
+    """A bottleneck ResNet (He et al. 2016) of shape ``config``: the stem, then every
+    stage's bottlenecks in one ``nn.ModuleList`` (``blocks``: the pipeline's grain, cut
+    evenly by block count), global average pooling and the classifier (``fc``).
+    ``autotune.catalog.profiles.resnet_parameters`` counts its parameters: 25,557,032 for
+    ResNet-50, 60,192,808 for ResNet-152, as torchvision's."""
+
+    def __init__(self, config: ResNetConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.conv1 = nn.Conv2d(3, config.width, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(config.width)
+        blocks: list[nn.Module] = []
+        channels = config.width
+        for stage, count in enumerate(config.blocks):
+            inner = config.width << stage
+            for index in range(count):
+                stride = 2 if stage > 0 and index == 0 else 1
+                blocks.append(Bottleneck(channels, inner, stride))
+                channels = 4 * inner
+        self.blocks = nn.ModuleList(blocks)
+        self.fc = nn.Linear(channels, config.classes)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, stride=2, padding=1)
+        for block in self.blocks:
+            x = block(x)
+        out: Tensor = self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return out
+
+
+class ResNetSynthetic:
+    """Classification of seeded synthetic images by a fixed random teacher with a ResNet
+    of shape ``config``: each image is ``latent`` smooth random patterns (4x4 colour
+    grids upsampled to the image) weighted by a Gaussian latent vector, plus pixel noise;
+    its label is the argmax of a fixed random map of the latent vector over the classes.
+    The label is a function of the image, so the loss goes down; no data files.
+
+    Tensor parallelism is refused: a ResNet has no attention projections or feed-forward
+    pair of ``nn.Linear`` layers to shard. Pipeline stages cut ``blocks`` evenly."""
+
+    latent = 16
+    noise = 0.5
+
+    def __init__(
+        self, *, config: ResNetConfig | None = None, batch_size: int | None = None
+    ) -> None:
+        self.config = config or ResNetConfig()
+        self.batch_size = self.config.batch_size if batch_size is None else batch_size
+        self.learning_rate = self.config.learning_rate
+        teacher = torch.Generator().manual_seed(12345)
+        grids = torch.randn(self.latent, 3, 4, 4, generator=teacher)
+        side = self.config.image
+        self._patterns = F.interpolate(grids, size=(side, side), mode="bilinear")
+        self._teacher = torch.randn(self.latent, self.config.classes, generator=teacher)
+
+    def build_model(self) -> nn.Module:
+        return ResNet(self.config)
+
+    def tp_plan(self) -> dict[str, str]:
+        raise ParallelError(
+            f"a ResNet ({sum(self.config.blocks)} bottleneck blocks) cannot be split for "
+            "tensor parallelism: its layers are convolutions, with no attention projections "
+            "or nn.Linear feed-forward pairs to shard; use data or pipeline parallelism"
+        )
+
+    def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+        part = _shard(self.batch_size, rank, world_size)
+        side = self.config.image
+        step = 0
+        while True:
+            base = seed * 1_000_003 + step
+            generator = torch.Generator().manual_seed(base)
+            z = torch.randn(self.batch_size, self.latent, generator=generator)
+            # Image by image, each with its own noise generator: a rank makes only its
+            # slice, and the same pixels whatever the data-parallel degree.
+            images = torch.stack(
+                [
+                    torch.einsum("k,kchw->chw", z[i], self._patterns)
+                    + self.noise
+                    * torch.randn(
+                        3,
+                        side,
+                        side,
+                        generator=torch.Generator().manual_seed(base + ((i + 1) << 32)),
+                    )
+                    for i in range(self.batch_size)[part]
+                ]
+            )
+            labels = (z @ self._teacher).argmax(dim=1)[part]
+            yield images.contiguous(), labels
+            step += 1
+
+    def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+        inputs, targets = batch
+        return F.cross_entropy(model(inputs).float(), targets)
 
 
 # --------------------------------------------------------------------------------------
@@ -294,7 +569,12 @@ class MLPSynthetic:
         depth: int = _MLP.depth,
         classes: int = _MLP.classes,
         scale: float = 1.0,
+        config: MLPConfig | None = None,
     ) -> None:
+        """``config``, where given, sets the shape and the batch in place of the others."""
+        if config is not None:
+            batch_size, features, hidden = config.batch_size, config.features, config.hidden
+            depth, classes = config.depth, config.classes
         self.batch_size = batch_size
         self.features, self.hidden, self.depth, self.classes = features, hidden, depth, classes
         self.scale = scale
@@ -325,15 +605,11 @@ class MLPSynthetic:
 # --------------------------------------------------------------------------------------
 
 
-def _trainable() -> list[str]:
-    return [name for name, task in BUILTIN_TASKS.items() if task.trainer is not None]
-
-
 def _import_target(spec: str) -> Any:
     where, _, attr = spec.rpartition(":")
     if not where or not attr:
         raise TaskError(
-            f"task {spec!r}: expected a built-in name ({', '.join(_trainable())}), "
+            f"task {spec!r}: expected a built-in name ({', '.join(trainable_tasks())}), "
             "'path/to/file.py:ClassName' or 'package.module:ClassName'"
         )
     try:
@@ -363,17 +639,20 @@ def _import_target(spec: str) -> Any:
 def load_task(spec: str, *, batch_size: int | None = None) -> TrainingTask:
     """The task named ``spec``, with its global batch set to ``batch_size`` if given."""
     builtin = BUILTIN_TASKS.get(spec)
+    kwargs: dict[str, Any] = {}
     if builtin is None:
         target = _import_target(spec)
     elif builtin.trainer is None:
         raise TaskError(
-            f"task {spec!r}: a catalog model the simulator runs, with no model the executor "
-            f"can build; built-in tasks it trains: {', '.join(_trainable())}"
+            f"task {spec!r} is simulated only: {builtin.simulated_only}. Built-in tasks the "
+            f"executor trains: {', '.join(trainable_tasks())}"
         )
     else:
         target = _import_target(builtin.trainer)
+        if builtin.shape is not None:
+            kwargs["config"] = builtin.shape
     try:
-        task = target() if isinstance(target, type) or callable(target) else target
+        task = target(**kwargs) if isinstance(target, type) or callable(target) else target
     except Exception as exc:
         raise TaskError(f"task {spec!r}: constructing it failed: {exc!r}") from exc
     missing = [

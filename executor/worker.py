@@ -3,16 +3,34 @@ step. The runner makes one Ray actor of this class per rank; it runs without Ray
 
 The rank's coordinates follow ``Layout``: ``rank = (pp_index * dp + dp_index) * tp +
 tp_index``, the device mesh ``("pp", "dp", "tp")``.
+
+A rank of pipeline stage ``s`` holds stage ``s``'s parameters only (``build_stage``):
+the rest of the model is a skeleton on the ``meta`` device. Its part of a checkpoint
+(``state``) is layout-independent: full tensors under the whole model's parameter
+names, so ``merge_rank_states`` joins the stages' parts into the checkpoint a single
+rank would write, which any other layout restores.
+
+Compression state is part of the checkpoint too: every data-parallel rank's
+error-feedback residual (top-k's, PowerSGD's), by parameter name, as a full tensor, and
+PowerSGD's warm-start factors, step counter and generator. Restored at the same
+data-parallel degree, each rank gets its own residual back (training continues as if
+uninterrupted). At another degree each rank gets the mean of the saved residuals: error
+feedback owes the optimizer the mean of the ranks' residuals (the average of what each
+rank has not sent yet), and ``n`` ranks that each start from that mean owe exactly it
+again; the job records a ``compression_state_resharded`` event. Where the state cannot
+carry over (the compression changed, or one data-parallel rank reduces nothing) it is
+dropped with a ``compression_state_reset`` event.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import socket
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from itertools import islice
@@ -27,25 +45,32 @@ from autotune.executor.compression import (
     ByteCounter,
     CountingAllReduce,
     GradientReducer,
+    NamedPowerSGD,
     count_powersgd_traffic,
     counting_allreduce_hook,
     local_grad,
+    named_powersgd_hook,
     stop_counting_powersgd_traffic,
 )
 from autotune.executor.parallel import (
+    BuiltStage,
     ParallelError,
     StageModule,
     apply_activation_checkpointing,
     apply_tensor_parallel,
+    build_stage,
     derive_split_points,
     find_blocks,
+    parameter_bytes,
     replay,
-    stage_ranges,
 )
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
 from autotune.executor.tasks import TrainingTask, count_samples, load_task
 
-__all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
+__all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts", "merge_rank_states"]
+
+_FEEDBACK = ("topk", "powersgd")
+"""Compressions with error feedback: their residuals are checkpointed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,6 +131,30 @@ def _full(t: Tensor) -> Tensor:
     return out.detach().cpu().clone()
 
 
+def _full_part(part: Tensor, like: Tensor) -> Tensor:
+    """The full tensor of which ``part`` is this rank's local block, laid out as the
+    parameter ``like`` is (every tensor-parallel peer must call it)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(like, DTensor):
+        part = DTensor.from_local(
+            part.reshape(like.to_local().shape), like.device_mesh, like.placements, run_check=False
+        ).full_tensor()
+    return part.detach().cpu().clone().reshape(like.shape)
+
+
+def _local_part(full: Tensor, like: Tensor) -> Tensor:
+    """This rank's block of ``full``, laid out as the parameter ``like`` is."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(like, DTensor):
+        local: Tensor = distribute_tensor(
+            full, like.device_mesh, like.placements, src_data_rank=None
+        ).to_local()
+        return local
+    return full
+
+
 class RankWorker:
     def __init__(self, rank: int, spec: WorkerSpec) -> None:
         self.rank = rank
@@ -117,6 +166,9 @@ class RankWorker:
         self.tp_index = rank % self.tp
         self.step_count = 0
         self.events: list[dict[str, Any]] = []
+        self._restore_events: list[dict[str, Any]] = []
+        """Events of restoring a checkpoint, reported with the next step's."""
+        self.powersgd: NamedPowerSGD | None = None
         torch.set_num_threads(spec.threads)
 
     # ----------------------------------------------------------------- placement
@@ -144,7 +196,9 @@ class RankWorker:
     def setup(self, address: str, port: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
         spec = self.spec
         world = spec.config.world_size
-        backend = "nccl" if spec.device == "cuda" else "gloo"
+        # On GPUs, CUDA tensors go through NCCL and the small CPU tensors the ranks agree
+        # on (the skip-step flags) through gloo: NCCL cannot reduce CPU tensors.
+        backend = "cpu:gloo,cuda:nccl" if spec.device == "cuda" else "gloo"
         if spec.device == "cuda":
             torch.cuda.set_device(0)  # Ray gives each actor its own visible GPU
         dist.init_process_group(
@@ -162,13 +216,66 @@ class RankWorker:
         self.device = torch.device(spec.device, 0) if spec.device == "cuda" else torch.device("cpu")
         self.task: TrainingTask = load_task(spec.task, batch_size=spec.batch_size)
         torch.manual_seed(spec.seed)
-        model = self.task.build_model()
-        if state is not None:
-            model.load_state_dict(state["model"])
-        model.to(self.device)
-        self.model = model
+        self.built = self._build_stage(state)
+        model = self.model = self.built.model
         self._build(model, state)
-        return {"rank": self.rank, "tp_plan": self.tp_plan, "stage_blocks": self.stage_blocks}
+        # What setup built lives as long as the rank: keep it out of the collector's full
+        # passes, which would walk it every time (planning pipeline stages on the meta
+        # device imports torch's Python decompositions, ~130,000 objects: a 160 ms pause
+        # in a training step every few steps).
+        gc.collect()
+        gc.freeze()
+        return {
+            "rank": self.rank,
+            "tp_plan": self.tp_plan,
+            "stage_blocks": self.stage_blocks,
+            "restore_events": list(self._restore_events),
+        }
+
+    def _build_stage(self, state: dict[str, Any] | None) -> BuiltStage:
+        """The model with this rank's stage's parameters only (all of them when pp = 1),
+        from the checkpoint's tensors where there is one, else initialised as the whole
+        model would be (``build_stage``)."""
+        spec = self.spec
+        values: dict[str, Tensor] | None = None
+        if state is not None:
+            values = {**state.get("buffers", {}), **state["model"]}
+        example: Tensor | None = None
+        points_fn = getattr(self.task, "split_points", None)
+
+        def points(skeleton: nn.Module) -> list[str]:
+            if callable(points_fn):
+                return list(points_fn())
+            return derive_split_points(skeleton, self.pp)
+
+        if self.pp > 1:
+            batch = next(iter(self.task.batches(self.dp_index, self.dp, spec.seed)))
+            if not (isinstance(batch, tuple | list) and len(batch) == 2):
+                raise ParallelError("pipeline parallelism needs batches of (inputs, targets)")
+            example = _split(batch[0], spec.config.layout.micro_batches)[0]
+        return build_stage(
+            self.task.build_model,
+            seed=spec.seed,
+            stages=self.pp,
+            stage=self.pp_index,
+            split_points=points,
+            example=example,
+            device=self.device,
+            values=values,
+        )
+
+    @contextmanager
+    def _prefix_on_meta(self) -> Iterator[None]:
+        """Around what a later pipeline stage runs on ``meta`` before its first block: no
+        precision casts and no NaN/Inf watching (there are no values to watch)."""
+        controller = self.precision
+        saved = controller.precision, controller.watching
+        controller.precision = PrecisionMap.uniform("fp32")
+        controller.watching = False
+        try:
+            yield
+        finally:
+            controller.precision, controller.watching = saved
 
     def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
         spec, layout = self.spec, self.spec.config.layout
@@ -176,21 +283,25 @@ class RankWorker:
         if state is not None and "precision" in state:
             precision = PrecisionMap(**state["precision"])
         self.precision = PrecisionController(model, precision)
+        self.plan = plan = self.built.plan
         train_module: nn.Module = model
         self.stage_blocks: list[int] | None = None
         blocks: nn.ModuleList | None = None
         span: range | None = None
+        modules = dict(model.named_modules())
         if self.pp > 1:
-            points_fn = getattr(self.task, "split_points", None)
-            points = (
-                list(points_fn()) if callable(points_fn) else derive_split_points(model, self.pp)
-            )
-            parent, ranges = stage_ranges(model, points, self.pp)
-            blocks_module = dict(model.named_modules())[parent]
+            assert plan.parent is not None
+            blocks_module = modules[plan.parent]
             assert isinstance(blocks_module, nn.ModuleList)
-            blocks, span = blocks_module, ranges[self.pp_index]
+            blocks, span = blocks_module, plan.ranges[self.pp_index]
             self.stage_blocks = list(span)
-            train_module = StageModule(model, blocks, span, last=self.pp_index == self.pp - 1)
+            train_module = StageModule(
+                model,
+                blocks,
+                span,
+                last=self.pp_index == self.pp - 1,
+                prefix_context=self._prefix_on_meta,
+            )
         if layout.activation_checkpointing:
             if blocks is None:
                 _, blocks = find_blocks(model)
@@ -200,8 +311,12 @@ class RankWorker:
         self.tp_plan: dict[str, str] = {}
         if self.tp > 1:
             plan_fn = getattr(self.task, "tp_plan", None)
+            index = self.pp_index
             self.tp_plan = apply_tensor_parallel(
-                model, self.mesh["tp"], dict(plan_fn()) if callable(plan_fn) else None
+                model,
+                self.mesh["tp"],
+                dict(plan_fn()) if callable(plan_fn) else None,
+                keep=lambda name: name in modules and plan.owns_module(modules[name], name, index),
             )
         compression = spec.config.compression
         self.counter = ByteCounter()
@@ -234,7 +349,11 @@ class RankWorker:
                     start_powerSGD_iter=2,
                     random_seed=spec.seed,
                 )
-                ddp.register_comm_hook(hook_state, powerSGD_hook.powerSGD_hook)
+                # Torch's hook, with its memories kept by parameter name (checkpoints).
+                self.powersgd = NamedPowerSGD(
+                    hook_state, {id(p): n for n, p in model.named_parameters()}
+                )
+                ddp.register_comm_hook(self.powersgd, named_powersgd_hook)
                 self.ddp = train_module = ddp
         elif compression.kind == "none" and self.dp > 1 and self.tp == 1 and self.pp == 1:
             # Plain data parallelism is DDP's: its bucketed all-reduces overlap the
@@ -256,7 +375,8 @@ class RankWorker:
             rank=self.dp_index,
         )
         self.train_module = train_module
-        self.named = list(model.named_parameters())
+        owned = plan.parameters(self.pp_index)
+        self.named = [(n, p) for n, p in model.named_parameters() if n in owned]
         lr = spec.learning_rate or float(getattr(self.task, "learning_rate", 1e-3))
         self.optimizer = torch.optim.AdamW([p for _, p in self.named], lr=lr, weight_decay=0.0)
         self.scaler = LossScaler() if self.precision.uses_fp16 else None
@@ -313,6 +433,65 @@ class RankWorker:
             self.optimizer.state[p] = restored
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load(state["scaler"])
+        self._restore_compression(state.get("compression"))
+
+    def _note(self, kind: str, detail: str) -> None:
+        self._restore_events.append({"step": self.step_count, "kind": kind, "detail": detail})
+
+    def _restore_compression(self, saved: dict[str, Any] | None) -> None:
+        """Error feedback and PowerSGD's memories from the checkpoint (see the module
+        docstring for what happens when the layout changed)."""
+        if not saved or not (saved.get("residuals") or saved.get("powersgd")):
+            return
+        kind = self.spec.config.compression.kind
+        old_kind, old_dp = str(saved["kind"]), int(saved["dp"])
+        if kind != old_kind:
+            self._note(
+                "compression_state_reset",
+                f"compression changed from {old_kind} to {kind}: the {old_kind} error-feedback "
+                "residuals are dropped",
+            )
+            return
+        if self.dp == 1:
+            self._note(
+                "compression_state_reset",
+                f"data-parallel degree {old_dp} -> 1: a single replica reduces no gradients "
+                f"and compresses nothing, so the {kind} residuals are dropped",
+            )
+            return
+        residuals: dict[str, list[Tensor | None]] = saved.get("residuals") or {}
+        if old_dp == self.dp:
+            mine = {n: ts[self.dp_index] for n, ts in residuals.items()}
+        else:
+            mine = {
+                n: sum((t for t in ts if t is not None), torch.zeros(())) / old_dp
+                for n, ts in residuals.items()
+                if any(t is not None for t in ts)
+            }
+            self._note(
+                "compression_state_resharded",
+                f"data-parallel degree {old_dp} -> {self.dp}: every rank starts from the mean "
+                f"of the {old_dp} saved {kind} residuals, which keeps what error feedback "
+                "still owes the update (the ranks' mean residual) unchanged",
+            )
+        own = {n: t for n, t in mine.items() if t is not None}
+        if self.powersgd is not None:
+            powersgd = saved.get("powersgd") or {}
+            rank = self.powersgd.state.matrix_approximation_rank
+            if powersgd.get("p") and powersgd.get("rank") != rank:
+                self._note(
+                    "compression_state_reset",
+                    f"PowerSGD rank {powersgd.get('rank')} -> {rank}: its warm-start factors "
+                    "are dropped (the error-feedback residuals are kept)",
+                )
+            self.powersgd.load(powersgd, {n: t.to(self.device) for n, t in own.items()})
+            return
+        parts = {
+            i: _local_part(own[name].to(self.device), p)
+            for i, (name, p) in enumerate(self.named)
+            if name in own
+        }
+        self.reducer.load_residual_parts(parts)
 
     # ----------------------------------------------------------------- training
 
@@ -332,7 +511,7 @@ class RankWorker:
             if self.pp_index == 0:
                 self.pipeline.step(inputs.to(self.device))
                 return None
-            stage.template = _split(inputs, m)[0].to(self.device)
+            stage.template = _split(inputs, m)[0].to("meta")
             if self.pp_index < self.pp - 1:
                 self.pipeline.step()
                 return None
@@ -401,6 +580,7 @@ class RankWorker:
                 if self.scaler is not None:
                     self.scaler.update(False)
         self.step_count += 1
+        events[:0], self._restore_events = self._restore_events, []
         self.events.extend(events)
         elapsed = time.perf_counter() - start
         reports_loss = self.pp_index == self.pp - 1 and self.tp_index == 0
@@ -418,6 +598,7 @@ class RankWorker:
             "events": events,
             "peak_memory_bytes": self._peak_memory(),
             "power_watts": gpu_power_watts(0) if self.spec.device == "cuda" else None,
+            "fp8_mode": self.precision.fp8_mode if self.precision.uses_fp8 else None,
         }
 
     def _peak_memory(self) -> int:
@@ -425,35 +606,126 @@ class RankWorker:
             return int(torch.cuda.max_memory_allocated())
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
+    def memory(self) -> dict[str, Any]:
+        """What this rank holds: parameter and buffer bytes (local shards), the whole
+        model's parameter bytes, the peak memory (GPU: allocated; CPU: resident set), and
+        where the stage's tensors came from (``BuiltStage.sources``)."""
+        buffers = sum(b.numel() * b.element_size() for b in self.model.buffers() if not b.is_meta)
+        return {
+            "rank": self.rank,
+            "stage": self.pp_index,
+            "parameter_bytes": parameter_bytes(self.model),
+            "buffer_bytes": buffers,
+            "model_parameter_bytes": self.built.model_bytes,
+            "peak_memory_bytes": self._peak_memory(),
+            "sources": dict(self.built.sources),
+        }
+
     # ----------------------------------------------------------------- checkpoints
 
     def state(self) -> dict[str, Any] | None:
-        """This rank's part of a layout-independent checkpoint: full (unsharded) weights
-        and optimizer moments of the parameters its stage trains. Every rank must call
-        it (tensor-parallel shards are gathered); data-parallel replicas other than the
-        first, and tensor-parallel peers other than the first, return ``None``."""
-        weights = {name: _full(p) for name, p in self.named}
-        optim: dict[str, dict[str, Tensor]] = {}
-        for name, p in self.named:
-            entry = self.optimizer.state.get(p)
-            if entry:
-                optim[name] = {
-                    k: _full(v) if isinstance(v, Tensor) else v for k, v in entry.items()
-                }
-        if self.dp_index or self.tp_index:
-            return None
-        return {
+        """This rank's part of a layout-independent checkpoint (``merge_rank_states``
+        joins the parts). Every rank must call it (tensor-parallel shards are gathered).
+
+        The first data-parallel replica's ranks give the full (unsharded) weights, buffers
+        and optimizer moments of the parameters their stage holds; every data-parallel
+        rank gives its compression state (``compression``: its error-feedback residuals by
+        parameter name, full tensors). Tensor-parallel peers other than the first, and
+        replicas with nothing to add, return ``None``."""
+        compression = self._compression_state()
+        part: dict[str, Any] = {
             "stage": self.pp_index,
+            "dp_index": self.dp_index,
             "step": self.step_count,
-            "model": weights,
-            "optim": optim,
-            "precision": self.precision.precision.as_dict(),
-            "scaler": self.scaler.state() if self.scaler is not None else None,
         }
+        if compression is not None:
+            part["compression"] = compression
+        if self.dp_index == 0:
+            weights = {name: _full(p) for name, p in self.named}
+            optim: dict[str, dict[str, Tensor]] = {}
+            for name, p in self.named:
+                entry = self.optimizer.state.get(p)
+                if entry:
+                    optim[name] = {
+                        k: _full(v) if isinstance(v, Tensor) else v for k, v in entry.items()
+                    }
+            held = self.plan.buffers(self.pp_index)
+            part.update(
+                model=weights,
+                buffers={n: _full(b) for n, b in self.model.named_buffers() if n in held},
+                optim=optim,
+                precision=self.precision.precision.as_dict(),
+                scaler=self.scaler.state() if self.scaler is not None else None,
+            )
+        if self.tp_index or (self.dp_index and compression is None):
+            return None
+        return part
+
+    def _compression_state(self) -> dict[str, Any] | None:
+        """This rank's error feedback (full tensors by parameter name) and PowerSGD's
+        memories; ``None`` without error feedback."""
+        kind = self.spec.config.compression.kind
+        if kind not in _FEEDBACK or self.dp == 1:
+            return None
+        powersgd: dict[str, Any] | None = None
+        if self.powersgd is not None:
+            powersgd = self.powersgd.export()
+            residuals = {n: t.detach().cpu().clone() for n, t in powersgd.pop("error").items()}
+            for key in ("p", "q"):
+                powersgd[key] = {n: t.detach().cpu().clone() for n, t in powersgd[key].items()}
+        else:
+            params = [p for _, p in self.named]
+            parts = self.reducer.residual_parts(params)
+            residuals = {self.named[i][0]: _full_part(parts[i], params[i]) for i in sorted(parts)}
+        return {"kind": kind, "dp": self.dp, "residuals": residuals, "powersgd": powersgd}
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+        gc.unfreeze()  # a process that trains another job next can collect this one
+
+
+def merge_rank_states(parts: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """One checkpoint from every rank's ``RankWorker.state()``: the stages' weights,
+    buffers and optimizer moments joined under the whole model's names, and the
+    compression state of every data-parallel rank (``residuals``: name -> one tensor per
+    data-parallel rank, ``None`` where a rank had none; PowerSGD's factors and counters
+    from the first rank)."""
+    given = [p for p in parts if p]
+    main = sorted((p for p in given if "model" in p), key=lambda p: p["stage"])
+    if not main:
+        raise ValueError("no rank of the first data-parallel replica gave its state")
+    merged: dict[str, Any] = {
+        "step": main[0]["step"],
+        "model": {},
+        "buffers": {},
+        "optim": {},
+        "precision": main[0]["precision"],
+        "scaler": main[0]["scaler"],
+    }
+    for part in main:
+        merged["model"].update(part["model"])
+        merged["buffers"].update(part.get("buffers", {}))
+        merged["optim"].update(part["optim"])
+    compressed = [p for p in given if p.get("compression")]
+    if compressed:
+        first = compressed[0]["compression"]
+        dp = int(first["dp"])
+        residuals: dict[str, list[Tensor | None]] = {}
+        powersgd = None
+        for part in compressed:
+            state = part["compression"]
+            for name, tensor in state["residuals"].items():
+                residuals.setdefault(name, [None] * dp)[part["dp_index"]] = tensor
+            if part["dp_index"] == 0 and state.get("powersgd") is not None:
+                powersgd = state["powersgd"]
+        merged["compression"] = {
+            "kind": first["kind"],
+            "dp": dp,
+            "residuals": residuals,
+            "powersgd": powersgd,
+        }
+    return merged
 
 
 def _to(value: Any, device: torch.device) -> Any:

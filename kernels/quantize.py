@@ -114,7 +114,9 @@ def quantize_blockwise_reference(
     finite = torch.isfinite(tiles)
     amax = torch.where(finite, tiles.abs(), 0.0).amax(dim=1)
     nonfinite = (~finite).sum(dim=1, dtype=torch.int32)
-    scales = torch.where(amax > 0, amax / QMAX[fmt], 1.0)
+    # Divided by a tensor: by a Python number, CUDA multiplies by its reciprocal, which is
+    # 1 ulp off the correctly rounded quotient the kernel computes.
+    scales = torch.where(amax > 0, amax / torch.full_like(amax, QMAX[fmt]), 1.0)
     y = tiles / scales[:, None]
     noise = None
     if stochastic:
@@ -165,6 +167,7 @@ def _quantize_kernel(
     ROWS: tl.constexpr,
     FP8: tl.constexpr,
     STOCHASTIC: tl.constexpr,
+    HW_CAST: tl.constexpr,
 ) -> None:
     """ROWS quantization blocks per program, one per row of a [ROWS, BLOCK_P2] tile; q is
     written through an int8 view."""
@@ -183,7 +186,16 @@ def _quantize_kernel(
     y = tl.math.div_rn(x, scale[:, None])
     if STOCHASTIC:
         noise = tl.rand(seed, offs)
-    if FP8:
+    if FP8 and HW_CAST and not STOCHASTIC:
+        # Compiled for a GPU: the hardware's fp32 -> e4m3 conversion rounds to nearest
+        # even (and keeps -0.0); saturate first, since the format has no infinity.
+        y_finite = tl.abs(y) < float("inf")
+        clamped = tl.minimum(tl.maximum(y, -448.0), 448.0)
+        code = tl.where(y_finite, clamped, 0.0).to(tl.float8e4nv).to(tl.int8, bitcast=True)
+        tl.store(q_ptr + offs, tl.where(y_finite, code, 0x7F).to(tl.int8), mask=mask)
+    elif FP8:
+        # Rounded by hand: the interpreter's cast is wrong at exponent carries, and
+        # stochastic rounding needs the step anyway.
         ay = tl.abs(y)
         exponent = ((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
         exponent = tl.minimum(tl.maximum(exponent, -6), 8)  # subnormal step below 2**-6
@@ -192,7 +204,10 @@ def _quantize_kernel(
         steps = ay * up  # exact: a power of two
         steps = tl.math.floor(steps + noise) if STOCHASTIC else (steps + _RNE_MAGIC) - _RNE_MAGIC
         rounded = tl.minimum(steps * down, 448.0)
-        rounded = tl.where(y.to(tl.int32, bitcast=True) < 0, -rounded, rounded)
+        # The sign of y, put on by its bit: -rounded is 0 - rounded in Triton, which
+        # turns -0.0 into +0.0 (compiled; the interpreter keeps the sign).
+        sign = y.to(tl.int32, bitcast=True) & -2147483648
+        rounded = (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
         y_finite = ay < float("inf")
         # The cast is exact; NaN is written as torch's code (0x7F): casting NaN is not
         # portable (the interpreter turns it into 384).
@@ -260,7 +275,7 @@ def quantize_blockwise(
         x.contiguous(), q.view(torch.int8), scales, nonfinite, n, blocks,
         _draw_seed(seed) if stochastic else 0,
         BLOCK_SIZE=block_size, BLOCK_P2=block_p2, ROWS=rows, FP8=fmt == "fp8_e4m3",
-        STOCHASTIC=stochastic, num_warps=_NUM_WARPS,
+        STOCHASTIC=stochastic, HW_CAST=used == "triton", num_warps=_NUM_WARPS,
     )  # fmt: skip
     return q, scales, nonfinite
 

@@ -54,7 +54,9 @@ def list_jobs(
 def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPublic:
     """Submit a job; the daemon hands it to the cluster at its next tick."""
     try:
-        task = resolve_task(body.task, request.app.state.task_modules)
+        task = resolve_task(
+            body.task, request.app.state.task_modules, trains=request.app.state.trains
+        )
     except ValueError as exc:
         raise unprocessable("task", str(exc)) from None
     if body.max_gpus < body.min_gpus:

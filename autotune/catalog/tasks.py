@@ -3,10 +3,15 @@ tasks of modules on the settings' allow-list (``task_modules``).
 
 ``BUILTIN_TASKS`` is the one table of task names: each names the ``ModelProfile`` the
 Planner and the simulator use and, where the executor can train it for real, the class
-that does (``trainer``, as ``module:Name``, imported only by the executor). The
-executor's own tasks (``gpt-char``, ``mlp-synthetic``) get their profiles from the same
-shape configs their models are built from (``GPTConfig``, ``MLPConfig``), so the two
-cannot disagree. The catalog's other models are simulated only.
+that does (``trainer``, as ``module:Name``, imported only by the executor) and the shape
+config it builds its model from (``shape``). A profile is counted from the same config
+(``autotune.catalog.profiles``), so the two cannot disagree.
+
+Trained for real (``--backend ray``, ``autotune job run``): ``gpt-char``,
+``mlp-synthetic``, ``gpt-125m``, ``gpt-350m``, ``gpt-1.3b``, ``bert-large``,
+``resnet-50``, ``resnet-152``. Simulated only, with the reason in ``simulated_only``:
+``gpt-7b`` to ``gpt-70b`` and the six Pollux applications. A backend that trains for real
+refuses those at submission (``resolve_task(..., trains=True)``).
 
 A task name is only ever checked against these lists here; nothing is imported for it,
 and a file path is never accepted, so a request cannot make the daemon run code of its
@@ -22,32 +27,31 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
-from autotune.catalog.profiles import MODEL_CATALOG
+from autotune.catalog.profiles import (
+    MODEL_CATALOG,
+    MODEL_SHAPES,
+    BERTConfig,
+    GPTConfig,
+    ModelShape,
+    ResNetConfig,
+    gpt_profile,
+)
 from autotune.core import ModelProfile
+from autotune.perf.pollux import APPS
 
 __all__ = [
     "BUILTIN_TASKS",
+    "BERTConfig",
     "BuiltinTask",
     "GPTConfig",
     "MLPConfig",
+    "ResNetConfig",
     "Task",
     "gpt_char_profile",
     "mlp_synthetic_profile",
     "resolve_task",
+    "trainable_tasks",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class GPTConfig:
-    """Shape of ``gpt-char``'s model (``autotune.executor.tasks.GPT``): nanoGPT's layout
-    with separate q/k/v/out projections, biases, pre-norm blocks and an untied head."""
-
-    vocab: int = 256  # bytes
-    context: int = 64  # bytes of context
-    layers: int = 4
-    width: int = 128
-    heads: int = 4
-    batch_size: int = 16  # global batch per step
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,35 +67,10 @@ class MLPConfig:
     batch_size: int = 64  # global batch per step
 
 
-def gpt_char_profile(c: GPTConfig = GPTConfig()) -> ModelProfile:
-    """``gpt-char``'s profile, counted from its shape: FLOPs as 6 x parameters x tokens
-    plus attention's 12 x layers x context^2 x width (PaLM appendix B); activations as
-    twice Korthikanti et al.'s 34 x context x width bytes per block (their 16-bit figure,
-    2022): the executor trains gpt-char in fp32 unless a precision map says otherwise."""
-    per_block = (
-        4 * (c.width * c.width + c.width)  # q, k, v, out projections with biases
-        + 2 * c.width * 4 * c.width  # MLP weights
-        + 5 * c.width  # MLP biases (4w + w)
-        + 4 * c.width  # two LayerNorms
-    )
-    parameters = (
-        c.vocab * c.width  # token embedding
-        + c.context * c.width  # position embedding
-        + c.layers * per_block
-        + 2 * c.width  # final LayerNorm
-        + c.width * c.vocab  # head, no bias
-    )
-    flops = 6 * parameters * c.context + 12 * c.layers * c.context**2 * c.width
-    return ModelProfile(
-        name="gpt-char",
-        parameters=parameters,
-        flops_per_sample=float(flops),
-        activation_bytes_per_sample=float(34 * c.context * c.width * c.layers * 2),
-        num_layers=c.layers,
-        hidden_size=c.width,
-        seq_len=c.context,
-        reference_batch=c.batch_size,
-    )
+def gpt_char_profile(c: GPTConfig | None = None) -> ModelProfile:
+    """``gpt-char``'s profile (default: its shape, ``GPTConfig()``), counted as every
+    GPT's is (``autotune.catalog.profiles.gpt_profile``)."""
+    return gpt_profile("gpt-char", c or GPTConfig())
 
 
 def mlp_synthetic_profile(c: MLPConfig = MLPConfig()) -> ModelProfile:
@@ -116,26 +95,87 @@ class BuiltinTask:
     name: str
     profile: ModelProfile
     trainer: str | None
-    """The executor class that trains it for real (``module:Name``); ``None``: the task is
-    a catalog model the simulator runs, with no model the executor can build."""
+    """The executor class that trains it for real (``module:Name``, constructed with
+    ``config=shape`` when ``shape`` is set); ``None``: simulated only."""
+    shape: ModelShape | MLPConfig | None = None
+    """The config the trainer builds its model from, and the profile is counted from."""
+    simulated_only: str | None = None
+    """Why the executor cannot train it (set exactly when ``trainer`` is ``None``)."""
+
+    def __post_init__(self) -> None:
+        if (self.trainer is None) != (self.simulated_only is not None):
+            raise ValueError(f"task {self.name!r}: a trainer or a reason it has none, not both")
+
+
+_EXECUTOR: Final = "autotune.executor.tasks"
+_TRAINERS: Final = {
+    GPTConfig: "GPTBytes",
+    BERTConfig: "BERTMasked",
+    ResNetConfig: "ResNetSynthetic",
+}
+_TRAINED_SHAPES: Final = (
+    "gpt-125m",
+    "gpt-350m",
+    "gpt-1.3b",
+    "bert-large",
+    "resnet-50",
+    "resnet-152",
+)
+
+
+def _simulated_only(name: str, profile: ModelProfile) -> str:
+    if name in APPS:
+        alias = (
+            " (imagenet is ResNet-50: submit resnet-50 to train that)" if name == "imagenet" else ""
+        )
+        return (
+            "a Pollux application, whose profile and coefficients come from Pollux's "
+            f"published measurements, not from a model the executor builds{alias}"
+        )
+    return (
+        "every rank of the executor holds its whole pipeline stage in fp32 (the whole model "
+        "without pipelining) before tensor parallelism splits it, more than the Planner's "
+        f"memory model counts ({4 * profile.parameters / 1e9:.0f} GB of weights for {name}); "
+        "the largest catalog GPT it trains is gpt-1.3b"
+    )
+
+
+def _catalog_task(name: str, profile: ModelProfile) -> BuiltinTask:
+    shape = MODEL_SHAPES.get(name)
+    if shape is not None and name in _TRAINED_SHAPES:
+        return BuiltinTask(
+            name=name,
+            profile=profile,
+            trainer=f"{_EXECUTOR}:{_TRAINERS[type(shape)]}",
+            shape=shape,
+        )
+    return BuiltinTask(
+        name=name, profile=profile, trainer=None, simulated_only=_simulated_only(name, profile)
+    )
 
 
 BUILTIN_TASKS: Final[MappingProxyType[str, BuiltinTask]] = MappingProxyType(
     {
         "gpt-char": BuiltinTask(
-            name="gpt-char", profile=gpt_char_profile(), trainer="autotune.executor.tasks:GPTChar"
+            name="gpt-char",
+            profile=gpt_char_profile(),
+            trainer=f"{_EXECUTOR}:GPTChar",
+            shape=GPTConfig(),
         ),
         "mlp-synthetic": BuiltinTask(
             name="mlp-synthetic",
             profile=mlp_synthetic_profile(),
-            trainer="autotune.executor.tasks:MLPSynthetic",
+            trainer=f"{_EXECUTOR}:MLPSynthetic",
+            shape=MLPConfig(),
         ),
-        **{
-            name: BuiltinTask(name=name, profile=profile, trainer=None)
-            for name, profile in MODEL_CATALOG.items()
-        },
+        **{name: _catalog_task(name, profile) for name, profile in MODEL_CATALOG.items()},
     }
 )
+
+
+def trainable_tasks() -> list[str]:
+    """The built-in tasks the executor trains for real, in table order."""
+    return [name for name, task in BUILTIN_TASKS.items() if task.trainer is not None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,10 +191,19 @@ _MODULE_TASK: Final = re.compile(
 )
 
 
-def resolve_task(name: str, allowed_modules: Sequence[str]) -> Task:
-    """The task ``name`` stands for; ``ValueError`` saying why when it is not allowed."""
-    if name in BUILTIN_TASKS:
-        return Task(name=name, model=BUILTIN_TASKS[name].profile, builtin=True)
+def resolve_task(name: str, allowed_modules: Sequence[str], *, trains: bool = False) -> Task:
+    """The task ``name`` stands for; ``ValueError`` saying why when it is not allowed.
+
+    ``trains``: the backend trains jobs for real (``--backend ray``), so a built-in task
+    with no trainer is refused; a simulated backend takes every built-in task."""
+    builtin = BUILTIN_TASKS.get(name)
+    if builtin is not None:
+        if trains and builtin.simulated_only is not None:
+            raise ValueError(
+                f"task {name!r} is simulated only: {builtin.simulated_only}. Tasks this "
+                f"backend trains: {', '.join(trainable_tasks())}"
+            )
+        return Task(name=name, model=builtin.profile, builtin=True)
     match = _MODULE_TASK.match(name)
     if match is None:
         raise ValueError(

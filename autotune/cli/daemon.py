@@ -141,6 +141,7 @@ def daemon(
         telemetry=cluster.name,
         token_check=token_check,
         task_modules=settings.task_modules,
+        trains=settings.backend != "sim",  # every backend but the simulator trains for real
         max_body_bytes=settings.max_body_bytes,
         host_telemetry=host_sources(settings.ray_address),
     )

@@ -322,7 +322,7 @@ def test_job_run_exits_2_on_bad_input(tmp_path) -> None:
     ("args", "message"),
     [
         (["--task", "nope"], "expected a built-in name"),
-        (["--task", "gpt-125m"], "with no model the executor can build"),
+        (["--task", "gpt-70b"], "is simulated only"),
         (["--task", "gpt-char", "--compression", "topk:2"], "ratio"),
         (["--task", "gpt-char", "--compression", "powersgd:2", "--tp", "2"], "PowerSGD"),
         (["--task", "gpt-char", "--precision", "fp4"], "--precision"),
