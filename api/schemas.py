@@ -8,7 +8,7 @@ unknown fields, so a typo is a 422 naming the field instead of a silent default.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +62,10 @@ class NodePublic(BaseModel):
     gpu_memory_bytes: int
     cpu_milli: int
     memory_mib: int
+    state: Literal["alive", "lost"] = Field(
+        default="alive", description="lost: the backend reports the node gone; no job runs there"
+    )
+    lost_at: datetime | None = Field(default=None, description="When the daemon saw it lost")
 
 
 class HostPublic(BaseModel):

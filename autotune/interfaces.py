@@ -58,6 +58,9 @@ class JobStatus:
     """Measured figures of the job's last step, where a backend trains it for real:
     ``loss``, ``step_time_s``, ``samples_per_s``, ``bytes_sent``, ``bytes_dense``,
     ``nan_events``, ``peak_memory_bytes``, ``power_watts``."""
+    interrupted: str | None = None
+    """Why a job that ran waits to be placed again (``node gpu-3 lost``), until it is;
+    the decision that places it starts its reason with this."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +88,9 @@ class ClusterSnapshot:
     """Where the figures come from: ``simulator``, ``nvml``, ``psutil``, ``ray``."""
     gpu_utilization: float = 0.0
     """Allocated share of the cluster's GPU capacity, 0 to 1."""
+    lost_nodes: Sequence[NodeInfo] = ()
+    """Nodes that were part of the cluster and are gone (as last seen); ``nodes`` holds
+    the ones jobs can use."""
 
     def by_state(self, *states: JobState) -> list[JobStatus]:
         return [j for j in self.jobs if j.state in states]

@@ -7,6 +7,10 @@ for the life of the process, so placements keep meaning the same GPUs as nodes c
 go. Ray's own node id (what placement-group bundles are pinned to) is the node's
 ``backend_node_id``; ``ray_node_id`` and ``node_name`` translate between the two.
 
+A node that Ray declares dead is *lost* (``ray_cluster`` reports it beside the alive ones)
+and its name is free again: a Ray node that later starts on the same host (a restarted
+raylet gets a new Ray node id) takes the name back, and the node is no longer lost.
+
 A node with GPUs reports them under its accelerator type when the catalog knows it
 (``accelerator_type:H200`` -> ``H200``), else as ``A100``-class devices; a CPU-only node
 offers one ``CPU`` device per logical CPU, so each rank takes one.
@@ -18,18 +22,22 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.catalog.devices import CATALOG, node_info
 from autotune.core import NodeInfo
 
-__all__ = ["node_name", "node_names", "ray_node_id", "ray_nodes"]
+__all__ = ["RayCluster", "node_name", "node_names", "ray_cluster", "ray_node_id", "ray_nodes"]
 
 _SUFFIX_DIGITS = 6
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:-]+")
 
-# Names given so far in this process: Ray node id -> name.
+# Names given so far in this process: Ray node id -> name (alive nodes, and lost ones
+# until another node takes the name).
 _named: dict[str, str] = {}
+# The last NodeInfo of every node seen alive: Ray node id -> info.
+_seen: dict[str, NodeInfo] = {}
 _lock = threading.Lock()
 
 
@@ -77,35 +85,62 @@ def node_names(
     return names
 
 
-def ray_nodes() -> list[NodeInfo]:
-    """The alive nodes of the Ray cluster this process is connected to, by name."""
+@dataclass(frozen=True, slots=True)
+class RayCluster:
+    alive: list[NodeInfo]
+    """The nodes Ray reports alive, by name."""
+    lost: list[NodeInfo]
+    """Nodes seen alive earlier in this process that Ray now reports dead (as they were
+    last seen), unless a node alive now has taken the name back."""
+
+
+def _info(name: str, entry: Mapping[str, Any]) -> NodeInfo:
+    resources = entry.get("Resources", {})
+    gpus = int(resources.get("GPU", 0))
+    cpus = int(resources.get("CPU", 0))
+    memory_mib = int(resources.get("memory", 0) // 2**20)
+    if gpus:
+        model, count = _gpu_model(resources), gpus
+    else:
+        model, count = "CPU", max(cpus, 1)
+    return node_info(
+        name,
+        gpu_model=model,
+        gpu_count=count,
+        cpu_milli=cpus * 1000,
+        memory_mib=memory_mib,
+        backend_node_id=str(entry["NodeID"]),
+    )
+
+
+def ray_cluster() -> RayCluster:
+    """The Ray cluster this process is connected to: its alive nodes and the lost ones."""
     import ray
 
-    alive = [e for e in ray.nodes() if e.get("Alive")]  # type: ignore[no-untyped-call]
+    entries = ray.nodes()  # type: ignore[no-untyped-call]
+    alive = [e for e in entries if e.get("Alive")]
+    alive_ids = {str(e["NodeID"]) for e in alive}
     with _lock:
-        _named.update(node_names(alive, _named))
-        names = dict(_named)
-    nodes = []
-    for entry in alive:
-        resources = entry.get("Resources", {})
-        gpus = int(resources.get("GPU", 0))
-        cpus = int(resources.get("CPU", 0))
-        memory_mib = int(resources.get("memory", 0) // 2**20)
-        if gpus:
-            model, count = _gpu_model(resources), gpus
-        else:
-            model, count = "CPU", max(cpus, 1)
-        nodes.append(
-            node_info(
-                names[entry["NodeID"]],
-                gpu_model=model,
-                gpu_count=count,
-                cpu_milli=cpus * 1000,
-                memory_mib=memory_mib,
-                backend_node_id=entry["NodeID"],
-            )
-        )
-    return sorted(nodes, key=lambda n: n.node_id)
+        # A dead node's name is free: only the alive nodes' names are kept as given.
+        given = {ray_id: name for ray_id, name in _named.items() if ray_id in alive_ids}
+        names = node_names(alive, given)
+        taken = set(names.values())
+        for ray_id in [r for r, name in _named.items() if r not in alive_ids and name in taken]:
+            del _named[ray_id]  # its name went to a node alive now: no longer lost
+            _seen.pop(ray_id, None)
+        _named.update(names)
+        nodes = [_info(names[str(e["NodeID"])], e) for e in alive]
+        _seen.update({n.backend_node_id: n for n in nodes})
+        lost = [info for ray_id, info in _seen.items() if ray_id not in alive_ids]
+    return RayCluster(
+        alive=sorted(nodes, key=lambda n: n.node_id),
+        lost=sorted(lost, key=lambda n: n.node_id),
+    )
+
+
+def ray_nodes() -> list[NodeInfo]:
+    """The alive nodes of the Ray cluster this process is connected to, by name."""
+    return ray_cluster().alive
 
 
 def ray_node_id(name: str) -> str:

@@ -6,6 +6,13 @@ placement changes. ``observe()`` reports the Ray cluster's nodes and, per job, t
 measured figures of its last step (throughput, loss, bytes sent, NaN events, power).
 Checkpoints live in ``<checkpoint root>/<job id>``, so a job the daemon resumes after a
 restart continues from its last checkpoint.
+
+When a node that runs ranks of a job is lost (Ray declares it dead), the job goes back to
+``pending`` with ``interrupted = "node X lost"``: the daemon's next decision places it on
+the nodes that are left (the Planner never sees a lost node) and it starts again from its
+newest checkpoint. ``observe()`` reports lost nodes beside the alive ones; a node that
+comes back is offered again. ``job_events(job_id)`` lists what happened to a job here
+(``node_lost``, ``resumed``) with wall-clock times.
 """
 
 from __future__ import annotations
@@ -13,14 +20,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
-from autotune.executor.cluster import ray_nodes
-from autotune.executor.runner import JobRunner, RunnerConfig, ensure_ray
+from autotune.executor.cluster import ray_cluster
+from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig, ensure_ray
 from autotune.interfaces import ClusterSnapshot, JobState, JobStatus, JobSubmission
 
 __all__ = ["RayBackend"]
@@ -39,6 +46,10 @@ class _Job:
     step: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    interrupted: str | None = None
+    """Why the job waits to be placed again (a lost node), until it starts."""
+    events: list[dict[str, Any]] = field(default_factory=list)
+    steps_redone: int = 0
 
 
 class RayBackend:
@@ -53,12 +64,19 @@ class RayBackend:
         address: str | None = None,
         checkpoint_every: int = 25,
         device: str = "auto",
+        step_timeout_s: float = 600.0,
+        on_step: Callable[[str, int, dict[str, Any]], None] | None = None,
     ) -> None:
+        """``step_timeout_s``: a step that takes longer is taken for a hung rank (the job
+        restarts from its checkpoint); ``on_step(job_id, step, metrics)`` is called after
+        every step of every job, from the job's thread."""
         import torch
 
         self._started_ray = ensure_ray(address)
         self._root = checkpoint_root
         self._every = checkpoint_every
+        self._step_timeout_s = step_timeout_s
+        self._on_step = on_step
         self._device = (
             device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         )
@@ -103,8 +121,15 @@ class RayBackend:
 
     # ----------------------------------------------------------------- Backend
 
+    def job_events(self, job_id: str) -> list[dict[str, Any]]:
+        """What happened to the job on this backend: ``node_lost`` (``nodes``, ``step``)
+        and ``resumed`` (``step``, ``steps_redone``), each with ``at`` (Unix time)."""
+        with self._lock:
+            return [dict(e) for e in self._jobs[job_id].events]
+
     def observe(self) -> ClusterSnapshot:
-        nodes: list[NodeInfo] = ray_nodes()
+        cluster = ray_cluster()
+        nodes: list[NodeInfo] = cluster.alive
         with self._lock:
             statuses = [self._status(job) for job in self._jobs.values()]
             used = sum(
@@ -119,6 +144,7 @@ class RayBackend:
             jobs=statuses,
             telemetry="ray",
             gpu_utilization=min(1.0, used / capacity),
+            lost_nodes=cluster.lost,
         )
 
     def _status(self, job: _Job) -> JobStatus:
@@ -133,6 +159,7 @@ class RayBackend:
             task=job.submission.task,
             steps=steps,
             metrics=dict(job.metrics),
+            interrupted=job.interrupted if job.state == "pending" else None,
         )
 
     def apply(self, decisions: Sequence[Decision]) -> None:
@@ -153,14 +180,34 @@ class RayBackend:
     def _start(self, job: _Job, config: JobConfig, placement: Placement) -> None:
         job_id = job.submission.spec.job_id
 
-        def on_step(_runner: JobRunner, step: int, metrics: dict[str, Any]) -> None:
+        first = [True]
+
+        def on_step(runner: JobRunner, step: int, metrics: dict[str, Any]) -> None:
             with self._lock:
+                if first[0] and job.interrupted is not None:
+                    redone = max(0, job.step - runner.resumed_from)
+                    job.steps_redone += redone
+                    job.events.append(
+                        {
+                            "kind": "resumed",
+                            "step": step,
+                            "resumed_from": runner.resumed_from,
+                            "steps_redone": redone,
+                            "at": time.time(),
+                            "nodes": sorted({s.node_id for s in placement.ranks}),
+                        }
+                    )
+                    job.interrupted = None
+                first[0] = False
                 job.step = step
                 job.metrics = {
                     key: float(value)
                     for key, value in metrics.items()
                     if isinstance(value, int | float) and key != "step"
                 }
+                job.metrics["steps_redone"] = float(job.steps_redone + runner.steps_redone)
+            if self._on_step is not None:
+                self._on_step(job_id, step, metrics)
 
         run = RunnerConfig(
             task=job.submission.task,
@@ -169,6 +216,7 @@ class RayBackend:
             checkpoint_dir=self._root / job_id,
             checkpoint_every=self._every,
             device=self._device,
+            step_timeout_s=self._step_timeout_s,
         )
         runner = JobRunner(run, config, placement=placement, on_step=on_step)
         job.runner, job.config, job.placement, job.state = runner, config, placement, "running"
@@ -181,6 +229,18 @@ class RayBackend:
         assert job.runner is not None
         try:
             result = job.runner.run()
+        except NodeLost as lost:  # placed again by the daemon's next decision
+            why = f"node {', '.join(lost.nodes)} lost"
+            log.warning("job %s: %s at step %d", job.submission.spec.job_id, why, lost.step)
+            with self._lock:
+                job.events.append(
+                    {"kind": "node_lost", "nodes": lost.nodes, "step": lost.step, "at": time.time()}
+                )
+                if job.state == "running":
+                    job.state, job.placement, job.runner = "pending", None, None
+                    job.interrupted = why
+                    job.step = lost.step
+            return
         except Exception as exc:  # the job fails; the daemon keeps going
             log.warning("job %s failed: %s", job.submission.spec.job_id, exc)
             with self._lock:

@@ -2,6 +2,12 @@
 to the nodes the Planner chose; checkpoints, restarts after a rank dies, and reconfigures
 a running job (``apply``) without losing its step or optimizer state.
 
+A rank that dies is restarted from the newest checkpoint on the same nodes; when one of
+those nodes is gone (Ray declares it dead: a killed raylet, a lost machine), ``run`` raises
+``NodeLost`` instead, naming it, so that the caller places the job again on the nodes
+that are left and starts it from the checkpoint. A rank that hangs (no answer within
+``step_timeout_s``) is handled as one that died.
+
 Checkpoints are layout-independent: full (unsharded) weights and Adam moments, the step,
 the current precision map and the loss scale, written atomically as
 ``<dir>/step-XXXXXXXX.pt``; the newest two are kept. Restoring loads the newest that
@@ -41,6 +47,7 @@ __all__ = [
     "ExecutorError",
     "JobResult",
     "JobRunner",
+    "NodeLost",
     "RunnerConfig",
     "check_config",
     "ensure_ray",
@@ -53,6 +60,17 @@ NODE_ID_LABEL = "ray.io/node-id"
 
 class ExecutorError(RuntimeError):
     """The job could not be started or continued; the message says why."""
+
+
+class NodeLost(ExecutorError):  # noqa: N818 - named for what happened, like Ray's errors
+    """A node the job's placement uses is gone: the job must be placed again elsewhere.
+
+    ``nodes`` are the lost nodes' names; ``step`` the last step the job completed (its
+    newest checkpoint is at or before it)."""
+
+    def __init__(self, nodes: list[str], step: int) -> None:
+        self.nodes, self.step = nodes, step
+        super().__init__(f"node {', '.join(nodes)} lost at step {step}")
 
 
 def check_config(config: JobConfig) -> None:
@@ -147,7 +165,13 @@ class JobResult:
 
 
 class _WorkerDied(Exception):  # noqa: N818 - control flow within the runner
-    pass
+    def __init__(self, detail: str, *, hung: bool = False) -> None:
+        super().__init__(detail)
+        self.hung = hung
+
+
+# How often a start that waits for its nodes reads Ray's node table.
+_NODE_POLL_S = 0.5
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -193,11 +217,17 @@ class RunnerConfig:
     """Seconds to wait for Ray to reserve the ranks' slots (on the placement's nodes)
     before giving up."""
 
+    step_timeout_s: float = 600.0
+    """Seconds a step may take before the ranks that have not answered are taken for
+    hung: the job restarts from its checkpoint as if they had died."""
+
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ExecutorError(f"steps must be >= 1, not {self.steps}")
         if self.checkpoint_every < 1:
             raise ExecutorError(f"checkpoint interval must be >= 1, not {self.checkpoint_every}")
+        if self.step_timeout_s <= 0:
+            raise ExecutorError(f"step timeout must be > 0 s, not {self.step_timeout_s}")
 
 
 class JobRunner:
@@ -237,6 +267,8 @@ class JobRunner:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.on_step = on_step
         self.step = 0
+        self.resumed_from = 0
+        """The step the job started from (its newest checkpoint's; 0 for a fresh job)."""
         self.workers: list[Any] = []
         self._group: Any = None
         self._pending: tuple[JobConfig, Placement | None] | None = None
@@ -286,6 +318,11 @@ class JobRunner:
         self._stopping.set()
 
     @property
+    def steps_redone(self) -> int:
+        """Steps trained again after ranks were restarted from a checkpoint."""
+        return self._result.steps_redone
+
+    @property
     def stopped(self) -> bool:
         return self._stopping.is_set()
 
@@ -293,30 +330,37 @@ class JobRunner:
         restarts = 0
         try:
             self._start(self._load_checkpoint())
+            self.resumed_from = self.step
             while self.step < self.steps and not self._stopping.is_set():
                 with self._lock:
                     pending, self._pending = self._pending, None
-                if pending is not None:
-                    self._reconfigure(*pending)
                 started = time.perf_counter()
                 try:
+                    if pending is not None:
+                        self._reconfigure(*pending)
+                        started = time.perf_counter()
                     metrics = self._step_all()
+                    self.step += 1
+                    self._record(metrics, wall_s=time.perf_counter() - started)
+                    if self.step % self.run_config.checkpoint_every == 0 or self.step == self.steps:
+                        self._save_checkpoint()
                 except _WorkerDied as died:
                     restarts += 1
                     if restarts > self.run_config.max_restarts:
                         raise ExecutorError(
                             f"a rank died {restarts} times; giving up at step {self.step}: {died}"
                         ) from None
-                    self._recover(str(died))
+                    if pending is not None:  # the ranks died while handing over their state
+                        self.config, self.placement = pending
+                    self._recover(died)
                     continue
-                self.step += 1
-                self._record(metrics, wall_s=time.perf_counter() - started)
-                if self.step % self.run_config.checkpoint_every == 0 or self.step == self.steps:
-                    self._save_checkpoint()
                 if self.on_step is not None:
                     self.on_step(self, self.step, self._last)
             if self._stopping.is_set() and self._checkpoint_on_stop and self.step:
-                self._save_checkpoint()
+                try:
+                    self._save_checkpoint()
+                except _WorkerDied as died:  # the newest periodic checkpoint stands
+                    log.warning("no checkpoint at stop (step %d): %s", self.step, died)
         finally:
             self._stop()
             if self._own_dir:
@@ -339,6 +383,9 @@ class JobRunner:
         selectors = None
         if placement is not None:
             selectors = [{NODE_ID_LABEL: ray_node_id(slot.node_id)} for slot in placement.ranks]
+        lost = self._lost_nodes()
+        if lost:
+            raise NodeLost(lost, self.step)
         total = ray.cluster_resources()  # type: ignore[no-untyped-call]
         for resource in bundles[0]:
             if total.get(resource, 0) < world * bundles[0][resource]:
@@ -347,15 +394,7 @@ class JobRunner:
                     f"has {total.get(resource, 0):g} {resource} in all"
                 )
         self._group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
-        try:
-            ray.get(self._group.ready(), timeout=run.placement_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            wanted = "the nodes asked for" if placement is not None else "the cluster"
-            self._remove_group()
-            raise ExecutorError(
-                f"could not reserve {world} rank slots ({bundles[0]} each) on {wanted} "
-                f"within {run.placement_timeout_s:.0f} s"
-            ) from None
+        self._await_group(world, bundles[0])
         spec = WorkerSpec(
             task=run.task,
             config=config,
@@ -392,14 +431,60 @@ class JobRunner:
         self._result.placement = [{"rank": w["rank"], "node": node_name(w["node"])} for w in where]
         self.step = int(state["step"]) if state is not None else 0
 
-    def _wait_all(self, refs: list[Any]) -> list[Any]:
+    def _await_group(self, world: int, bundle: dict[str, float]) -> None:
+        """Wait for Ray to reserve the placement group. A group pinned to a node that is
+        gone never becomes ready: Ray's node table is read meanwhile, and ``NodeLost``
+        raised as soon as it says one of the placement's nodes is dead (a killed raylet
+        is declared dead after Ray's health checks fail: about 15 s by default)."""
+        import ray
+
+        run, placement = self.run_config, self.placement
+        deadline = time.monotonic() + run.placement_timeout_s
+        while True:
+            try:
+                ray.get(self._group.ready(), timeout=_NODE_POLL_S)
+                return
+            except ray.exceptions.GetTimeoutError:
+                pass
+            lost = self._lost_nodes()
+            if lost:
+                self._remove_group()
+                raise NodeLost(lost, self.step)
+            if time.monotonic() >= deadline:
+                wanted = "the nodes asked for" if placement is not None else "the cluster"
+                self._remove_group()
+                raise ExecutorError(
+                    f"could not reserve {world} rank slots ({bundle} each) on {wanted} "
+                    f"within {run.placement_timeout_s:.0f} s"
+                )
+
+    def _lost_nodes(self) -> list[str]:
+        """Names of the placement's nodes that Ray reports dead (or no longer knows)."""
+        import ray
+
+        if self.placement is None:
+            return []
+        alive = {e["NodeID"] for e in ray.nodes() if e.get("Alive")}  # type: ignore[no-untyped-call]
+        names = sorted({slot.node_id for slot in self.placement.ranks})
+        return [name for name in names if ray_node_id(name) not in alive]
+
+    def _wait_all(self, refs: list[Any], *, timeout_s: float | None = None) -> list[Any]:
         """Results of ``refs`` in order; the first failure kills the job's actors (the
-        survivors may be blocked in a collective with the dead rank)."""
+        survivors may be blocked in a collective with the dead rank). Ranks that have
+        not answered within ``timeout_s`` count as dead (hung)."""
         import ray
 
         pending = list(refs)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            if not ready:
+                silent = sorted(refs.index(ref) for ref in pending)
+                raise _WorkerDied(
+                    f"rank {', '.join(map(str, silent))} gave no answer within {timeout_s:g} s",
+                    hung=True,
+                )
             try:
                 ray.get(ready[0])
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
@@ -411,7 +496,9 @@ class JobRunner:
         return list(ray.get(refs))
 
     def _step_all(self) -> list[dict[str, Any]]:
-        return self._wait_all([w.step.remote() for w in self.workers])
+        return self._wait_all(
+            [w.step.remote() for w in self.workers], timeout_s=self.run_config.step_timeout_s
+        )
 
     def _stop(self) -> None:
         import ray
@@ -432,16 +519,19 @@ class JobRunner:
 
     # ----------------------------------------------------------------- recovery
 
-    def _recover(self, why: str) -> None:
+    def _recover(self, died: _WorkerDied) -> None:
+        """Restart the ranks from the newest checkpoint, on the same nodes; ``NodeLost``
+        if one of them is gone."""
         lost_at = self.step
         self._stop()
         state = self._load_checkpoint()
         resumed = int(state["step"]) if state is not None else 0
         self._result.steps_redone += lost_at - resumed
+        kind = "rank_hung" if died.hung else "rank_died"
         self._result.events.append(
-            {"step": lost_at, "kind": "rank_died", "detail": why, "resumed_from": resumed}
+            {"step": lost_at, "kind": kind, "detail": str(died), "resumed_from": resumed}
         )
-        log.warning("a rank died at step %d (%s); resuming from step %d", lost_at, why, resumed)
+        log.warning("%s at step %d (%s); resuming from step %d", kind, lost_at, died, resumed)
         # Metrics of steps about to be redone are replaced by the redone ones.
         del self._result.losses[resumed:]
         del self._result.step_times_s[resumed:]

@@ -12,10 +12,11 @@ router = APIRouter(prefix="/cluster", tags=["cluster"])
 
 @router.get("", response_model=ClusterPublic)
 def get_cluster(session: SessionDep, telemetry: TelemetryDep, request: Request) -> ClusterPublic:
-    """Nodes, what running jobs hold on them, jobs per state, and live readings of the
-    hardware (NVML, psutil, Ray's state API: whichever the daemon chose)."""
+    """Nodes (lost ones too, marked ``lost``), what running jobs hold on them, jobs per
+    state, and live readings of the hardware (NVML, psutil, Ray's state API: whichever
+    the daemon chose)."""
     sources = request.app.state.host_telemetry
-    nodes = repo.list_nodes(session=session)
+    records = repo.node_records(session=session)
     allocated: dict[str, int] = {}
     for placement in repo.running_placements(session=session).values():
         for slot in placement.ranks:
@@ -30,14 +31,17 @@ def get_cluster(session: SessionDep, telemetry: TelemetryDep, request: Request) 
             gpu_memory_bytes=n.gpu_memory_bytes,
             cpu_milli=n.cpu_milli,
             memory_mib=n.memory_mib,
+            state="lost" if record.state == "lost" else "alive",
+            lost_at=record.lost_at,
         )
-        for n in nodes
+        for record in records
+        for n in (record.info,)
     ]
     return ClusterPublic(
         telemetry=telemetry,
         telemetry_sources=[telemetry, *(source.name for source in sources)],
         hosts=[HostPublic(source=source.name, readings=source.read()) for source in sources],
-        gpus_total=sum(n.gpu_count for n in nodes),
+        gpus_total=sum(n.gpu_count for n in public if n.state == "alive"),
         gpus_allocated=sum(p.gpus_allocated for p in public),
         jobs=repo.job_counts(session=session),
         nodes=public,

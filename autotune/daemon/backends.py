@@ -35,6 +35,7 @@ def _ray(settings: Settings) -> Backend:
         checkpoint_root=settings.data_dir / "checkpoints",
         address=settings.ray_address,
         checkpoint_every=settings.checkpoint_every,
+        step_timeout_s=settings.step_timeout_s,
     )
 
 

@@ -230,6 +230,8 @@ def decide(
         else:
             source = choice.source if choice else "policy"
             reason = choice.reason if choice else "re-placed: its GPUs are no longer available"
+        if job.interrupted:
+            reason = f"{job.interrupted}: {reason}"
         decisions.append(
             Decision(
                 job_id=job_id,

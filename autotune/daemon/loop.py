@@ -453,13 +453,19 @@ class Daemon:
     def _write_cluster(
         self, session: Session, snapshot: ClusterSnapshot, unplaced: dict[str, str]
     ) -> None:
-        nodes = tuple(snapshot.nodes)
+        nodes = (tuple(snapshot.nodes), tuple(snapshot.lost_nodes))
         if nodes != self._nodes_written:
-            repo.upsert_nodes(session=session, nodes=nodes)
+            for name in repo.upsert_nodes(
+                session=session, nodes=snapshot.nodes, lost=snapshot.lost_nodes
+            ):
+                event("node.lost", level=logging.WARNING, node=name)
             self._nodes_written = nodes
         for job in snapshot.jobs:
             reason = "cancelled on request" if job.state == "cancelled" else ""
-            self._write_job(session, job, unplaced.get(job.spec.job_id, reason))
+            reason = unplaced.get(job.spec.job_id, reason)
+            if job.interrupted:
+                reason = f"{job.interrupted}; {reason}" if reason else job.interrupted
+            self._write_job(session, job, reason)
         # Job rows before decision rows: without relationship() the unit of work does not
         # know the foreign key orders them.
         session.flush()

@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     a local Ray, and telemetry reads no Ray state."""
     checkpoint_every: int = Field(default=25, ge=1)
     """Steps between checkpoints of jobs the ``ray`` backend trains."""
+    step_timeout_s: float = Field(default=600.0, gt=0)
+    """Seconds a training step of a ``ray`` job may take before its silent ranks are
+    taken for hung: the job restarts from its newest checkpoint."""
     token: SecretStr | None = None
     """Bearer token for the API's mutations (``AUTOTUNE_TOKEN``, which the CLI client
     reads too). Unset: the daemon generates one at its first start, prints it once and

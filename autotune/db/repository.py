@@ -43,6 +43,7 @@ __all__ = [
     "DecisionRecord",
     "JobRecord",
     "MetricSample",
+    "NodeRecord",
     "OverrideRecord",
     "PolicyVersionRecord",
     "active_overrides",
@@ -69,6 +70,7 @@ __all__ = [
     "list_overrides",
     "list_policy_versions",
     "mark_decision_applied",
+    "node_records",
     "record_metrics",
     "register_policy_version",
     "request_cancel",
@@ -148,9 +150,22 @@ def _decision(row: DecisionRow) -> Decision:
 # --- nodes ----------------------------------------------------------------------------
 
 
-def upsert_nodes(*, session: Session, nodes: Iterable[NodeInfo]) -> None:
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    info: NodeInfo
+    state: str
+    """``alive`` or ``lost``."""
+    lost_at: datetime | None
+
+
+def upsert_nodes(
+    *, session: Session, nodes: Iterable[NodeInfo], lost: Iterable[NodeInfo] = ()
+) -> list[str]:
+    """Record the backend's alive ``nodes`` and its ``lost`` ones; returns the names of
+    nodes that are newly lost."""
     now = utc_now()
-    for node in nodes:
+    newly_lost: list[str] = []
+    for node, state in [*((n, "alive") for n in nodes), *((n, "lost") for n in lost)]:
         row = session.get(NodeRow, node.node_id)
         info = to_json(node)
         if row is None:
@@ -161,20 +176,43 @@ def upsert_nodes(*, session: Session, nodes: Iterable[NodeInfo]) -> None:
                     gpu_count=node.gpu_count,
                     info=info,
                     updated_at=now,
+                    state=state,
+                    lost_at=now if state == "lost" else None,
                 )
             )
-        elif row.info != info:
+            if state == "lost":
+                newly_lost.append(node.node_id)
+            continue
+        if row.info != info:
             row.gpu_model, row.gpu_count, row.info, row.updated_at = (
                 node.gpu_model,
                 node.gpu_count,
                 info,
                 now,
             )
+        if row.state != state:
+            row.state, row.updated_at = state, now
+            row.lost_at = now if state == "lost" else None
+            if state == "lost":
+                newly_lost.append(node.node_id)
+    return newly_lost
 
 
 def list_nodes(*, session: Session) -> list[NodeInfo]:
-    rows = session.scalars(select(NodeRow).order_by(NodeRow.node_id))
+    """The alive nodes (the ones jobs can be placed on)."""
+    rows = session.scalars(
+        select(NodeRow).where(NodeRow.state == "alive").order_by(NodeRow.node_id)
+    )
     return [from_json(NodeInfo, row.info) for row in rows]
+
+
+def node_records(*, session: Session) -> list[NodeRecord]:
+    """Every node the daemon has seen, alive or lost."""
+    rows = session.scalars(select(NodeRow).order_by(NodeRow.node_id))
+    return [
+        NodeRecord(info=from_json(NodeInfo, row.info), state=row.state, lost_at=row.lost_at)
+        for row in rows
+    ]
 
 
 # --- jobs -----------------------------------------------------------------------------

@@ -77,6 +77,10 @@ class NodeRow(Base):
     info: Mapped[JsonDict]
     """The ``NodeInfo``, as ``autotune.serde.to_json`` writes it."""
     updated_at: Mapped[datetime]
+    state: Mapped[str] = mapped_column(String(16), default="alive", server_default="alive")
+    """``alive``, or ``lost``: the backend reports the node gone (jobs are not placed on it)."""
+    lost_at: Mapped[datetime | None]
+    """When the daemon first saw the node lost; ``None`` while it is alive."""
 
 
 class JobRow(Base):

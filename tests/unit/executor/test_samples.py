@@ -84,3 +84,38 @@ def test_a_name_once_given_stays_with_its_node() -> None:
     # A second Ray node joins on the same host: the first keeps its name.
     both = [*first, {"NodeID": "bb" * 28, "NodeManagerHostname": "box"}]
     assert node_names(both, given) == {"aa" * 28: "box", "bb" * 28: "box-bbbbbb"}
+
+
+def test_a_dead_node_is_lost_and_its_name_goes_to_the_node_that_takes_its_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+
+    from autotune.executor import cluster
+
+    monkeypatch.setattr(cluster, "_named", {})
+    monkeypatch.setattr(cluster, "_seen", {})
+
+    def entry(node_id: str, host: str, alive: bool = True) -> dict[str, object]:
+        return {
+            "NodeID": node_id,
+            "NodeManagerHostname": host,
+            "Alive": alive,
+            "Resources": {"CPU": 2.0, "memory": 2.0 * 2**30},
+        }
+
+    entries = [entry("aa" * 28, "box-1"), entry("bb" * 28, "box-2")]
+    monkeypatch.setattr(ray, "nodes", lambda: entries)
+    first = cluster.ray_cluster()
+    assert [n.node_id for n in first.alive] == ["box-1", "box-2"]
+    assert first.lost == []
+    entries[1] = entry("bb" * 28, "box-2", alive=False)  # its raylet died
+    gone = cluster.ray_cluster()
+    assert [n.node_id for n in gone.alive] == ["box-1"]
+    assert [n.node_id for n in gone.lost] == ["box-2"]
+    assert cluster.ray_node_id("box-2") == "bb" * 28  # still known, for the lost placement
+    entries.append(entry("cc" * 28, "box-2"))  # a raylet starts again on that host
+    back = cluster.ray_cluster()
+    assert [n.node_id for n in back.alive] == ["box-1", "box-2"]
+    assert back.lost == []
+    assert cluster.ray_node_id("box-2") == "cc" * 28

@@ -74,3 +74,20 @@ def test_an_override_pins_the_config_and_a_broken_one_is_skipped_with_the_reason
     assert second in round_.skipped_overrides
     assert round_.skipped_overrides[second].startswith("override 8 not applied")
     assert overrides[second].override_id == 8, "the caller's mapping is not changed"
+
+
+def test_a_job_interrupted_by_a_lost_node_is_placed_again_saying_so() -> None:
+    from dataclasses import replace
+
+    snapshot = _snapshot()
+    lost, *rest = snapshot.nodes
+    job = replace(snapshot.jobs[0], interrupted=f"node {lost.node_id} lost")
+    snapshot = replace(snapshot, nodes=rest, lost_nodes=[lost], jobs=[job, *snapshot.jobs[1:]])
+    round_ = decide(snapshot, RulesPolicy(), {}, honoured={})
+    again = next(d for d in round_.decisions if d.job_id == job.spec.job_id)
+    assert again.reason.startswith(f"node {lost.node_id} lost: ")
+    assert again.placement is not None
+    assert lost.node_id not in {slot.node_id for slot in again.placement.ranks}
+    others = [d for d in round_.decisions if d.job_id != job.spec.job_id]
+    assert others
+    assert not any("lost" in d.reason for d in others)

@@ -32,7 +32,7 @@ def test_0003_adds_the_job_times_to_existing_jobs_and_goes_back(tmp_path: Path) 
             "updated_at) VALUES ('old', '{\"job_id\": \"old\"}', 'finished', '', 1.0, "
             "'2026-11-01 10:00:00', '2026-11-01 11:00:00')"
         )
-    database.upgrade()
+    database.upgrade("0003")
     assert database.current_revision() == "0003"
     assert _columns(database) >= TIME_COLUMNS
     with database.session() as session:
