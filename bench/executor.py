@@ -28,13 +28,11 @@ import gc
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,36 +117,6 @@ def configs() -> list[tuple[str, JobConfig]]:
 # ------------------------------------------------------------------------- in process
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-CUDA_BACKEND = ["cpu:gloo,cuda:nccl"]
-"""The process-group backend a CUDA worker gets here (gloo alone after NCCL failed)."""
-
-
-@contextmanager
-def _cpu_and_cuda_collectives() -> Iterator[None]:
-    """Process groups made inside get the worker's CUDA backend (gloo for CPU tensors next
-    to NCCL for CUDA ones), or gloo alone once NCCL failed on this machine."""
-    import torch.distributed as dist
-
-    original = dist.init_process_group
-
-    def init(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(backend, str) and "nccl" in backend:
-            backend = CUDA_BACKEND[0]
-        return original(backend, *args, **kwargs)
-
-    dist.init_process_group = init
-    try:
-        yield
-    finally:
-        dist.init_process_group = original
-
-
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -167,8 +135,9 @@ def run_in_process(
     threads: int,
 ) -> dict[str, Any]:
     """One configuration on one ``RankWorker`` in this process; raises on failure."""
+    from autotune.executor.local import single_rank
     from autotune.executor.precision import FP8_MODE_ENV
-    from autotune.executor.worker import RankWorker, WorkerSpec
+    from autotune.executor.worker import WorkerSpec
 
     if fp8_request == "auto":
         os.environ.pop(FP8_MODE_ENV, None)
@@ -191,10 +160,7 @@ def run_in_process(
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
-    worker = RankWorker(0, spec)
-    try:
-        with _cpu_and_cuda_collectives():
-            worker.setup("127.0.0.1", _free_port())
+    with single_rank(spec) as worker:
         task: Any = worker.task
         batch = int(task.batch_size)
         tokens_per_sample = int(getattr(task, "seq_len", 1))
@@ -212,7 +178,7 @@ def run_in_process(
         step = statistics.median(times)
         power = [m["power_watts"] for m in metrics if m.get("power_watts") is not None]
         losses = [m["loss"] for m in metrics if m.get("loss") is not None]
-        return {
+        row = {
             "model": model,
             "precision": precision,
             "fp8_request": fp8_request if precision == "fp8" else None,
@@ -239,12 +205,11 @@ def run_in_process(
             "power_samples": len(power),
             "wall_s": time.perf_counter() - started,
         }
-    finally:
-        worker.close()
-        del worker
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+    del worker
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return row
 
 
 def main_in_process(
@@ -265,34 +230,23 @@ def main_in_process(
             rows.append({"config": name, "skipped": f"over the {args.budget_s} s budget"})
             continue
         print(f"running {name}", file=sys.stderr, flush=True)
-        for attempt in range(2):
-            try:
-                row = run_in_process(
-                    model,
-                    precision,
-                    mode,
-                    device=device,
-                    steps=args.steps,
-                    warmup=args.warmup,
-                    batch_size=args.batch_size,
-                    seed=args.seed,
-                    threads=args.threads,
-                )
-                backend = CUDA_BACKEND[0] if device == "cuda" else "gloo"
-                rows.append({"config": name, "dist_backend": backend, **row})
-            except Exception as exc:  # one configuration failing does not end the benchmark
-                if attempt == 0 and device == "cuda" and "nccl" in repr(exc).lower():
-                    print(f"NCCL failed ({exc!r}): gloo from now on", file=sys.stderr)
-                    CUDA_BACKEND[0] = "gloo"
-                    continue
-                rows.append(
-                    {
-                        "config": name,
-                        "error": repr(exc),
-                        "traceback": traceback.format_exc()[-3000:],
-                    }
-                )
-            break
+        try:
+            row = run_in_process(
+                model,
+                precision,
+                mode,
+                device=device,
+                steps=args.steps,
+                warmup=args.warmup,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                threads=args.threads,
+            )
+            rows.append({"config": name, **row})
+        except Exception as exc:  # one configuration failing does not end the benchmark
+            rows.append(
+                {"config": name, "error": repr(exc), "traceback": traceback.format_exc()[-3000:]}
+            )
         print(json.dumps(rows[-1]), flush=True)
         write({"mode": "in-process (no Ray), world size 1", "rows": rows})
     return {"mode": "in-process (no Ray), world size 1", "rows": rows}

@@ -19,45 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import socket
 import statistics
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from autotune.catalog.tasks import BUILTIN_TASKS, trainable_tasks
 from autotune.core import JobConfig, Layout
-from autotune.executor.worker import RankWorker, WorkerSpec
+from autotune.executor.local import single_rank
+from autotune.executor.worker import WorkerSpec
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@contextmanager
-def _cpu_collectives_on_gloo() -> Iterator[None]:
-    """On CUDA, a process group with gloo for CPU tensors beside NCCL: the worker
-    all-reduces its CPU step flags, which NCCL alone refuses ("No backend type associated
-    with device type cpu"). A work-around here until the worker does it."""
-    init = dist.init_process_group
-
-    def both(backend: str | None = None, *args: Any, **kwargs: Any) -> Any:
-        return init("cpu:gloo,cuda:nccl" if backend == "nccl" else backend, *args, **kwargs)
-
-    dist.init_process_group = both  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        dist.init_process_group = init
 
 
 def measure(
@@ -76,17 +50,12 @@ def measure(
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    worker = RankWorker(0, spec)
     started = time.perf_counter()
-    with _cpu_collectives_on_gloo() if device == "cuda" else nullcontext():
-        worker.setup("127.0.0.1", _free_port())
-    build_s = time.perf_counter() - started
-    seq_len = getattr(worker.task, "seq_len", None)
-    try:
+    with single_rank(spec) as worker:
+        build_s = time.perf_counter() - started
+        seq_len = getattr(worker.task, "seq_len", None)
         built = sum(p.numel() for p in worker.model.parameters())
         rows = [worker.step() for _ in range(steps)]
-    finally:
-        worker.close()
     del worker  # frees the model before the next task
     times = [float(r["step_time_s"]) for r in rows]
     step_s = statistics.median(times[warmup:])

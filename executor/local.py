@@ -1,6 +1,7 @@
 """Runs a job's ranks as local processes, without Ray: one spawned process per rank,
 each a ``RankWorker`` driven as the runner drives it (``setup``, ``step``s, ``state``),
 over gloo on this machine. For tests and benchmarks of what a rank holds and computes.
+``single_rank`` is one rank in this very process (world size 1, on a CPU or a GPU).
 
     run = run_local(spec, steps=4)
     run.losses()            # per step, as JobRunner reports them
@@ -14,6 +15,8 @@ import socket
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ import torch
 
 from autotune.executor.worker import RankWorker, WorkerSpec, merge_rank_states
 
-__all__ = ["LocalRun", "run_local"]
+__all__ = ["LocalRun", "run_local", "single_rank"]
 
 
 @dataclass
@@ -63,6 +66,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def single_rank(spec: WorkerSpec, state: dict[str, Any] | None = None) -> Iterator[RankWorker]:
+    """A ``RankWorker`` of a one-rank job (``spec``'s layout must have world size 1) set
+    up in this process on a free localhost port, from ``state`` if given; its process
+    group is closed on the way out."""
+    if spec.config.world_size != 1:
+        raise ValueError(f"single_rank runs one rank, not {spec.config.world_size}")
+    worker = RankWorker(0, spec)
+    try:
+        worker.setup("127.0.0.1", _free_port(), state)
+        yield worker
+    finally:
+        worker.close()
 
 
 def _rank_main(rank: int, spec: WorkerSpec, port: int, steps: int, folder: str, save: bool) -> None:
