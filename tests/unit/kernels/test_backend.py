@@ -155,7 +155,7 @@ for dt in ("fp32", "bf16", "fp16"):
                 {"x_ptr": f"*{dt}", "q_ptr": "*i8", "scales_ptr": "*fp32",
                  "nonfinite_ptr": "*i32", "n": "i64", "num_blocks": "i32", "seed": "i32"},
                 {"BLOCK_SIZE": 128, "BLOCK_P2": 128, "ROWS": 32, "FP8": fp8,
-                 "STOCHASTIC": stochastic}))
+                 "STOCHASTIC": stochastic, "HW_CAST": True}))
         cases.append((quantize._dequantize_kernel,
             {"q_ptr": "*i8", "scales_ptr": "*fp32", "out_ptr": f"*{dt}", "n": "i64"},
             {"BLOCK_SIZE": 128, "BLOCK": 4096, "FP8": fp8}))
