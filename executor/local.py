@@ -11,7 +11,6 @@ over gloo on this machine. For tests and benchmarks of what a rank holds and com
 
 from __future__ import annotations
 
-import socket
 import tempfile
 import time
 import traceback
@@ -23,7 +22,7 @@ from typing import Any
 
 import torch
 
-from autotune.executor.worker import RankWorker, WorkerSpec, merge_rank_states
+from autotune.executor.worker import RankWorker, WorkerSpec, _free_port, merge_rank_states
 
 __all__ = ["LocalRun", "run_local", "single_rank"]
 
@@ -60,12 +59,6 @@ class LocalRun:
                         seen.add(key)
                         out.append(event)
         return sorted(out, key=lambda e: e["step"])
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -180,11 +180,12 @@ class RayBackend:
     def _start(self, job: _Job, config: JobConfig, placement: Placement) -> None:
         job_id = job.submission.spec.job_id
 
-        first = [True]
+        first = True
 
         def on_step(runner: JobRunner, step: int, metrics: dict[str, Any]) -> None:
+            nonlocal first
             with self._lock:
-                if first[0] and job.interrupted is not None:
+                if first and job.interrupted is not None:
                     redone = max(0, job.step - runner.resumed_from)
                     job.steps_redone += redone
                     job.events.append(
@@ -198,7 +199,7 @@ class RayBackend:
                         }
                     )
                     job.interrupted = None
-                first[0] = False
+                first = False
                 job.step = step
                 job.metrics = {
                     key: float(value)

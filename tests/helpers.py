@@ -77,3 +77,20 @@ def cli(*args: str) -> Any:
     from autotune.cli import app
 
     return CliRunner().invoke(app, list(args))
+
+
+def train(
+    task: str,
+    cfg: Any,
+    steps: int,
+    *,
+    on_step: Callable[..., None] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Train ``task`` under the ``JobConfig`` ``cfg`` for ``steps`` steps with a
+    ``JobRunner`` (on the test run's Ray); ``kwargs`` go to ``RunnerConfig``. Returns the
+    ``JobResult``."""
+    from autotune.executor.runner import JobRunner, RunnerConfig
+
+    run = RunnerConfig(task=task, steps=steps, **kwargs)
+    return JobRunner(run, cfg, on_step=on_step).run()

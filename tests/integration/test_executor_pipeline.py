@@ -5,15 +5,14 @@ data-parallel degree re-shards the residuals and says so in the job's events."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import ray
-from helpers import REPO
+from helpers import REPO, train
 
 from autotune.core import CompressionSpec, JobConfig, Layout
-from autotune.executor.runner import JobResult, JobRunner, RunnerConfig
+from autotune.executor.runner import JobRunner
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
@@ -26,18 +25,6 @@ def config(dp: int = 1, pp: int = 1, **kwargs: object) -> JobConfig:
         layout=Layout(world_size=dp * pp, dp=dp, pp=pp, micro_batches=2 if pp > 1 else 1),
         **kwargs,  # type: ignore[arg-type]
     )
-
-
-def train(
-    task: str,
-    cfg: JobConfig,
-    steps: int,
-    *,
-    on_step: Callable[[JobRunner, int, dict[str, object]], None] | None = None,
-    **kwargs: object,
-) -> JobResult:
-    run = RunnerConfig(task=task, steps=steps, **kwargs)  # type: ignore[arg-type]
-    return JobRunner(run, cfg, on_step=on_step).run()
 
 
 def test_moving_a_job_between_pp_1_2_and_4_keeps_its_trajectory() -> None:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import ray
-from helpers import REPO
+from helpers import REPO, train
 
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.executor.parallel import ParallelError
-from autotune.executor.runner import JobResult, JobRunner, RunnerConfig
+from autotune.executor.runner import JobRunner
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
@@ -26,18 +25,6 @@ def config(dp: int = 1, tp: int = 1, pp: int = 1, **kwargs: object) -> JobConfig
         layout=Layout(world_size=dp * tp * pp, dp=dp, tp=tp, pp=pp, micro_batches=micro),
         **kwargs,  # type: ignore[arg-type]
     )
-
-
-def train(
-    task: str,
-    cfg: JobConfig,
-    steps: int,
-    *,
-    on_step: Callable[[JobRunner, int, dict[str, object]], None] | None = None,
-    **kwargs: object,
-) -> JobResult:
-    run = RunnerConfig(task=task, steps=steps, **kwargs)  # type: ignore[arg-type]
-    return JobRunner(run, cfg, on_step=on_step).run()
 
 
 def test_tensor_and_pipeline_parallel_match_one_rank() -> None:
