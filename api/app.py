@@ -8,6 +8,8 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from autotune import __version__
 from autotune.api.metrics import ServiceMetrics
@@ -52,6 +54,25 @@ async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+RETRY_AFTER_S = 1
+
+
+async def _database_unavailable(_request: Request, exc: Exception) -> JSONResponse:
+    """503 with ``Retry-After`` when the database cannot serve the request now: no
+    connection free within the pool timeout, the database locked or unreachable."""
+    if isinstance(exc, PoolTimeout):
+        why = "no database connection free in time (the API is at capacity)"
+    elif isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        why = "the database connection was lost"
+    else:
+        why = f"the database cannot answer now ({type(getattr(exc, 'orig', exc)).__name__})"
+    return JSONResponse(
+        status_code=503,
+        content={"detail": f"{why}; retry in {RETRY_AFTER_S} s"},
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
 def create_app(
     *,
     db: Database,
@@ -85,6 +106,9 @@ def create_app(
     app.state.tick_health = None  # set by attach_daemon
     app.state.metrics = metrics = metrics or ServiceMetrics(db)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(PoolTimeout, _database_unavailable)
+    app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(InterfaceError, _database_unavailable)
     app.add_middleware(BodyLimitAndTiming, max_body_bytes=max_body_bytes, metrics=metrics)
     v1 = APIRouter(prefix=API_PREFIX)
     for module in (health, cluster, jobs, decisions, overrides, policies, forecast):

@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, TypeVar
 
-from fastapi import Depends, HTTPException, Request
+import anyio
+from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from autotune.daemon.auth import TokenCheck
 from autotune.db import Database
+from autotune.db.repository import CursorError
 
-__all__ = ["SessionDep", "TelemetryDep", "TokenDep", "unprocessable"]
+__all__ = [
+    "MAX_OFFSET",
+    "CursorQuery",
+    "IdPath",
+    "OffsetQuery",
+    "SessionDep",
+    "TelemetryDep",
+    "TokenDep",
+    "bad_cursor",
+    "in_session",
+    "unprocessable",
+]
+
+T = TypeVar("T")
 
 
 def unprocessable(field: str, message: str) -> HTTPException:
@@ -24,10 +40,58 @@ def unprocessable(field: str, message: str) -> HTTPException:
     )
 
 
+MAX_OFFSET = 10_000
+"""Deepest ``offset`` a listing takes; deeper pages go by ``cursor``."""
+_MAX_ID = 2**63 - 1
+
+OffsetQuery = Annotated[
+    int,
+    Query(
+        ge=0,
+        le=MAX_OFFSET,
+        description=f"Rows to skip (at most {MAX_OFFSET:,}; page deeper with cursor)",
+    ),
+]
+CursorQuery = Annotated[
+    str | None,
+    Query(
+        max_length=256,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="The previous page's next: the page right after it",
+    ),
+]
+IdPath = Annotated[int, Path(ge=1, le=_MAX_ID)]
+
+
+@contextmanager
+def bad_cursor() -> Iterator[None]:
+    """A cursor the listing did not hand out is a 422 on ``cursor``."""
+    try:
+        yield
+    except CursorError as exc:
+        raise HTTPException(
+            status_code=422,
+            detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}],
+        ) from None
+
+
 def _session(request: Request) -> Iterator[Session]:
     database: Database = request.app.state.db
     with database.session() as session:
         yield session
+
+
+async def in_session(request: Request, work: Callable[[Session], T]) -> T:
+    """``work(session)`` in one transaction, on a worker thread: the event loop never
+    waits for the database (one thread hop, where a sync endpoint with ``SessionDep``
+    takes three)."""
+    database: Database = request.app.state.db
+
+    def run() -> T:
+        with database.session() as session:
+            return work(session)
+
+    return await anyio.to_thread.run_sync(run)
 
 
 def _telemetry(request: Request) -> str:

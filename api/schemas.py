@@ -29,10 +29,13 @@ __all__ = [
     "JobPublic",
     "JobsPublic",
     "LayoutPin",
+    "MetricSamplePublic",
+    "MetricSamplesPublic",
     "NodePublic",
     "OverrideCreate",
     "OverridePublic",
     "OverridesPublic",
+    "Paged",
     "PoliciesPublic",
     "PolicyPublic",
     "RankPin",
@@ -155,9 +158,24 @@ class JobCreate(_Request):
     constraints: JobConstraints = Field(default_factory=JobConstraints)
 
 
-class JobsPublic(BaseModel):
+_COUNT = (
+    "Rows matching the filters over all pages: exact up to 10,000 (count_exact), else a lower bound"
+)
+_COUNT_EXACT = "Whether count is exact; false: more than count rows match"
+_NEXT = (
+    "Cursor of the next page (pass it as cursor=); null on the last page. Pages by "
+    "cursor cost the same at any depth and never shift when new rows arrive"
+)
+
+
+class Paged(BaseModel):
+    count: int = Field(description=_COUNT)
+    count_exact: bool = Field(True, description=_COUNT_EXACT)
+    next: str | None = Field(None, description=_NEXT)
+
+
+class JobsPublic(Paged):
     data: list[JobPublic]
-    count: int = Field(description="Jobs matching the filters, over all pages")
 
 
 class DecisionPublic(BaseModel):
@@ -173,9 +191,19 @@ class DecisionPublic(BaseModel):
     override_id: int | None = Field(default=None, description="The override it honours")
 
 
-class DecisionsPublic(BaseModel):
+class DecisionsPublic(Paged):
     data: list[DecisionPublic]
-    count: int = Field(description="Decisions matching the filters, over all pages")
+
+
+class MetricSamplePublic(BaseModel):
+    name: str
+    value: float
+    job_id: str | None
+    recorded_at: datetime
+
+
+class MetricSamplesPublic(Paged):
+    data: list[MetricSamplePublic]
 
 
 class DecisionExplanation(BaseModel):

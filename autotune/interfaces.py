@@ -120,7 +120,10 @@ class Backend(Protocol):
         ignored."""
         ...
 
-    def close(self) -> None: ...
+    def close(self, timeout_s: float | None = None) -> None:
+        """Release the backend. One that trains jobs checkpoints the running ones first,
+        within ``timeout_s`` seconds where given (what is not saved by then is not)."""
+        ...
 
 
 @runtime_checkable

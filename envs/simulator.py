@@ -324,7 +324,7 @@ class SimulatedCluster:
         # One check after all moves: a job may take GPUs another one of the round left.
         self._check_capacity()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         self.jobs.clear()
 
     # -- JobControl ---------------------------------------------------------------------

@@ -252,7 +252,10 @@ class RayBackend:
                 job.state = "finished" if result.steps >= job.submission.steps else "pending"
             job.step = result.steps
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the running jobs, each after a checkpoint, waiting ``timeout_s`` in all
+        (120 s per job when ``None``)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._lock:
             running = [
                 j for j in self._jobs.values() if j.runner is not None and j.state == "running"
@@ -262,7 +265,13 @@ class RayBackend:
             job.runner.stop(checkpoint=True)
         for job in running:
             if job.thread is not None:
-                job.thread.join(timeout=120)
+                wait = 120.0 if deadline is None else max(0.0, deadline - time.monotonic())
+                job.thread.join(timeout=wait)
+                if job.thread.is_alive():
+                    log.warning(
+                        "job %s: no checkpoint within the stop timeout",
+                        job.submission.spec.job_id,
+                    )
         if self._started_ray:
             import ray
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from autotune.api.deps import SessionDep, TelemetryDep
+from autotune.api.deps import TelemetryDep, in_session
 from autotune.api.schemas import ClusterPublic, HostPublic, NodePublic
 from autotune.core import MILLI_PER_GPU
 from autotune.db import repository as repo
@@ -11,14 +11,21 @@ router = APIRouter(prefix="/cluster", tags=["cluster"])
 
 
 @router.get("", response_model=ClusterPublic)
-def get_cluster(session: SessionDep, telemetry: TelemetryDep, request: Request) -> ClusterPublic:
+async def get_cluster(telemetry: TelemetryDep, request: Request) -> ClusterPublic:
     """Nodes (lost ones too, marked ``lost``), what running jobs hold on them, jobs per
     state, and live readings of the hardware (NVML, psutil, Ray's state API: whichever
     the daemon chose)."""
     sources = request.app.state.host_telemetry
-    records = repo.node_records(session=session)
+    records, placements, jobs = await in_session(
+        request,
+        lambda session: (
+            repo.node_records(session=session),
+            repo.running_placements(session=session),
+            repo.job_counts(session=session),
+        ),
+    )
     allocated: dict[str, int] = {}
-    for placement in repo.running_placements(session=session).values():
+    for placement in placements.values():
         for slot in placement.ranks:
             allocated[slot.node_id] = allocated.get(slot.node_id, 0) + slot.gpu_milli
     public = [
@@ -43,6 +50,6 @@ def get_cluster(session: SessionDep, telemetry: TelemetryDep, request: Request) 
         hosts=[HostPublic(source=source.name, readings=source.read()) for source in sources],
         gpus_total=sum(n.gpu_count for n in public if n.state == "alive"),
         gpus_allocated=sum(p.gpus_allocated for p in public),
-        jobs=repo.job_counts(session=session),
+        jobs=jobs,
         nodes=public,
     )

@@ -59,7 +59,7 @@ def dashboard_data(
     if len(utilization) > samples:
         since, utilization = utilization[0].recorded_at, utilization[1:]
     series = forecast_series([s.value for s in utilization], forecaster, horizon=1)
-    rows, _ = repo.list_decision_rows(session=session, since=since, limit=500)
+    rows = repo.list_decision_rows(session=session, since=since, limit=500).rows
     return {
         "predictor": forecaster.name,
         "utilization": {

@@ -5,10 +5,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
-from autotune.api.deps import SessionDep
+from autotune.api.deps import CursorQuery, IdPath, OffsetQuery, bad_cursor, in_session
 from autotune.api.schemas import DecisionExplanation, DecisionPublic, DecisionsPublic
 from autotune.core import DecisionSource
-from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.serde import to_json
 
@@ -34,9 +33,9 @@ def _public(record: repo.DecisionRecord) -> DecisionPublic:
     )
 
 
-# The busiest read, so it runs on the event loop: a sync endpoint and its session
-# dependency each cost a thread-pool hop, and ``bench/api_latency.py`` measured twice
-# the throughput without them (SQLite in WAL mode never makes a reader wait).
+# The busiest read: its database work runs in one worker thread (``in_session``), and
+# the page is serialised once, here; returning the model would have FastAPI dump,
+# re-validate and dump it again (a third of a 50-decision page's time).
 @router.get("", response_model=DecisionsPublic)
 async def list_decisions(
     request: Request,
@@ -44,36 +43,53 @@ async def list_decisions(
     source: SourceQuery = None,
     since: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: OffsetQuery = 0,
+    cursor: CursorQuery = None,
 ) -> Response:
-    """Decisions, newest first; filter by job, source and time (ISO 8601 with zone)."""
+    """Decisions, newest first; filter by job, source and time (ISO 8601 with zone).
+    Page with ``cursor`` (the previous page's ``next``): any page costs the same."""
     if since is not None and since.tzinfo is None:
         raise HTTPException(status_code=422, detail="since needs a time zone, e.g. ...Z")
-    database: Database = request.app.state.db
-    with database.session() as session:
-        rows, count = repo.list_decision_rows(
-            session=session, job_id=job, source=source, since=since, limit=limit, offset=offset
+    with bad_cursor():
+        page = await in_session(
+            request,
+            lambda session: repo.list_decision_rows(
+                session=session,
+                job_id=job,
+                source=source,
+                since=since,
+                limit=limit,
+                offset=offset,
+                cursor=cursor,
+            ),
         )
-    page = DecisionsPublic(data=[DecisionPublic(**row) for row in rows], count=count)
-    # Serialised once here; returning the model would have FastAPI dump, re-validate
-    # and dump it again (a third of a 50-decision page's time).
-    return Response(page.model_dump_json(), media_type="application/json")
+    body = DecisionsPublic(
+        data=[DecisionPublic(**row) for row in page.rows],
+        count=page.count,
+        count_exact=page.count_exact,
+        next=page.next_cursor,
+    )
+    return Response(body.model_dump_json(), media_type="application/json")
 
 
 @router.get("/{decision_id}", response_model=DecisionPublic)
-def get_decision(session: SessionDep, decision_id: int) -> DecisionPublic:
+async def get_decision(request: Request, decision_id: IdPath) -> DecisionPublic:
     """One decision."""
-    record = repo.get_decision(session=session, decision_id=decision_id)
+    record = await in_session(
+        request, lambda session: repo.get_decision(session=session, decision_id=decision_id)
+    )
     if record is None:
         raise HTTPException(status_code=404, detail=f"no decision {decision_id}")
     return _public(record)
 
 
 @router.get("/{decision_id}/explain", response_model=DecisionExplanation)
-def explain_decision(session: SessionDep, decision_id: int) -> DecisionExplanation:
+async def explain_decision(request: Request, decision_id: IdPath) -> DecisionExplanation:
     """Why: the observation features that mattered, the alternatives considered with
     their predicted goodput, and why this one won."""
-    record = repo.get_decision(session=session, decision_id=decision_id)
+    record = await in_session(
+        request, lambda session: repo.get_decision(session=session, decision_id=decision_id)
+    )
     if record is None:
         raise HTTPException(status_code=404, detail=f"no decision {decision_id}")
     explanation = record.explanation or {

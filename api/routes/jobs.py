@@ -1,12 +1,28 @@
 from __future__ import annotations
 
 import secrets
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from sqlalchemy.orm import Session
 
-from autotune.api.deps import SessionDep, TokenDep, unprocessable
-from autotune.api.schemas import JobCreate, JobPublic, JobsPublic
+from autotune.api.deps import (
+    CursorQuery,
+    OffsetQuery,
+    SessionDep,
+    TokenDep,
+    bad_cursor,
+    in_session,
+    unprocessable,
+)
+from autotune.api.schemas import (
+    JobCreate,
+    JobPublic,
+    JobsPublic,
+    MetricSamplePublic,
+    MetricSamplesPublic,
+)
 from autotune.catalog.tasks import resolve_task
 from autotune.core import ACTIVE_STATES, JobSpec, JobState
 from autotune.db import repository as repo
@@ -39,15 +55,27 @@ def _public(record: repo.JobRecord) -> JobPublic:
 
 
 @router.get("", response_model=JobsPublic)
-def list_jobs(
-    session: SessionDep,
+async def list_jobs(
+    request: Request,
     state: StateQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: OffsetQuery = 0,
+    cursor: CursorQuery = None,
 ) -> JobsPublic:
-    """Jobs, newest first."""
-    records, count = repo.list_jobs(session=session, state=state, limit=limit, offset=offset)
-    return JobsPublic(data=[_public(r) for r in records], count=count)
+    """Jobs, newest first. Page with ``cursor`` (the previous page's ``next``)."""
+    with bad_cursor():
+        page = await in_session(
+            request,
+            lambda session: repo.list_jobs(
+                session=session, state=state, limit=limit, offset=offset, cursor=cursor
+            ),
+        )
+    return JobsPublic(
+        data=[_public(r) for r in page.rows],
+        count=page.count,
+        count_exact=page.count_exact,
+        next=page.next_cursor,
+    )
 
 
 @router.post("", response_model=JobPublic, status_code=201, dependencies=[TokenDep])
@@ -90,14 +118,64 @@ def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPub
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def get_job(session: SessionDep, job_id: str) -> JobPublic:
-    """One job."""
-    record = repo.get_job(session=session, job_id=job_id)
-    if record is None:
+async def get_job(request: Request, job_id: str) -> JobPublic:
+    """One job, with the newest value of each figure measured on its steps."""
+
+    def read(session: Session) -> JobPublic | None:
+        record = repo.get_job(session=session, job_id=job_id)
+        if record is None:
+            return None
+        public = _public(record)
+        public.metrics = repo.job_metrics(session=session, job_id=job_id)
+        return public
+
+    public = await in_session(request, read)
+    if public is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
-    public = _public(record)
-    public.metrics = repo.job_metrics(session=session, job_id=job_id)
     return public
+
+
+@router.get("/{job_id}/metrics", response_model=MetricSamplesPublic)
+async def job_metric_samples(
+    request: Request,
+    job_id: str,
+    name: Annotated[str | None, Query(max_length=128)] = None,
+    since: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    cursor: CursorQuery = None,
+) -> MetricSamplesPublic:
+    """The job's recorded samples (goodput, and what the backend measured on its steps:
+    ``job_*``), newest first; filter by metric name and time, page with ``cursor``."""
+    if since is not None and since.tzinfo is None:
+        raise HTTPException(status_code=422, detail="since needs a time zone, e.g. ...Z")
+
+    def read(session: Session) -> repo.Page[repo.MetricSample] | None:
+        if repo.get_job(session=session, job_id=job_id) is None:
+            return None
+        return repo.list_metric_samples(
+            session=session,
+            names=[name] if name else [],
+            job_id=job_id,
+            since=since,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    with bad_cursor():
+        page = await in_session(request, read)
+    if page is None:
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    return MetricSamplesPublic(
+        data=[
+            MetricSamplePublic(
+                name=s.name, value=s.value, job_id=s.job_id, recorded_at=s.recorded_at
+            )
+            for s in page.rows
+        ],
+        count=page.count,
+        count_exact=page.count_exact,
+        next=page.next_cursor,
+    )
 
 
 @router.delete("/{job_id}", response_model=JobPublic, status_code=202, dependencies=[TokenDep])

@@ -5,7 +5,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from autotune.api.deps import SessionDep, TokenDep, unprocessable
+from autotune.api.deps import IdPath, OffsetQuery, SessionDep, TokenDep, unprocessable
 from autotune.api.schemas import OverrideCreate, OverridePublic, OverridesPublic
 from autotune.core import ACTIVE_STATES, JobConfig, utc_now
 from autotune.daemon.overrides import PIN_KEYS, check_override
@@ -71,24 +71,24 @@ def list_overrides(
     job: str | None = None,
     active: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: OffsetQuery = 0,
 ) -> OverridesPublic:
-    """Overrides, newest first; ``active=true`` for those in force now."""
+    """Overrides, newest first; ``active=true`` for those in force now, ``false`` for
+    those that ended."""
     now = utc_now()
-    if active is False:
-        records, _ = repo.list_overrides(session=session, job_id=job, limit=1_000_000)
-        ended = [r for r in records if not r.active_at(now)]
-        return OverridesPublic(
-            data=[_public(r) for r in ended[offset : offset + limit]], count=len(ended)
-        )
     records, count = repo.list_overrides(
-        session=session, job_id=job, active_at=now if active else None, limit=limit, offset=offset
+        session=session,
+        job_id=job,
+        active_at=now if active else None,
+        ended_at=now if active is False else None,
+        limit=limit,
+        offset=offset,
     )
     return OverridesPublic(data=[_public(r) for r in records], count=count)
 
 
 @router.get("/{override_id}", response_model=OverridePublic)
-def get_override(session: SessionDep, override_id: int) -> OverridePublic:
+def get_override(session: SessionDep, override_id: IdPath) -> OverridePublic:
     """One override."""
     record = repo.get_override(session=session, override_id=override_id)
     if record is None:
@@ -97,7 +97,7 @@ def get_override(session: SessionDep, override_id: int) -> OverridePublic:
 
 
 @router.delete("/{override_id}", response_model=OverridePublic, dependencies=[TokenDep])
-def delete_override(session: SessionDep, override_id: int) -> OverridePublic:
+def delete_override(session: SessionDep, override_id: IdPath) -> OverridePublic:
     """End an override now; the policy takes the job over at the next tick."""
     record = repo.delete_override(session=session, override_id=override_id)
     if record is None:

@@ -139,6 +139,12 @@ def daemon(
         port=settings.port,
         tick_s=settings.tick_period_s,
         telemetry=cluster.name,
+        api_db=Database(
+            settings.database_url,
+            pool_size=settings.api_pool_size,
+            pool_timeout_s=settings.api_pool_timeout_s,
+        ),
+        stop_timeout_s=settings.stop_timeout_s,
         token_check=token_check,
         task_modules=settings.task_modules,
         trains=settings.backend != "sim",  # every backend but the simulator trains for real

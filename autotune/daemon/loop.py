@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import FrameType
@@ -29,7 +31,7 @@ from typing import Any
 import uvicorn
 from sqlalchemy.orm import Session
 
-from autotune.core import ACTIVE_STATES, Decision, utc_now
+from autotune.core import Decision, utc_now
 from autotune.daemon.decide import DecisionRound, decide, placement_summary
 from autotune.daemon.log import event
 from autotune.db import Database
@@ -177,11 +179,7 @@ class Daemon:
         )
 
     def _restore(self, session: Session) -> int:
-        active = [
-            record
-            for state in ACTIVE_STATES
-            for record in repo.list_jobs(session=session, state=state, limit=1_000_000)[0]
-        ]
+        active = repo.active_jobs(session=session)
         latest = repo.latest_decision_records(
             session=session, job_ids=[r.spec.job_id for r in active]
         )
@@ -365,15 +363,12 @@ class Daemon:
                 self._reconcile(session, snapshot)
                 self._reconciled = True
             self._write_cluster(session, snapshot, unplaced)
-            stored = [
-                repo.create_decision(
-                    session=session,
-                    decision=d,
-                    override_id=why[d.job_id].override_id,
-                    explanation=why[d.job_id].explanation,
-                )
-                for d in decisions
-            ]
+            stored = repo.create_decisions(
+                session=session,
+                decisions=[
+                    (d, why[d.job_id].override_id, why[d.job_id].explanation) for d in decisions
+                ],
+            )
         for decision in stored:
             self._honoured[decision.job_id] = why[decision.job_id].override_id
         self.backend.apply(stored)
@@ -431,24 +426,22 @@ class Daemon:
         backend does not know (the daemon restarted, the simulated cluster started
         afresh) is marked failed, with the reason."""
         known = {j.spec.job_id for j in snapshot.jobs}
-        for state in ACTIVE_STATES:
-            records, _ = repo.list_jobs(session=session, state=state, limit=1_000_000)
-            for record in records:
-                if record.spec.job_id in known:
-                    continue
-                submitted = record.submitted_at
-                if submitted.tzinfo is None:
-                    submitted = submitted.replace(tzinfo=UTC)
-                if submitted >= self._started_at:
-                    continue  # submitted through the API since start: the next intake takes it
-                repo.set_job_state(
-                    session=session,
-                    job_id=record.spec.job_id,
-                    state="failed",
-                    reason=f"{state} when the daemon stopped; the {self.backend.name} "
-                    "backend no longer knows it",
-                )
-                event("job.lost", job=record.spec.job_id, was=state)
+        for record in repo.active_jobs(session=session):
+            if record.spec.job_id in known:
+                continue
+            submitted = record.submitted_at
+            if submitted.tzinfo is None:
+                submitted = submitted.replace(tzinfo=UTC)
+            if submitted >= self._started_at:
+                continue  # submitted through the API since start: the next intake takes it
+            repo.set_job_state(
+                session=session,
+                job_id=record.spec.job_id,
+                state="failed",
+                reason=f"{record.state} when the daemon stopped; the {self.backend.name} "
+                "backend no longer knows it",
+            )
+            event("job.lost", job=record.spec.job_id, was=record.state)
 
     def _write_cluster(
         self, session: Session, snapshot: ClusterSnapshot, unplaced: dict[str, str]
@@ -540,6 +533,15 @@ def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
     return values
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server without its own signal handling: ``serve`` installs the daemon's
+    for the whole stop, not only while requests are served."""
+
+    @contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 def serve(
     daemon: Daemon,
     *,
@@ -547,28 +549,61 @@ def serve(
     port: int,
     tick_s: float,
     telemetry: str,
+    api_db: Database | None = None,
+    stop_timeout_s: float = 10.0,
     **app_options: Any,
 ) -> None:
     """Run the decision loop and the API until SIGINT or SIGTERM; ``app_options`` go to
-    ``autotune.api.app.create_app`` (token check, task allow-list, body limit, ...)."""
+    ``autotune.api.app.create_app`` (token check, task allow-list, body limit, ...).
+
+    ``api_db``: the API's own connections to the daemon's database (default: a second
+    ``Database`` on the same URL), so readers never hold the connection a tick needs.
+
+    A signal stops everything within ``stop_timeout_s``: the API stops accepting and
+    cuts requests still running after a third of it, the decision loop finishes its
+    tick (a tick never applies what it has not committed), the backend checkpoints its
+    running jobs with what is left. A second signal exits at once."""
     from autotune.api.app import attach_daemon, create_app
 
-    app = create_app(db=daemon.db, telemetry=telemetry, **app_options)
+    api_db = api_db or Database(daemon.db.url)
+    app = create_app(db=api_db, telemetry=telemetry, **app_options)
     attach_daemon(app, daemon)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False)
+    grace_s = stop_timeout_s / 3
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=max(1, round(grace_s)),
+        )
     )
     stop = threading.Event()
+    stopping_since: list[float] = []
 
     def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        # uvicorn handles the signal while it serves and re-raises it afterwards; this
-        # handler then turns it into a clean stop instead of a kill.
+        name = signal.Signals(signum).name
+        if stopping_since:
+            event("daemon.signal", level=logging.WARNING, signal=name, action="exit now")
+            logging.shutdown()
+            os._exit(128 + signum)
+        stopping_since.append(time.monotonic())
         server.should_exit = True
-        event("daemon.signal", signal=signal.Signals(signum).name)
+        stop.set()
+        event("daemon.signal", signal=name, action="stop", within_s=stop_timeout_s)
 
     previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    loop = threading.Thread(target=daemon.run, args=(stop, tick_s), name="decision-loop")
+    def left() -> float:
+        started = stopping_since[0] if stopping_since else time.monotonic()
+        return max(0.0, started + stop_timeout_s - time.monotonic())
+
+    # A daemon thread: a tick still running when the time is up does not hold the exit
+    # (what it committed stays; what it did not commit never was).
+    loop = threading.Thread(
+        target=daemon.run, args=(stop, tick_s), name="decision-loop", daemon=True
+    )
 
     async def _main() -> None:
         loop.start()
@@ -576,15 +611,20 @@ def serve(
             await server.serve()
         finally:
             stop.set()
-            await asyncio.to_thread(loop.join)
+            await asyncio.to_thread(loop.join, max(0.0, left() - stop_timeout_s / 3))
+            if loop.is_alive():
+                event("daemon.stop_tick_cut", level=logging.WARNING)
 
     daemon.start()
     event("api.listen", url=f"http://{host}:{port}/api/v1")
     try:
         asyncio.run(_main())
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        daemon.backend.close()
-        daemon.db.dispose()
-        event("daemon.stop")
+        try:
+            daemon.backend.close(timeout_s=left())
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            api_db.dispose()
+            daemon.db.dispose()
+            event("daemon.stop")

@@ -81,6 +81,16 @@ class Settings(BaseSettings):
     the built-in tasks; nothing else is ever imported for a job."""
     max_body_bytes: int = Field(default=65_536, ge=1024, le=64 * 1024 * 1024)
     """Largest request body the API reads; larger ones get 413."""
+    api_pool_size: int = Field(default=8, ge=1, le=256)
+    """Database connections the API keeps for its requests (the decision loop has its
+    own, so readers never hold the one a tick needs)."""
+    api_pool_timeout_s: float = Field(default=2.0, gt=0, le=300)
+    """How long a request waits for a free database connection before it gets 503 with
+    ``Retry-After``."""
+    stop_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """On SIGTERM or SIGINT the daemon exits within this many seconds: requests still
+    running after a third of it are cut, the tick in progress finishes, running jobs
+    are checkpointed (``ray``) with the rest. A second signal exits at once."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
 

@@ -30,22 +30,36 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for ``url``; for SQLite: WAL journal, foreign keys, a busy timeout."""
+def make_engine(
+    url: str, *, pool_size: int | None = None, pool_timeout_s: float | None = None
+) -> Engine:
+    """An engine for ``url``; for SQLite: WAL journal, foreign keys, a busy timeout.
+
+    ``pool_size``: connections kept open (and the most handed out at once: no overflow);
+    ``pool_timeout_s``: how long a caller waits for one before ``sqlalchemy.exc.
+    TimeoutError`` (the API answers 503). ``None``: SQLAlchemy's defaults (5 + 10
+    overflow, 30 s)."""
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise InputError(f"not a database URL: {url!r}") from exc
     kwargs: dict[str, Any] = {}
+    file_backed = True
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
-        if database and database != ":memory:":
+        file_backed = bool(database) and database != ":memory:"
+        if file_backed:
+            assert database is not None
             parent = Path(database).expanduser().parent
             if not parent.is_dir():
                 raise InputError(f"directory of the database does not exist: {parent}")
         # The API serves requests from a thread pool; SQLite connections may cross threads
         # because every session is used by one thread at a time.
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    if file_backed and pool_size is not None:
+        kwargs.update(pool_size=pool_size, max_overflow=0)
+    if file_backed and pool_timeout_s is not None:
+        kwargs["pool_timeout"] = pool_timeout_s
     try:
         engine = create_engine(parsed, **kwargs)
     except Exception as exc:  # missing driver, bad options
@@ -64,11 +78,16 @@ def make_engine(url: str) -> Engine:
 
 
 class Database:
-    """The engine and a session factory; ``session()`` commits or rolls back."""
+    """The engine and a session factory; ``session()`` commits or rolls back.
 
-    def __init__(self, url: str) -> None:
+    A process that both decides and serves opens two: the decision loop's own (so it
+    never waits behind readers for a connection) and the API's."""
+
+    def __init__(
+        self, url: str, *, pool_size: int | None = None, pool_timeout_s: float | None = None
+    ) -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, pool_size=pool_size, pool_timeout_s=pool_timeout_s)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     @contextmanager

@@ -6,12 +6,15 @@ in and out where one exists.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, and_, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from autotune.core import (
@@ -39,18 +42,23 @@ from autotune.serde import from_json, to_json
 
 __all__ = [
     "ACTIVE_STATES",
+    "COUNT_CAP",
     "JOB_STATES",
+    "CursorError",
     "DecisionRecord",
     "JobRecord",
     "MetricSample",
     "NodeRecord",
     "OverrideRecord",
+    "Page",
     "PolicyVersionRecord",
+    "active_jobs",
     "active_overrides",
     "active_policy_version",
     "add_token_hash",
     "cancel_requests",
     "create_decision",
+    "create_decisions",
     "create_override",
     "create_transition",
     "decision_counts",
@@ -65,6 +73,7 @@ __all__ = [
     "list_decision_rows",
     "list_decisions",
     "list_jobs",
+    "list_metric_samples",
     "list_metrics",
     "list_nodes",
     "list_overrides",
@@ -82,6 +91,64 @@ __all__ = [
     "upsert_job",
     "upsert_nodes",
 ]
+
+
+T = TypeVar("T")
+
+COUNT_CAP = 10_000
+"""Listings count the rows that match up to this many: beyond it the count is a lower
+bound (``Page.count_exact`` is false), so no request's cost grows with the history."""
+
+
+class CursorError(ValueError):
+    """A pagination cursor this listing did not hand out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing, newest first.
+
+    ``next_cursor`` continues right after the page's last row (keyset pagination: the
+    cost of a page does not depend on how deep it is, and rows written meanwhile never
+    shift it); ``None`` on the last page. ``count`` is how many rows match, exact when
+    ``count_exact``, else at least ``COUNT_CAP``."""
+
+    rows: list[T]
+    count: int
+    count_exact: bool
+    next_cursor: str | None
+
+
+def encode_cursor(*values: str | int) -> str:
+    """An opaque cursor holding the sort key of a page's last row."""
+    raw = json.dumps(list(values), separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, *types: type) -> tuple[Any, ...]:
+    """The sort key in ``cursor``, checked against ``types``; ``CursorError`` if it is not
+    one this listing hands out."""
+    try:
+        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise CursorError(f"not a cursor: {cursor[:40]!r}") from None
+    if (
+        not isinstance(values, list)
+        or len(values) != len(types)
+        or not all(type(v) is t for v, t in zip(values, types, strict=True))
+    ):
+        raise CursorError(f"not a cursor of this listing: {cursor[:40]!r}")
+    return tuple(values)
+
+
+def _bounded_count(
+    session: Session, key: Any, conditions: Sequence[ColumnElement[bool]]
+) -> tuple[int, bool]:
+    """How many rows match ``conditions``, reading at most ``COUNT_CAP + 1`` entries of
+    an index that holds ``key``: ``(count, exact)``."""
+    sub = select(key).where(*conditions).limit(COUNT_CAP + 1).subquery()
+    n = int(session.scalar(select(func.count()).select_from(sub)) or 0)
+    return (COUNT_CAP, False) if n > COUNT_CAP else (n, True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -357,18 +424,55 @@ def get_job(*, session: Session, job_id: str) -> JobRecord | None:
 
 
 def list_jobs(
-    *, session: Session, state: JobState | None = None, limit: int = 100, offset: int = 0
-) -> tuple[list[JobRecord], int]:
-    """Jobs newest first, and how many match in all."""
-    query = select(JobRow)
+    *,
+    session: Session,
+    state: JobState | None = None,
+    limit: int = 100,
+    offset: int = 0,
+    cursor: str | None = None,
+) -> Page[JobRecord]:
+    """Jobs newest first (by submission, then id); ``cursor``: the page after the one
+    that handed it out."""
+    conditions: list[ColumnElement[bool]] = []
     if state is not None:
         _check_state(state)
-        query = query.where(JobRow.state == state)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(
-        query.order_by(JobRow.submitted_at.desc(), JobRow.job_id).limit(limit).offset(offset)
+        conditions.append(JobRow.state == state)
+    count, exact = _bounded_count(session, JobRow.job_id, conditions)
+    if cursor is not None:
+        at, job_id = decode_cursor(cursor, str, str)
+        try:
+            submitted = datetime.fromisoformat(at)
+        except ValueError:
+            raise CursorError(f"not a cursor of this listing: {cursor[:40]!r}") from None
+        conditions.append(
+            or_(
+                JobRow.submitted_at < submitted,
+                and_(JobRow.submitted_at == submitted, JobRow.job_id > job_id),
+            )
+        )
+    rows = list(
+        session.scalars(
+            select(JobRow)
+            .where(*conditions)
+            .order_by(JobRow.submitted_at.desc(), JobRow.job_id)
+            .limit(limit + 1)
+            .offset(offset)
+        )
     )
-    return [_job_record(row) for row in rows], total
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_cursor = (
+        encode_cursor(rows[-1].submitted_at.isoformat(), rows[-1].job_id) if more else None
+    )
+    return Page([_job_record(row) for row in rows], count, exact, next_cursor)
+
+
+def active_jobs(*, session: Session) -> list[JobRecord]:
+    """Every pending or running job."""
+    rows = session.scalars(
+        select(JobRow).where(JobRow.state.in_(ACTIVE_STATES)).order_by(JobRow.submitted_at)
+    )
+    return [_job_record(row) for row in rows]
 
 
 def job_counts(*, session: Session) -> dict[str, int]:
@@ -390,21 +494,41 @@ def create_decision(
     explanation: dict[str, Any] | None = None,
 ) -> Decision:
     """Store a decision; returns it with its ``decision_id`` (flushed, not committed)."""
-    row = DecisionRow(
-        job_id=decision.job_id,
-        source=decision.source,
-        policy_version=decision.policy_version,
-        decided_at=decision.decided_at,
-        reason=decision.reason,
-        config=to_json(decision.config),
-        placement=None if decision.placement is None else to_json(decision.placement),
-        override_id=override_id,
-        applied_at=None,
-        explanation=explanation,
-    )
-    session.add(row)
-    session.flush()
-    return replace(decision, decision_id=row.id)
+    (stored,) = create_decisions(session=session, decisions=[(decision, override_id, explanation)])
+    return stored
+
+
+def create_decisions(
+    *,
+    session: Session,
+    decisions: Sequence[tuple[Decision, int | None, dict[str, Any] | None]],
+) -> list[Decision]:
+    """Store ``(decision, override_id, explanation)`` triples in one statement; returns
+    the decisions with their ``decision_id`` in the same order (not committed)."""
+    if not decisions:
+        return []
+    ids = session.scalars(
+        insert(DecisionRow).returning(DecisionRow.id, sort_by_parameter_order=True),
+        [
+            {
+                "job_id": decision.job_id,
+                "source": decision.source,
+                "policy_version": decision.policy_version,
+                "decided_at": decision.decided_at,
+                "reason": decision.reason,
+                "config": to_json(decision.config),
+                "placement": None if decision.placement is None else to_json(decision.placement),
+                "override_id": override_id,
+                "applied_at": None,
+                "explanation": explanation,
+            }
+            for decision, override_id, explanation in decisions
+        ],
+    ).all()
+    return [
+        replace(decision, decision_id=decision_id)
+        for (decision, _, _), decision_id in zip(decisions, ids, strict=True)
+    ]
 
 
 def mark_decision_applied(
@@ -440,6 +564,51 @@ def get_decision(*, session: Session, decision_id: int) -> DecisionRecord | None
     return None if row is None else _decision_record(row)
 
 
+def _decision_conditions(
+    job_id: str | None, source: str | None, since: datetime | None, cursor: str | None
+) -> tuple[list[ColumnElement[bool]], list[ColumnElement[bool]]]:
+    """The listing's filters, and the filters plus the cursor's position."""
+    conditions: list[ColumnElement[bool]] = []
+    if job_id is not None:
+        conditions.append(DecisionRow.job_id == job_id)
+    if source is not None:
+        conditions.append(DecisionRow.source == source)
+    if since is not None:
+        conditions.append(DecisionRow.decided_at >= since)
+    positioned = list(conditions)
+    if cursor is not None:
+        (before,) = decode_cursor(cursor, int)
+        positioned.append(DecisionRow.id < before)
+    return conditions, positioned
+
+
+def _decision_page(
+    session: Session,
+    columns: Sequence[Any],
+    *,
+    job_id: str | None,
+    source: str | None,
+    since: datetime | None,
+    limit: int,
+    offset: int,
+    cursor: str | None,
+) -> tuple[list[Any], int, bool, str | None]:
+    conditions, positioned = _decision_conditions(job_id, source, since, cursor)
+    count, exact = _bounded_count(session, DecisionRow.id, conditions)
+    rows = list(
+        session.execute(
+            select(*columns)
+            .where(*positioned)
+            .order_by(DecisionRow.id.desc())
+            .limit(limit + 1)
+            .offset(offset)
+        )
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, count, exact, encode_cursor(rows[-1].id) if more else None
+
+
 def list_decisions(
     *,
     session: Session,
@@ -448,18 +617,21 @@ def list_decisions(
     since: datetime | None = None,
     limit: int = 50,
     offset: int = 0,
-) -> tuple[list[DecisionRecord], int]:
-    """Decisions newest first, filtered, and how many match in all."""
-    query = select(DecisionRow)
-    if job_id is not None:
-        query = query.where(DecisionRow.job_id == job_id)
-    if source is not None:
-        query = query.where(DecisionRow.source == source)
-    if since is not None:
-        query = query.where(DecisionRow.decided_at >= since)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    rows = session.scalars(query.order_by(DecisionRow.id.desc()).limit(limit).offset(offset))
-    return [_decision_record(r) for r in rows], total
+    cursor: str | None = None,
+) -> Page[DecisionRecord]:
+    """Decisions newest first, filtered; ``cursor``: the page after the one that handed
+    it out."""
+    rows, count, exact, next_cursor = _decision_page(
+        session,
+        [DecisionRow.id, DecisionRow],
+        job_id=job_id,
+        source=source,
+        since=since,
+        limit=limit,
+        offset=offset,
+        cursor=cursor,
+    )
+    return Page([_decision_record(r.DecisionRow) for r in rows], count, exact, next_cursor)
 
 
 _DECISION_COLUMNS = (
@@ -484,26 +656,22 @@ def list_decision_rows(
     since: datetime | None = None,
     limit: int = 50,
     offset: int = 0,
-) -> tuple[list[dict[str, Any]], int]:
+    cursor: str | None = None,
+) -> Page[dict[str, Any]]:
     """``list_decisions`` as stored JSON, for the API's listing: only the columns it
     shows (not the explanation), and not rebuilt into dataclasses (they were valid
     decisions when written); about a third of the cost of ``list_decisions``."""
-    conditions = []
-    if job_id is not None:
-        conditions.append(DecisionRow.job_id == job_id)
-    if source is not None:
-        conditions.append(DecisionRow.source == source)
-    if since is not None:
-        conditions.append(DecisionRow.decided_at >= since)
-    total = session.scalar(select(func.count(DecisionRow.id)).where(*conditions)) or 0
-    rows = session.execute(
-        select(*_DECISION_COLUMNS)
-        .where(*conditions)
-        .order_by(DecisionRow.id.desc())
-        .limit(limit)
-        .offset(offset)
+    rows, count, exact, next_cursor = _decision_page(
+        session,
+        _DECISION_COLUMNS,
+        job_id=job_id,
+        source=source,
+        since=since,
+        limit=limit,
+        offset=offset,
+        cursor=cursor,
     )
-    return [row._asdict() for row in rows], total
+    return Page([row._asdict() for row in rows], count, exact, next_cursor)
 
 
 def decision_counts(*, session: Session) -> dict[str, int]:
@@ -552,12 +720,20 @@ def record_metrics(
     labels: dict[str, Any] | None = None,
     at: datetime | None = None,
 ) -> None:
-    """Store ``(name, value, job_id)`` samples taken at one moment."""
+    """Store ``(name, value, job_id)`` samples taken at one moment (one statement)."""
     when = at or utc_now()
-    session.add_all(
-        MetricRow(name=name, value=value, job_id=job_id, labels=labels or {}, recorded_at=when)
+    rows = [
+        {
+            "name": name,
+            "value": value,
+            "job_id": job_id,
+            "labels": labels or {},
+            "recorded_at": when,
+        }
         for name, value, job_id in values
-    )
+    ]
+    if rows:
+        session.execute(insert(MetricRow), rows)
 
 
 def create_transition(
@@ -676,14 +852,55 @@ def list_metrics(
     limit: int = 10_000,
 ) -> list[MetricSample]:
     """Samples of the named metrics, oldest first (the newest ``limit`` of them)."""
-    query = select(MetricRow).where(MetricRow.name.in_(list(names)))
+    page = list_metric_samples(session=session, names=names, since=since, limit=limit)
+    return page.rows[::-1]
+
+
+def list_metric_samples(
+    *,
+    session: Session,
+    names: Sequence[str] = (),
+    job_id: str | None = None,
+    since: datetime | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> Page[MetricSample]:
+    """Samples newest first, of the named metrics (all when ``names`` is empty) and of
+    ``job_id`` (when given); ``cursor``: the page after the one that handed it out."""
+    conditions: list[ColumnElement[bool]] = []
+    if len(names) == 1:
+        conditions.append(MetricRow.name == names[0])
+    elif names:
+        conditions.append(MetricRow.name.in_(list(names)))
+    if job_id is not None:
+        conditions.append(MetricRow.job_id == job_id)
     if since is not None:
-        query = query.where(MetricRow.recorded_at >= since)
-    rows = list(session.scalars(query.order_by(MetricRow.id.desc()).limit(limit)))
-    return [
+        conditions.append(MetricRow.recorded_at >= since)
+    count, exact = _bounded_count(session, MetricRow.id, conditions)
+    if cursor is not None:
+        (before,) = decode_cursor(cursor, int)
+        conditions.append(MetricRow.id < before)
+    rows = list(
+        session.execute(
+            select(
+                MetricRow.id,
+                MetricRow.name,
+                MetricRow.value,
+                MetricRow.job_id,
+                MetricRow.recorded_at,
+            )
+            .where(*conditions)
+            .order_by(MetricRow.id.desc())
+            .limit(limit + 1)
+        )
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    samples = [
         MetricSample(name=r.name, value=r.value, job_id=r.job_id, recorded_at=r.recorded_at)
-        for r in reversed(rows)
+        for r in rows
     ]
+    return Page(samples, count, exact, encode_cursor(rows[-1].id) if more else None)
 
 
 # --- overrides ------------------------------------------------------------------------
@@ -755,15 +972,21 @@ def list_overrides(
     session: Session,
     job_id: str | None = None,
     active_at: datetime | None = None,
+    ended_at: datetime | None = None,
     limit: int = 100,
     offset: int = 0,
 ) -> tuple[list[OverrideRecord], int]:
-    """Overrides newest first (only those active at ``active_at``, when given)."""
+    """Overrides newest first (only those active at ``active_at``, or only those that
+    had ended by ``ended_at``, when given)."""
     query = select(OverrideRow)
     if job_id is not None:
         query = query.where(OverrideRow.job_id == job_id)
     if active_at is not None:
         query = query.where(OverrideRow.deleted_at.is_(None), OverrideRow.expires_at > active_at)
+    if ended_at is not None:
+        query = query.where(
+            or_(OverrideRow.deleted_at.is_not(None), OverrideRow.expires_at <= ended_at)
+        )
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     rows = session.scalars(query.order_by(OverrideRow.id.desc()).limit(limit).offset(offset))
     return [_override_record(r) for r in rows], total

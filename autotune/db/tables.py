@@ -12,6 +12,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -85,11 +86,16 @@ class NodeRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    # The listing's order (newest first), alone and within a state.
+    __table_args__ = (
+        Index("ix_jobs_submitted_at_job_id", "submitted_at", "job_id"),
+        Index("ix_jobs_state_submitted_at_job_id", "state", "submitted_at", "job_id"),
+    )
 
     job_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     spec: Mapped[JsonDict]
     """The ``JobSpec``."""
-    state: Mapped[str] = mapped_column(String(16), index=True)
+    state: Mapped[str] = mapped_column(String(16))
     """pending, running, finished, failed or cancelled."""
     state_reason: Mapped[str] = mapped_column(Text, default="")
     progress: Mapped[float] = mapped_column(Float, default=0.0)
@@ -115,10 +121,15 @@ class JobRow(Base):
 
 class DecisionRow(Base):
     __tablename__ = "decisions"
+    # Each filter of the listing with its order (newest first): a page is one index range.
+    __table_args__ = (
+        Index("ix_decisions_job_id_id", "job_id", "id"),
+        Index("ix_decisions_source_id", "source", "id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"), index=True)
-    source: Mapped[str] = mapped_column(String(16), index=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.job_id"))
+    source: Mapped[str] = mapped_column(String(16))
     policy_version: Mapped[str] = mapped_column(String(128))
     decided_at: Mapped[datetime] = mapped_column(index=True)
     reason: Mapped[str] = mapped_column(Text)
@@ -161,11 +172,15 @@ class TransitionRow(Base):
 
 class MetricRow(Base):
     __tablename__ = "metrics"
+    __table_args__ = (
+        Index("ix_metrics_name_id", "name", "id"),
+        Index("ix_metrics_job_id_id", "job_id", "id"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    name: Mapped[str] = mapped_column(String(128), index=True)
+    name: Mapped[str] = mapped_column(String(128))
     value: Mapped[float] = mapped_column(Float)
-    job_id: Mapped[str | None] = mapped_column(String(128), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(128))
     labels: Mapped[JsonDict]
     recorded_at: Mapped[datetime] = mapped_column(index=True)
 

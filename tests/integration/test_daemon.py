@@ -76,7 +76,7 @@ def test_decisions_are_committed_before_applied_and_the_cluster_stays_valid(
     final = backend.snapshots[-1]
     assert final.by_state("finished"), "no job finished in 60 ticks (2 simulated hours)"
     with database.session() as session:
-        _, total = repo.list_decisions(session=session)
+        total = repo.list_decisions(session=session).count
         assert total == len(backend.applied)
         assert all(
             repo.get_decision(session=session, decision_id=d.decision_id).applied_at
@@ -113,7 +113,7 @@ class ObserveOnlyCluster:
     def apply(self, decisions: Sequence[Decision]) -> None:
         self._cluster.apply(decisions)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         self._cluster.close()
 
 
@@ -122,7 +122,7 @@ def active_jobs(database: Database) -> dict[str, repo.JobRecord]:
         return {
             r.spec.job_id: r
             for s in ("pending", "running")
-            for r in repo.list_jobs(session=session, state=s)[0]
+            for r in repo.list_jobs(session=session, state=s).rows
         }
 
 
@@ -130,7 +130,7 @@ def test_restart_resumes_the_database_jobs_where_they_were(database: Database) -
     run_ticks(database, ticks=5, seed=0)
     before = active_jobs(database)
     with database.session() as session:
-        all_ids = {r.spec.job_id for r in repo.list_jobs(session=session, limit=1000)[0]}
+        all_ids = {r.spec.job_id for r in repo.list_jobs(session=session, limit=1000).rows}
         latest = repo.latest_decisions(session=session)
     assert any(r.state == "running" for r in before.values())
     backend = SimulatedCluster(SimConfig(seed=0))
@@ -272,9 +272,9 @@ def test_a_crash_between_commit_and_apply_leaves_decisions_marked_unapplied(
     with pytest.raises(SystemExit):
         run_until_killed(daemon)
     with database.session() as session:
-        records, _ = repo.list_decisions(session=session, limit=1000)
+        records = repo.list_decisions(session=session, limit=1000).rows
         unapplied = [r.decision for r in records if r.applied_at is None]
-        states = {r.spec.job_id: r.state for r in repo.list_jobs(session=session, limit=1000)[0]}
+        states = {r.spec.job_id: r.state for r in repo.list_jobs(session=session, limit=1000).rows}
     assert unapplied, "the crash tick committed decisions"
     # What was decided but never applied is visible as such, and the job rows still say
     # what was true: a job whose start was not applied is still pending.

@@ -81,7 +81,7 @@ class TinyCluster:
                 started_s=self.time_s if job.started_s is None else job.started_s,
             )
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
         pass
 
 
@@ -184,7 +184,7 @@ def test_a_policy_failing_every_tick_hands_over_to_the_fallback(
             "deciding with one-gpu: one GPU"
         )
     with service.daemon.db.session() as session:
-        stored, _ = repo.list_decisions(session=session, source="fallback")
+        stored = repo.list_decisions(session=session, source="fallback").rows
         assert {r.decision.job_id for r in stored} == {d.job_id for d in decisions}
         assert {v.version for v in repo.list_policy_versions(session=session)} == {
             "flaky-1",

@@ -27,7 +27,7 @@ def test_0004_keeps_existing_nodes_alive_and_goes_back(tmp_path: Path) -> None:
             "INSERT INTO nodes (node_id, gpu_model, gpu_count, info, updated_at) VALUES "
             "('old', 'A100', 8, '{}', '2026-11-01 10:00:00')"
         )
-    database.upgrade()
+    database.upgrade("0004")
     assert database.current_revision() == "0004"
     with database.engine.connect() as connection:
         rows = connection.exec_driver_sql("SELECT state, lost_at FROM nodes").all()

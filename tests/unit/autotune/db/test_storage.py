@@ -37,7 +37,7 @@ def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision
 
 def test_migrations_create_exactly_the_models_schema(any_database: Database) -> None:
     database = any_database
-    assert database.current_revision() == "0004"
+    assert database.current_revision() == "0005"
     with database.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
@@ -82,22 +82,25 @@ def test_jobs_decisions_round_trip_with_filters_and_pages(any_database: Database
         ]
     assert [d.decision_id for d in stored] == [1, 2, 3, 4, 5, 6]
     with database.session() as session:
-        page, total = repo.list_decisions(session=session, limit=4, offset=0)
+        listed = repo.list_decisions(session=session, limit=4, offset=0)
+        page, total = listed.rows, listed.count
         assert total == 6
         assert [r.decision.decision_id for r in page] == [6, 5, 4, 3]
-        page, total = repo.list_decisions(session=session, limit=4, offset=4)
+        listed = repo.list_decisions(session=session, limit=4, offset=4)
+        page, total = listed.rows, listed.count
         assert [r.decision.decision_id for r in page] == [2, 1]
-        rows, total = repo.list_decision_rows(session=session, job_id="j1", limit=1)
+        listed = repo.list_decision_rows(session=session, job_id="j1", limit=1)
+        rows, total = listed.rows, listed.count
         assert total == 2
         assert rows[0]["id"] == 5
         assert rows[0]["config"] == to_json(stored[4].config)
         assert rows[0]["placement"] == to_json(stored[4].placement)
         assert rows[0]["decided_at"] == stored[4].decided_at
-        _, total = repo.list_decisions(session=session, job_id="j1")
+        total = repo.list_decisions(session=session, job_id="j1").count
         assert total == 2
-        _, total = repo.list_decisions(session=session, source="fallback")
+        total = repo.list_decisions(session=session, source="fallback").count
         assert total == 2
-        _, total = repo.list_decisions(session=session, since=start + timedelta(hours=1))
+        total = repo.list_decisions(session=session, since=start + timedelta(hours=1)).count
         assert total == 0
         record = repo.get_decision(session=session, decision_id=2)
         assert record is not None
@@ -175,8 +178,8 @@ def test_db_upgrade_command_creates_the_schema(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "cli.db")
     result = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
     assert result.exit_code == 0, result.output
-    assert "revision 0004" in result.stdout
-    assert Database(url).current_revision() == "0004"
+    assert "revision 0005" in result.stdout
+    assert Database(url).current_revision() == "0005"
     bad = CliRunner().invoke(app, ["db", "upgrade", "--db", "nonsense"])
     assert bad.exit_code == 2
     assert bad.stderr.startswith("error: not a database URL")
@@ -257,8 +260,8 @@ def test_the_daemon_decides_and_resumes_on_either_database(any_database: Databas
     for _ in range(5):
         daemon.tick()
     with database.session() as session:
-        running = {r.spec.job_id for r in repo.list_jobs(session=session, state="running")[0]}
-        _, decided = repo.list_decisions(session=session)
+        running = {r.spec.job_id for r in repo.list_jobs(session=session, state="running").rows}
+        decided = repo.list_decisions(session=session).count
     assert running
     assert decided >= len(running)
     again = SimulatedCluster(SimConfig(seed=2))
@@ -266,5 +269,5 @@ def test_the_daemon_decides_and_resumes_on_either_database(any_database: Databas
     restarted.start()
     restarted.tick()
     with database.session() as session:
-        still = {r.spec.job_id for r in repo.list_jobs(session=session, state="running")[0]}
+        still = {r.spec.job_id for r in repo.list_jobs(session=session, state="running").rows}
     assert running <= still | {j.spec.job_id for j in again.observe().by_state("finished")}
