@@ -8,6 +8,7 @@ from typing import Annotated, TypeVar
 
 import anyio
 from fastapi import Depends, HTTPException, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -69,9 +70,8 @@ def bad_cursor() -> Iterator[None]:
     try:
         yield
     except CursorError as exc:
-        raise HTTPException(
-            status_code=422,
-            detail=[{"loc": ["query", "cursor"], "msg": str(exc), "type": "value_error"}],
+        raise RequestValidationError(
+            [{"loc": ("query", "cursor"), "msg": str(exc), "type": "value_error"}]
         ) from None
 
 
