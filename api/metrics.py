@@ -5,11 +5,14 @@ time, so they survive restarts and count what is committed."""
 
 from __future__ import annotations
 
+import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from sqlalchemy.orm import Session
 
 from autotune.daemon.loop import TickHealth, TickReport
 from autotune.db import Database
@@ -25,10 +28,23 @@ _TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 class _DatabaseCollector(Collector):
     def __init__(self, db: Database) -> None:
         self._db = db
+        # Decisions per source: counted once, then only the rows above the highest id
+        # counted (ids grow with commits: the decision loop is their one writer), so a
+        # scrape costs the same on a month of history as on a minute. Retention deleting
+        # old decisions does not lower it: it counts what was committed.
+        self._lock = threading.Lock()
+        self._by_source: Counter[str] = Counter()
+        self._counted_to = 0
+
+    def _decisions(self, session: Session) -> dict[str, int]:
+        with self._lock:
+            new, self._counted_to = repo.decision_counts(session=session, after_id=self._counted_to)
+            self._by_source.update(new)
+            return dict(self._by_source)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         with self._db.session() as session:
-            by_source = repo.decision_counts(session=session)
+            by_source = self._decisions(session)
             by_state = repo.job_counts(session=session)
             goodput = repo.list_metrics(session=session, names=["job_goodput"], limit=2000)
         decisions = CounterMetricFamily(

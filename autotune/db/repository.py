@@ -226,11 +226,15 @@ class NodeRecord:
 
 
 def upsert_nodes(
-    *, session: Session, nodes: Iterable[NodeInfo], lost: Iterable[NodeInfo] = ()
+    *,
+    session: Session,
+    nodes: Iterable[NodeInfo],
+    lost: Iterable[NodeInfo] = (),
+    at: datetime | None = None,
 ) -> list[str]:
     """Record the backend's alive ``nodes`` and its ``lost`` ones; returns the names of
-    nodes that are newly lost."""
-    now = utc_now()
+    nodes that are newly lost. ``at``: when (default now)."""
+    now = at or utc_now()
     newly_lost: list[str] = []
     for node, state in [*((n, "alive") for n in nodes), *((n, "lost") for n in lost)]:
         row = session.get(NodeRow, node.node_id)
@@ -309,12 +313,14 @@ def upsert_job(
     sim_submitted_s: float | None = None,
     sim_started_s: float | None = None,
     sim_finished_s: float | None = None,
+    at: datetime | None = None,
 ) -> None:
     """Create the job, or update its state, reason and progress (and its task, and its
     times on the backend's clock, where the row has none yet). ``started_at`` and
-    ``finished_at`` are set when the job first shows running, and in a final state."""
+    ``finished_at`` are set when the job first shows running, and in a final state.
+    ``at``: when (default now)."""
     _check_state(state)
-    now = utc_now()
+    now = at or utc_now()
     row = session.get(JobRow, spec.job_id)
     if row is None:
         row = JobRow(
@@ -407,12 +413,14 @@ def set_job_state(
     state: JobState,
     reason: str = "",
     progress: float | None = None,
+    at: datetime | None = None,
 ) -> None:
+    """``at``: when (default now)."""
     _check_state(state)
     row = session.get(JobRow, job_id)
     if row is None:
         raise KeyError(f"no job {job_id!r}")
-    row.state, row.state_reason, row.updated_at = state, reason, utc_now()
+    row.state, row.state_reason, row.updated_at = state, reason, at or utc_now()
     _stamp(row, row.updated_at)
     if progress is not None:
         row.progress = progress
@@ -674,10 +682,16 @@ def list_decision_rows(
     return Page([row._asdict() for row in rows], count, exact, next_cursor)
 
 
-def decision_counts(*, session: Session) -> dict[str, int]:
-    """Decisions per source."""
-    rows = session.execute(select(DecisionRow.source, func.count()).group_by(DecisionRow.source))
-    return {source: n for source, n in rows}
+def decision_counts(*, session: Session, after_id: int = 0) -> tuple[dict[str, int], int]:
+    """Decisions per source with an id above ``after_id``, and the highest id counted
+    (``after_id`` when there is none): callers keep a running total and count only what
+    is new, so the cost follows the new rows, not the history."""
+    rows = session.execute(
+        select(DecisionRow.source, func.count(), func.max(DecisionRow.id))
+        .where(DecisionRow.id > after_id)
+        .group_by(DecisionRow.source)
+    ).all()
+    return {source: n for source, n, _ in rows}, max((top for *_, top in rows), default=after_id)
 
 
 def latest_decision_records(
@@ -745,7 +759,9 @@ def create_transition(
     reward: float,
     next_observation: dict[str, Any],
     action_logp: float | None = None,
+    at: datetime | None = None,
 ) -> int:
+    """``at``: when (default now)."""
     row = TransitionRow(
         policy_version=policy_version,
         observation=observation,
@@ -753,7 +769,7 @@ def create_transition(
         reward=reward,
         next_observation=next_observation,
         action_logp=action_logp,
-        created_at=utc_now(),
+        created_at=at or utc_now(),
     )
     session.add(row)
     session.flush()
@@ -768,8 +784,10 @@ def register_policy_version(
     checkpoint_path: str | None = None,
     activate: bool = False,
     metrics: dict[str, Any] | None = None,
+    at: datetime | None = None,
 ) -> None:
-    """Record a policy version (idempotent); ``activate`` makes it the only active one."""
+    """Record a policy version (idempotent); ``activate`` makes it the only active one.
+    ``at``: when it is first recorded (default now)."""
     row = session.get(PolicyVersionRow, version)
     if row is None:
         row = PolicyVersionRow(
@@ -778,7 +796,7 @@ def register_policy_version(
             checkpoint_path=checkpoint_path,
             active=False,
             metrics=metrics or {},
-            created_at=utc_now(),
+            created_at=at or utc_now(),
         )
         session.add(row)
     if activate:
@@ -933,11 +951,17 @@ def _override_record(row: OverrideRow) -> OverrideRecord:
 
 
 def create_override(
-    *, session: Session, job_id: str, pin: dict[str, Any], reason: str, expires_at: datetime
+    *,
+    session: Session,
+    job_id: str,
+    pin: dict[str, Any],
+    reason: str,
+    expires_at: datetime,
+    at: datetime | None = None,
 ) -> OverrideRecord:
     """Store an override; an active override of the same job is ended now (the newest
-    one wins)."""
-    now = utc_now()
+    one wins). ``at``: when (default now)."""
+    now = at or utc_now()
     for other in session.scalars(
         select(OverrideRow).where(
             OverrideRow.job_id == job_id,
@@ -957,13 +981,15 @@ def get_override(*, session: Session, override_id: int) -> OverrideRecord | None
     return None if row is None else _override_record(row)
 
 
-def delete_override(*, session: Session, override_id: int) -> OverrideRecord | None:
-    """End an override now (kept in the table: decisions refer to it)."""
+def delete_override(
+    *, session: Session, override_id: int, at: datetime | None = None
+) -> OverrideRecord | None:
+    """End an override now, or ``at`` (kept in the table: decisions refer to it)."""
     row = session.get(OverrideRow, override_id)
     if row is None:
         return None
     if row.deleted_at is None:
-        row.deleted_at = utc_now()
+        row.deleted_at = at or utc_now()
     return _override_record(row)
 
 

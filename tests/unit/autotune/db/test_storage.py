@@ -234,7 +234,9 @@ def test_overrides_cancellation_and_tokens_round_trip(any_database: Database) ->
         assert repo.latest_decision_records(session=session)["j"].override_id == (
             second.override_id
         )
-        assert repo.decision_counts(session=session) == {"policy": 1}
+        counts, top = repo.decision_counts(session=session)
+        assert counts == {"policy": 1}
+        assert repo.decision_counts(session=session, after_id=top) == ({}, top)
         assert repo.cancel_requests(session=session) == ["j"]
         job = repo.get_job(session=session, job_id="j")
         assert job is not None
