@@ -111,6 +111,7 @@ def daemon(
         log_level=log_level.upper() if log_level else None,
     )
     configure_logging(settings.log_level, settings.log_format)
+    retention = settings.retention()  # bad retention settings exit 2 before anything runs
     if policy not in ("rules", "ppo"):
         raise InputError(f"--policy {policy!r}: rules or ppo")
     cluster = build_backend(settings)
@@ -145,6 +146,8 @@ def daemon(
             pool_timeout_s=settings.api_pool_timeout_s,
         ),
         stop_timeout_s=settings.stop_timeout_s,
+        retention=retention,
+        retention_every_s=settings.retention_every_s,
         token_check=token_check,
         task_modules=settings.task_modules,
         trains=settings.backend != "sim",  # every backend but the simulator trains for real

@@ -36,6 +36,7 @@ from autotune.daemon.decide import DecisionRound, decide, placement_summary
 from autotune.daemon.log import event
 from autotune.db import Database
 from autotune.db import repository as repo
+from autotune.db.retention import RetentionPolicy, run_retention
 from autotune.interfaces import (
     Backend,
     ClusterSnapshot,
@@ -152,6 +153,9 @@ class Daemon:
         self._known: set[str] = set()
         self._honoured: dict[str, int | None] = {}
         self.tick_observers: list[Callable[[TickReport], None]] = []
+        """Called with the report of every tick that succeeded."""
+        self.after_tick: list[Callable[[], None]] = []
+        """Called after every tick, failed or not, once what it committed is visible."""
 
     @property
     def health(self) -> TickHealth:
@@ -279,6 +283,9 @@ class Daemon:
         except Exception as exc:
             self._failed(exc)
             raise
+        finally:  # even a failed tick may have committed part of its work
+            for hook in self.after_tick:
+                hook()
         self._succeeded(report)
         for observer in self.tick_observers:
             observer(report)
@@ -513,11 +520,13 @@ class Daemon:
 
 
 def _measured(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
-    """What the backend measured on each running job's last step, as ``job_<name>``."""
+    """What the backend measured on each running job's last step, as ``job_<name>``;
+    not a backend's own ``goodput``: the daemon's (``_goodputs``) is the one stored."""
     return [
         (f"job_{name}", float(value), job.spec.job_id)
         for job in snapshot.by_state("running")
         for name, value in sorted(job.metrics.items())
+        if name != "goodput"
     ]
 
 
@@ -531,6 +540,31 @@ def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
         efficiency = statistical_efficiency(job.spec.model, job.config, job.spec.global_batch)
         values.append(("job_goodput", job.samples_per_s * efficiency, job.spec.job_id))
     return values
+
+
+def retention_loop(
+    db: Database, policy: RetentionPolicy, every_s: float, stop: threading.Event
+) -> None:
+    """Apply ``policy`` now and every ``every_s`` seconds until ``stop``: short
+    transactions with pauses between them (``autotune.db.retention``), on ``db``'s own
+    connection, so ticks and reads never wait more than one of them."""
+    while not stop.is_set():
+        try:
+            report = run_retention(db, policy, utc_now(), pause_s=0.02, should_stop=stop.is_set)
+        except Exception as exc:  # logged and retried at the next pass
+            event("retention.failed", level=logging.WARNING, error=_error(exc))
+        else:
+            if report.rows_touched:
+                event(
+                    "retention",
+                    deleted=report.deleted,
+                    downsampled=report.metrics_downsampled,
+                    written=report.metrics_written,
+                    steps=report.steps,
+                    seconds=round(report.elapsed_s, 2),
+                    longest_step_s=round(report.max_step_s, 4),
+                )
+        stop.wait(every_s)
 
 
 class _Server(uvicorn.Server):
@@ -551,6 +585,8 @@ def serve(
     telemetry: str,
     api_db: Database | None = None,
     stop_timeout_s: float = 10.0,
+    retention: RetentionPolicy | None = None,
+    retention_every_s: float = 300.0,
     **app_options: Any,
 ) -> None:
     """Run the decision loop and the API until SIGINT or SIGTERM; ``app_options`` go to
@@ -558,6 +594,8 @@ def serve(
 
     ``api_db``: the API's own connections to the daemon's database (default: a second
     ``Database`` on the same URL), so readers never hold the connection a tick needs.
+    ``retention``: applied every ``retention_every_s`` seconds in a thread of its own, on
+    a third connection (``None``: history is kept forever).
 
     A signal stops everything within ``stop_timeout_s``: the API stops accepting and
     cuts requests still running after a third of it, the decision loop finishes its
@@ -605,8 +643,20 @@ def serve(
         target=daemon.run, args=(stop, tick_s), name="decision-loop", daemon=True
     )
 
+    housekeeping = None
+    if retention is not None:
+        retention_db = Database(daemon.db.url, pool_size=1)
+        housekeeping = threading.Thread(
+            target=retention_loop,
+            args=(retention_db, retention, retention_every_s, stop),
+            name="retention",
+            daemon=True,
+        )
+
     async def _main() -> None:
         loop.start()
+        if housekeeping is not None:
+            housekeeping.start()
         try:
             await server.serve()
         finally:
@@ -618,7 +668,9 @@ def serve(
     daemon.start()
     event("api.listen", url=f"http://{host}:{port}/api/v1")
     try:
-        asyncio.run(_main())
+        # uvicorn's choice of event loop: uvloop where installed.
+        with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+            runner.run(_main())
     finally:
         try:
             daemon.backend.close(timeout_s=left())
@@ -626,5 +678,7 @@ def serve(
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             api_db.dispose()
+            if housekeeping is not None:
+                retention_db.dispose()
             daemon.db.dispose()
             event("daemon.stop")

@@ -22,6 +22,7 @@ from pydantic_settings import (
 
 from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S
 from autotune.db.engine import sqlite_url
+from autotune.db.retention import RetentionPolicy
 from autotune.errors import InputError
 
 __all__ = ["Settings", "load_settings"]
@@ -91,6 +92,22 @@ class Settings(BaseSettings):
     """On SIGTERM or SIGINT the daemon exits within this many seconds: requests still
     running after a third of it are cut, the tick in progress finishes, running jobs
     are checkpointed (``ray``) with the rest. A second signal exits at once."""
+    retention_metrics_full_days: float = Field(default=1.0, ge=0)
+    """Metric samples are kept at full resolution this long, then averaged per
+    ``retention_metrics_downsample_s`` (0: never downsampled)."""
+    retention_metrics_downsample_s: float = Field(default=60.0, ge=1)
+    retention_metrics_days: float = Field(default=30.0, ge=0)
+    """Metric samples are deleted after this many days (0: kept forever)."""
+    retention_decisions_days: float = Field(default=90.0, ge=0)
+    """Decisions (and transitions, and ended overrides no decision refers to) are
+    deleted after this many days, never the newest decision of an active job (0: kept
+    forever)."""
+    retention_jobs_days: float = Field(default=90.0, ge=0)
+    """Finished, failed and cancelled jobs are deleted this many days after they ended,
+    once nothing refers to them (0: kept forever)."""
+    retention_every_s: float = Field(default=300.0, gt=0)
+    """Seconds between retention passes; each pass works in short transactions of a
+    few thousand rows, pausing between them, so ticks and reads never wait long."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
 
@@ -105,6 +122,22 @@ class Settings(BaseSettings):
     def tick_period_s(self) -> float:
         """Wall seconds between ticks."""
         return self.tick_s if self.backend == "sim" else self.round_period_s
+
+    def retention(self) -> RetentionPolicy:
+        """The retention settings as the policy ``autotune.db.retention`` applies (0 days:
+        kept forever)."""
+
+        def days(value: float) -> float | None:
+            return value or None
+
+        return RetentionPolicy(
+            metrics_full_days=days(self.retention_metrics_full_days),
+            metrics_downsample_s=self.retention_metrics_downsample_s,
+            metrics_days=days(self.retention_metrics_days),
+            decisions_days=days(self.retention_decisions_days),
+            transitions_days=days(self.retention_decisions_days),
+            jobs_days=days(self.retention_jobs_days),
+        )
 
     @property
     def database_url(self) -> str:

@@ -135,7 +135,8 @@ class DecisionRow(Base):
     reason: Mapped[str] = mapped_column(Text)
     config: Mapped[JsonDict]
     placement: Mapped[JsonDict | None]
-    override_id: Mapped[int | None] = mapped_column(ForeignKey("overrides.id"))
+    override_id: Mapped[int | None] = mapped_column(ForeignKey("overrides.id"), index=True)
+    """Indexed: retention checks that no decision refers to an override it deletes."""
     applied_at: Mapped[datetime | None]
     """Set once the backend has applied the decision; committed before that."""
     explanation: Mapped[JsonDict | None]

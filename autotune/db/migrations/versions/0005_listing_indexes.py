@@ -1,5 +1,5 @@
 """listing indexes: each filter of a listing together with its order, so a page is one
-index range whatever the history's length
+index range whatever the history's length; decisions by override, for retention
 
 Revision ID: 0005
 Revises: 0004
@@ -36,9 +36,11 @@ def upgrade() -> None:
         op.create_index(new, table, columns, unique=False)
         op.drop_index(old, table_name=table)
     op.create_index("ix_jobs_submitted_at_job_id", "jobs", ["submitted_at", "job_id"], unique=False)
+    op.create_index("ix_decisions_override_id", "decisions", ["override_id"], unique=False)
 
 
 def downgrade() -> None:
+    op.drop_index("ix_decisions_override_id", table_name="decisions")
     op.drop_index("ix_jobs_submitted_at_job_id", table_name="jobs")
     for table, old, column, new, _columns in reversed(_REPLACED):
         op.create_index(old, table, [column], unique=False)

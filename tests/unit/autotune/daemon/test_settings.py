@@ -1,10 +1,18 @@
 from __future__ import annotations
 
+import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from autotune.core import utc_now
+from autotune.daemon.loop import retention_loop
 from autotune.daemon.settings import load_settings
+from autotune.db import Database, sqlite_url
+from autotune.db import repository as repo
+from autotune.db.retention import RetentionPolicy
 from autotune.errors import InputError
 
 
@@ -54,3 +62,47 @@ def test_unknown_keys_and_missing_files_are_errors(tmp_path: Path) -> None:
     config.write_text("tick_s = [\n")
     with pytest.raises(InputError, match=r"autotune\.toml"):
         load_settings(config)
+
+
+def test_retention_settings_make_the_policy_and_bad_ones_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy = load_settings().retention()
+    assert (policy.metrics_full_days, policy.metrics_days, policy.decisions_days) == (1, 30, 90)
+    monkeypatch.setenv("AUTOTUNE_RETENTION_DECISIONS_DAYS", "0")
+    monkeypatch.setenv("AUTOTUNE_RETENTION_METRICS_FULL_DAYS", "0")
+    kept = load_settings().retention()
+    assert kept.decisions_days is None
+    assert kept.transitions_days is None
+    assert kept.metrics_full_days is None
+    monkeypatch.setenv("AUTOTUNE_RETENTION_METRICS_FULL_DAYS", "40")
+    with pytest.raises(InputError, match="metrics_full_days"):
+        load_settings().retention()
+
+
+def test_the_retention_loop_applies_the_policy_and_stops(tmp_path: Path) -> None:
+    database = Database(sqlite_url(tmp_path / "r.db"))
+    database.upgrade()
+    old = utc_now() - timedelta(days=40)
+    with database.session() as session:
+        repo.record_metrics(session=session, values=[("gpu_utilization", 0.5, None)], at=old)
+        repo.record_metrics(session=session, values=[("gpu_utilization", 0.7, None)])
+    stop = threading.Event()
+    runner = threading.Thread(
+        target=retention_loop, args=(database, RetentionPolicy(), 3600.0, stop)
+    )
+    runner.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with database.session() as session:
+            values = [
+                s.value for s in repo.list_metrics(session=session, names=["gpu_utilization"])
+            ]
+        if values == [0.7]:
+            break
+        time.sleep(0.05)
+    stop.set()
+    runner.join(timeout=10)
+    assert not runner.is_alive()
+    assert values == [0.7]
+    database.dispose()

@@ -1,0 +1,686 @@
+"""Retention: bounded storage for a daemon that runs for months.
+
+The daemon writes a few metric rows per job and per tick (every 1-2 s), decisions with
+large JSON explanations, transitions and jobs. A ``RetentionPolicy`` says how long each
+is kept; ``retention_step`` does one bounded piece of that work in one short
+transaction, and ``run_retention`` repeats it until a step finds nothing to do.
+
+A step touches at most ``batch_rows`` rows, all tables together (a decision, about a
+page of explanation, counts as ``_DECISION_ROWS``). Rows are chosen by an indexed
+``ORDER BY ... LIMIT`` and deleted by ``DELETE ... WHERE key IN (...)``. The step's reads
+come before its first write, and on SQLite (WAL) only writes take the writer lock: the
+lock is held for the writes and the commit, milliseconds, so the daemon's tick and the
+API's readers never wait long behind retention. The work of a step, in order:
+
+1. metrics downsampled: full-resolution samples older than ``metrics_full_days`` are
+   folded into one row per (name, job_id, labels) and ``metrics_downsample_s`` bucket:
+   ``value`` the mean, ``recorded_at`` the bucket's start (buckets are aligned to the
+   epoch), ``labels`` the samples' labels plus ``downsampled_s`` (the bucket, seconds)
+   and ``downsampled_n`` (how many samples it averages). The bucket's row is one of its
+   samples' rows, rewritten (no insert), the others deleted. A bucket larger than a step
+   is folded over several: each merges its samples into the bucket's row, weighted by
+   ``downsampled_n``, so the mean stays exact. Rows carrying ``downsampled_s`` are never
+   folded again. The averaging is done here in Python over a bounded slice of rows, the
+   same on SQLite and PostgreSQL;
+2. metrics older than ``metrics_days`` deleted, downsampled or not;
+3. transitions older than ``transitions_days`` deleted;
+4. decisions older than ``decisions_days`` deleted, except the newest decision of every
+   pending or running job;
+5. overrides that ended (``deleted_at`` or ``expires_at``) before ``decisions_days`` ago
+   and that no decision refers to (an active override never; ``decisions.override_id``
+   is indexed for this check and for the foreign key's);
+6. jobs in a final state that finished before ``jobs_days`` ago deleted, once no decision
+   and no override refers to them.
+
+Where the next sample to fold is, is found without a marker column or a stored cursor:
+samples are folded oldest first, so every downsampled row of the window is at most as
+old as every sample left to fold, and a binary search over ``recorded_at`` (about 20
+one-row index probes) finds the boundary. A sample written later with an old
+``recorded_at`` (the daemon never does: it stamps samples now) breaks that order; such a
+sample may then stay at full resolution until ``metrics_days`` deletes it.
+
+Run one retention at a time per database (two at once could fold a sample twice).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar, cast
+
+from sqlalchemy import (
+    JSON,
+    Table,
+    Text,
+    TypeDecorator,
+    bindparam,
+    delete,
+    func,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import InstrumentedAttribute, Session
+
+from autotune.core import ACTIVE_STATES, JOB_STATES
+from autotune.db.engine import Database
+from autotune.db.tables import DecisionRow, JobRow, MetricRow, OverrideRow, TransitionRow
+from autotune.errors import InputError
+
+__all__ = [
+    "DOWNSAMPLED_N",
+    "DOWNSAMPLED_S",
+    "FINAL_STATES",
+    "RetentionPolicy",
+    "RetentionReport",
+    "retention_step",
+    "run_retention",
+]
+
+FINAL_STATES: tuple[str, ...] = tuple(s for s in JOB_STATES if s not in ACTIVE_STATES)
+DOWNSAMPLED_S = "downsampled_s"
+"""Label of a downsampled metric row: the bucket, in seconds."""
+DOWNSAMPLED_N = "downsampled_n"
+"""Label of a downsampled metric row: how many samples its value averages."""
+
+MAX_DAYS = 36_500.0
+"""The longest finite retention (100 years); ``None`` keeps forever."""
+_IN_CHUNK = 500
+"""Ids per ``IN (...)`` list: well under every backend's limit on bound parameters."""
+_DECISION_ROWS = 4
+"""A decision counts as this many rows of a step's budget: its explanation makes it
+about a page (metric rows are tens of bytes), and deleting it rewrites that page."""
+_MAX_MARKERS_SKIPPED = 20_000
+"""Downsampled rows one step reads past looking for samples to fold, at most."""
+_MAX_PROBES = 64
+
+_K = TypeVar("_K")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetentionPolicy:
+    """How long each kind of row is kept; ``None`` keeps it forever."""
+
+    metrics_full_days: float | None = 1.0
+    """Metric samples are kept at full resolution this long, then downsampled
+    (``None``: never downsampled)."""
+    metrics_downsample_s: float = 60.0
+    """Older samples are averaged into one row per (name, job_id, labels) per bucket of
+    this many seconds."""
+    metrics_days: float | None = 30.0
+    """Metric rows, downsampled or not, are deleted after this long."""
+    decisions_days: float | None = 90.0
+    """Decisions are deleted after this long (the newest of an active job never is);
+    ended overrides too, once no decision refers to them."""
+    transitions_days: float | None = 90.0
+    jobs_days: float | None = 90.0
+    """Jobs that finished, failed or were cancelled this long ago are deleted, once no
+    decision or override refers to them."""
+    batch_rows: int = 2000
+    """Rows one step deletes or folds at most, all tables together."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "metrics_full_days",
+            "metrics_days",
+            "decisions_days",
+            "transitions_days",
+            "jobs_days",
+        ):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not _is_number(value) or not math.isfinite(value) or value <= 0:
+                raise InputError(
+                    f"retention {name}={value!r}: must be a positive number of days "
+                    "(None keeps forever)"
+                )
+            if value > MAX_DAYS:
+                raise InputError(
+                    f"retention {name}={value!r}: at most {MAX_DAYS:g} days (None keeps forever)"
+                )
+        s = self.metrics_downsample_s
+        if not _is_number(s) or not math.isfinite(s) or s < 1:
+            raise InputError(
+                f"retention metrics_downsample_s={s!r}: must be a number of seconds, at least 1"
+            )
+        if (
+            self.metrics_full_days is not None
+            and self.metrics_days is not None
+            and self.metrics_full_days >= self.metrics_days
+        ):
+            raise InputError(
+                f"retention metrics_full_days={self.metrics_full_days!r} must be less than "
+                f"metrics_days={self.metrics_days!r} (samples are downsampled before they "
+                "are deleted)"
+            )
+        b = self.batch_rows
+        if not isinstance(b, int) or isinstance(b, bool) or b < 1:
+            raise InputError(f"retention batch_rows={b!r}: must be a positive whole number")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetentionReport:
+    """What one step, or a whole run, did."""
+
+    metrics_downsampled: int = 0
+    """Full-resolution metric samples folded into downsampled rows (each one deleted, or
+    rewritten as its bucket's downsampled row)."""
+    metrics_written: int = 0
+    """Downsampled rows written (a sample's row rewritten, or a bucket's row updated with
+    more samples): the metrics table shrank by ``metrics_downsampled - metrics_written``."""
+    metrics_deleted: int = 0
+    """Metric rows older than ``metrics_days`` deleted."""
+    transitions_deleted: int = 0
+    decisions_deleted: int = 0
+    overrides_deleted: int = 0
+    jobs_deleted: int = 0
+    steps: int = 0
+    done: bool = False
+    """The (last) step found nothing to do for this ``now``."""
+    elapsed_s: float = 0.0
+    max_step_s: float = 0.0
+    """The longest step (its whole transaction, reads included)."""
+
+    @property
+    def deleted(self) -> dict[str, int]:
+        """Rows deleted per table: past their age, or folded into a downsampled row."""
+        return {
+            "metrics": self.metrics_deleted + self.metrics_downsampled - self.metrics_written,
+            "transitions": self.transitions_deleted,
+            "decisions": self.decisions_deleted,
+            "overrides": self.overrides_deleted,
+            "jobs": self.jobs_deleted,
+        }
+
+    @property
+    def rows_touched(self) -> int:
+        """Rows deleted or folded: a step touches at most ``batch_rows``."""
+        return (
+            self.metrics_downsampled
+            + self.metrics_deleted
+            + self.transitions_deleted
+            + self.decisions_deleted
+            + self.overrides_deleted
+            + self.jobs_deleted
+        )
+
+    def __add__(self, other: RetentionReport) -> RetentionReport:
+        """The two reports of consecutive work: counts summed, ``done`` the later's."""
+        summed: dict[str, Any] = {
+            f.name: getattr(self, f.name) + getattr(other, f.name)
+            for f in fields(self)
+            if f.name not in ("done", "max_step_s")
+        }
+        return RetentionReport(
+            **summed, done=other.done, max_step_s=max(self.max_step_s, other.max_step_s)
+        )
+
+
+def retention_step(db: Database, policy: RetentionPolicy, now: datetime) -> RetentionReport:
+    """One bounded piece of the retention work for ``now``, in one transaction: at most
+    ``policy.batch_rows`` rows deleted or folded. ``done`` when the step found nothing
+    left to do (so a run ends with one step that does nothing: work one phase does can
+    make more for another, an override deletable once its decisions are gone)."""
+    if now.tzinfo is None:
+        raise ValueError(f"naive datetime {now!r}: retention needs a UTC-aware now")
+    started = time.perf_counter()
+    counts: dict[str, int] = {}
+    budget = policy.batch_rows
+    with db.session() as session:
+        for phase in _PHASES:
+            if budget <= 0:
+                break
+            result = phase(session, policy, now, budget)
+            for key, n in result.counts.items():
+                counts[key] = counts.get(key, 0) + n
+            budget -= result.touched
+    elapsed = time.perf_counter() - started
+    done = budget == policy.batch_rows
+    return RetentionReport(**counts, steps=1, done=done, elapsed_s=elapsed, max_step_s=elapsed)
+
+
+def run_retention(
+    db: Database,
+    policy: RetentionPolicy,
+    now: datetime,
+    *,
+    pause_s: float = 0.0,
+    should_stop: Callable[[], bool] | None = None,
+) -> RetentionReport:
+    """``retention_step`` until it is done (``pause_s`` seconds between steps, so other
+    writers get the database), or until ``should_stop()`` says so (checked before each
+    step; then ``done`` is false). Returns the steps' reports summed."""
+    total = RetentionReport()
+    while True:
+        if should_stop is not None and should_stop():
+            return total
+        total = total + retention_step(db, policy, now)
+        if total.done:
+            return total
+        if pause_s > 0:
+            time.sleep(pause_s)
+
+
+# --- phases ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Phase:
+    touched: int
+    """The step's budget used: rows deleted or folded (a decision counts as
+    ``_DECISION_ROWS``)."""
+    counts: dict[str, int]
+
+
+def _chunks(items: Sequence[_K], size: int = _IN_CHUNK) -> Iterator[Sequence[_K]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _delete_by_key(
+    session: Session, column: InstrumentedAttribute[Any], keys: Sequence[Any]
+) -> None:
+    for chunk in _chunks(keys):
+        session.execute(
+            delete(column.class_).where(column.in_(chunk)),
+            execution_options={"synchronize_session": False},
+        )
+
+
+def _ago(now: datetime, days: float) -> datetime:
+    return now - timedelta(days=days)
+
+
+def _delete_oldest(
+    session: Session,
+    key: InstrumentedAttribute[Any],
+    stamp: InstrumentedAttribute[datetime],
+    cutoff: datetime,
+    budget: int,
+) -> int:
+    """Delete up to ``budget`` rows stamped before ``cutoff``, oldest first (one index
+    range); returns how many."""
+    ids = list(session.scalars(select(key).where(stamp < cutoff).order_by(stamp).limit(budget)))
+    _delete_by_key(session, key, ids)
+    return len(ids)
+
+
+def _old_metrics(session: Session, policy: RetentionPolicy, now: datetime, budget: int) -> _Phase:
+    if policy.metrics_days is None:
+        return _Phase(0, {})
+    cutoff = _ago(now, policy.metrics_days)
+    n = _delete_oldest(session, MetricRow.id, MetricRow.recorded_at, cutoff, budget)
+    return _Phase(n, {"metrics_deleted": n})
+
+
+def _old_transitions(
+    session: Session, policy: RetentionPolicy, now: datetime, budget: int
+) -> _Phase:
+    if policy.transitions_days is None:
+        return _Phase(0, {})
+    cutoff = _ago(now, policy.transitions_days)
+    n = _delete_oldest(session, TransitionRow.id, TransitionRow.created_at, cutoff, budget)
+    return _Phase(n, {"transitions_deleted": n})
+
+
+def _old_decisions(session: Session, policy: RetentionPolicy, now: datetime, budget: int) -> _Phase:
+    if policy.decisions_days is None:
+        return _Phase(0, {})
+    cutoff = _ago(now, policy.decisions_days)
+    # The newest decision of each active job: one index probe per job.
+    newest = (
+        select(func.max(DecisionRow.id))
+        .where(DecisionRow.job_id == JobRow.job_id)
+        .scalar_subquery()
+    )
+    keep = {
+        i
+        for i in session.scalars(select(newest).where(JobRow.state.in_(ACTIVE_STATES)))
+        if i is not None
+    }
+    wanted = max(1, budget // _DECISION_ROWS)
+    limit = wanted + len(keep)
+    old = list(
+        session.scalars(
+            select(DecisionRow.id)
+            .where(DecisionRow.decided_at < cutoff)
+            .order_by(DecisionRow.decided_at, DecisionRow.id)
+            .limit(limit)
+        )
+    )
+    deletable = [i for i in old if i not in keep]
+    ids = deletable[:wanted]
+    _delete_by_key(session, DecisionRow.id, ids)
+    return _Phase(len(ids) * _DECISION_ROWS, {"decisions_deleted": len(ids)})
+
+
+def _ended_overrides(
+    session: Session, policy: RetentionPolicy, now: datetime, budget: int
+) -> _Phase:
+    if policy.decisions_days is None:
+        return _Phase(0, {})
+    cutoff = _ago(now, policy.decisions_days)
+    # A decision refers to an override of its own job: the check by job uses the
+    # decisions' (job_id, id) index; the exact check below reads only the candidates.
+    referenced_by_job = (
+        select(DecisionRow.id)
+        .where(DecisionRow.job_id == OverrideRow.job_id, DecisionRow.override_id == OverrideRow.id)
+        .exists()
+    )
+    candidates = list(
+        session.scalars(
+            select(OverrideRow.id)
+            .where(
+                or_(OverrideRow.deleted_at < cutoff, OverrideRow.expires_at < cutoff),
+                ~referenced_by_job,
+            )
+            .order_by(OverrideRow.id)
+            .limit(budget)
+        )
+    )
+    if not candidates:
+        return _Phase(0, {})
+    referenced = set(
+        session.scalars(
+            select(DecisionRow.override_id)
+            .where(DecisionRow.override_id.in_(candidates))
+            .distinct()
+        )
+    )
+    ids = [i for i in candidates if i not in referenced]
+    _delete_by_key(session, OverrideRow.id, ids)
+    return _Phase(len(ids), {"overrides_deleted": len(ids)})
+
+
+def _final_jobs(session: Session, policy: RetentionPolicy, now: datetime, budget: int) -> _Phase:
+    if policy.jobs_days is None:
+        return _Phase(0, {})
+    cutoff = _ago(now, policy.jobs_days)
+    has_decision = select(DecisionRow.id).where(DecisionRow.job_id == JobRow.job_id).exists()
+    has_override = select(OverrideRow.id).where(OverrideRow.job_id == JobRow.job_id).exists()
+    ids = list(
+        session.scalars(
+            select(JobRow.job_id)
+            .where(
+                JobRow.state.in_(FINAL_STATES),
+                # Submitted before it finished: bounds the (state, submitted_at) index range.
+                JobRow.submitted_at < cutoff,
+                func.coalesce(JobRow.finished_at, JobRow.updated_at) < cutoff,
+                ~has_decision,
+                ~has_override,
+            )
+            .order_by(JobRow.submitted_at, JobRow.job_id)
+            .limit(budget)
+        )
+    )
+    _delete_by_key(session, JobRow.job_id, ids)
+    return _Phase(len(ids), {"jobs_deleted": len(ids)})
+
+
+# --- downsampling ---------------------------------------------------------------------
+
+_metrics = cast(Table, MetricRow.__table__)
+_labels_text = sql_cast(_metrics.c.labels, Text)
+"""The labels as stored: parsed here once per distinct text (there are few), not once per
+row, and the same on both backends (psycopg would otherwise parse every row's JSON)."""
+_SAMPLE_COLUMNS = (
+    _metrics.c.id,
+    _metrics.c.name,
+    _metrics.c.value,
+    _metrics.c.job_id,
+    _labels_text,
+    _metrics.c.recorded_at,
+)
+
+
+class _JsonText(TypeDecorator[str]):
+    """JSON handed over already serialized (``CAST(... AS JSON)`` on PostgreSQL, the text
+    itself on SQLite): a step's downsampled rows share a few label texts, serialized once
+    each rather than once a row."""
+
+    impl = JSON
+    cache_ok = True
+
+    def bind_processor(self, dialect: Dialect) -> None:
+        return None
+
+
+_FOLD = (
+    update(_metrics)
+    .where(_metrics.c.id == bindparam("pk"))
+    .values(
+        value=bindparam("v"),
+        labels=bindparam("l", type_=_JsonText()),
+        recorded_at=bindparam("at"),
+    )
+)
+"""Write a bucket's downsampled row over one of its samples' rows (or over the bucket's
+row of an earlier step): an update by primary key, no insert."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Labels:
+    labels: dict[str, Any]
+    """Without the downsampling keys."""
+    key: str
+    """``labels`` as canonical JSON: the series' labels, whatever their stored order."""
+    bucket_s: float | None
+    """``downsampled_s`` of a downsampled row; ``None`` for a full-resolution sample."""
+    count: int | None
+    """``downsampled_n`` of a downsampled row."""
+
+    @property
+    def marked(self) -> bool:
+        return self.bucket_s is not None
+
+
+class _LabelCache:
+    def __init__(self) -> None:
+        self._parsed: dict[str | None, _Labels] = {}
+
+    def parse(self, raw: str | None) -> _Labels:
+        found = self._parsed.get(raw)
+        if found is None:
+            found = self._parsed[raw] = _parse_labels(raw)
+        return found
+
+
+def _parse_labels(raw: str | None) -> _Labels:
+    try:
+        value = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        value = {}
+    labels: dict[str, Any] = value if isinstance(value, dict) else {}
+    if DOWNSAMPLED_S not in labels:
+        return _Labels(labels, _labels_key(labels), None, None)
+    base = {k: v for k, v in labels.items() if k not in (DOWNSAMPLED_S, DOWNSAMPLED_N)}
+    bucket, n = labels[DOWNSAMPLED_S], labels.get(DOWNSAMPLED_N)
+    # A row marked downsampled is never folded again, even one this module did not write
+    # (then it is not merged with either: ``bucket_s`` nan, ``count`` None).
+    bucket_s = float(bucket) if _is_number(bucket) else math.nan
+    count = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+    return _Labels(base, _labels_key(base), bucket_s, count)
+
+
+def _labels_key(labels: dict[str, Any]) -> str:
+    return json.dumps(labels, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _bucket_floor(at: datetime, s: float) -> datetime:
+    return datetime.fromtimestamp(math.floor(at.timestamp() / s) * s, UTC)
+
+
+def _bucket_ceil(at: datetime, s: float) -> datetime:
+    return datetime.fromtimestamp(math.ceil(at.timestamp() / s) * s, UTC)
+
+
+def _probe(
+    session: Session, at: datetime, end: datetime, cache: _LabelCache
+) -> tuple[datetime, bool] | None:
+    """The time of the oldest row in ``[at, end)``, and whether (a row of that time) is a
+    downsampled row: one index probe."""
+    row = session.execute(
+        select(_metrics.c.recorded_at, _labels_text)
+        .where(_metrics.c.recorded_at >= at, _metrics.c.recorded_at < end)
+        .order_by(_metrics.c.recorded_at)
+        .limit(1)
+    ).first()
+    return None if row is None else (row[0], cache.parse(row[1]).marked)
+
+
+def _fold_start(
+    session: Session, start: datetime, end: datetime, s: float, cache: _LabelCache
+) -> datetime | None:
+    """A time no later than the oldest sample still to fold in ``[start, end)``, with at
+    most one bucket's downsampled rows between the two; ``None`` if the window is empty.
+
+    Binary search (samples are folded oldest first, so every downsampled row is at most
+    as old as every sample left): a downsampled row at ``t`` means no sample is left
+    before ``t``; a sample, or nothing, as the first row at or after ``t`` means the scan
+    from ``t`` meets no downsampled row before the oldest sample left."""
+    first = _probe(session, start, end, cache)
+    if first is None:
+        return None
+    lo, marked = first
+    if not marked:
+        return lo
+    hi = end
+    tolerance = timedelta(seconds=s / 2)
+    for _ in range(_MAX_PROBES):
+        if hi - lo <= tolerance:
+            break
+        mid = lo + (hi - lo) / 2
+        found = _probe(session, mid, end, cache)
+        if found is not None and found[1]:
+            lo = min(found[0], hi)
+        else:
+            hi = mid
+    return lo
+
+
+def _downsample(session: Session, policy: RetentionPolicy, now: datetime, budget: int) -> _Phase:
+    if policy.metrics_full_days is None:
+        return _Phase(0, {})
+    s = float(policy.metrics_downsample_s)
+    end = _bucket_floor(_ago(now, policy.metrics_full_days), s)  # whole buckets only
+    if policy.metrics_days is not None:
+        # Buckets wholly inside the kept window: the rows before it are deleted instead.
+        start = _bucket_ceil(_ago(now, policy.metrics_days), s)
+    else:
+        oldest = session.scalar(select(func.min(_metrics.c.recorded_at)))
+        if oldest is None:
+            return _Phase(0, {})
+        start = _bucket_floor(oldest, s)
+    if start >= end:
+        return _Phase(0, {})
+    cache = _LabelCache()
+    at = _fold_start(session, start, end, s, cache)
+    if at is None:
+        return _Phase(0, {})
+
+    # The oldest samples left to fold, in (recorded_at, id) order, reading past the few
+    # downsampled rows the search leaves before them.
+    samples: list[tuple[int, str, float, str | None, _Labels, datetime]] = []
+    skipped = 0
+    after: tuple[datetime, int] | None = None
+    while len(samples) < budget and skipped < _MAX_MARKERS_SKIPPED:
+        page = max(budget - len(samples), 256)
+        query = select(*_SAMPLE_COLUMNS).where(
+            _metrics.c.recorded_at >= at, _metrics.c.recorded_at < end
+        )
+        if after is not None:
+            query = query.where(
+                _metrics.c.recorded_at >= after[0],
+                or_(_metrics.c.recorded_at > after[0], _metrics.c.id > after[1]),
+            )
+        rows = session.execute(
+            query.order_by(_metrics.c.recorded_at, _metrics.c.id).limit(page)
+        ).all()
+        for row_id, name, value, job_id, raw, recorded_at in rows:
+            labels = cache.parse(raw)
+            if labels.marked:
+                skipped += 1
+            elif len(samples) < budget:
+                samples.append((row_id, name, value, job_id, labels, recorded_at))
+        if len(rows) < page:
+            break
+        after = (rows[-1][5], rows[-1][0])
+    if not samples:
+        return _Phase(0, {})
+
+    # One group per bucket and series: its samples' (id, value).
+    groups: dict[tuple[datetime, str, str | None, str], tuple[_Labels, list[tuple[int, float]]]]
+    groups = {}
+    bucket_of: dict[datetime, datetime] = {}  # a tick's samples share their time
+    for row_id, name, value, job_id, labels, recorded_at in samples:
+        bucket = bucket_of.get(recorded_at)
+        if bucket is None:
+            bucket = bucket_of[recorded_at] = _bucket_floor(recorded_at, s)
+        key = (bucket, name, job_id, labels.key)
+        groups.setdefault(key, (labels, []))[1].append((row_id, value))
+
+    # Rows already downsampled into these buckets (a bucket folded over several steps).
+    existing: dict[tuple[datetime, str, str | None, str], tuple[int, float, int]] = {}
+    buckets = sorted({key[0] for key in groups})
+    for chunk in _chunks(buckets):
+        rows = session.execute(
+            select(*_SAMPLE_COLUMNS).where(_metrics.c.recorded_at.in_(chunk))
+        ).all()
+        for row_id, name, value, job_id, raw, recorded_at in rows:
+            labels = cache.parse(raw)
+            if labels.bucket_s == s and labels.count is not None:
+                key = (recorded_at, name, job_id, labels.key)
+                existing.setdefault(key, (row_id, value, labels.count))
+
+    bucket_label: float | int = int(s) if s.is_integer() else s
+    texts: dict[tuple[str, int], str] = {}
+    deletes: list[int] = []
+    writes: list[dict[str, Any]] = []
+    for key, (labels, group) in groups.items():
+        total, n = math.fsum(v for _, v in group), len(group)
+        merged = existing.get(key)
+        if merged is not None:
+            row_id, mean, count = merged
+            total, n = total + mean * count, n + count
+            deletes.extend(i for i, _ in group)
+        else:
+            row_id = group[0][0]
+            deletes.extend(i for i, _ in group[1:])
+        text = texts.get((labels.key, n))
+        if text is None:
+            marked = {**labels.labels, DOWNSAMPLED_S: bucket_label, DOWNSAMPLED_N: n}
+            text = texts[(labels.key, n)] = json.dumps(marked)
+        writes.append({"pk": row_id, "v": total / n, "l": text, "at": key[0]})
+    # The update first: SQLAlchemy prepares its parameters (the costly part in Python)
+    # before the statement runs, so before the step's first write takes SQLite's lock.
+    session.execute(_FOLD, writes)
+    for ids in _chunks(deletes):
+        session.execute(delete(_metrics).where(_metrics.c.id.in_(ids)))
+    return _Phase(
+        len(samples),
+        {"metrics_downsampled": len(samples), "metrics_written": len(writes)},
+    )
+
+
+_PHASES: tuple[Callable[[Session, RetentionPolicy, datetime, int], _Phase], ...] = (
+    # Downsampling first: its reads, the largest, come before any write of the step.
+    _downsample,
+    _old_metrics,
+    _old_transitions,
+    # Then what refers to what, so one step can clear a chain: decisions, the overrides
+    # they referred to, the jobs both referred to (foreign keys).
+    _old_decisions,
+    _ended_overrides,
+    _final_jobs,
+)
