@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from autotune import __version__
+from autotune.api.cache import CachedReads, TickCache
 from autotune.api.metrics import ServiceMetrics
 from autotune.api.middleware import BodyLimitAndTiming
 from autotune.api.routes import (
@@ -109,6 +110,9 @@ def create_app(
     app.add_exception_handler(PoolTimeout, _database_unavailable)
     app.add_exception_handler(OperationalError, _database_unavailable)
     app.add_exception_handler(InterfaceError, _database_unavailable)
+    app.state.tick_cache = None  # set by attach_daemon
+    app.add_middleware(CachedReads)
+    # Added last, so outermost: cached answers are timed too.
     app.add_middleware(BodyLimitAndTiming, max_body_bytes=max_body_bytes, metrics=metrics)
     v1 = APIRouter(prefix=API_PREFIX)
     for module in (health, cluster, jobs, decisions, overrides, policies, forecast):
@@ -130,8 +134,12 @@ def create_app(
 def attach_daemon(app: FastAPI, daemon: Daemon) -> None:
     """Let the app report ``daemon``'s decision loop, which runs in the same process:
     tick durations, failed ticks and the fallback in ``/metrics``, and its health in
-    ``/readyz``."""
+    ``/readyz``; and keep the busiest reads from one tick to the next
+    (``autotune.api.cache``)."""
     app.state.tick_health = lambda: daemon.health
     metrics: ServiceMetrics = app.state.metrics
     metrics.tick_health = app.state.tick_health
     daemon.tick_observers.append(metrics.observe_tick)
+    # What the busiest reads return changes once per tick: keep it until the next one.
+    cache = app.state.tick_cache = TickCache()
+    daemon.after_tick.append(cache.clear)

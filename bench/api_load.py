@@ -112,9 +112,15 @@ class Targets:
         raise ValueError(kind)
 
 
+IDLE_S = 4.0
+"""Keep-alive connections idle this long are not reused (uvicorn closes them at 5 s), as
+an HTTP client's pool does."""
+
+
 class Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        self.used_at = time.perf_counter()
 
     async def get(self, path: str) -> tuple[int, bytes]:
         self.writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
@@ -146,8 +152,11 @@ class Load:
         self.after_signal: dict[str, int] = defaultdict(int)
 
     async def _connection(self) -> Connection:
-        if self.idle:
-            return self.idle.pop()
+        while self.idle:
+            connection = self.idle.pop()
+            if time.perf_counter() - connection.used_at < IDLE_S:
+                return connection
+            connection.writer.close()
         reader, writer = await asyncio.open_connection("127.0.0.1", self.port)
         self.opened += 1
         return Connection(reader, writer)
@@ -163,6 +172,7 @@ class Load:
             else:
                 self.status[kind][type(exc).__name__] += 1
             return
+        connection.used_at = time.perf_counter()
         self.idle.append(connection)
         if self.signalled_at is not None and due >= self.signalled_at:
             self.after_signal[str(status)] += 1

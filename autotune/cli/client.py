@@ -40,6 +40,10 @@ TokenOption = Annotated[
     str | None,
     typer.Option("--token", help="API token (default: $AUTOTUNE_TOKEN).", show_default=False),
 ]
+CursorOption = Annotated[
+    str | None,
+    typer.Option("--cursor", help="Show the page after the one that printed this cursor."),
+]
 
 _out = Console()
 
@@ -160,12 +164,24 @@ def job_submit(
 def job_list(
     state: Annotated[str | None, typer.Option(help="pending, running, finished, ...")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    cursor: CursorOption = None,
     url: UrlOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Jobs, newest first."""
-    page = call("GET", "/jobs", url=url, query={"state": state, "limit": limit})
-    _emit(page, as_json, _jobs_table(page["data"], f"{page['count']} job(s)"))
+    """Jobs, newest first; the next page with --cursor (printed under the table)."""
+    page = call("GET", "/jobs", url=url, query={"state": state, "limit": limit, "cursor": cursor})
+    table = _jobs_table(page["data"], f"{_counted(page)} job(s)")
+    table.caption = _next_page(page)
+    _emit(page, as_json, table)
+
+
+def _counted(page: dict[str, Any]) -> str:
+    """A listing's count: "more than N" when the API stopped counting."""
+    return f"{page['count']:,}" if page.get("count_exact", True) else f"more than {page['count']:,}"
+
+
+def _next_page(page: dict[str, Any]) -> str | None:
+    return f"next page: --cursor {page['next']}" if page.get("next") else None
 
 
 @job_app.command("show")
@@ -209,6 +225,7 @@ def decisions_command(
         str | None, typer.Option(help="policy, override, fallback or static.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
+    cursor: CursorOption = None,
     explain: Annotated[
         int | None, typer.Option("--explain", help="Explain this decision instead.")
     ] = None,
@@ -223,8 +240,9 @@ def decisions_command(
             return
         _print_explanation(explained)
         return
-    page = call("GET", "/decisions", url=url, query={"job": job, "source": source, "limit": limit})
-    table = Table(title=f"{page['count']} decision(s)")
+    query = {"job": job, "source": source, "limit": limit, "cursor": cursor}
+    page = call("GET", "/decisions", url=url, query=query)
+    table = Table(title=f"{_counted(page)} decision(s)", caption=_next_page(page))
     for column in ("id", "job", "source", "config", "placement", "reason"):
         table.add_column(column, overflow="fold")
     for decision in page["data"]:

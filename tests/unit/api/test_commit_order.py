@@ -16,24 +16,33 @@ import uvicorn
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from autotune.api.app import create_app
+from autotune.api.app import attach_daemon, create_app
 from autotune.daemon.auth import TokenCheck, hash_token
+from autotune.daemon.loop import Daemon
 from autotune.db import Database
+from autotune.envs.simulator import SimConfig, SimulatedCluster
+from autotune.policies.rules import RulesPolicy
 
 TOKEN = "commit-order-token"
 
 
-@pytest.fixture
-def slow_commit_api(database: Database) -> Iterator[str]:
-    """The API on a live server whose database commits take 0.5 s each."""
+@pytest.fixture(params=["api", "with-daemon"])
+def slow_commit_api(database: Database, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The API on a live server whose database commits take 0.5 s each; alone, or with a
+    decision loop attached (its reads are then kept from one tick to the next)."""
 
     def slow(session: Session) -> None:
         time.sleep(0.5)
 
-    event.listen(Session, "before_commit", slow)
     app = create_app(
         db=database, telemetry="simulator", token_check=TokenCheck([hash_token(TOKEN)])
     )
+    if request.param == "with-daemon":
+        cluster = SimulatedCluster(SimConfig(seed=0, initial_jobs=0, max_jobs=0))
+        daemon = Daemon(db=database, backend=cluster, policy=RulesPolicy())
+        daemon.start()
+        attach_daemon(app, daemon)
+    event.listen(Session, "before_commit", slow)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -65,6 +74,7 @@ def call(method: str, url: str, body: object | None = None) -> tuple[int, Any]:
 
 
 def test_a_submitted_job_is_there_on_the_next_request(slow_commit_api: str) -> None:
+    assert call("GET", f"{slow_commit_api}/jobs")[1]["count"] == 0  # kept, with a daemon
     status, job = call(
         "POST", f"{slow_commit_api}/jobs", {"task": "gpt-char", "job_id": "mine", "steps": 10}
     )
@@ -72,3 +82,5 @@ def test_a_submitted_job_is_there_on_the_next_request(slow_commit_api: str) -> N
     status, shown = call("GET", f"{slow_commit_api}/jobs/mine")
     assert status == 200, shown
     assert shown["state"] == "pending"
+    status, listed = call("GET", f"{slow_commit_api}/jobs")
+    assert [j["job_id"] for j in listed["data"]] == ["mine"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from autotune.api.app import create_app
+from autotune.api.app import attach_daemon, create_app
 from autotune.core import Decision, JobConfig, JobSpec, utc_now
 from autotune.daemon.loop import Daemon
 from autotune.db import Database, sqlite_url
@@ -85,6 +85,7 @@ def test_a_jobs_metric_samples_page_newest_first(ticked: tuple[Daemon, TestClien
     assert {s["name"] for s in samples} == {"job_goodput"}
     times = [s["recorded_at"] for s in samples]
     assert times == sorted(times, reverse=True)
+    assert len(set(times)) == len(times)  # one goodput per tick: the daemon's, not also the sim's
     assert client.get("/api/v1/jobs/nope/metrics").status_code == 404
 
 
@@ -167,3 +168,27 @@ def test_no_free_connection_in_time_is_503_with_retry_after(tmp_path: Path) -> N
         release.set()
         holder.join()
         api_db.dispose()
+
+
+def test_busy_reads_are_kept_until_the_next_tick(database: Database) -> None:
+    daemon = Daemon(db=database, backend=SimulatedCluster(SimConfig(seed=4)), policy=RulesPolicy())
+    daemon.start()
+    daemon.tick()
+    app = create_app(db=database, telemetry="simulator")
+    attach_daemon(app, daemon)
+    cache = app.state.tick_cache
+    with TestClient(app) as client:
+        first = client.get("/api/v1/decisions", params={"limit": 5}).json()
+        again = client.get("/api/v1/decisions", params={"limit": 5}).json()
+        assert again == first
+        assert (cache.hits, cache.misses) == (1, 1)
+        client.get("/api/v1/decisions", params={"limit": 6})  # another query: its own entry
+        assert cache.misses == 2
+        one = first["data"][0]["id"]
+        client.get(f"/api/v1/decisions/{one}")  # one decision: never kept
+        assert cache.misses == 2
+        for _ in range(3):  # ticks commit new decisions: the next read shows them
+            daemon.tick()
+        after = client.get("/api/v1/decisions", params={"limit": 5}).json()
+        assert after["data"][0]["id"] > one
+        assert cache.misses == 3

@@ -1,0 +1,140 @@
+"""Reads that change once per tick, answered once per tick.
+
+In the daemon's process the decision loop is what changes the cluster, the jobs and the
+decision log, once per tick; between two ticks only the API's own writes do. So the
+responses of the busiest listings (``GET /cluster``, ``/jobs``, ``/decisions``,
+``/forecast``, ``/dashboard`` with their query strings) are kept from the first request
+after a tick until the next tick commits, or until a request in this process changes
+something (any method but GET/HEAD): a client always reads what was committed before
+its request, as without the cache. Only where a decision loop runs in the same process
+(``autotune.api.app.attach_daemon``); an API on its own reads the database every time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["CachedReads", "TickCache"]
+
+CACHED_PATHS = (
+    "/api/v1/cluster",
+    "/api/v1/jobs",
+    "/api/v1/decisions",
+    "/api/v1/forecast",
+    "/api/v1/dashboard",
+)
+"""Paths whose GET responses are kept until the next tick (exact paths: not one job's
+or one decision's page, which are cheap and rarely asked twice)."""
+
+
+class TickCache:
+    """Responses by request target, dropped at every tick and every write; at most
+    ``max_entries`` of them (the oldest go first)."""
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self.max_entries = max_entries
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[bytes, tuple[list[tuple[bytes, bytes]], bytes]] = OrderedDict()
+        self._generation = 0
+        self._writes = 0
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def clear(self) -> None:
+        """Something changed: nothing kept so far may be served again."""
+        with self._lock:
+            self._entries.clear()
+            self._generation += 1
+
+    def begin_write(self) -> None:
+        """A request that may write starts: nothing is kept until it has ended."""
+        with self._lock:
+            self._writes += 1
+            self._entries.clear()
+            self._generation += 1
+
+    def end_write(self) -> None:
+        with self._lock:
+            self._writes -= 1
+            self._entries.clear()
+            self._generation += 1
+
+    def get(self, key: bytes) -> tuple[list[tuple[bytes, bytes]], bytes] | None:
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return entry
+
+    def put(
+        self, key: bytes, generation: int, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> None:
+        """Keep a response computed in ``generation`` (dropped if a change came since)."""
+        with self._lock:
+            if generation != self._generation or self._writes:
+                return
+            self._entries[key] = (headers, body)
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+
+
+class CachedReads:
+    """ASGI middleware serving ``CACHED_PATHS`` from ``cache`` (when there is one:
+    ``app.state.tick_cache``) and clearing it on every request that may write."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        cache: TickCache | None = getattr(scope["app"].state, "tick_cache", None)
+        if cache is None:
+            await self.app(scope, receive, send)
+            return
+        if scope["method"] not in ("GET", "HEAD"):
+            # Reads while it runs go to the database (they see its commit as soon as it
+            # is made) and are not kept; what was kept before it is dropped.
+            cache.begin_write()
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                cache.end_write()
+            return
+        if scope["path"] not in CACHED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        key = scope["method"].encode() + b" " + scope["path"].encode() + b"?"
+        key += scope.get("query_string", b"")
+        hit = cache.get(key)
+        if hit is not None:
+            await send({"type": "http.response.start", "status": 200, "headers": hit[0]})
+            await send({"type": "http.response.body", "body": hit[1]})
+            return
+        generation = cache.generation
+        status = 0
+        headers: list[tuple[bytes, bytes]] = []
+        chunks: list[bytes] = []
+
+        async def keep(message: Message) -> None:
+            nonlocal status, headers
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                headers = list(message.get("headers", []))
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False) and status == 200:
+                    cache.put(key, generation, headers, b"".join(chunks))
+            await send(message)
+
+        await self.app(scope, receive, keep)
