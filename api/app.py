@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from autotune import __version__
-from autotune.api.cache import CachedReads, TickCache
+from autotune.api.cache import CachedReads, JobCounts, TickCache
 from autotune.api.metrics import ServiceMetrics
 from autotune.api.middleware import BodyLimitAndTiming
 from autotune.api.routes import (
@@ -105,7 +105,8 @@ def create_app(
     app.state.host_telemetry = tuple(host_telemetry)
     app.state.forecaster = forecaster or PersistenceForecaster()
     app.state.tick_health = None  # set by attach_daemon
-    app.state.metrics = metrics = metrics or ServiceMetrics(db)
+    app.state.job_counts = job_counts = JobCounts()
+    app.state.metrics = metrics = metrics or ServiceMetrics(db, job_counts)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(PoolTimeout, _database_unavailable)
     app.add_exception_handler(OperationalError, _database_unavailable)

@@ -13,11 +13,16 @@ its request, as without the cache. Only where a decision loop runs in the same p
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 
+from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["CachedReads", "TickCache"]
+from autotune.core import ACTIVE_STATES, JOB_STATES
+from autotune.db import repository as repo
+
+__all__ = ["CachedReads", "JobCounts", "TickCache"]
 
 CACHED_PATHS = (
     "/api/v1/cluster",
@@ -138,3 +143,27 @@ class CachedReads:
             await send(message)
 
         await self.app(scope, receive, keep)
+
+
+class JobCounts:
+    """Jobs per state for ``/cluster``, ``/metrics`` and the dashboard: pending and
+    running counted at every call (two short index ranges), the final states (finished,
+    failed, cancelled: most of a long history, and they only change when a job ends) at
+    most every ``final_every_s`` seconds."""
+
+    def __init__(self, final_every_s: float = 30.0) -> None:
+        self.final_every_s = final_every_s
+        self._lock = threading.Lock()
+        self._final: dict[str, int] | None = None
+        self._final_at = 0.0
+
+    def read(self, session: Session) -> dict[str, int]:
+        counts = repo.job_counts(session=session, states=ACTIVE_STATES)
+        with self._lock:
+            final, counted_at = self._final, self._final_at
+        if final is None or time.monotonic() - counted_at > self.final_every_s:
+            states = [s for s in JOB_STATES if s not in ACTIVE_STATES]
+            final = repo.job_counts(session=session, states=states)
+            with self._lock:
+                self._final, self._final_at = final, time.monotonic()
+        return {state: counts.get(state, final.get(state, 0)) for state in JOB_STATES}

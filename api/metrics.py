@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
+from autotune.api.cache import JobCounts
 from autotune.daemon.loop import TickHealth, TickReport
 from autotune.db import Database
 from autotune.db import repository as repo
@@ -26,8 +27,9 @@ _TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 
 
 class _DatabaseCollector(Collector):
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, job_counts: JobCounts) -> None:
         self._db = db
+        self._job_counts = job_counts
         # Decisions per source: counted once, then only the rows above the highest id
         # counted (ids grow with commits: the decision loop is their one writer), so a
         # scrape costs the same on a month of history as on a minute. Retention deleting
@@ -45,7 +47,7 @@ class _DatabaseCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         with self._db.session() as session:
             by_source = self._decisions(session)
-            by_state = repo.job_counts(session=session)
+            by_state = self._job_counts.read(session)
             goodput = repo.list_metrics(session=session, names=["job_goodput"], limit=2000)
         decisions = CounterMetricFamily(
             "autotune_decisions", "Decisions committed, per source", labels=["source"]
@@ -98,7 +100,7 @@ class _TickHealthCollector(Collector):
 class ServiceMetrics:
     """One registry per app, so several apps (tests) never share counters."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, job_counts: JobCounts | None = None) -> None:
         self.registry = CollectorRegistry()
         self.api_latency = Histogram(
             "autotune_api_request_duration_seconds",
@@ -115,7 +117,7 @@ class ServiceMetrics:
         )
         self.tick_health: Callable[[], TickHealth] | None = None
         """The daemon's health, where one runs in this process (``attach_daemon``)."""
-        self.registry.register(_DatabaseCollector(db))
+        self.registry.register(_DatabaseCollector(db, job_counts or JobCounts()))
         self.registry.register(_TickHealthCollector(self))
 
     def observe_tick(self, report: TickReport) -> None:

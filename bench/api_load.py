@@ -37,6 +37,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections import defaultdict
@@ -242,17 +243,19 @@ def wait_up(port: int, daemon: subprocess.Popen[bytes], timeout_s: float = 180.0
 
 def single_pages(port: int, targets: Targets, repeat: int) -> dict[str, Any]:
     """One request at a time: the first page, a middle one and the last (by cursor), and
-    a job's decisions."""
+    a job's decisions. Each request asks a page size not asked before (50, 49, ...), so
+    none is answered from the daemon's per-tick cache: these are database reads."""
     paths = {
-        "first": "/api/v1/decisions?limit=50",
-        "middle": f"/api/v1/decisions?limit=50&cursor={targets.middle}",
-        "last": f"/api/v1/decisions?limit=50&cursor={targets.last}",
-        "job": f"/api/v1/decisions?limit=50&job={targets.job_ids[0]}",
+        "first": "/api/v1/decisions?limit={n}",
+        "middle": f"/api/v1/decisions?limit={{n}}&cursor={targets.middle}",
+        "last": f"/api/v1/decisions?limit={{n}}&cursor={targets.last}",
+        "job": f"/api/v1/decisions?limit={{n}}&job={targets.job_ids[0]}",
     }
     out: dict[str, Any] = {}
-    for name, path in paths.items():
+    for name, template in paths.items():
         times = []
-        for _ in range(repeat):
+        for i in range(repeat):
+            path = template.format(n=50 - i % 40)
             started = time.perf_counter()
             status, _ = get(port, path)
             times.append(time.perf_counter() - started)
@@ -348,6 +351,7 @@ def main() -> None:
     autotune = Path(sys.executable).parent / "autotune"
     env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp), "AUTOTUNE_TOKEN": "bench"}
     log = (tmp / "daemon.log").open("wb")
+    result_log = tmp / "daemon.log"
     started = time.monotonic()
     daemon = subprocess.Popen(
         [
@@ -362,7 +366,9 @@ def main() -> None:
             "--policy",
             args.policy,
             "--log-level",
-            "WARNING",
+            "INFO",
+            "--log-format",
+            "text",
         ],
         cwd=tmp,
         env=env,
@@ -379,6 +385,7 @@ def main() -> None:
         "seconds": args.seconds,
         "tick_s": args.tick_s,
         "policy": args.policy,
+        "daemon_log": str(result_log),
     }
     try:
         wait_up(port, daemon)
@@ -389,6 +396,15 @@ def main() -> None:
         signal_after = args.sigterm_after if args.sigterm_after is not None else 0.8 * args.seconds
         stop: dict[str, float] = {}
 
+        def wait_exit() -> None:
+            try:
+                daemon.wait(timeout=60)
+                stop["exited"] = time.monotonic()
+            except subprocess.TimeoutExpired:
+                pass
+
+        watcher = threading.Thread(target=wait_exit, daemon=True)
+
         def on_time(elapsed: float) -> None:
             if args.sigterm and "sent" not in stop and elapsed >= signal_after:
                 stop["failed_ticks_before"] = float(failed_ticks(port) or 0)
@@ -396,16 +412,15 @@ def main() -> None:
                 stop["sent"] = time.monotonic()
                 stop["loaded_until"] = datetime.now(UTC).timestamp()
                 daemon.send_signal(signal.SIGTERM)
+                # The exit is timed by a thread of its own: the load goes on meanwhile.
+                watcher.start()
 
         load_start = datetime.now(UTC)
         achieved = asyncio.run(load.run(args.rate, args.seconds, on_time))
         load_end = datetime.now(UTC)
         if args.sigterm:
-            try:
-                daemon.wait(timeout=60)
-                exit_s = time.monotonic() - stop["sent"]
-            except subprocess.TimeoutExpired:
-                exit_s = float("inf")
+            watcher.join(timeout=60)
+            exit_s = stop["exited"] - stop["sent"] if "exited" in stop else float("inf")
             result["sigterm"] = {
                 "after_s": signal_after,
                 "exit_s": round(exit_s, 2),

@@ -21,7 +21,7 @@ async def get_cluster(telemetry: TelemetryDep, request: Request) -> ClusterPubli
         lambda session: (
             repo.node_records(session=session),
             repo.running_placements(session=session),
-            repo.job_counts(session=session),
+            request.app.state.job_counts.read(session),
         ),
     )
     allocated: dict[str, int] = {}

@@ -87,7 +87,7 @@ def dashboard_data(
             }
             for row in reversed(rows)
         ],
-        "jobs": repo.job_counts(session=session),
+        "jobs": request.app.state.job_counts.read(session),
     }
 
 

@@ -148,6 +148,7 @@ def daemon(
         stop_timeout_s=settings.stop_timeout_s,
         retention=retention,
         retention_every_s=settings.retention_every_s,
+        retention_duty=settings.retention_duty,
         token_check=token_check,
         task_modules=settings.task_modules,
         trains=settings.backend != "sim",  # every backend but the simulator trains for real

@@ -16,6 +16,7 @@ fallback. Decisions the fallback takes have ``source="fallback"`` and say why.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -543,14 +544,20 @@ def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
 
 
 def retention_loop(
-    db: Database, policy: RetentionPolicy, every_s: float, stop: threading.Event
+    db: Database,
+    policy: RetentionPolicy,
+    every_s: float,
+    stop: threading.Event,
+    duty: float = 0.2,
 ) -> None:
     """Apply ``policy`` now and every ``every_s`` seconds until ``stop``: short
-    transactions with pauses between them (``autotune.db.retention``), on ``db``'s own
-    connection, so ticks and reads never wait more than one of them."""
+    transactions working ``duty`` of the time (``autotune.db.retention``), on ``db``'s
+    own connection, so ticks and reads never wait more than one of them."""
     while not stop.is_set():
         try:
-            report = run_retention(db, policy, utc_now(), pause_s=0.02, should_stop=stop.is_set)
+            report = run_retention(
+                db, policy, utc_now(), pause_s=0.01, duty=duty, should_stop=stop.is_set
+            )
         except Exception as exc:  # logged and retried at the next pass
             event("retention.failed", level=logging.WARNING, error=_error(exc))
         else:
@@ -587,6 +594,7 @@ def serve(
     stop_timeout_s: float = 10.0,
     retention: RetentionPolicy | None = None,
     retention_every_s: float = 300.0,
+    retention_duty: float = 0.2,
     **app_options: Any,
 ) -> None:
     """Run the decision loop and the API until SIGINT or SIGTERM; ``app_options`` go to
@@ -648,7 +656,7 @@ def serve(
         retention_db = Database(daemon.db.url, pool_size=1)
         housekeeping = threading.Thread(
             target=retention_loop,
-            args=(retention_db, retention, retention_every_s, stop),
+            args=(retention_db, retention, retention_every_s, stop, retention_duty),
             name="retention",
             daemon=True,
         )
@@ -666,6 +674,11 @@ def serve(
                 event("daemon.stop_tick_cut", level=logging.WARNING)
 
     daemon.start()
+    # What start-up built (the policy, the app, the simulator) lives as long as the
+    # process: out of the collector's sight, full collections stop scanning it, and the
+    # API's latency loses their pauses.
+    gc.collect()
+    gc.freeze()
     event("api.listen", url=f"http://{host}:{port}/api/v1")
     try:
         # uvicorn's choice of event loop: uvloop where installed.

@@ -106,8 +106,13 @@ class Settings(BaseSettings):
     """Finished, failed and cancelled jobs are deleted this many days after they ended,
     once nothing refers to them (0: kept forever)."""
     retention_every_s: float = Field(default=300.0, gt=0)
-    """Seconds between retention passes; each pass works in short transactions of a
-    few thousand rows, pausing between them, so ticks and reads never wait long."""
+    """Seconds between retention passes."""
+    retention_batch_rows: int = Field(default=500, ge=1, le=100_000)
+    """Rows one retention transaction deletes or folds at most: the longest a tick or a
+    write waits behind retention (SQLite has one writer at a time)."""
+    retention_duty: float = Field(default=0.2, gt=0, le=1)
+    """Share of the time a retention pass works: it rests between its transactions, so
+    the decision loop and the API keep the database and the interpreter."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
 
@@ -137,6 +142,7 @@ class Settings(BaseSettings):
             decisions_days=days(self.retention_decisions_days),
             transitions_days=days(self.retention_decisions_days),
             jobs_days=days(self.retention_jobs_days),
+            batch_rows=self.retention_batch_rows,
         )
 
     @property
