@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -35,6 +37,14 @@ CACHED_PATHS = (
 or one decision's page, which are cheap and rarely asked twice)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    headers: list[tuple[bytes, bytes]]
+    body: bytes
+    route: Any
+    """The route that answered (Starlette's), so a kept answer is timed under it."""
+
+
 class TickCache:
     """Responses by request target, dropped at every tick and every write; at most
     ``max_entries`` of them (the oldest go first)."""
@@ -42,7 +52,7 @@ class TickCache:
     def __init__(self, max_entries: int = 256) -> None:
         self.max_entries = max_entries
         self._lock = threading.Lock()
-        self._entries: OrderedDict[bytes, tuple[list[tuple[bytes, bytes]], bytes]] = OrderedDict()
+        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._generation = 0
         self._writes = 0
         self.hits = 0
@@ -71,7 +81,7 @@ class TickCache:
             self._entries.clear()
             self._generation += 1
 
-    def get(self, key: bytes) -> tuple[list[tuple[bytes, bytes]], bytes] | None:
+    def get(self, key: bytes) -> _Entry | None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is None:
@@ -80,14 +90,12 @@ class TickCache:
                 self.hits += 1
             return entry
 
-    def put(
-        self, key: bytes, generation: int, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> None:
+    def put(self, key: bytes, generation: int, entry: _Entry) -> None:
         """Keep a response computed in ``generation`` (dropped if a change came since)."""
         with self._lock:
             if generation != self._generation or self._writes:
                 return
-            self._entries[key] = (headers, body)
+            self._entries[key] = entry
             while len(self._entries) > self.max_entries:
                 self._entries.popitem(last=False)
 
@@ -123,8 +131,10 @@ class CachedReads:
         key += scope.get("query_string", b"")
         hit = cache.get(key)
         if hit is not None:
-            await send({"type": "http.response.start", "status": 200, "headers": hit[0]})
-            await send({"type": "http.response.body", "body": hit[1]})
+            if hit.route is not None:  # for the latency metric's route label
+                scope["route"] = hit.route
+            await send({"type": "http.response.start", "status": 200, "headers": hit.headers})
+            await send({"type": "http.response.body", "body": hit.body})
             return
         generation = cache.generation
         status = 0
@@ -139,7 +149,8 @@ class CachedReads:
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
                 if not message.get("more_body", False) and status == 200:
-                    cache.put(key, generation, headers, b"".join(chunks))
+                    entry = _Entry(headers, b"".join(chunks), scope.get("route"))
+                    cache.put(key, generation, entry)
             await send(message)
 
         await self.app(scope, receive, keep)

@@ -182,6 +182,9 @@ def test_busy_reads_are_kept_until_the_next_tick(database: Database) -> None:
         again = client.get("/api/v1/decisions", params={"limit": 5}).json()
         assert again == first
         assert (cache.hits, cache.misses) == (1, 1)
+        timed = app.state.metrics.render().decode()
+        assert 'route="/decisions",status="200"} 2.0' in timed  # the kept one too
+        assert "unmatched" not in timed
         client.get("/api/v1/decisions", params={"limit": 6})  # another query: its own entry
         assert cache.misses == 2
         one = first["data"][0]["id"]
