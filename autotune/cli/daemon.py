@@ -12,9 +12,10 @@ import typer
 from autotune.cli.common import ConfigOption, DataDirOption, DbOption, user_errors
 from autotune.errors import InputError
 
-__all__ = ["daemon", "db_app"]
+__all__ = ["daemon", "db_app", "token_app"]
 
 db_app = typer.Typer(help="Manage the database schema.", no_args_is_help=True)
+token_app = typer.Typer(help="The API token that changes need.", no_args_is_help=True)
 
 
 @user_errors
@@ -119,8 +120,13 @@ def daemon(
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     database = Database(settings.database_url)
     database.upgrade()
+    api_db = Database(
+        settings.database_url,
+        pool_size=settings.api_pool_size,
+        pool_timeout_s=settings.api_pool_timeout_s,
+    )
     token_check, new_token = ensure_token(
-        database, settings.token.get_secret_value() if settings.token else None
+        api_db, settings.token.get_secret_value() if settings.token else None
     )
     if new_token is not None:  # shown once, on stdout, never through the log
         typer.echo(
@@ -140,11 +146,7 @@ def daemon(
         port=settings.port,
         tick_s=settings.tick_period_s,
         telemetry=cluster.name,
-        api_db=Database(
-            settings.database_url,
-            pool_size=settings.api_pool_size,
-            pool_timeout_s=settings.api_pool_timeout_s,
-        ),
+        api_db=api_db,
         stop_timeout_s=settings.stop_timeout_s,
         retention=retention,
         retention_every_s=settings.retention_every_s,
@@ -182,3 +184,34 @@ def db_upgrade(
     database.upgrade(revision)
     typer.echo(f"database at revision {database.current_revision()}: {settings.database_url}")
     database.dispose()
+
+
+@token_app.command("rotate")
+@user_errors
+def token_rotate(
+    config: ConfigOption = None,
+    db: DbOption = None,
+    data_dir: DataDirOption = None,
+) -> None:
+    """Replace the daemon's stored API token with a new one, shown once.
+
+    The old token stops working within 2 s, also in a running daemon (no restart). A
+    daemon that runs with AUTOTUNE_TOKEN set uses that token instead of the stored one:
+    change the setting and restart it then."""
+    from autotune.daemon.auth import rotate_token
+    from autotune.daemon.settings import load_settings
+    from autotune.db import Database
+
+    settings = load_settings(config, db_url=db, data_dir=data_dir)
+    if settings.db_url is None and not (settings.data_dir / "autotune.db").is_file():
+        raise InputError(f"no daemon database in {settings.data_dir}: start the daemon first")
+    database = Database(settings.database_url)
+    database.upgrade()
+    token = rotate_token(database)
+    database.dispose()
+    typer.echo(f"new API token (shown once; only its hash is stored): {token}")
+    typer.echo(
+        "The old token stops working within 2 s. Daemons started with AUTOTUNE_TOKEN "
+        "keep using that one.",
+        err=True,
+    )

@@ -18,7 +18,7 @@ import typer
 from autotune import __version__
 from autotune.cli.client import decisions_command, job_app, override_app
 from autotune.cli.common import user_errors
-from autotune.cli.daemon import daemon, db_app
+from autotune.cli.daemon import daemon, db_app, token_app
 from autotune.cli.evaluate import eval_policies
 from autotune.cli.executor import calibrate_command, run_command
 from autotune.cli.forecast import forecast_app
@@ -45,6 +45,7 @@ _EXECUTOR = "Training for real"
 
 app.command("daemon", rich_help_panel=_DAEMON)(daemon)
 app.add_typer(db_app, name="db", rich_help_panel=_DAEMON)
+app.add_typer(token_app, name="token", rich_help_panel=_DAEMON)
 app.add_typer(job_app, name="job", no_args_is_help=True, rich_help_panel=_JOBS)
 app.command("decisions", rich_help_panel=_JOBS)(decisions_command)
 app.add_typer(override_app, name="override", no_args_is_help=True, rich_help_panel=_JOBS)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Generic, TypeVar, cast
 
-from sqlalchemy import ColumnElement, and_, func, insert, or_, select
+from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select
 from sqlalchemy.orm import Session
 
 from autotune.core import (
@@ -82,6 +82,7 @@ __all__ = [
     "node_records",
     "record_metrics",
     "register_policy_version",
+    "replace_token_hashes",
     "request_cancel",
     "running_placements",
     "set_job_state",
@@ -1042,3 +1043,10 @@ def token_hashes(*, session: Session) -> list[str]:
 
 def add_token_hash(*, session: Session, token_sha256: str) -> None:
     session.add(ApiTokenRow(token_sha256=token_sha256, created_at=utc_now()))
+
+
+def replace_token_hashes(*, session: Session, token_sha256: str) -> int:
+    """Make ``token_sha256`` the only stored token; returns how many were removed."""
+    removed = len(session.scalars(delete(ApiTokenRow).returning(ApiTokenRow.id)).all())
+    add_token_hash(session=session, token_sha256=token_sha256)
+    return removed

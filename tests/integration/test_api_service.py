@@ -15,13 +15,21 @@ from typing import Any
 import pytest
 import uvicorn
 from fastapi.testclient import TestClient
+from helpers import cli
 from sqlalchemy import text
 
 from autotune.api.app import attach_daemon, create_app
-from autotune.daemon.auth import TokenCheck, ensure_token, hash_token
+from autotune.daemon.auth import (
+    StoredTokenCheck,
+    TokenCheck,
+    ensure_token,
+    hash_token,
+    rotate_token,
+)
 from autotune.daemon.forecast import PersistenceForecaster, forecast_series
 from autotune.daemon.loop import Daemon
 from autotune.db import Database
+from autotune.db import repository as repo
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.policies.rules import RulesPolicy
 
@@ -103,6 +111,45 @@ def test_the_token_is_generated_once_and_stored_only_as_a_hash(database: Databas
     assert shown is None
     assert configured("from-settings")
     assert not configured(token)
+
+
+def test_a_rotated_token_replaces_the_old_one_in_a_running_api(
+    database: Database, tmp_path: Path
+) -> None:
+    check, old = ensure_token(database, None)
+    assert old is not None
+    assert isinstance(check, StoredTokenCheck)
+    check.refresh_s = 0.0  # read the stored hashes at every request
+    app = create_app(db=database, telemetry="simulator", token_check=check)
+    body = {"task": "gpt-char", "steps": 10}
+    with TestClient(app) as client:
+        auth = {"Authorization": f"Bearer {old}"}
+        assert client.post("/api/v1/jobs", json=body, headers=auth).status_code == 201
+        new = rotate_token(database)
+        assert client.post("/api/v1/jobs", json=body, headers=auth).status_code == 401
+        auth = {"Authorization": f"Bearer {new}"}
+        assert client.post("/api/v1/jobs", json=body, headers=auth).status_code == 201
+    with database.session() as session:
+        assert repo.token_hashes(session=session) == [hash_token(new)]
+
+
+def test_token_rotate_shows_the_new_token_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'a.db'}"
+    missing = cli("token", "rotate", "--data-dir", str(tmp_path / "none"))
+    assert missing.exit_code == 2
+    assert "start the daemon first" in missing.stderr
+    database = Database(url)
+    database.upgrade()
+    _, first = ensure_token(database, None)
+    rotated = cli("token", "rotate", "--db", url)
+    assert rotated.exit_code == 0, rotated.stderr
+    token = rotated.stdout.strip().rsplit(" ", 1)[-1]
+    assert token != first
+    check = StoredTokenCheck(database)
+    assert check(token)
+    assert first is not None
+    assert not check(first)
+    database.dispose()
 
 
 # --- malformed requests ---------------------------------------------------------------
