@@ -170,6 +170,24 @@ def decide(
                 skipped[job_id] = f"override {overrides[job_id].override_id} not applied: {cause}"
                 overrides.pop(job_id)
                 lost.append(job_id)
+        # A running job whose pinned configuration finds no room keeps its current one
+        # this round: the override waits (its pinned placement is handled above).
+        for j in active:
+            job_id = j.spec.job_id
+            if (
+                j.state == "running"
+                and j.placement is not None
+                and job_id in overrides
+                and job_id not in pinned
+                and job_id not in result.placements
+            ):
+                skipped[job_id] = (
+                    f"override {overrides[job_id].override_id} not applied: its "
+                    f"configuration was not placed ({result.unplaced.get(job_id, 'no room')}); "
+                    "the job keeps its current one"
+                )
+                overrides.pop(job_id)
+                lost.append(job_id)
         # A running job whose new configuration finds no room keeps its current one.
         stuck = [
             j.spec.job_id
@@ -186,18 +204,17 @@ def decide(
                 f"kept its configuration: the new one ({_describe(refused)}) was not placed "
                 f"({result.unplaced.get(job_id, 'no room')})"
             )
-        # A running job keeping its configuration that the Planner would not keep where
-        # it is (its GPUs went to a pin, or the backend changed its configuration to one
-        # the memory check refuses) stays where it runs: nothing else takes its GPUs.
+        # A running job the round does not place (its GPUs went to a pin, the backend
+        # changed its configuration to one the memory check refuses, its override ended
+        # and the policy lets it wait, ...) gets no decision, so it goes on running where
+        # it is: nothing else takes its GPUs.
         displaced = {
             j.spec.job_id: j.placement
             for j in active
             if j.state == "running"
             and j.placement is not None
             and j.spec.job_id not in result.placements
-            and j.spec.job_id not in released
             and j.spec.job_id not in pinned
-            and configs.get(j.spec.job_id) == j.config
         }
         reserved.update(displaced)
         if not lost and not stuck and not displaced:

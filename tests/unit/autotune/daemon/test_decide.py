@@ -91,3 +91,30 @@ def test_a_job_interrupted_by_a_lost_node_is_placed_again_saying_so() -> None:
     others = [d for d in round_.decisions if d.job_id != job.spec.job_id]
     assert others
     assert not any("lost" in d.reason for d in others)
+
+
+def test_a_running_job_whose_pinned_config_finds_no_room_keeps_its_gpus() -> None:
+    # A full cluster with a queue: the round's decisions and the placements of running
+    # jobs without a new decision must never share a GPU, whatever an override asks.
+    cluster = SimulatedCluster(SimConfig(seed=1, initial_jobs=40, max_jobs=40))
+    for _ in range(3):
+        snapshot = cluster.observe()
+        cluster.apply(decide(snapshot, RulesPolicy(), {}, honoured={}).decisions)
+    snapshot = cluster.observe()
+    assert snapshot.by_state("pending"), "the queue is not empty"
+    tried = 0
+    for job in snapshot.by_state("running"):
+        if job.spec.max_gpus < 2 * job.config.layout.world_size:
+            continue
+        pin = {"layout": {"world_size": 2 * job.config.layout.world_size}}
+        overrides = {job.spec.job_id: _override(job.spec.job_id, pin)}
+        round_ = decide(snapshot, RulesPolicy(), overrides, honoured={})
+        placements = {j.spec.job_id: j.placement for j in snapshot.by_state("running")}
+        placements.update({d.job_id: d.placement for d in round_.decisions})
+        specs = [j.spec for j in snapshot.jobs]
+        problems = verify_placements(specs, snapshot.nodes, placements)
+        assert problems == [], (job.spec.job_id, problems[:2])
+        if job.spec.job_id not in {d.job_id for d in round_.decisions}:
+            assert "keeps its current one" in round_.skipped_overrides[job.spec.job_id]
+            tried += 1
+    assert tried, "some pin found no room"
