@@ -58,7 +58,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -71,6 +71,7 @@ from sqlalchemy.orm import Session
 
 from autotune import __version__
 from autotune.catalog.profiles import MODEL_CATALOG
+from autotune.cli.common import progress_bar
 from autotune.core import (
     Decision,
     DecisionSource,
@@ -990,32 +991,6 @@ class History:
 # --- the build ------------------------------------------------------------------------
 
 
-@contextmanager
-def _bar(enabled: bool, total: int) -> Iterator[Any]:
-    if not enabled:
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    with Progress(
-        TextColumn("[bold]history[/] {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-    ) as progress:
-        yield (progress, progress.add_task("ticks", total=total))
-
-
 def _count(session: Session, table: Any) -> int:
     return int(session.scalar(select(func.count()).select_from(table)) or 0)
 
@@ -1093,18 +1068,17 @@ def build_history(
             )
             session.commit()
             span = max(1, round(3_600 / tick_s))  # ticks of one transaction, about an hour
-            with _bar(progress, history.ticks) as bar:
+            with progress_bar("[bold]history[/] ticks", enabled=progress) as bar:
+                task = bar.add_task("ticks", total=history.ticks)
                 for k in range(history.ticks):
                     if k % span == 0:
                         history.pace(k * tick_s, span * tick_s)
                     history.tick(k)
                     if k % span == span - 1 or len(history.buffer) >= 5_000:
                         history.flush()
-                        if bar is not None:
-                            bar[0].update(bar[1], completed=k + 1)
+                        bar.update(task, completed=k + 1)
                 history.flush()
-                if bar is not None:
-                    bar[0].update(bar[1], completed=history.ticks)
+                bar.update(task, completed=history.ticks)
             summary = _summary(session, history)
     finally:
         db.dispose()  # SQLite: the last connection folds the WAL into the file

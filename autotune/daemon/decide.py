@@ -170,52 +170,35 @@ def decide(
                 skipped[job_id] = f"override {overrides[job_id].override_id} not applied: {cause}"
                 overrides.pop(job_id)
                 lost.append(job_id)
-        # A running job whose pinned configuration finds no room keeps its current one
-        # this round: the override waits (its pinned placement is handled above).
+        # A running job the round does not place gets no decision, so it goes on running
+        # as it is: an override's pinned configuration waits for a later round (a pinned
+        # placement is handled above), the policy's new configuration is declined, and
+        # nothing else takes its GPUs (they went to a pin, the backend changed its
+        # configuration to one the memory check refuses, its override ended and the
+        # policy lets it wait, ...).
+        stuck: list[str] = []
+        displaced: dict[str, Placement] = {}
         for j in active:
             job_id = j.spec.job_id
-            if (
-                j.state == "running"
-                and j.placement is not None
-                and job_id in overrides
-                and job_id not in pinned
-                and job_id not in result.placements
-            ):
+            if j.state != "running" or j.placement is None or job_id in result.placements:
+                continue
+            cause = result.unplaced.get(job_id, "no room")
+            if job_id in overrides and job_id not in pinned:
                 skipped[job_id] = (
                     f"override {overrides[job_id].override_id} not applied: its "
-                    f"configuration was not placed ({result.unplaced.get(job_id, 'no room')}); "
-                    "the job keeps its current one"
+                    f"configuration was not placed ({cause}); the job keeps its current one"
                 )
                 overrides.pop(job_id)
                 lost.append(job_id)
-        # A running job whose new configuration finds no room keeps its current one.
-        stuck = [
-            j.spec.job_id
-            for j in active
-            if j.state == "running"
-            and j.placement is not None
-            and j.spec.job_id not in result.placements
-            and (c := choices.get(j.spec.job_id)) is not None
-            and c.config is not None
-        ]
-        for job_id in stuck:
-            refused = choices.pop(job_id)
-            declined[job_id] = (
-                f"kept its configuration: the new one ({_describe(refused)}) was not placed "
-                f"({result.unplaced.get(job_id, 'no room')})"
-            )
-        # A running job the round does not place (its GPUs went to a pin, the backend
-        # changed its configuration to one the memory check refuses, its override ended
-        # and the policy lets it wait, ...) gets no decision, so it goes on running where
-        # it is: nothing else takes its GPUs.
-        displaced = {
-            j.spec.job_id: j.placement
-            for j in active
-            if j.state == "running"
-            and j.placement is not None
-            and j.spec.job_id not in result.placements
-            and j.spec.job_id not in pinned
-        }
+            if (c := choices.get(job_id)) is not None and c.config is not None:
+                refused = choices.pop(job_id)
+                declined[job_id] = (
+                    f"kept its configuration: the new one ({_describe(refused)}) was not "
+                    f"placed ({cause})"
+                )
+                stuck.append(job_id)
+            if job_id not in pinned:
+                displaced[job_id] = j.placement
         reserved.update(displaced)
         if not lost and not stuck and not displaced:
             break
