@@ -27,6 +27,7 @@ from autotune.api.routes import (
 )
 from autotune.daemon.auth import TokenCheck
 from autotune.daemon.forecast import PersistenceForecaster
+from autotune.daemon.lifecycle import PolicyLifecycle, PolicyLoader
 from autotune.daemon.loop import Daemon
 from autotune.daemon.telemetry import TelemetrySource
 from autotune.db import Database
@@ -85,12 +86,15 @@ def create_app(
     host_telemetry: Sequence[TelemetrySource] = (),
     forecaster: LoadForecaster | None = None,
     metrics: ServiceMetrics | None = None,
+    policy_loader: PolicyLoader | None = None,
 ) -> FastAPI:
     """The API over ``db``; ``telemetry`` names where cluster figures come from.
 
     Mutations need a bearer token that ``token_check`` accepts (none without one).
     ``trains``: the daemon's backend trains jobs for real (``--backend ray``), so jobs
-    whose built-in task is simulated only are refused at submission."""
+    whose built-in task is simulated only are refused at submission. ``policy_loader``
+    checks checkpoints registered through ``POST /policies`` (default: the one of the
+    daemon's policy lifecycle, once attached)."""
     app = FastAPI(
         title="autotune",
         version=__version__,
@@ -105,6 +109,10 @@ def create_app(
     app.state.host_telemetry = tuple(host_telemetry)
     app.state.forecaster = forecaster or PersistenceForecaster()
     app.state.tick_health = None  # set by attach_daemon
+    app.state.policy_loader = policy_loader
+    # Whether the daemon in this process follows the policy registry (None: no daemon
+    # here; only the registry changes).
+    app.state.policy_lifecycle = None
     app.state.job_counts = job_counts = JobCounts()
     app.state.metrics = metrics = metrics or ServiceMetrics(db, job_counts)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -144,3 +152,8 @@ def attach_daemon(app: FastAPI, daemon: Daemon) -> None:
     # What the busiest reads return changes once per tick: keep it until the next one.
     cache = app.state.tick_cache = TickCache()
     daemon.after_tick.append(cache.clear)
+    # Registry changes are refused when the daemon would never act on them.
+    lifecycle = daemon.lifecycle
+    app.state.policy_lifecycle = lifecycle is not None
+    if app.state.policy_loader is None and isinstance(lifecycle, PolicyLifecycle):
+        app.state.policy_loader = lifecycle.loader

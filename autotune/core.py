@@ -20,6 +20,7 @@ from autotune.errors import FieldError
 
 __all__ = [
     "ACTIVE_STATES",
+    "APPLIED_SOURCES",
     "COMPRESSION_KINDS",
     "DECISION_SOURCES",
     "DEFAULT_ENERGY_WEIGHT",
@@ -50,8 +51,12 @@ PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 CompressionKind = Literal["none", "topk", "int8", "fp8", "powersgd"]
 COMPRESSION_KINDS: tuple[CompressionKind, ...] = get_args(CompressionKind)
 
-DecisionSource = Literal["policy", "override", "fallback", "static"]
+DecisionSource = Literal["policy", "override", "fallback", "static", "shadow"]
 DECISION_SOURCES: tuple[DecisionSource, ...] = get_args(DecisionSource)
+APPLIED_SOURCES: tuple[DecisionSource, ...] = tuple(s for s in DECISION_SOURCES if s != "shadow")
+"""Sources of decisions the daemon takes and applies; ``shadow`` decisions are what a
+candidate policy would have decided beside the active one: stored, never applied, never
+a job's current decision."""
 
 JobState = Literal["pending", "running", "finished", "failed", "cancelled"]
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)

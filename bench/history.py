@@ -40,7 +40,8 @@ the history's own times:
   ``gpu_utilization``), and every ``--job-metrics-every`` ticks, in the same call, each
   running job's ``job_goodput``, ``job_nan_events``, ``job_power_watts`` and
   ``job_step_time_s`` (what the simulated backend measures);
-- **transitions**: one for about every 200 policy decisions (small JSON).
+- **transitions**: one for about every 200 policy decisions (a logged round of the
+  learned policy as the daemon writes it).
 
 A 30-day build at the defaults holds 105 k jobs, 1.05 M decisions and 3.9 M metric
 samples: 3.1 GB of SQLite, written in about 6 minutes on 2 shared cores. Prints one JSON
@@ -97,7 +98,7 @@ from autotune.db.tables import (
 )
 from autotune.envs.presets import default_nodes
 from autotune.envs.simulator import SimConfig, SimulatedCluster
-from autotune.envs.spaces import ACTION_FIELDS, GPU_OPTIONS, decode_slot
+from autotune.envs.spaces import ACTION_DIMS, ACTION_FIELDS, GPU_OPTIONS, HEADER, SLOT, decode_slot
 from autotune.envs.workloads import STREAM_BATCH, STREAM_MIX, job_stream
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
 from autotune.perf.model import estimate, shape_of
@@ -508,6 +509,7 @@ class History:
         self.rng = random.Random(seed)
         self.cluster = Cluster(nodes)
         self.ppo = f"ppo-{__version__}"
+        self.transition_step = 0
         self.rules = f"rules-{__version__}"
         self.slots: dict[tuple[int, int, int], RankSlot] = {}
         self.jobs: dict[str, Job] = {}
@@ -637,19 +639,32 @@ class History:
             self._transition(job, template, decided)
 
     def _transition(self, job: Job, template: Template, at: datetime) -> None:
-        observation = {
-            "gpu_utilization": round(self.cluster.held / self.cluster.total, 4),
-            "jobs_pending": len(self.queue),
-            "jobs_running": len(self.running),
-        }
+        # A logged round as the daemon's transition log writes it: the observation's
+        # header and occupied slots, compressed, and each acted slot's entries.
+        slots = min(32, max(1, len(self.queue) + len(self.running)))
+        used = HEADER + len(SLOT) * slots
+        observation = np.zeros(used, dtype=np.float32)
+        observation[:HEADER] = round(self.cluster.held / self.cluster.total, 4)
+        observation[HEADER:] = np.round(
+            np.array([self.rng.random() for _ in range(used - HEADER)]), 3
+        )
+        entries = [[self.rng.randrange(n) for n in ACTION_DIMS] for _ in range(slots)]
+        self.transition_step += 1
         repo.create_transition(
             session=self.session,
+            episode="history-0000",
+            step=self.transition_step,
             policy_version=self.ppo,
-            observation=observation,
-            action={"job_id": job.job_id, "config": template.config.describe()},
-            reward=round(template.goodput / max(1.0, len(job.gpus)) / 1000, 4),
-            next_observation={**observation, "jobs_running": len(self.running) + 1},
-            action_logp=round(-self.rng.expovariate(0.5), 4),
+            epsilon=0.05,
+            observation=repo.pack_observation(observation, used),
+            slots={
+                "jobs": [job.job_id] * slots,
+                "running": [True] * slots,
+                "entries": entries,
+                "mask": [[1] * len(ACTION_DIMS)] * slots,
+                "logp": [[-0.05] * len(ACTION_DIMS)] * slots,
+                "applied": [True] * slots,
+            },
             at=at,
         )
 

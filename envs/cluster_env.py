@@ -116,7 +116,7 @@ from autotune.envs.spaces import (
 from autotune.envs.workloads import job_stream, synthetic_jobs
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
 
-__all__ = ["ChoicesPolicy", "ClusterEnv", "reward"]
+__all__ = ["ChoicesPolicy", "ClusterEnv", "job_rewards", "reward"]
 
 
 class ChoicesPolicy:
@@ -151,6 +151,43 @@ def reward(
         "energy": -energy_weight * outcome.energy_kwh,
     }
     return float(sum(parts.values())), parts
+
+
+def job_rewards(
+    outcome: RoundOutcome,
+    *,
+    round_s: float,
+    oom_penalty: float = 1.0,
+    nan_penalty: float = 0.5,
+    restart_penalty: float = 1.0,
+    energy_weight: float = DEFAULT_ENERGY_WEIGHT,
+) -> dict[str, tuple[float, dict[str, float]]]:
+    """Each running job's own reward in the round and its parts, by job id: ``reward``
+    applied to what the job alone did (``RoundOutcome.jobs``). The round's reward is
+    their sum plus the idle GPUs' energy, which belongs to no job."""
+    weights = {
+        "round_s": round_s,
+        "oom_penalty": oom_penalty,
+        "nan_penalty": nan_penalty,
+        "restart_penalty": restart_penalty,
+        "energy_weight": energy_weight,
+    }
+    return {
+        job_id: reward(
+            RoundOutcome(
+                normalized_goodput=mine.normalized_goodput,
+                ooms=mine.ooms,
+                nan_events=mine.nan_events,
+                restarts=0,
+                restart_s=mine.restart_s,
+                energy_kwh=mine.energy_kwh,
+                finished=0,
+                busy_gpus=0.0,
+            ),
+            **weights,
+        )
+        for job_id, mine in outcome.jobs.items()
+    }
 
 
 class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):

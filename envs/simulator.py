@@ -33,7 +33,7 @@ Energy: each running job's power from the model, idle GPUs at their idle share o
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -66,6 +66,7 @@ from autotune.perf.stragglers import median_cv, sample_cv
 
 __all__ = [
     "Arrival",
+    "JobRound",
     "RoundOutcome",
     "SimConfig",
     "SimJob",
@@ -90,6 +91,14 @@ class Arrival:
     coeffs: Coefficients = DEFAULT_COEFFICIENTS
     """The performance model's coefficients for this job (calibrated per application
     for the Pollux workloads)."""
+
+    @property
+    def coeffs_app(self) -> str | None:
+        """The application whose calibrated coefficients the job runs with (its model's
+        name), ``None`` for the defaults."""
+        if self.coeffs == DEFAULT_COEFFICIENTS or self.spec.model is None:
+            return None
+        return self.spec.model.name
 
     def __post_init__(self) -> None:
         if self.spec.model is None:
@@ -140,6 +149,19 @@ class RoundOutcome:
     energy_kwh: float
     finished: int
     busy_gpus: float
+    jobs: Mapping[str, JobRound] = field(default_factory=dict)
+    """Each running job's share of the round (the cluster's totals add idle GPUs' energy)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRound:
+    """What one job did in a round: the parts of the round's outcome that are its own."""
+
+    normalized_goodput: float = 0.0
+    ooms: int = 0
+    nan_events: int = 0
+    restart_s: float = 0.0
+    energy_kwh: float = 0.0
 
 
 @dataclass(slots=True, kw_only=True)
@@ -195,6 +217,9 @@ class SimulatedCluster:
         self._cache: dict[tuple[object, ...], Estimate] = {}
         self._restarts = 0
         """Reconfigurations applied since the last round."""
+        self.last_outcome: RoundOutcome | None = None
+        """What the round before the newest ``observe()`` produced (``None`` before it):
+        the reward the daemon logs for the decisions of the tick before."""
 
     # -- the job stream ---------------------------------------------------------------
 
@@ -240,7 +265,10 @@ class SimulatedCluster:
             assert arrival.duration_s is not None
             job.work = arrival.duration_s * job.reference_goodput
         job.done = progress * job.work
-        job.status = replace(job.status, progress=progress)
+        # Every job says how long it trains, in steps of its batch (a trace job's work
+        # comes from its measured duration): the job row keeps it for replay and restart.
+        steps = arrival.steps or max(1, math.ceil(job.work / spec.global_batch))
+        job.status = replace(job.status, progress=progress, steps=steps)
         self.jobs[spec.job_id] = job
         return job
 
@@ -267,6 +295,17 @@ class SimulatedCluster:
     def reference_goodput(self, job_id: str) -> float:
         return self.jobs[job_id].reference_goodput
 
+    def replay_info(self, job_id: str) -> dict[str, Any]:
+        """What replaying this job in another simulation needs beyond its spec: its work
+        in samples, the GPUs of its reference configuration, the application whose
+        calibrated coefficients it runs with (``None``: the defaults)."""
+        job = self.jobs[job_id]
+        return {
+            "work": job.work,
+            "reference_gpus": job.arrival.reference_gpus,
+            "coeffs_app": job.arrival.coeffs_app,
+        }
+
     def snapshot(self) -> ClusterSnapshot:
         held = sum(
             slot.gpu_milli
@@ -286,7 +325,7 @@ class SimulatedCluster:
 
     def observe(self) -> ClusterSnapshot:
         if self._observed:
-            self.advance()
+            self.last_outcome = self.advance()
         else:
             self.start()
         return self.snapshot()
@@ -421,6 +460,7 @@ class SimulatedCluster:
         ooms = nans = finished = 0
         restarts, self._restarts = self._restarts, 0
         busy = 0.0
+        per_job: dict[str, JobRound] = {}
         idle_watts = {
             n.node_id: device(n.gpu_model).tdp_watts * IDLE_POWER_FRACTION for n in self.nodes
         }
@@ -439,7 +479,9 @@ class SimulatedCluster:
             job.downtime_s = max(0.0, job.downtime_s - dt)
             job.attained_gpu_s += gpus * dt
             energy_j += est.power_watts * dt
+            mine = JobRound(restart_s=dt - run_s, energy_kwh=est.power_watts * dt / 3.6e6)
             if est.oom:
+                per_job[job.job_id] = replace(mine, ooms=1)
                 ooms += 1
                 job.goodput = 0.0
                 job.status = replace(
@@ -479,7 +521,7 @@ class SimulatedCluster:
             }
             if gained >= need:
                 used = need / est.goodput + (dt - run_s) if est.goodput > 0 else dt
-                norm += need / job.reference_goodput / dt
+                share = need / job.reference_goodput / dt
                 job.done = job.work
                 finished += 1
                 job.status = replace(
@@ -494,7 +536,7 @@ class SimulatedCluster:
                 )
             else:
                 job.done += gained
-                norm += est.goodput / job.reference_goodput * run_s / dt
+                share = est.goodput / job.reference_goodput * run_s / dt
                 job.status = replace(
                     status,
                     config=config,
@@ -502,6 +544,8 @@ class SimulatedCluster:
                     samples_per_s=est.step.samples_per_s if run_s > 0 else 0.0,
                     metrics=metrics,
                 )
+            norm += share
+            per_job[job.job_id] = replace(mine, normalized_goodput=share, nan_events=events)
         for node_id, watts in idle_watts.items():
             idle_gpus = self._nodes[node_id].gpu_count - held_milli.get(node_id, 0) / 1000
             energy_j += watts * max(0.0, idle_gpus) * dt
@@ -516,6 +560,7 @@ class SimulatedCluster:
             energy_kwh=energy_j / 3.6e6,
             finished=finished,
             busy_gpus=busy,
+            jobs=per_job,
         )
 
     def skip_idle(self) -> None:

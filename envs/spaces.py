@@ -294,6 +294,13 @@ class ObservationEncoder:
         self._busy = []
         self.forecast = None
 
+    def continue_from(self, other: ObservationEncoder) -> None:
+        """Take over ``other``'s memory of the cluster (the busy share of every round so
+        far, and its newest forecast), as if this encoder had followed the cluster all
+        along: a policy swapped in mid-run keeps its forecast feature."""
+        self._busy = list(other._busy)
+        self.forecast = other.forecast
+
     def encode(self, snapshot: ClusterSnapshot) -> np.ndarray:
         obs = np.zeros(observation_size(self.slots), dtype=np.float32)
         nodes = [n for n in snapshot.nodes if n.gpu_count > 0]

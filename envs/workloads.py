@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Final
 
 import numpy as np
@@ -20,6 +22,7 @@ from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import JobSpec
 from autotune.envs.simulator import Arrival
 from autotune.envs.traces import TraceJob
+from autotune.errors import InputError
 from autotune.perf.model import DEFAULT_COEFFICIENTS
 from autotune.perf.pollux import APPS, coefficients, target_samples
 
@@ -28,6 +31,7 @@ __all__ = [
     "STREAM_MIX",
     "job_stream",
     "jobs_from_trace",
+    "pollux_arrivals",
     "requested_gpus",
     "synthetic_jobs",
 ]
@@ -93,6 +97,30 @@ def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Arrival]:
             )
         )
     return jobs
+
+
+def pollux_arrivals(path: str | Path, jobs: str | None = None) -> list[Arrival]:
+    """The jobs of a Pollux workload CSV as arrivals, ``jobs`` (``"START:STOP"``, a
+    slice of the arrival order; ``None``: all) re-based so the first arrives at 0."""
+    from autotune.envs.traces import pollux_workload
+
+    arrivals = jobs_from_trace(pollux_workload(path))
+    if jobs:
+        start, _, stop = jobs.partition(":")
+        try:
+            picked = slice(int(start) if start else None, int(stop) if stop else None)
+        except ValueError:
+            raise InputError(f"jobs {jobs!r}: START:STOP, integers") from None
+        arrivals = arrivals[picked]
+        if not arrivals:
+            raise InputError(f"jobs {jobs!r}: no job of the workload in that range", path=str(path))
+    if not arrivals:
+        return arrivals
+    origin = min(a.spec.submitted_at for a in arrivals)
+    return [
+        replace(a, spec=replace(a.spec, submitted_at=a.spec.submitted_at - origin))
+        for a in arrivals
+    ]
 
 
 def synthetic_jobs(

@@ -129,7 +129,9 @@ class TraceSource:
     ``kind="alibaba"``: ``jobs`` is an Alibaba v2023 pod list and ``nodes`` its node
     list. ``kind="pollux"``: ``jobs`` is a Pollux workload CSV, on ``gpus`` T4 GPUs (4
     per node) as the Pollux testbed. ``kind="stream"``: the daemon's default world (its
-    cluster and built-in job stream), ``window`` jobs per episode; ``jobs`` is unused."""
+    cluster and built-in job stream), ``window`` jobs per episode; ``jobs`` is unused.
+    ``kind="replay"``: ``jobs`` is a replay export folder (``autotune replay export``):
+    its cluster and the jobs its log saw (``autotune.replay.workload.load_workload``)."""
 
     jobs: str
     kind: str = "alibaba"
@@ -166,26 +168,47 @@ class PPOSettings:
     """Teacher baseline for behaviour cloning before PPO (``None``: from scratch)."""
     warm_start_episodes: int = 12
     warm_start_epochs: int = 60
+    init_module: str | None = None
+    """An RLModule (or algorithm) checkpoint of a ``SlotPolicyModule`` with ``hidden``
+    units that PPO starts from instead of a fresh module; the warm start is then skipped."""
     seed: int = 0
     sources: tuple[TraceSource, ...] = ()
     """Empty: synthetic job streams (``autotune/Cluster-v0``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _trace(source: TraceSource) -> tuple[list[Any], list[Any]]:
-    """The nodes and the trace jobs of a source."""
+def _trace(source: TraceSource) -> tuple[list[Any], list[Arrival]]:
+    """The nodes and the jobs of a source, in submission order."""
     from autotune.envs import traces
     from autotune.envs.presets import pollux_nodes
     from autotune.envs.traces import load_nodes
+    from autotune.envs.workloads import jobs_from_trace
 
     if source.kind == "alibaba":
         if source.nodes is None:
             raise ValueError("an Alibaba source needs its node list")
-        return load_nodes(source.nodes), traces.alibaba_jobs(source.jobs, seed=source.trace_seed)
+        trace = traces.alibaba_jobs(source.jobs, seed=source.trace_seed)
+        return load_nodes(source.nodes), jobs_from_trace(trace)
     if source.kind == "pollux":
         nodes = pollux_nodes(source.gpus)
-        return nodes, traces.pollux_workload(source.jobs)
-    raise ValueError(f"source kind {source.kind!r}: alibaba, pollux or stream")
+        return nodes, jobs_from_trace(traces.pollux_workload(source.jobs))
+    if source.kind == "replay":
+        from autotune.replay.workload import load_workload
+
+        nodes, arrivals, _ = load_workload(source.jobs)
+        return list(nodes), sorted(arrivals, key=lambda a: a.spec.submitted_at)
+    raise ValueError(f"source kind {source.kind!r}: alibaba, pollux, replay or stream")
+
+
+def _retimed(arrivals: Sequence[Arrival]) -> list[Arrival]:
+    """``arrivals`` with the first one submitted at time 0."""
+    from dataclasses import replace
+
+    origin = arrivals[0].spec.submitted_at
+    return [
+        replace(a, spec=replace(a.spec, submitted_at=a.spec.submitted_at - origin))
+        for a in arrivals
+    ]
 
 
 class _Mixture(gym.Env[np.ndarray, np.ndarray]):
@@ -220,10 +243,6 @@ class _Mixture(gym.Env[np.ndarray, np.ndarray]):
 def make_train_env(config: dict[str, Any]) -> _Mixture:
     """The training environment of ``config`` (a ``PPOSettings`` as a dict, plus RLlib's
     worker index when RLlib calls it)."""
-    from dataclasses import replace
-
-    from autotune.envs.workloads import jobs_from_trace
-
     settings = _settings_from(config)
     forecaster = None
     if settings.forecast:
@@ -269,15 +288,13 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
         rng = np.random.default_rng([settings.seed, worker, k])
 
         def jobs(
-            trace: list[Any] = trace,
+            trace: list[Arrival] = trace,
             rng: np.random.Generator = rng,
             source: TraceSource = source,
             stop: int = stop,
         ) -> Sequence[Arrival]:
             first = int(rng.integers(source.start, stop))
-            window = trace[first : first + source.window]
-            origin = window[0].submit_s
-            return jobs_from_trace([replace(t, submit_s=t.submit_s - origin) for t in window])
+            return _retimed(trace[first : first + source.window])
 
         envs.append(ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, **common))
     return _Mixture(
@@ -461,7 +478,10 @@ def train_ppo(
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         algo = build_config(settings).build_algo()
-        if settings.warm_start:
+        if settings.init_module:
+            algo.restore_from_path(module_dir(settings.init_module), component=str(MODULE_PATH))
+            report["init_module"] = settings.init_module
+        elif settings.warm_start:
             demos = _demonstrations(settings, settings.warm_start, settings.warm_start_episodes)
             module = SlotPolicyModule(
                 observation_space=algo.get_module().observation_space,

@@ -15,6 +15,8 @@ Ray is imported (for ``RLModule.from_checkpoint``) only when a checkpoint is loa
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -38,10 +40,15 @@ from autotune.errors import InputError
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
 
 __all__ = [
+    "ActedStep",
     "IncompatiblePolicyError",
     "LearnedPolicy",
     "PolicyServer",
+    "action_mask",
+    "checkpoint_hash",
     "default_policy_checkpoint",
+    "entry_probabilities",
+    "logged_logp",
 ]
 
 
@@ -52,6 +59,93 @@ class IncompatiblePolicyError(InputError):
 def default_policy_checkpoint() -> Path:
     """The policy shipped in the package (an RLModule folder)."""
     return Path(str(resources.files("autotune") / "data" / "policy"))
+
+
+def checkpoint_hash(path: str | Path) -> str:
+    """SHA-256 of a checkpoint folder's content (every file's relative path and bytes,
+    in path order): two checkpoints with the same weights and spaces have the same hash,
+    wherever they are stored."""
+    root = Path(path)
+    digest = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest.update(file.relative_to(root).as_posix().encode())
+        digest.update(b"\0")
+        with file.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def entry_probabilities(logits: np.ndarray, epsilon: float | np.ndarray) -> list[np.ndarray]:
+    """The acting distribution of each action entry: epsilon-greedy over the module's
+    most likely value, ``(1 - eps) * [v == argmax] + eps / n``.
+
+    ``logits``: ``(N, sum(ACTION_DIMS))``, one slot per row; ``epsilon``: a float or one
+    per row. Returns one ``(N, n_d)`` array per entry, each row summing to 1. Every value
+    keeps probability at least ``eps / n``, so the importance weights of off-policy
+    estimates stay bounded."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if logits.ndim != 2 or logits.shape[1] != sum(ACTION_DIMS):
+        raise ValueError(f"logits of shape {logits.shape}: expected (N, {sum(ACTION_DIMS)})")
+    eps = np.broadcast_to(np.asarray(epsilon, dtype=np.float64), (logits.shape[0],))
+    if np.any((eps < 0) | (eps > 1)):
+        raise ValueError("epsilon must be in [0, 1]")
+    out: list[np.ndarray] = []
+    start = 0
+    for n in ACTION_DIMS:
+        part = logits[:, start : start + n]
+        start += n
+        probs = np.repeat((eps / n)[:, None], n, axis=1)
+        probs[np.arange(len(part)), part.argmax(1)] += 1.0 - eps
+        out.append(probs)
+    return out
+
+
+def action_mask(entries: np.ndarray, running: np.ndarray) -> np.ndarray:
+    """Which entries of each slot's action mattered: a running job that keeps its
+    configuration (``change`` 0) used only ``change``; one that changes, every entry; a
+    waiting job (always configured) every entry but ``change``. ``entries``: ``(N, 7)``;
+    ``running``: ``(N,)`` bools. Returns ``(N, 7)`` bools."""
+    entries = np.asarray(entries)
+    running = np.asarray(running, dtype=bool)
+    mask = np.ones(entries.shape, dtype=bool)
+    keep = running & (entries[:, 0] == 0)
+    mask[keep, 1:] = False
+    mask[~running, 0] = False
+    return mask
+
+
+def logged_logp(
+    probabilities: list[np.ndarray], entries: np.ndarray, mask: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Log-probability of the taken ``entries`` ``(N, 7)`` under ``probabilities``
+    (``entry_probabilities``): per entry ``(N, 7)`` (0 where ``mask`` is off) and joint
+    ``(N,)`` over the entries that mattered."""
+    entries = np.asarray(entries, dtype=np.int64)
+    rows = np.arange(entries.shape[0])
+    per = np.stack([np.log(p[rows, entries[:, d]]) for d, p in enumerate(probabilities)], axis=1)
+    per = np.where(mask, per, 0.0)
+    return per, per.sum(1)
+
+
+@dataclass(frozen=True, slots=True)
+class ActedStep:
+    """What a ``LearnedPolicy`` saw and did in one round, for the transition log:
+    the encoded observation, the job in each acted slot, the entries taken, which
+    mattered, and their log-probabilities under the acting (epsilon-greedy) policy."""
+
+    observation: np.ndarray
+    job_ids: tuple[str, ...]
+    """The job in slot k (slots beyond these were empty)."""
+    running: np.ndarray
+    entries: np.ndarray
+    """``(len(job_ids), 7)``"""
+    mask: np.ndarray
+    logp: np.ndarray
+    """Per entry ``(len(job_ids), 7)``, 0 where masked out."""
+    epsilon: float
+    policy_version: str
 
 
 class PolicyServer:
@@ -108,6 +202,19 @@ class PolicyServer:
         self.shared = isinstance(module, SlotPolicyModule)
         self._torch = torch
 
+    def logits(self, observations: np.ndarray) -> np.ndarray:
+        """The module's action logits, ``(N, slots * sum(ACTION_DIMS))``, for a batch of
+        observations ``(N, HEADER + slots * len(SLOT))`` (any slot count for a module
+        shared across slots)."""
+        from ray.rllib.core.columns import Columns
+
+        torch = self._torch
+        with torch.inference_mode():
+            obs = torch.from_numpy(np.asarray(observations, dtype=np.float32))
+            out = self.module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        logits: np.ndarray = out.numpy().astype(np.float64)
+        return logits
+
     def act(self, observation: np.ndarray) -> np.ndarray:
         """The deterministic action for one observation."""
         from ray.rllib.core.columns import Columns
@@ -159,11 +266,25 @@ class LearnedPolicy:
         round_s: float = DEFAULT_ROUND_S,
         forecast: bool = True,
         server: PolicyServer | None = None,
+        epsilon: float = 0.0,
+        seed: int = 0,
+        kind: str = "ppo",
     ) -> None:
-        """``server``: an already loaded checkpoint (``checkpoint`` is then ignored)."""
+        """``server``: an already loaded checkpoint (``checkpoint`` is then ignored).
+
+        ``epsilon``: the exploration floor. Each action entry of each slot takes the
+        module's most likely value with probability ``1 - epsilon`` and a uniformly drawn
+        one otherwise (``entry_probabilities``), so the log-probability of every logged
+        action is known and never 0 or 1; 0 acts deterministically. ``seed`` seeds those
+        draws. ``kind`` names the policy family in its version: ``<kind>-<first 12 hex
+        digits of the checkpoint's content hash>``."""
         from autotune.policies.rules import RulesPolicy
 
+        if not 0.0 <= epsilon < 1.0:
+            raise InputError(f"exploration epsilon {epsilon!r}: must be in [0, 1)")
         self.slots = slots
+        self.epsilon = float(epsilon)
+        self._rng = np.random.default_rng(seed)
         self.fallback_reason: str | None = None
         self.server = server
         try:
@@ -171,9 +292,21 @@ class LearnedPolicy:
                 self.server = PolicyServer(checkpoint, slots=slots)
         except IncompatiblePolicyError as exc:
             self.fallback_reason = str(exc)
-            event("policy.fallback", level=30, policy="ppo", fallback="rules", reason=str(exc))
+            event("policy.fallback", level=30, policy=kind, fallback="rules", reason=str(exc))
         self.rules = RulesPolicy()
-        self.version = f"ppo-{__version__}" if self.server else f"ppo-fallback-rules-{__version__}"
+        self.kind = kind
+        self.content_hash: str | None = None
+        path = getattr(self.server, "path", None)
+        if path is not None:
+            self.content_hash = checkpoint_hash(path)
+            self.version = f"{kind}-{self.content_hash[:12]}"
+        elif self.server is not None:  # a server with no checkpoint folder behind it
+            self.version = f"{kind}-{__version__}"
+        else:
+            self.version = f"{kind}-fallback-rules-{__version__}"
+        self.last_step: ActedStep | None = None
+        """What the policy saw and did in its newest round (``None`` when it fell back
+        for every job)."""
         forecaster: Any = None
         if forecast and self.server is not None:
             from autotune.policies.forecast import EnvForecast
@@ -195,13 +328,51 @@ class LearnedPolicy:
             if job_ids is None or job_id in job_ids
         }
 
+    def _act(self, obs: np.ndarray, active: list[Any]) -> np.ndarray:
+        """The round's action: the module's most likely entries, each replaced by a
+        uniform draw with probability ``epsilon``; records ``last_step``."""
+        assert self.server is not None
+        if self.epsilon == 0.0:
+            action = self.server.act(obs)
+        else:
+            logits = self.server.logits(obs[None, :]).reshape(-1, sum(ACTION_DIMS))
+            greedy = np.stack([p.argmax(1) for p in _split_logits(logits)], axis=1)  # (slots, 7)
+            explore = self._rng.random(greedy.shape) < self.epsilon
+            uniform = np.floor(self._rng.random(greedy.shape) * np.array(ACTION_DIMS))
+            action = np.where(explore, uniform.astype(np.int64), greedy).reshape(-1)
+        acted = active[: self.slots]
+        if acted:
+            width = len(ACTION_DIMS)
+            entries = action.reshape(-1, width)[: len(acted)]
+            running = np.array([j.state == "running" and j.config is not None for j in acted])
+            mask = action_mask(entries, running)
+            n = len(acted)
+            if self.epsilon == 0.0:
+                per = np.zeros(entries.shape)  # deterministic: probability 1
+            else:
+                slot_logits = logits[:n]
+                per, _ = logged_logp(entry_probabilities(slot_logits, self.epsilon), entries, mask)
+            self.last_step = ActedStep(
+                observation=obs,
+                job_ids=tuple(j.spec.job_id for j in acted),
+                running=running,
+                entries=entries.astype(np.int64),
+                mask=mask,
+                logp=per,
+                epsilon=self.epsilon,
+                policy_version=self.version,
+            )
+        return action
+
     def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
         if self.server is None:
             return self._fallback(snapshot, None, self.fallback_reason or "no policy")
+        self.last_step = None
         obs = self.encoder.encode(snapshot)
         forecast = float(obs[5])
+        active = queue_order(snapshot)
         try:
-            action = self.server.act(obs)
+            action = self._act(obs, active)
         except Exception as exc:  # the module itself failed: every job falls back
             why = f"the policy failed: {type(exc).__name__}: {exc}"
             event("policy.error", level=40, policy=self.version, error=why)
@@ -209,7 +380,6 @@ class LearnedPolicy:
         width = len(ACTION_DIMS)
         choices: dict[str, PolicyChoice] = {}
         failed: dict[str, str] = {}
-        active = queue_order(snapshot)
         for slot, job in enumerate(active[: self.slots]):
             try:
                 choice = decode_slot(action[slot * width : (slot + 1) * width], job, slot)
@@ -228,3 +398,9 @@ class LearnedPolicy:
             fallback = self._fallback(snapshot, {job_id}, why)
             choices.update(fallback)
         return choices
+
+
+def _split_logits(logits: np.ndarray) -> list[np.ndarray]:
+    """``(N, sum(ACTION_DIMS))`` -> one ``(N, n_d)`` block per action entry."""
+    bounds = np.cumsum(ACTION_DIMS)[:-1]
+    return list(np.split(logits, bounds, axis=1))

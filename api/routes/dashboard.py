@@ -1,6 +1,8 @@
-"""The dashboard at ``/``: cluster utilisation actual vs forecast, goodput per job, and
-a timeline of decisions by source. Plotly's JavaScript is served from the installed
-``plotly`` package, so the page needs no network beyond the daemon."""
+"""The dashboard at ``/``: cluster utilisation actual vs forecast, goodput per job, a
+timeline of decisions by source (a shadow policy's too), and, when a shadow policy ran,
+its agreement with the active one and both rounds' predicted goodput. Plotly's
+JavaScript is served from the installed ``plotly`` package, so the page needs no network
+beyond the daemon."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from autotune.api.deps import SessionDep
 from autotune.daemon.forecast import forecast_series
+from autotune.daemon.lifecycle import SHADOW_METRICS
 from autotune.db import repository as repo
 from autotune.interfaces import LoadForecaster
 
@@ -60,6 +63,12 @@ def dashboard_data(
         since, utilization = utilization[0].recorded_at, utilization[1:]
     series = forecast_series([s.value for s in utilization], forecaster, horizon=1)
     rows = repo.list_decision_rows(session=session, since=since, limit=500).rows
+    # A shadow policy's decisions have a page of their own: they never crowd out the
+    # decisions taken.
+    shadow_rows = repo.list_decision_rows(
+        session=session, source="shadow", since=since, limit=500
+    ).rows
+    rows = sorted([*rows, *shadow_rows], key=lambda row: int(row["id"]), reverse=True)
     return {
         "predictor": forecaster.name,
         "utilization": {
@@ -88,7 +97,24 @@ def dashboard_data(
             for row in reversed(rows)
         ],
         "jobs": request.app.state.job_counts.read(session),
+        "shadow": _shadow(session, since, samples),
     }
+
+
+def _shadow(session: Session, since: datetime | None, samples: int) -> dict[str, Any]:
+    """Per shadowed tick in the window: the agreement with the active policy and both
+    rounds' predicted goodput (empty lists when no shadow ran), and the shadow now."""
+    _active, shadow = repo.policy_state(session=session)
+    series: dict[str, Any] = {"version": shadow.version if shadow is not None else None}
+    for key, name in zip(
+        ("agreement", "shadow_goodput", "active_goodput"), SHADOW_METRICS, strict=True
+    ):
+        points = repo.list_metrics(session=session, names=[name], since=since, limit=samples)
+        series[key] = {
+            "at": [p.recorded_at.isoformat() for p in points],
+            "value": [p.value for p in points],
+        }
+    return series
 
 
 def _per_job(

@@ -45,9 +45,12 @@ async def list_decisions(
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: OffsetQuery = 0,
     cursor: CursorQuery = None,
+    policy_version: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
 ) -> Response:
-    """Decisions, newest first; filter by job, source and time (ISO 8601 with zone).
-    Page with ``cursor`` (the previous page's ``next``): any page costs the same."""
+    """Decisions, newest first; filter by job, source, policy version and time (ISO 8601
+    with zone). Without ``source``, the decisions taken: a shadow policy's (never
+    applied) are listed with ``source=shadow``. Page with ``cursor`` (the previous
+    page's ``next``): any page costs the same."""
     if since is not None and since.tzinfo is None:
         raise HTTPException(status_code=422, detail="since needs a time zone, e.g. ...Z")
     with bad_cursor():
@@ -61,6 +64,7 @@ async def list_decisions(
                 limit=limit,
                 offset=offset,
                 cursor=cursor,
+                policy_version=policy_version,
             ),
         )
     body = DecisionsPublic(

@@ -222,7 +222,14 @@ def job_cancel(
 def decisions_command(
     job: Annotated[str | None, typer.Option("--job", help="Only this job's decisions.")] = None,
     source: Annotated[
-        str | None, typer.Option(help="policy, override, fallback or static.")
+        str | None,
+        typer.Option(
+            help="policy, override, fallback, static, or shadow (a shadow policy's, never "
+            "applied; listed only when asked for)."
+        ),
+    ] = None,
+    policy_version: Annotated[
+        str | None, typer.Option("--policy-version", help="Only this policy version's.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 20,
     cursor: CursorOption = None,
@@ -240,7 +247,13 @@ def decisions_command(
             return
         _print_explanation(explained)
         return
-    query = {"job": job, "source": source, "limit": limit, "cursor": cursor}
+    query = {
+        "job": job,
+        "source": source,
+        "policy_version": policy_version,
+        "limit": limit,
+        "cursor": cursor,
+    }
     page = call("GET", "/decisions", url=url, query=query)
     table = Table(title=f"{_counted(page)} decision(s)", caption=_next_page(page))
     for column in ("id", "job", "source", "config", "placement", "reason"):

@@ -66,6 +66,32 @@ def daemon(
             "--sim-max-jobs", help="Jobs the simulator's stream makes in all (0: API jobs only)."
         ),
     ] = None,
+    sim_workload: Annotated[
+        Path | None,
+        typer.Option(
+            "--sim-workload",
+            help="A Pollux workload CSV for the simulator to play instead of its job stream "
+            "(on Pollux's testbed of --sim-gpus T4 GPUs).",
+        ),
+    ] = None,
+    sim_workload_jobs: Annotated[
+        str | None,
+        typer.Option(
+            "--sim-workload-jobs",
+            help="START:STOP: only these jobs of --sim-workload, in arrival order (e.g. 0:80).",
+        ),
+    ] = None,
+    sim_gpus: Annotated[
+        int | None, typer.Option("--sim-gpus", help="GPUs of the Pollux testbed (64).")
+    ] = None,
+    exploration_epsilon: Annotated[
+        float | None,
+        typer.Option(
+            "--exploration-epsilon",
+            help="The learned policy's exploration floor per action entry (0.05; 0: "
+            "deterministic). Logged with every transition for off-policy evaluation.",
+        ),
+    ] = None,
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="json (default) or text.")
     ] = None,
@@ -94,6 +120,7 @@ def daemon(
     from autotune.daemon.telemetry import host_sources
     from autotune.db import Database
     from autotune.policies.rules import RulesPolicy
+    from autotune.replay.log import TransitionLog
 
     settings = load_settings(
         config,
@@ -108,6 +135,10 @@ def daemon(
         ray_address=ray_address,
         sim_initial_jobs=sim_initial_jobs,
         sim_max_jobs=sim_max_jobs,
+        sim_workload=sim_workload,
+        sim_workload_jobs=sim_workload_jobs,
+        sim_gpus=sim_gpus,
+        exploration_epsilon=exploration_epsilon,
         log_format=log_format,
         log_level=log_level.upper() if log_level else None,
     )
@@ -134,14 +165,26 @@ def daemon(
             "Set AUTOTUNE_TOKEN to it for `autotune job ...` and other API clients."
         )
         sys.stdout.flush()
-    chosen = (
-        RulesPolicy()
-        if policy == "rules"
-        else _learned_policy(policy_checkpoint, settings.round_period_s)
-    )
+    chosen = RulesPolicy() if policy == "rules" else None
+    if policy == "ppo" and policy_checkpoint is None:
+        # The version activated through the API before a restart decides again.
+        chosen = _resumed_policy(database, settings)
+    if chosen is None:
+        chosen = _learned_policy(policy_checkpoint, settings)
+    # The rules decide whenever the chosen policy fails after ticks failed in a row.
+    the_daemon = Daemon(db=database, backend=cluster, policy=chosen, fallback=RulesPolicy())
+    if policy == "ppo":  # it follows the policy registry: activate, shadow, roll back
+        from autotune.daemon.lifecycle import PolicyLifecycle
+
+        PolicyLifecycle(_policy_loader(settings)).attach(the_daemon)
+    if settings.log_transitions and policy == "ppo":
+        the_daemon.transitions = TransitionLog(
+            round_s=settings.round_period_s,
+            energy_weight=settings.energy_weight,
+            episode_rounds=settings.transition_episode_rounds,
+        )
     serve(
-        # The rules decide whenever the chosen policy fails after ticks failed in a row.
-        Daemon(db=database, backend=cluster, policy=chosen, fallback=RulesPolicy()),
+        the_daemon,
         host=settings.host,
         port=settings.port,
         tick_s=settings.tick_period_s,
@@ -159,10 +202,60 @@ def daemon(
     )
 
 
-def _learned_policy(checkpoint: Path | None, round_s: float) -> Any:
+def _policy_loader(settings: Any) -> Any:
+    """What builds the learned policy of a registered version, as the daemon's own."""
+    from autotune.policies.versions import CheckpointPolicies
+
+    return CheckpointPolicies(
+        round_s=settings.round_period_s,
+        epsilon=getattr(settings, "exploration_epsilon", 0.0),
+        seed=settings.seed,
+    )
+
+
+def _resumed_policy(database: Any, settings: Any) -> Any:
+    """The registry's active version when it has a checkpoint (one registered through
+    the API, or named by ``--policy-checkpoint`` at an earlier start) or is the rules;
+    ``None`` without one, or when it no longer loads (then the shipped policy decides,
+    and the log says why)."""
+    from autotune.daemon.log import event
+    from autotune.db import repository as repo
+
+    with database.session() as session:
+        active, _shadow = repo.policy_state(session=session)
+    if active is None or (active.checkpoint_path is None and active.kind != "rules"):
+        return None
+    try:
+        chosen = _policy_loader(settings).build(
+            active.kind, active.checkpoint_path, shadow=False, follow=None
+        )
+    except Exception as exc:  # whatever the checkpoint does: start on the shipped policy
+        event(
+            "policy.resume_failed",
+            level=30,
+            version=active.version,
+            checkpoint=active.checkpoint_path,
+            reason=f"{type(exc).__name__}: {exc}",
+        )
+        return None
+    event(
+        "policy.resumed",
+        version=chosen.version,
+        policy_name=active.name,
+        checkpoint=active.checkpoint_path,
+    )
+    return chosen
+
+
+def _learned_policy(checkpoint: Path | None, settings: Any) -> Any:
     from autotune.policies.serving import LearnedPolicy
 
-    return LearnedPolicy(checkpoint, round_s=round_s)
+    return LearnedPolicy(
+        checkpoint,
+        round_s=settings.round_period_s,
+        epsilon=settings.exploration_epsilon,
+        seed=settings.seed,
+    )
 
 
 @db_app.command("upgrade")

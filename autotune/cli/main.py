@@ -1,11 +1,11 @@
 """The ``autotune`` command tree, in one place and in the README's order.
 
 Each command lives in the module of its group (``daemon``, ``plan``, ``client``,
-``evaluate``, ``model``, ``forecast``, ``policy``, ``executor``); the helpers they share
-are in ``common``. Commands that report figures print one JSON object with ``--json``.
-Exit codes: 0 on success, 2 on bad input (one line on stderr naming the file, row or
-column), 1 when something outside the input failed (an unreachable daemon, a crashed
-job).
+``versions``, ``evaluate``, ``model``, ``forecast``, ``policy``, ``replay``, ``executor``); the
+helpers they share are in ``common``. Commands that report figures print one JSON
+object with ``--json``. Exit codes: 0 on success, 2 on bad input (one line on stderr
+naming the file, row or column), 1 when something outside the input failed (an
+unreachable daemon, a crashed job).
 
 Modules that import Ray, RLlib or torch do so inside the command, so ``autotune --help``
 stays fast.
@@ -25,6 +25,8 @@ from autotune.cli.forecast import forecast_app
 from autotune.cli.model import model_app
 from autotune.cli.plan import plan
 from autotune.cli.policy import train_policy, tune_policy
+from autotune.cli.replay import replay_app
+from autotune.cli.versions import policy_app
 
 __all__ = ["app", "main"]
 
@@ -49,12 +51,14 @@ app.add_typer(token_app, name="token", rich_help_panel=_DAEMON)
 app.add_typer(job_app, name="job", no_args_is_help=True, rich_help_panel=_JOBS)
 app.command("decisions", rich_help_panel=_JOBS)(decisions_command)
 app.add_typer(override_app, name="override", no_args_is_help=True, rich_help_panel=_JOBS)
+app.add_typer(policy_app, name="policy", no_args_is_help=True, rich_help_panel=_JOBS)
 app.command("plan", rich_help_panel=_SIM)(plan)
 app.command("eval", rich_help_panel=_SIM)(eval_policies)
 app.add_typer(model_app, name="model", rich_help_panel=_SIM)
 app.add_typer(forecast_app, name="forecast", rich_help_panel=_LEARN)
 app.command("train-policy", rich_help_panel=_LEARN)(train_policy)
 app.command("tune-policy", rich_help_panel=_LEARN)(tune_policy)
+app.add_typer(replay_app, name="replay", rich_help_panel=_LEARN)
 # `job run` trains one job here, through the executor, beside the REST client's commands.
 job_app.command("run")(user_errors(run_command))
 app.command("calibrate", rich_help_panel=_EXECUTOR)(calibrate_command)

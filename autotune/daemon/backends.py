@@ -17,6 +17,19 @@ __all__ = ["BACKENDS", "build_backend"]
 def _simulated(settings: Settings) -> Backend:
     from autotune.envs.simulator import SimConfig, SimulatedCluster
 
+    if settings.sim_workload is not None:
+        from autotune.envs.presets import pollux_nodes
+        from autotune.envs.workloads import pollux_arrivals
+
+        arrivals = pollux_arrivals(settings.sim_workload, settings.sim_workload_jobs)
+        return SimulatedCluster(
+            SimConfig(
+                seed=settings.seed,
+                round_s=settings.round_period_s,
+                nodes=tuple(pollux_nodes(settings.sim_gpus)),
+            ),
+            arrivals=arrivals,
+        )
     return SimulatedCluster(
         SimConfig(
             seed=settings.seed,

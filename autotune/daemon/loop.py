@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from sqlalchemy.orm import Session
@@ -49,7 +49,15 @@ from autotune.interfaces import (
 )
 from autotune.perf.model import statistical_efficiency
 
-__all__ = ["FALLBACK_AFTER", "Daemon", "TickHealth", "TickReport", "serve"]
+__all__ = [
+    "FALLBACK_AFTER",
+    "Daemon",
+    "Lifecycle",
+    "Recorder",
+    "TickHealth",
+    "TickReport",
+    "serve",
+]
 
 FALLBACK_AFTER = 3
 """Failed ticks in a row after which the daemon decides with its fallback policy."""
@@ -101,6 +109,46 @@ class TickHealth:
         return text
 
 
+class Recorder(Protocol):
+    """What the decision loop asks of the transition log each tick (in the transaction
+    that commits the round's decisions) and when it stops."""
+
+    def record(
+        self,
+        session: Session,
+        *,
+        policy: Policy | None,
+        backend: Backend,
+        snapshot: ClusterSnapshot,
+        round_: DecisionRound,
+        overrides: dict[str, repo.OverrideRecord],
+        stored: list[Decision],
+    ) -> None:
+        """Measure the previous round (the backend ran it before ``snapshot``), then log
+        this one if ``policy`` (``None``: the fallback decided) acted on it."""
+
+    def close(self, session: Session) -> None:
+        """The loop stopped: the round logged last will never be measured."""
+
+
+class Lifecycle(Protocol):
+    """What the decision loop asks of the policy registry each tick."""
+
+    def before_tick(self, daemon: Daemon) -> None:
+        """Swap ``daemon.policy`` if another version was activated (never raises for a
+        checkpoint that cannot load: it logs and keeps the current policy)."""
+
+    def after_decide(
+        self,
+        daemon: Daemon,
+        snapshot: ClusterSnapshot,
+        overrides: dict[str, repo.OverrideRecord],
+        round_: DecisionRound,
+    ) -> None:
+        """Let the shadow policy, if any, decide the same round and store its choices
+        (never applied)."""
+
+
 def _error(exc: BaseException) -> str:
     """``Type: message`` (the message cut at 500 characters)."""
     message = str(exc)
@@ -147,6 +195,8 @@ class Daemon:
         # What the job rows last said, so unchanged jobs are not rewritten every tick.
         self._job_rows: dict[str, tuple[object, ...]] = {}
         self._nodes_written: tuple[object, ...] | None = None
+        # Jobs whose replay information (``backend.replay_info``) has been written.
+        self._replayable: set[str] = set()
         self._reconciled = False
         self._started_at = utc_now()
         # Jobs the backend knows, and per active job the override its newest decision
@@ -157,6 +207,12 @@ class Daemon:
         """Called with the report of every tick that succeeded."""
         self.after_tick: list[Callable[[], None]] = []
         """Called after every tick, failed or not, once what it committed is visible."""
+        self.transitions: Recorder | None = None
+        """Where the learned policy's rounds are logged for offline learning
+        (``autotune.replay.log.TransitionLog``); ``None``: not logged."""
+        self.lifecycle: Lifecycle | None = None
+        """The policy registry's hand on the loop (``autotune.daemon.lifecycle``): it may
+        swap ``policy`` before a tick decides, and lets a shadow policy decide beside it."""
 
     @property
     def health(self) -> TickHealth:
@@ -179,6 +235,9 @@ class Daemon:
                 activate=True,
             )
             resumed = self._restore(session)
+            if self.transitions is not None:
+                # Rounds a stopped run logged but never measured end their episodes.
+                repo.truncate_open_transitions(session=session)
         event(
             "daemon.start", backend=self.backend.name, policy=self.policy.version, resumed=resumed
         )
@@ -357,12 +416,16 @@ class Daemon:
 
     def _tick(self) -> TickReport:
         started = time.perf_counter()
+        if self.lifecycle is not None:
+            self.lifecycle.before_tick(self)
         self._intake()
         snapshot = self.backend.observe()
         self._known.update(j.spec.job_id for j in snapshot.jobs)
         with self.db.session() as session:
             overrides = repo.active_overrides(session=session, at=utc_now())
         round_, used_fallback = self._decide(snapshot, overrides)
+        if self.lifecycle is not None:
+            self.lifecycle.after_decide(self, snapshot, overrides, round_)
         decisions, unplaced, why = round_.decisions, round_.unplaced, round_.why
         for job_id, reason in round_.skipped_overrides.items():
             event("override.skipped", job=job_id, reason=reason)
@@ -377,6 +440,16 @@ class Daemon:
                     (d, why[d.job_id].override_id, why[d.job_id].explanation) for d in decisions
                 ],
             )
+            if self.transitions is not None:
+                self.transitions.record(
+                    session,
+                    policy=self.policy if not used_fallback else None,
+                    backend=self.backend,
+                    snapshot=snapshot,
+                    round_=round_,
+                    overrides=overrides,
+                    stored=stored,
+                )
         for decision in stored:
             self._honoured[decision.job_id] = why[decision.job_id].override_id
         self.backend.apply(stored)
@@ -476,9 +549,13 @@ class Daemon:
         row = (job.state, reason, progress, job.spec.submitted_at, job.started_s, job.finished_s)
         if self._job_rows.get(job.spec.job_id) == row:
             return
-        task = None
+        task: dict[str, Any] | None = None
         if job.task is not None and job.steps is not None:
             task = {"name": job.task, "steps": job.steps, "origin": self.backend.name}
+            replay_info = getattr(self.backend, "replay_info", None)
+            if replay_info is not None and job.spec.job_id not in self._replayable:
+                task["replay"] = replay_info(job.spec.job_id)
+                self._replayable.add(job.spec.job_id)
         repo.upsert_job(
             session=session,
             spec=job.spec,
@@ -491,6 +568,13 @@ class Daemon:
             sim_finished_s=job.finished_s,
         )
         self._job_rows[job.spec.job_id] = row
+
+    def stop(self) -> None:
+        """End the transition log's open episode (the round it logged last was never
+        measured). Call once the decision loop has stopped."""
+        if self.transitions is not None:
+            with self.db.session() as session:
+                self.transitions.close(session)
 
     def run(self, stop: threading.Event, tick_s: float) -> None:
         """Tick every ``tick_s`` seconds until ``stop`` is set; a tick in progress
@@ -686,6 +770,8 @@ def serve(
             runner.run(_main())
     finally:
         try:
+            if not loop.is_alive():  # a tick still running holds the log
+                daemon.stop()
             daemon.backend.close(timeout_s=left())
         finally:
             for sig, handler in previous.items():

@@ -62,6 +62,24 @@ class Settings(BaseSettings):
     sim_max_jobs: int | None = Field(default=None, ge=0)
     """Jobs the built-in job stream generates in all (``None``: no limit; 0: only the
     jobs submitted through the API)."""
+    sim_workload: Path | None = None
+    """A Pollux workload CSV the simulated cluster plays instead of its built-in job stream,
+    on Pollux's testbed of ``sim_gpus`` T4 GPUs (4 per node)."""
+    sim_workload_jobs: str | None = Field(default=None, pattern=r"^\d*:\d*$")
+    """``START:STOP``: only these jobs of ``sim_workload`` (arrival order, Python slice;
+    times re-based so the first arrives at 0). Default: all."""
+    sim_gpus: int = Field(default=64, ge=4)
+    """GPUs of the Pollux testbed ``sim_workload`` runs on (a multiple of 4)."""
+    exploration_epsilon: float = Field(default=0.05, ge=0, lt=1)
+    """The learned policy's exploration floor: each entry of each job's action takes the
+    policy's most likely value with probability ``1 - epsilon``, a uniformly drawn one
+    otherwise. Logged with every transition, it keeps the logged actions' probabilities
+    away from 0 and 1, which off-policy evaluation needs. 0: deterministic."""
+    log_transitions: bool = True
+    """Log every round the learned policy decides (``transitions``) for offline retraining
+    (``autotune replay export``)."""
+    transition_episode_rounds: int = Field(default=288, ge=1)
+    """Consecutive rounds per logged episode (288: a day of 5-minute rounds)."""
     backend: str = "sim"
     """The cluster the daemon drives: ``sim`` (the built-in simulated cluster) or ``ray``
     (jobs trained for real by the executor on Ray)."""
@@ -99,9 +117,12 @@ class Settings(BaseSettings):
     retention_metrics_days: float = Field(default=30.0, ge=0)
     """Metric samples are deleted after this many days (0: kept forever)."""
     retention_decisions_days: float = Field(default=90.0, ge=0)
-    """Decisions (and transitions, and ended overrides no decision refers to) are
+    """Decisions (and ended overrides no decision refers to) are
     deleted after this many days, never the newest decision of an active job (0: kept
     forever)."""
+    retention_transitions_days: float = Field(default=30.0, ge=0)
+    """Logged transitions are deleted after this many days (0: kept forever). A round of
+    the learned policy takes about 0.4 KB plus 0.2 KB per job it acts on."""
     retention_jobs_days: float = Field(default=90.0, ge=0)
     """Finished, failed and cancelled jobs are deleted this many days after they ended,
     once nothing refers to them (0: kept forever)."""
@@ -140,7 +161,7 @@ class Settings(BaseSettings):
             metrics_downsample_s=self.retention_metrics_downsample_s,
             metrics_days=days(self.retention_metrics_days),
             decisions_days=days(self.retention_decisions_days),
-            transitions_days=days(self.retention_decisions_days),
+            transitions_days=days(self.retention_transitions_days),
             jobs_days=days(self.retention_jobs_days),
             batch_rows=self.retention_batch_rows,
         )

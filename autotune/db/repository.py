@@ -9,12 +9,14 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Literal, TypeVar, cast
 
-from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select
+import numpy as np
+from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from autotune.core import (
@@ -35,6 +37,7 @@ from autotune.db.tables import (
     MetricRow,
     NodeRow,
     OverrideRow,
+    PolicyEventRow,
     PolicyVersionRow,
     TransitionRow,
 )
@@ -44,19 +47,26 @@ __all__ = [
     "ACTIVE_STATES",
     "COUNT_CAP",
     "JOB_STATES",
+    "POLICY_ACTIONS",
     "CursorError",
     "DecisionRecord",
     "JobRecord",
     "MetricSample",
+    "MetricSummary",
     "NodeRecord",
     "OverrideRecord",
     "Page",
+    "PolicyConflictError",
+    "PolicyEventRecord",
+    "PolicyNotFoundError",
     "PolicyVersionRecord",
+    "activate_policy",
     "active_jobs",
     "active_overrides",
     "active_policy_version",
     "add_token_hash",
     "cancel_requests",
+    "clear_shadow_policy",
     "create_decision",
     "create_decisions",
     "create_override",
@@ -66,10 +76,12 @@ __all__ = [
     "get_decision",
     "get_job",
     "get_override",
+    "get_policy_version",
     "job_counts",
     "job_ids",
     "latest_decision_records",
     "latest_decisions",
+    "latest_policy_event",
     "list_decision_rows",
     "list_decisions",
     "list_jobs",
@@ -77,18 +89,29 @@ __all__ = [
     "list_metrics",
     "list_nodes",
     "list_overrides",
+    "list_policy_events",
     "list_policy_versions",
     "mark_decision_applied",
     "node_records",
+    "pack_observation",
+    "policy_state",
     "record_metrics",
+    "record_policy_failure",
+    "register_policy",
     "register_policy_version",
     "replace_token_hashes",
     "request_cancel",
+    "rollback_policy",
     "running_placements",
     "set_job_state",
+    "set_shadow_policy",
+    "set_transition_reward",
     "submit_job",
     "submitted_job_ids",
+    "summarize_metric",
     "token_hashes",
+    "truncate_open_transitions",
+    "unpack_observation",
     "upsert_job",
     "upsert_nodes",
 ]
@@ -161,7 +184,8 @@ class JobRecord:
     submitted_at: datetime
     updated_at: datetime
     task: dict[str, Any] | None = None
-    """``{"name", "steps", "origin"}``; ``None`` when unknown."""
+    """``{"name", "steps", "origin"}``, and ``"replay"`` (work in samples, reference GPUs,
+    calibrated application) where the backend says; ``None`` when unknown."""
     cancel_requested_at: datetime | None = None
     started_at: datetime | None = None
     """When the daemon first saw the job running (or decided it so)."""
@@ -348,6 +372,9 @@ def upsert_job(
         _stamp(row, now)
     if row.task is None and task is not None:
         row.task = task
+    elif row.task is not None and task and "replay" in task and "replay" not in row.task:
+        # What replaying the job needs, as the backend tells it once the job runs there.
+        row.task = {**row.task, "replay": task["replay"]}
     if row.sim_submitted_s is None and sim_submitted_s is not None:
         row.sim_submitted_s = sim_submitted_s
     if row.sim_started_s is None and sim_started_s is not None:
@@ -573,20 +600,34 @@ def _decision_record(row: DecisionRow) -> DecisionRecord:
     )
 
 
+_TAKEN: ColumnElement[bool] = DecisionRow.source != "shadow"
+"""Decisions the daemon took (applied, or committed to be): not a shadow policy's."""
+
+
 def get_decision(*, session: Session, decision_id: int) -> DecisionRecord | None:
     row = session.get(DecisionRow, decision_id)
     return None if row is None else _decision_record(row)
 
 
 def _decision_conditions(
-    job_id: str | None, source: str | None, since: datetime | None, cursor: str | None
+    job_id: str | None,
+    source: str | None,
+    since: datetime | None,
+    cursor: str | None,
+    policy_version: str | None = None,
 ) -> tuple[list[ColumnElement[bool]], list[ColumnElement[bool]]]:
-    """The listing's filters, and the filters plus the cursor's position."""
+    """The listing's filters, and the filters plus the cursor's position. Without a
+    ``source``, the decisions taken (every source but ``shadow``: a shadow policy's
+    decisions are listed only when asked for)."""
     conditions: list[ColumnElement[bool]] = []
     if job_id is not None:
         conditions.append(DecisionRow.job_id == job_id)
+    if policy_version is not None:
+        conditions.append(DecisionRow.policy_version == policy_version)
     if source is not None:
         conditions.append(DecisionRow.source == source)
+    else:
+        conditions.append(_TAKEN)
     if since is not None:
         conditions.append(DecisionRow.decided_at >= since)
     positioned = list(conditions)
@@ -606,8 +647,9 @@ def _decision_page(
     limit: int,
     offset: int,
     cursor: str | None,
+    policy_version: str | None = None,
 ) -> tuple[list[Any], int, bool, str | None]:
-    conditions, positioned = _decision_conditions(job_id, source, since, cursor)
+    conditions, positioned = _decision_conditions(job_id, source, since, cursor, policy_version)
     count, exact = _bounded_count(session, DecisionRow.id, conditions)
     rows = list(
         session.execute(
@@ -632,9 +674,10 @@ def list_decisions(
     limit: int = 50,
     offset: int = 0,
     cursor: str | None = None,
+    policy_version: str | None = None,
 ) -> Page[DecisionRecord]:
     """Decisions newest first, filtered; ``cursor``: the page after the one that handed
-    it out."""
+    it out. Without ``source``, every source but ``shadow``."""
     rows, count, exact, next_cursor = _decision_page(
         session,
         [DecisionRow.id, DecisionRow],
@@ -644,6 +687,7 @@ def list_decisions(
         limit=limit,
         offset=offset,
         cursor=cursor,
+        policy_version=policy_version,
     )
     return Page([_decision_record(r.DecisionRow) for r in rows], count, exact, next_cursor)
 
@@ -671,6 +715,7 @@ def list_decision_rows(
     limit: int = 50,
     offset: int = 0,
     cursor: str | None = None,
+    policy_version: str | None = None,
 ) -> Page[dict[str, Any]]:
     """``list_decisions`` as stored JSON, for the API's listing: only the columns it
     shows (not the explanation), and not rebuilt into dataclasses (they were valid
@@ -684,6 +729,7 @@ def list_decision_rows(
         limit=limit,
         offset=offset,
         cursor=cursor,
+        policy_version=policy_version,
     )
     return Page([row._asdict() for row in rows], count, exact, next_cursor)
 
@@ -703,8 +749,9 @@ def decision_counts(*, session: Session, after_id: int = 0) -> tuple[dict[str, i
 def latest_decision_records(
     *, session: Session, job_ids: Iterable[str] | None = None
 ) -> dict[str, DecisionRecord]:
-    """The newest decision of every job (of ``job_ids``, when given), with its override."""
-    newest = select(func.max(DecisionRow.id)).group_by(DecisionRow.job_id)
+    """The newest decision of every job (of ``job_ids``, when given), with its override;
+    a shadow policy's decisions never count (they were not taken)."""
+    newest = select(func.max(DecisionRow.id)).where(_TAKEN).group_by(DecisionRow.job_id)
     if job_ids is not None:
         newest = newest.where(DecisionRow.job_id.in_(list(job_ids)))
     rows = session.scalars(select(DecisionRow).where(DecisionRow.id.in_(newest)))
@@ -712,18 +759,19 @@ def latest_decision_records(
 
 
 def latest_decisions(*, session: Session) -> dict[str, Decision]:
-    """The newest decision of every job."""
-    newest = select(func.max(DecisionRow.id)).group_by(DecisionRow.job_id)
+    """The newest decision taken for every job (shadow decisions never count)."""
+    newest = select(func.max(DecisionRow.id)).where(_TAKEN).group_by(DecisionRow.job_id)
     rows = session.scalars(select(DecisionRow).where(DecisionRow.id.in_(newest)))
     return {row.job_id: _decision(row) for row in rows}
 
 
 def running_placements(*, session: Session) -> dict[str, Placement]:
-    """Where running jobs are: the placement of each running job's newest decision."""
+    """Where running jobs are: the placement of each running job's newest decision
+    (shadow decisions never count)."""
     newest = (
         select(func.max(DecisionRow.id))
         .join(JobRow, JobRow.job_id == DecisionRow.job_id)
-        .where(JobRow.state == "running", DecisionRow.placement.is_not(None))
+        .where(JobRow.state == "running", DecisionRow.placement.is_not(None), _TAKEN)
         .group_by(DecisionRow.job_id)
     )
     rows = session.scalars(select(DecisionRow).where(DecisionRow.id.in_(newest)))
@@ -756,30 +804,207 @@ def record_metrics(
         session.execute(insert(MetricRow), rows)
 
 
+def pack_observation(observation: np.ndarray, used: int) -> bytes:
+    """An observation as a transition stores it: its first ``used`` entries (the header
+    and the occupied slots; the rest are zeros) as zlib-compressed float32."""
+    head = np.ascontiguousarray(np.asarray(observation, dtype=np.float32)[:used])
+    return zlib.compress(head.tobytes(), 1)
+
+
+def unpack_observation(blob: bytes, size: int) -> np.ndarray:
+    """The observation ``pack_observation`` stored, zero-padded to ``size`` entries."""
+    head = np.frombuffer(zlib.decompress(blob), dtype=np.float32)
+    out = np.zeros(size, dtype=np.float32)
+    out[: len(head)] = head[:size]
+    return out
+
+
 def create_transition(
     *,
     session: Session,
+    episode: str,
+    step: int,
     policy_version: str,
-    observation: dict[str, Any],
-    action: dict[str, Any],
-    reward: float,
-    next_observation: dict[str, Any],
-    action_logp: float | None = None,
+    epsilon: float,
+    observation: bytes,
+    slots: dict[str, Any],
+    sim_time_s: float | None = None,
     at: datetime | None = None,
 ) -> int:
-    """``at``: when (default now)."""
+    """Log one decision round (``TransitionRow``); its reward comes later
+    (``set_transition_reward``). ``at``: when it was decided (default now)."""
     row = TransitionRow(
+        episode=episode,
+        step=step,
         policy_version=policy_version,
+        epsilon=epsilon,
+        sim_time_s=sim_time_s,
         observation=observation,
-        action=action,
-        reward=reward,
-        next_observation=next_observation,
-        action_logp=action_logp,
+        slots=slots,
+        reward=None,
+        reward_parts=None,
+        truncated=False,
         created_at=at or utc_now(),
     )
     session.add(row)
     session.flush()
     return row.id
+
+
+def set_transition_reward(
+    *,
+    session: Session,
+    transition_id: int,
+    reward: float | None,
+    parts: dict[str, Any] | None,
+    truncated: bool = False,
+) -> None:
+    """Fill in what the round after a logged decision produced; ``truncated``: the
+    episode ends with this round."""
+    session.execute(
+        update(TransitionRow)
+        .where(TransitionRow.id == transition_id)
+        .values(reward=reward, reward_parts=parts, truncated=truncated)
+    )
+
+
+def truncate_open_transitions(*, session: Session) -> int:
+    """Mark every logged round still waiting for its reward as the end of its episode
+    (the daemon stopped before measuring it); returns how many."""
+    result = session.execute(
+        update(TransitionRow)
+        .where(TransitionRow.reward.is_(None), TransitionRow.truncated.is_(False))
+        .values(truncated=True)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+class PolicyNotFoundError(LookupError):
+    """No policy version by that name."""
+
+
+class PolicyConflictError(ValueError):
+    """A registry change the registry's state does not allow (the message says why)."""
+
+
+POLICY_ACTIONS = (
+    "register",
+    "activate",
+    "rollback",
+    "shadow",
+    "unshadow",
+    "activate_failed",
+    "shadow_failed",
+)
+"""What a ``policy_events`` row records; an ``activate`` or ``rollback`` event's
+``detail["previous"]`` is the version active before it."""
+_ACTIVATIONS = ("activate", "rollback")
+_FAILURES = ("activate_failed", "shadow_failed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyVersionRecord:
+    version: str
+    kind: str
+    checkpoint_path: str | None
+    active: bool
+    metrics: dict[str, Any]
+    created_at: datetime
+    name: str = ""
+    content_hash: str | None = None
+    shadow: bool = False
+    activated_at: datetime | None = None
+    last_error: str | None = None
+    """Why its newest activation or shadowing failed, when that is the newest thing
+    that happened to it."""
+
+    @property
+    def state(self) -> Literal["active", "shadow", "registered"]:
+        """``active`` (it decides), ``shadow`` (it decides beside the active one, never
+        applied) or ``registered``."""
+        return "active" if self.active else "shadow" if self.shadow else "registered"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyEventRecord:
+    event_id: int
+    version: str
+    action: str
+    at: datetime
+    detail: dict[str, Any]
+
+
+def _policy_record(row: PolicyVersionRow, last_error: str | None = None) -> PolicyVersionRecord:
+    return PolicyVersionRecord(
+        version=row.version,
+        kind=row.kind,
+        checkpoint_path=row.checkpoint_path,
+        active=row.active,
+        metrics=row.metrics,
+        created_at=row.created_at,
+        name=row.name or row.version,
+        content_hash=row.content_hash,
+        shadow=row.shadow,
+        activated_at=row.activated_at,
+        last_error=last_error,
+    )
+
+
+def _policy_event(session: Session, version: str, action: str, at: datetime, **detail: Any) -> None:
+    if action not in POLICY_ACTIONS:
+        raise ValueError(f"policy event {action!r}: one of {POLICY_ACTIONS}")
+    session.add(PolicyEventRow(version=version, action=action, at=at, detail=detail))
+
+
+def _policy_row(session: Session, version: str) -> PolicyVersionRow:
+    row = session.get(PolicyVersionRow, version)
+    if row is None:
+        raise PolicyNotFoundError(f"no policy version {version!r}")
+    return row
+
+
+def _active_row(session: Session) -> PolicyVersionRow | None:
+    """The active version (the one activated last, should two writers ever have left two
+    active)."""
+    return session.scalars(
+        select(PolicyVersionRow)
+        .where(PolicyVersionRow.active)
+        .order_by(PolicyVersionRow.activated_at.desc().nulls_last())
+    ).first()
+
+
+def _shadow_row(session: Session) -> PolicyVersionRow | None:
+    return session.scalars(select(PolicyVersionRow).where(PolicyVersionRow.shadow)).first()
+
+
+def _runnable(row: PolicyVersionRow) -> None:
+    """A version the daemon can build: a checkpoint, or the rules."""
+    if row.checkpoint_path is None and row.kind != "rules":
+        raise PolicyConflictError(
+            f"policy version {row.version!r} has no checkpoint to load (it fell back to "
+            "rules when it was recorded); register its checkpoint"
+        )
+
+
+def _make_active(
+    session: Session, row: PolicyVersionRow, action: str, at: datetime, **detail: Any
+) -> bool:
+    """Make ``row`` the one active version, recording ``action`` with the version active
+    before it (as ``previous``, unless ``detail`` says it); ``False`` if it already was."""
+    current = _active_row(session)
+    if current is not None and current.version == row.version:
+        return False
+    for other in session.scalars(select(PolicyVersionRow).where(PolicyVersionRow.active)):
+        other.active = False
+    session.flush()  # one active version at any moment, also inside the transaction
+    row.active = True
+    row.activated_at = at
+    detail.setdefault("previous", None if current is None else current.version)
+    _policy_event(session, row.version, action, at, **detail)
+    if row.shadow:  # the candidate now decides: nothing left to shadow
+        row.shadow = False
+        _policy_event(session, row.version, "unshadow", at, reason="activated")
+    return True
 
 
 def register_policy_version(
@@ -791,9 +1016,15 @@ def register_policy_version(
     activate: bool = False,
     metrics: dict[str, Any] | None = None,
     at: datetime | None = None,
-) -> None:
-    """Record a policy version (idempotent); ``activate`` makes it the only active one.
-    ``at``: when it is first recorded (default now)."""
+    name: str | None = None,
+    content_hash: str | None = None,
+    by: str = "daemon start",
+) -> PolicyVersionRecord:
+    """Record a policy version (idempotent: a version recorded before keeps its name and
+    gains the checkpoint and hash it lacked); ``activate`` makes it the only active one
+    (an ``activate`` event, ``by`` saying who, when it was not active already). ``at``:
+    when (default now)."""
+    when = at or utc_now()
     row = session.get(PolicyVersionRow, version)
     if row is None:
         row = PolicyVersionRow(
@@ -801,48 +1032,325 @@ def register_policy_version(
             kind=kind,
             checkpoint_path=checkpoint_path,
             active=False,
+            shadow=False,
             metrics=metrics or {},
-            created_at=at or utc_now(),
+            created_at=when,
+            name=name or version,
+            content_hash=content_hash,
         )
         session.add(row)
+        _policy_event(
+            session, version, "register", when, kind=kind, checkpoint=checkpoint_path, by=by
+        )
+    else:
+        if row.checkpoint_path is None and checkpoint_path is not None:
+            row.checkpoint_path = checkpoint_path
+        if row.content_hash is None and content_hash is not None:
+            row.content_hash = content_hash
     if activate:
-        for other in session.scalars(select(PolicyVersionRow).where(PolicyVersionRow.active)):
-            other.active = False
-        row.active = True
+        _make_active(session, row, "activate", when, by=by)
+    session.flush()
+    return _policy_record(row)
+
+
+def register_policy(
+    *,
+    session: Session,
+    kind: str,
+    checkpoint_path: str,
+    content_hash: str,
+    name: str | None = None,
+    at: datetime | None = None,
+) -> tuple[PolicyVersionRecord, bool]:
+    """Register a checkpoint by its content hash: ``(record, created)``. The same
+    content registered again (from any path, under any name) is the version already
+    there, unchanged (``created`` false). Its version is ``<kind>-<hash[:12]>``."""
+    existing = session.scalars(
+        select(PolicyVersionRow)
+        .where(PolicyVersionRow.content_hash == content_hash)
+        .order_by(PolicyVersionRow.created_at)
+    ).first()
+    if existing is not None:
+        if existing.checkpoint_path is None:
+            existing.checkpoint_path = checkpoint_path
+        return _policy_record(existing), False
+    version = f"{kind}-{content_hash[:12]}"
+    record = register_policy_version(
+        session=session,
+        version=version,
+        kind=kind,
+        checkpoint_path=checkpoint_path,
+        content_hash=content_hash,
+        name=name,
+        at=at,
+        by="api",
+    )
+    return record, True
+
+
+def get_policy_version(*, session: Session, version: str) -> PolicyVersionRecord | None:
+    row = session.get(PolicyVersionRow, version)
+    if row is None:
+        return None
+    return _policy_record(row, _last_errors(session, [version]).get(version))
 
 
 def active_policy_version(*, session: Session) -> str | None:
     return session.scalar(select(PolicyVersionRow.version).where(PolicyVersionRow.active))
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PolicyVersionRecord:
-    version: str
-    kind: str
-    checkpoint_path: str | None
-    active: bool
-    metrics: dict[str, Any]
-    created_at: datetime
+def policy_state(
+    *, session: Session
+) -> tuple[PolicyVersionRecord | None, PolicyVersionRecord | None]:
+    """The active and the shadow version: one read of a table of a few rows, cheap
+    enough for every tick."""
+    active = shadow = None
+    rows = session.scalars(
+        select(PolicyVersionRow)
+        .where(or_(PolicyVersionRow.active, PolicyVersionRow.shadow))
+        .order_by(PolicyVersionRow.activated_at.desc().nulls_last())
+    )
+    for row in rows:
+        if row.active and active is None:
+            active = _policy_record(row)
+        elif row.shadow and not row.active and shadow is None:
+            shadow = _policy_record(row)
+    return active, shadow
+
+
+def activate_policy(
+    *, session: Session, version: str, by: str = "api", at: datetime | None = None
+) -> PolicyVersionRecord:
+    """Make ``version`` the active one: the daemon decides with it from its next tick.
+    ``PolicyNotFoundError``, or ``PolicyConflictError`` when it has nothing to load."""
+    row = _policy_row(session, version)
+    _runnable(row)
+    _make_active(session, row, "activate", at or utc_now(), by=by)
+    session.flush()
+    return _policy_record(row)
+
+
+def set_shadow_policy(
+    *, session: Session, version: str, at: datetime | None = None
+) -> PolicyVersionRecord:
+    """Make ``version`` the shadow: from the daemon's next tick it decides every round
+    beside the active version, its decisions stored (``source="shadow"``), never applied.
+    It replaces the shadow there was. Not the active version itself."""
+    when = at or utc_now()
+    row = _policy_row(session, version)
+    if row.active:
+        raise PolicyConflictError(
+            f"policy version {version!r} is the active one: nothing to compare"
+        )
+    _runnable(row)
+    if row.shadow:
+        return _policy_record(row)
+    current = _shadow_row(session)
+    if current is not None:
+        current.shadow = False
+        _policy_event(session, current.version, "unshadow", when, reason=f"replaced by {version}")
+    session.flush()
+    row.shadow = True
+    _policy_event(session, version, "shadow", when)
+    session.flush()
+    return _policy_record(row)
+
+
+def clear_shadow_policy(
+    *, session: Session, reason: str = "stopped", at: datetime | None = None
+) -> PolicyVersionRecord | None:
+    """Stop shadowing; returns the version that was the shadow (``None``: there was none)."""
+    row = _shadow_row(session)
+    if row is None:
+        return None
+    row.shadow = False
+    _policy_event(session, row.version, "unshadow", at or utc_now(), reason=reason)
+    session.flush()
+    return _policy_record(row)
+
+
+def rollback_policy(*, session: Session, at: datetime | None = None) -> PolicyVersionRecord:
+    """Make the version that was active before the current one active again (repeated,
+    it walks further back). ``PolicyConflictError`` when no version was active before it, or
+    that version cannot be loaded any more."""
+    current = _active_row(session)
+    if current is None:
+        raise PolicyConflictError("no active policy version to roll back from")
+    previous = _previous_active(session, current.version)
+    if previous is None:
+        raise PolicyConflictError(
+            f"no version was active before {current.version!r}: nothing to roll back to"
+        )
+    row = session.get(PolicyVersionRow, previous)
+    if row is None:
+        raise PolicyConflictError(
+            f"the version active before, {previous!r}, is no longer registered"
+        )
+    _runnable(row)
+    # The version rolled back to takes its own predecessor along, so a second rollback
+    # goes further back instead of forth.
+    _make_active(
+        session,
+        row,
+        "rollback",
+        at or utc_now(),
+        previous=_previous_active(session, previous),
+        rolled_back=current.version,
+    )
+    session.flush()
+    return _policy_record(row)
+
+
+def _previous_active(session: Session, version: str) -> str | None:
+    """The version active before ``version``'s newest activation."""
+    detail = session.scalar(
+        select(PolicyEventRow.detail)
+        .where(PolicyEventRow.version == version, PolicyEventRow.action.in_(_ACTIVATIONS))
+        .order_by(PolicyEventRow.id.desc())
+        .limit(1)
+    )
+    previous = (detail or {}).get("previous")
+    return previous if isinstance(previous, str) else None
+
+
+def record_policy_failure(
+    *,
+    session: Session,
+    version: str,
+    action: str,
+    reason: str,
+    kept: str | None,
+    at: datetime | None = None,
+) -> None:
+    """A version the daemon could not load: ``action`` is ``activate_failed`` (the
+    daemon keeps deciding with ``kept``, which becomes the active version again) or
+    ``shadow_failed`` (shadowing stops). Recorded with the reason, so the registry says
+    why; nothing changes if another version was activated or shadowed meanwhile."""
+    if action not in _FAILURES:
+        raise ValueError(f"policy failure {action!r}: one of {_FAILURES}")
+    row = session.get(PolicyVersionRow, version)
+    _policy_event(session, version, action, at or utc_now(), reason=reason, kept=kept)
+    if row is None:
+        return
+    if action == "activate_failed" and row.active and kept is not None and kept != version:
+        back = session.get(PolicyVersionRow, kept)
+        if back is not None:
+            row.active = False
+            session.flush()
+            back.active = True
+    elif action == "shadow_failed" and row.shadow:
+        row.shadow = False
+    session.flush()
+
+
+def _last_errors(session: Session, versions: Sequence[str] | None = None) -> dict[str, str]:
+    """Per version, the reason of its newest failure, when nothing it succeeded at came
+    after it."""
+    query = select(PolicyEventRow.version, PolicyEventRow.action, PolicyEventRow.detail).where(
+        PolicyEventRow.action.in_((*_FAILURES, *_ACTIVATIONS, "shadow"))
+    )
+    if versions is not None:
+        query = query.where(PolicyEventRow.version.in_(list(versions)))
+    errors: dict[str, str] = {}
+    for version, action, detail in session.execute(query.order_by(PolicyEventRow.id)):
+        if action in _FAILURES:
+            errors[version] = str((detail or {}).get("reason", action))
+        else:
+            errors.pop(version, None)
+    return errors
 
 
 def list_policy_versions(*, session: Session) -> list[PolicyVersionRecord]:
-    """Every registered policy version, newest first."""
+    """Every registered policy version, newest first, with its state and last error."""
     rows = session.scalars(
         select(PolicyVersionRow).order_by(
             PolicyVersionRow.created_at.desc(), PolicyVersionRow.version
         )
-    )
+    ).all()
+    errors = _last_errors(session)
+    return [_policy_record(r, errors.get(r.version)) for r in rows]
+
+
+def list_policy_events(
+    *, session: Session, version: str | None = None, limit: int = 100
+) -> list[PolicyEventRecord]:
+    """What happened to policy versions (to ``version``, when given), newest first."""
+    query = select(PolicyEventRow).order_by(PolicyEventRow.id.desc()).limit(limit)
+    if version is not None:
+        query = query.where(PolicyEventRow.version == version)
     return [
-        PolicyVersionRecord(
-            version=r.version,
-            kind=r.kind,
-            checkpoint_path=r.checkpoint_path,
-            active=r.active,
-            metrics=r.metrics,
-            created_at=r.created_at,
+        PolicyEventRecord(
+            event_id=row.id, version=row.version, action=row.action, at=row.at, detail=row.detail
         )
-        for r in rows
+        for row in session.scalars(query)
     ]
+
+
+def latest_policy_event(
+    *, session: Session, version: str, actions: Sequence[str]
+) -> PolicyEventRecord | None:
+    """``version``'s newest event among ``actions``."""
+    row = session.scalars(
+        select(PolicyEventRow)
+        .where(PolicyEventRow.version == version, PolicyEventRow.action.in_(list(actions)))
+        .order_by(PolicyEventRow.id.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    return PolicyEventRecord(
+        event_id=row.id, version=row.version, action=row.action, at=row.at, detail=row.detail
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricSummary:
+    """A metric's samples with one label value: how many rounds they cover (a sample
+    downsampled by retention counts for the ``downsampled_n`` it averages), their mean,
+    and the mean of the newest ``recent``."""
+
+    rounds: int
+    mean: float | None
+    recent_mean: float | None
+    recent_rounds: int
+
+
+def summarize_metric(
+    *,
+    session: Session,
+    name: str,
+    label: str,
+    value: str,
+    since: datetime | None = None,
+    recent: int = 20,
+) -> MetricSummary:
+    """Summarise the samples of ``name`` whose ``labels[label] == value`` (from
+    ``since`` on): in the database, over the JSON labels, on SQLite and PostgreSQL alike."""
+    weight = func.coalesce(MetricRow.labels["downsampled_n"].as_float(), 1.0)
+    conditions: list[ColumnElement[bool]] = [
+        MetricRow.name == name,
+        MetricRow.labels[label].as_string() == value,
+    ]
+    if since is not None:
+        conditions.append(MetricRow.recorded_at >= since)
+    total, weighted = session.execute(
+        select(func.sum(weight), func.sum(MetricRow.value * weight)).where(*conditions)
+    ).one()
+    newest = (
+        select(MetricRow.value)
+        .where(*conditions)
+        .order_by(MetricRow.id.desc())
+        .limit(recent)
+        .subquery()
+    )
+    recent_mean, recent_n = session.execute(select(func.avg(newest.c.value), func.count())).one()
+    rounds = round(float(total or 0))
+    return MetricSummary(
+        rounds=rounds,
+        mean=float(weighted) / float(total) if total else None,
+        recent_mean=None if recent_mean is None else float(recent_mean),
+        recent_rounds=int(recent_n or 0),
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

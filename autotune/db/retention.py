@@ -24,8 +24,8 @@ API's readers never wait long behind retention. The work of a step, in order:
    same on SQLite and PostgreSQL;
 2. metrics older than ``metrics_days`` deleted, downsampled or not;
 3. transitions older than ``transitions_days`` deleted;
-4. decisions older than ``decisions_days`` deleted, except the newest decision of every
-   pending or running job;
+4. decisions older than ``decisions_days`` deleted, except the newest decision taken
+   for every pending or running job (a shadow policy's decisions are never that one);
 5. overrides that ended (``deleted_at`` or ``expires_at``) before ``decisions_days`` ago
    and that no decision refers to (an active override never; ``decisions.override_id``
    is indexed for this check and for the foreign key's);
@@ -347,10 +347,11 @@ def _old_decisions(session: Session, policy: RetentionPolicy, now: datetime, bud
     if policy.decisions_days is None:
         return _Phase(0, {})
     cutoff = _ago(now, policy.decisions_days)
-    # The newest decision of each active job: one index probe per job.
+    # The newest decision taken for each active job (a shadow policy's never counts): one
+    # index range per job, read from its newest end.
     newest = (
         select(func.max(DecisionRow.id))
-        .where(DecisionRow.job_id == JobRow.job_id)
+        .where(DecisionRow.job_id == JobRow.job_id, DecisionRow.source != "shadow")
         .scalar_subquery()
     )
     keep = {

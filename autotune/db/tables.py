@@ -14,10 +14,12 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
     TypeDecorator,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -30,6 +32,7 @@ __all__ = [
     "MetricRow",
     "NodeRow",
     "OverrideRow",
+    "PolicyEventRow",
     "PolicyVersionRow",
     "TransitionRow",
 ]
@@ -125,6 +128,7 @@ class DecisionRow(Base):
     __table_args__ = (
         Index("ix_decisions_job_id_id", "job_id", "id"),
         Index("ix_decisions_source_id", "source", "id"),
+        Index("ix_decisions_policy_version_id", "policy_version", "id"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -157,18 +161,43 @@ class OverrideRow(Base):
 
 
 class TransitionRow(Base):
-    """One step of experience, for offline retraining of the policy."""
+    """One decision round of the acting policy, as offline learning needs it
+    (``autotune.replay.log`` writes it, ``autotune.replay.export`` reads it).
+
+    The round's observation is stored once (float32, compressed, trimmed to the header and
+    the occupied slots); ``slots`` holds, per acted slot, the job, whether it ran, the
+    entries taken, which mattered, their log-probabilities under the acting policy, and
+    whether the policy's choice was the one applied (not an override's or a fallback's).
+    The reward of a round is what the round after it produced: it is filled in at the
+    next tick, with each job's own part and whether the job ended."""
 
     __tablename__ = "transitions"
+    __table_args__ = (Index("ix_transitions_episode_step", "episode", "step", unique=True),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    episode: Mapped[str] = mapped_column(String(64))
+    """A stretch of consecutive rounds of one daemon run (``<run>-<number>``)."""
+    step: Mapped[int] = mapped_column(Integer)
+    """The round's number within its episode, from 0."""
     policy_version: Mapped[str] = mapped_column(String(128), index=True)
-    observation: Mapped[JsonDict]
-    action: Mapped[JsonDict]
-    reward: Mapped[float] = mapped_column(Float)
-    next_observation: Mapped[JsonDict]
-    action_logp: Mapped[float | None] = mapped_column(Float)
+    epsilon: Mapped[float] = mapped_column(Float)
+    """The acting policy's exploration floor."""
+    sim_time_s: Mapped[float | None] = mapped_column(Float)
+    """The backend's clock at the decision, where it keeps one."""
+    observation: Mapped[bytes] = mapped_column(LargeBinary)
+    """zlib-compressed float32: the header and the occupied slots of the observation."""
+    slots: Mapped[JsonDict]
+    """``{"jobs", "running", "entries", "mask", "logp", "applied"}``, one item per slot."""
+    reward: Mapped[float | None] = mapped_column(Float)
+    """The round's reward (``autotune.envs.cluster_env.reward``); ``None`` until the next
+    tick measures it."""
+    reward_parts: Mapped[JsonDict | None]
+    """``{"cluster": parts, "jobs": {job_id: {"reward", parts..., "ended"}}}``."""
+    truncated: Mapped[bool] = mapped_column(Boolean, default=False)
+    """The episode ends here without the next round measured (the daemon stopped, or the
+    episode reached its length)."""
     created_at: Mapped[datetime] = mapped_column(index=True)
+    """When the round was decided."""
 
 
 class MetricRow(Base):
@@ -187,15 +216,46 @@ class MetricRow(Base):
 
 
 class PolicyVersionRow(Base):
+    """A policy the daemon can decide with: the registry of versions
+    (``autotune.daemon.lifecycle``). At most one is active (it decides) and at most one
+    is the shadow (it decides the same rounds beside it; its decisions are stored, never
+    applied)."""
+
     __tablename__ = "policy_versions"
 
     version: Mapped[str] = mapped_column(String(128), primary_key=True)
+    """``<kind>-<first 12 hex digits of content_hash>`` for a checkpoint; the rules' own."""
     kind: Mapped[str] = mapped_column(String(32))
     """rules, ppo, bc, ..."""
     checkpoint_path: Mapped[str | None] = mapped_column(Text)
     active: Mapped[bool] = mapped_column(Boolean, default=False)
     metrics: Mapped[JsonDict]
     created_at: Mapped[datetime]
+    name: Mapped[str] = mapped_column(String(128), default="", server_default="")
+    """A person's name for it ("ppo-march-retrain"); the version when none was given."""
+    content_hash: Mapped[str | None] = mapped_column(String(64), index=True)
+    """SHA-256 of the checkpoint's content (``policies.serving.checkpoint_hash``): the
+    same weights register once, wherever they are stored. ``None``: no checkpoint."""
+    shadow: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    activated_at: Mapped[datetime | None]
+    """When it last became the active version."""
+
+
+class PolicyEventRow(Base):
+    """What happened to policy versions, oldest first: registered, activated, shadowed,
+    unshadowed, rolled back, or failed to load (with the reason). An activation's
+    ``detail["previous"]`` is the version active before it, so a rollback knows where to
+    go back to."""
+
+    __tablename__ = "policy_events"
+    __table_args__ = (Index("ix_policy_events_version_id", "version", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(32))
+    """register, activate, rollback, shadow, unshadow, activate_failed, shadow_failed."""
+    at: Mapped[datetime]
+    detail: Mapped[JsonDict]
 
 
 class ApiTokenRow(Base):

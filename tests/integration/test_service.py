@@ -22,7 +22,13 @@ TICK_S = 0.4
 
 class DaemonProcess:
     def __init__(self, tmp_path: Path, port: int, name: str, db_url: str | None = None) -> None:
-        env = {**os.environ, "AUTOTUNE_DATA_DIR": str(tmp_path / "data")}
+        # No exploration: these tests count the decisions a job gets, and an explored
+        # `change` entry may reconfigure a running job's unpinned fields at any tick.
+        env = {
+            **os.environ,
+            "AUTOTUNE_DATA_DIR": str(tmp_path / "data"),
+            "AUTOTUNE_EXPLORATION_EPSILON": "0",
+        }
         for key in ("AUTOTUNE_DB_URL", "AUTOTUNE_CONFIG", "AUTOTUNE_TOKEN"):
             env.pop(key, None)
         if db_url is not None:

@@ -69,7 +69,9 @@ def test_retention_settings_make_the_policy_and_bad_ones_are_refused(
 ) -> None:
     policy = load_settings().retention()
     assert (policy.metrics_full_days, policy.metrics_days, policy.decisions_days) == (1, 30, 90)
+    assert policy.transitions_days == 30
     monkeypatch.setenv("AUTOTUNE_RETENTION_DECISIONS_DAYS", "0")
+    monkeypatch.setenv("AUTOTUNE_RETENTION_TRANSITIONS_DAYS", "0")
     monkeypatch.setenv("AUTOTUNE_RETENTION_METRICS_FULL_DAYS", "0")
     kept = load_settings().retention()
     assert kept.decisions_days is None

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import REPO
 from sqlalchemy import func, select
@@ -83,11 +84,12 @@ def test_writes_take_the_time_they_are_given(any_database: Database) -> None:
         )
         transition = repo.create_transition(
             session=session,
+            episode="run-0000",
+            step=0,
             policy_version="v1",
-            observation={},
-            action={},
-            reward=0.0,
-            next_observation={},
+            epsilon=0.0,
+            observation=repo.pack_observation(np.zeros(1), 1),
+            slots={"jobs": [], "running": [], "entries": [], "mask": [], "logp": [], "applied": []},
             at=THEN,
         )
     with any_database.session() as session:

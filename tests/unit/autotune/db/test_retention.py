@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import select, update
 
@@ -374,11 +375,12 @@ def add_transition(database: Database, at: datetime) -> int:
     with database.session() as session:
         tid = repo.create_transition(
             session=session,
+            episode="run-0000",
+            step=int(at.timestamp()),
             policy_version="v",
-            observation={"x": [1.0]},
-            action={"a": 1},
-            reward=0.0,
-            next_observation={"x": [2.0]},
+            epsilon=0.0,
+            observation=repo.pack_observation(np.ones(2), 2),
+            slots={"jobs": [], "running": [], "entries": [], "mask": [], "logp": [], "applied": []},
         )
         session.execute(update(TransitionRow).where(TransitionRow.id == tid).values(created_at=at))
     return tid

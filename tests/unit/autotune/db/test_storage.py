@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -15,7 +16,7 @@ from autotune.catalog.devices import node_info
 from autotune.core import Decision, JobConfig, JobSpec, Placement, RankSlot, utc_now
 from autotune.db import Database, sqlite_url
 from autotune.db import repository as repo
-from autotune.db.tables import Base
+from autotune.db.tables import Base, TransitionRow
 from autotune.errors import InputError
 from autotune.serde import to_json
 
@@ -37,7 +38,7 @@ def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision
 
 def test_migrations_create_exactly_the_models_schema(any_database: Database) -> None:
     database = any_database
-    assert database.current_revision() == "0005"
+    assert database.current_revision() == "0007_policy_lifecycle"
     with database.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
@@ -149,15 +150,34 @@ def test_transitions_and_metrics_are_stored(any_database: Database) -> None:
     with database.session() as session:
         tid = repo.create_transition(
             session=session,
+            episode="run-0000",
+            step=0,
             policy_version="v",
-            observation={"x": [1.0]},
-            action={"compression": 2},
-            reward=0.5,
-            next_observation={"x": [2.0]},
-            action_logp=-0.7,
+            epsilon=0.05,
+            observation=repo.pack_observation(np.array([0.25, 0.5, 0.0]), 2),
+            slots={
+                "jobs": ["j"],
+                "running": [True],
+                "entries": [[0, 1, 2, 3, 0, 1, 0]],
+                "mask": [[1, 0, 0, 0, 0, 0, 0]],
+                "logp": [[-0.05] + [0.0] * 6],
+                "applied": [True],
+            },
+        )
+        repo.set_transition_reward(
+            session=session, transition_id=tid, reward=0.5, parts={"cluster": {"goodput": 0.5}}
         )
         repo.record_metrics(session=session, values=[("gpu_utilization", 0.5, None)])
     assert tid == 1
+    with database.session() as session:
+        row = session.get(TransitionRow, tid)
+        assert row is not None
+        assert row.reward == 0.5
+        assert not row.truncated
+        np.testing.assert_array_equal(
+            repo.unpack_observation(row.observation, 4), [0.25, 0.5, 0.0, 0.0]
+        )
+        assert repo.truncate_open_transitions(session=session) == 0
     with database.engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM metrics")).scalar() == 1
 
@@ -178,8 +198,8 @@ def test_db_upgrade_command_creates_the_schema(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "cli.db")
     result = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
     assert result.exit_code == 0, result.output
-    assert "revision 0005" in result.stdout
-    assert Database(url).current_revision() == "0005"
+    assert "revision 0007_policy_lifecycle" in result.stdout
+    assert Database(url).current_revision() == "0007_policy_lifecycle"
     bad = CliRunner().invoke(app, ["db", "upgrade", "--db", "nonsense"])
     assert bad.exit_code == 2
     assert bad.stderr.startswith("error: not a database URL")

@@ -1,0 +1,181 @@
+"""The transition log: what offline learning needs of every decision round the learned
+policy takes in the daemon (``autotune replay export`` reads it back). The command line
+hands one to the daemon (``Daemon.transitions``, the loop's ``Recorder``).
+
+Each tick the acting policy decides, one ``transitions`` row is written in the same
+transaction as the round's decisions: the encoded observation, per acted slot the job,
+whether it ran, the entries taken, which of them mattered, their log-probabilities under
+the acting (epsilon-greedy) policy, and whether the policy's choice is what the round
+applied (an override or a fallback decision replaces it). The next tick, once the backend
+has run the round, fills in the reward: the environment's reward of the round
+(``autotune.envs.cluster_env.reward``) and each job's own part (``job_rewards``), and which
+jobs ended. Rounds are grouped into episodes of ``episode_rounds`` consecutive rounds of
+one daemon run; a daemon that stops leaves its last round truncated.
+
+Backends that do not report a round's outcome (``last_outcome``, the simulated cluster
+does) leave the reward empty; such rounds are not exported.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from autotune.core import ACTIVE_STATES, DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, Decision, utc_now
+from autotune.daemon.decide import DecisionRound
+from autotune.db import repository as repo
+from autotune.envs.cluster_env import job_rewards, reward
+from autotune.envs.spaces import HEADER, SLOT
+from autotune.interfaces import Backend, ClusterSnapshot
+
+__all__ = ["DEFAULT_EPISODE_ROUNDS", "TransitionLog"]
+
+DEFAULT_EPISODE_ROUNDS = 288
+"""Rounds per logged episode: a day of 5-minute rounds."""
+
+
+@dataclass(slots=True)
+class _Open:
+    """The newest logged round, waiting for the next tick's measurement of it."""
+
+    transition_id: int
+    job_ids: tuple[str, ...]
+    last_of_episode: bool
+
+
+class TransitionLog:
+    """Writes the daemon's transitions (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        round_s: float = DEFAULT_ROUND_S,
+        energy_weight: float = DEFAULT_ENERGY_WEIGHT,
+        episode_rounds: int = DEFAULT_EPISODE_ROUNDS,
+        run_id: str | None = None,
+    ) -> None:
+        if episode_rounds < 1:
+            raise ValueError(f"episode_rounds={episode_rounds!r}: must be >= 1")
+        self.round_s = round_s
+        self.energy_weight = energy_weight
+        self.episode_rounds = episode_rounds
+        self.run_id = run_id or f"{utc_now():%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+        self._episode = 0
+        self._step = 0
+        self._open: _Open | None = None
+        self.rows = 0
+        """Rounds logged since start."""
+
+    @property
+    def episode(self) -> str:
+        return f"{self.run_id}-{self._episode:04d}"
+
+    def record(
+        self,
+        session: Session,
+        *,
+        policy: Any,
+        backend: Backend,
+        snapshot: ClusterSnapshot,
+        round_: DecisionRound,
+        overrides: Mapping[str, object],
+        stored: list[Decision],
+    ) -> None:
+        """Measure the previous round (the backend ran it before ``snapshot``), then log
+        this one if the acting policy decided it (``policy.last_step``)."""
+        self._close(session, backend, snapshot)
+        step = getattr(policy, "last_step", None)
+        if step is None or not step.job_ids:
+            return  # not the learned policy, or nothing in its slots: nothing to learn
+        decided = {d.job_id: d for d in stored}
+        applied = [
+            job_id not in overrides
+            and (job_id not in decided or decided[job_id].source == "policy")
+            and job_id not in round_.skipped_overrides
+            for job_id in step.job_ids
+        ]
+        used = HEADER + len(SLOT) * len(step.job_ids)
+        transition_id = repo.create_transition(
+            session=session,
+            episode=self.episode,
+            step=self._step,
+            policy_version=step.policy_version,
+            epsilon=step.epsilon,
+            sim_time_s=snapshot.time_s,
+            observation=repo.pack_observation(step.observation, used),
+            slots={
+                "jobs": list(step.job_ids),
+                "running": [bool(r) for r in step.running],
+                "entries": step.entries.tolist(),
+                "mask": step.mask.astype(int).tolist(),
+                "logp": step.logp.tolist(),
+                "applied": applied,
+            },
+        )
+        self.rows += 1
+        self._step += 1
+        last = self._step >= self.episode_rounds
+        self._open = _Open(transition_id, step.job_ids, last)
+        if last:
+            self._episode += 1
+            self._step = 0
+
+    def _close(self, session: Session, backend: Backend, snapshot: ClusterSnapshot) -> None:
+        open_, self._open = self._open, None
+        if open_ is None:
+            return
+        outcome = getattr(backend, "last_outcome", None)
+        if outcome is None:
+            repo.set_transition_reward(
+                session=session,
+                transition_id=open_.transition_id,
+                reward=None,
+                parts=None,
+                truncated=True,
+            )
+            return
+        weights = {"round_s": self.round_s, "energy_weight": self.energy_weight}
+        total, parts = reward(outcome, **weights)
+        mine = job_rewards(outcome, **weights)
+        states = {j.spec.job_id: j.state for j in snapshot.jobs}
+        jobs: dict[str, dict[str, Any]] = {}
+        for job_id in open_.job_ids:
+            value, job_parts = mine.get(job_id, (0.0, dict.fromkeys(parts, 0.0)))
+            jobs[job_id] = {
+                "reward": _round(value),
+                **{name: _round(v) for name, v in job_parts.items()},
+                "ended": states.get(job_id) not in ACTIVE_STATES,
+            }
+        repo.set_transition_reward(
+            session=session,
+            transition_id=open_.transition_id,
+            reward=total,
+            parts={
+                "cluster": {name: _round(v) for name, v in parts.items()},
+                "jobs": jobs,
+                "weights": weights,
+            },
+            truncated=open_.last_of_episode,
+        )
+
+    def close(self, session: Session) -> None:
+        """The daemon stops: the round still waiting for its measurement ends its
+        episode."""
+        if self._open is not None:
+            repo.set_transition_reward(
+                session=session,
+                transition_id=self._open.transition_id,
+                reward=None,
+                parts=None,
+                truncated=True,
+            )
+            self._open = None
+
+
+def _round(value: float) -> float:
+    """Seven significant digits: what a reward part means, in a third of the bytes."""
+    return float(f"{value:.7g}")
