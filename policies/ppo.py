@@ -170,7 +170,8 @@ class PPOSettings:
     warm_start_epochs: int = 60
     init_module: str | None = None
     """An RLModule (or algorithm) checkpoint of a ``SlotPolicyModule`` with ``hidden``
-    units that PPO starts from instead of a fresh module; the warm start is then skipped."""
+    units that PPO starts from instead of a fresh module; with ``warm_start`` too, the
+    imitation of the teacher starts from it."""
     seed: int = 0
     sources: tuple[TraceSource, ...] = ()
     """Empty: synthetic job streams (``autotune/Cluster-v0``)."""
@@ -478,7 +479,7 @@ def train_ppo(
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
         algo = build_config(settings).build_algo()
-        if settings.init_module:
+        if settings.init_module and not settings.warm_start:
             algo.restore_from_path(module_dir(settings.init_module), component=str(MODULE_PATH))
             report["init_module"] = settings.init_module
         elif settings.warm_start:
@@ -488,6 +489,13 @@ def train_ppo(
                 action_space=algo.get_module().action_space,
                 model_config={"hidden": settings.hidden},
             )
+            if settings.init_module:
+                # Imitation starts from these weights (any slot count: they are shared).
+                from ray.rllib.core.rl_module.rl_module import RLModule
+
+                start = RLModule.from_checkpoint(module_dir(settings.init_module))
+                module.set_state(start.get_state())
+                report["init_module"] = settings.init_module
             loss = behaviour_clone(
                 module, demos, epochs=settings.warm_start_epochs, seed=settings.seed
             )

@@ -156,7 +156,8 @@ class PolicyServer:
 
         from autotune.policies.ppo import SlotPolicyModule, module_dir
 
-        path = module_dir(checkpoint or default_policy_checkpoint())
+        # Absolute: RLlib reads a relative path as a URI.
+        path = module_dir(Path(checkpoint or default_policy_checkpoint()).resolve())
         self.path = path
         self.slots = slots
         if not path.is_dir():

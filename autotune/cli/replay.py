@@ -130,6 +130,16 @@ def train_command(
     sim_max_steps: Annotated[
         int, typer.Option(min=1, help="Rounds per simulated episode at most.")
     ] = 128,
+    sim_teacher: Annotated[
+        str | None,
+        typer.Option(
+            help="Before PPO, imitate this baseline (oracle) on episodes of the export's "
+            "workload: it searches the performance model calibrated to the logs."
+        ),
+    ] = None,
+    sim_teacher_episodes: Annotated[
+        int, typer.Option(min=1, help="Episodes the teacher plays for the imitation.")
+    ] = 20,
     seed: Annotated[int, typer.Option(help="Seed.")] = 0,
     json_out: JsonOption = False,
 ) -> None:
@@ -138,8 +148,9 @@ def train_command(
     It starts from the active policy's weights (--init), imitates the logged decisions
     (MARWIL weights each by its advantage over the job's return), counting only the action
     entries that mattered; --sim-finetune then runs PPO in the simulator on the logged
-    workload. OUT holds the RLModule (what `autotune daemon` and `replay evaluate` load)
-    and train.json (losses, data summary, content hashes)."""
+    workload (after imitating --sim-teacher there, if given). OUT holds the RLModule
+    (what `autotune daemon` and `replay evaluate` load) and train.json (losses, data
+    summary, content hashes)."""
     from autotune.replay.train import OfflineSettings, train_offline
 
     settings = OfflineSettings(
@@ -153,6 +164,8 @@ def train_command(
         sim_finetune=sim_finetune,
         sim_train_batch=sim_train_batch,
         sim_max_steps=sim_max_steps,
+        sim_teacher=sim_teacher,
+        sim_teacher_episodes=sim_teacher_episodes,
     )
     with progress_bar(
         "{task.description}",

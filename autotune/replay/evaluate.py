@@ -14,8 +14,9 @@
 
 The verdict for each candidate: promote only if the lower 95% bound of (candidate -
 logging) is above 0 under both off-policy estimates and in the counterfactual
-simulation's goodput, and the effective sample size is at least 10% of the rows;
-otherwise it names every test that failed.
+simulation (its goodput gain, or its average JCT cut: a workload whose jobs never queue
+has the same goodput under every policy), and the effective sample size is at least 10%
+of the rows; otherwise it names every test that failed.
 """
 
 from __future__ import annotations
@@ -213,8 +214,9 @@ def _epsilons(data_dir: Path) -> np.ndarray:
 
 def verdicts(cf: dict[str, Any] | None, ope: dict[str, Any] | None) -> dict[str, Any]:
     """Per candidate: promote only if every estimate's lower 95% bound of (candidate -
-    logging) is above 0 (the counterfactual goodput, SNIS, DR) and the effective sample
-    size is at least 10% of the rows; otherwise the tests that failed."""
+    logging) is above 0 (the counterfactual goodput gain or average JCT cut, SNIS, DR)
+    and the effective sample size is at least 10% of the rows; otherwise the tests that
+    failed."""
     out: dict[str, Any] = {}
     names: list[str] = []
     for source in (cf, ope):
@@ -228,13 +230,16 @@ def verdicts(cf: dict[str, Any] | None, ope: dict[str, Any] | None) -> dict[str,
         failed: list[str] = []
         cf_entry = (cf or {}).get("policies", {}).get(name)
         if cf_entry is not None:
-            low = cf_entry["vs_baseline"]["goodput"]["low"]
-            if low is None:
+            goodput = cf_entry["vs_baseline"]["goodput"]
+            jct = cf_entry["vs_baseline"]["avg_jct_s"]
+            if goodput["low"] is None or jct["high"] is None:
                 failed.append("counterfactual: one seed gives no interval (use --seeds 2 or more)")
-            elif low <= 0:
+            elif goodput["low"] <= 0 and jct["high"] >= 0:
+                # Better in either: more goodput, or a shorter average JCT.
                 failed.append(
-                    "counterfactual: the goodput difference's lower 95% bound "
-                    f"{low:+.3f} is not above 0"
+                    "counterfactual: neither the goodput gain's lower 95% bound "
+                    f"({goodput['low']:+.3f}) nor the average JCT cut's "
+                    f"({-jct['high']:+.1f} s) is above 0"
                 )
         ope_entry = (ope or {}).get("policies", {}).get(name)
         if ope_entry is not None and "verdict" in ope_entry:

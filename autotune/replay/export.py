@@ -268,6 +268,7 @@ def export(
         last: datetime | None = None
         previous: _Round | None = None
         weights: dict[str, float] = {}
+        speeds: dict[str, list[float]] = {}
         for current in _rounds(db, since, until):
             if not weights and current.reward_parts:
                 weights = dict(current.reward_parts.get("weights", {}))
@@ -278,6 +279,11 @@ def export(
                 _emit(previous, current, writer, counters, segments, versions, report)
             previous = current
             seen_jobs.update(current.slots.get("jobs", ()))
+            for job_id, mine in (current.reward_parts or {}).get("jobs", {}).items():
+                if "speed" in mine:
+                    total = speeds.setdefault(job_id, [0.0, 0.0])
+                    total[0] += mine["speed"][0]
+                    total[1] += mine["speed"][1]
             epsilons.add(current.epsilon)
             first = first or current.at
             last = current.at
@@ -287,7 +293,8 @@ def export(
         report.rows = writer.rows
         report.files = writer.files
         report.episodes = len(counters)
-        _write_workload(db, out, seen_jobs, first, last)
+        factors = {job: m / p for job, (m, p) in speeds.items() if m > 0 and p > 0}
+        _write_workload(db, out, seen_jobs, first, last, factors)
         round_s = _round_s(db)
     finally:
         db.dispose()
@@ -400,9 +407,15 @@ def _emit(
 
 
 def _write_workload(
-    db: Database, out: Path, seen: set[str], first: datetime | None, last: datetime | None
+    db: Database,
+    out: Path,
+    seen: set[str],
+    first: datetime | None,
+    last: datetime | None,
+    factors: dict[str, float],
 ) -> None:
-    """The jobs the logged rounds saw, and those submitted while they were logged."""
+    """The jobs the logged rounds saw, and those submitted while they were logged, each
+    with its measured speed over the model's (``factors``; 1 where never measured)."""
     with db.session() as session:
         query = select(JobRow)
         if first is not None and last is not None:
@@ -418,7 +431,14 @@ def _write_workload(
             if spec.model is None or row.sim_submitted_s is None:
                 continue  # not replayable in the simulator: no model profile or clock
             try:
-                jobs.append(workload_job(spec=spec, task=row.task, submitted_s=row.sim_submitted_s))
+                jobs.append(
+                    workload_job(
+                        spec=spec,
+                        task=row.task,
+                        submitted_s=row.sim_submitted_s,
+                        speed_factor=factors.get(spec.job_id, 1.0),
+                    )
+                )
             except ValueError:
                 continue
         nodes = [from_json(NodeInfo, r.info) for r in session.scalars(select(NodeRow))]

@@ -31,6 +31,9 @@ from autotune.db import repository as repo
 from autotune.envs.cluster_env import job_rewards, reward
 from autotune.envs.spaces import HEADER, SLOT
 from autotune.interfaces import Backend, ClusterSnapshot
+from autotune.perf.model import DEFAULT_COEFFICIENTS, estimate, shape_of, statistical_efficiency
+from autotune.perf.pollux import APPS, coefficients
+from autotune.perf.stragglers import median_cv
 
 __all__ = ["DEFAULT_EPISODE_ROUNDS", "TransitionLog"]
 
@@ -142,6 +145,7 @@ class TransitionLog:
         total, parts = reward(outcome, **weights)
         mine = job_rewards(outcome, **weights)
         states = {j.spec.job_id: j.state for j in snapshot.jobs}
+        speeds = _speeds(snapshot, set(open_.job_ids))
         jobs: dict[str, dict[str, Any]] = {}
         for job_id in open_.job_ids:
             value, job_parts = mine.get(job_id, (0.0, dict.fromkeys(parts, 0.0)))
@@ -150,6 +154,8 @@ class TransitionLog:
                 **{name: _round(v) for name, v in job_parts.items()},
                 "ended": states.get(job_id) not in ACTIVE_STATES,
             }
+            if job_id in speeds:
+                jobs[job_id]["speed"] = speeds[job_id]
         repo.set_transition_reward(
             session=session,
             transition_id=open_.transition_id,
@@ -179,3 +185,38 @@ class TransitionLog:
 def _round(value: float) -> float:
     """Seven significant digits: what a reward part means, in a third of the bytes."""
     return float(f"{value:.7g}")
+
+
+def _speeds(snapshot: ClusterSnapshot, job_ids: set[str]) -> dict[str, list[float]]:
+    """``[measured, model]`` goodput of each running job among ``job_ids`` over the round
+    the backend just ran: what it measured (samples/s times statistical efficiency, as the
+    daemon's ``job_goodput``) and what the performance model predicts for the same
+    configuration and placement without stragglers (an application's calibrated
+    coefficients where its model is one). Replay calibrates each job by their ratio."""
+    nodes = {n.node_id: n for n in snapshot.nodes}
+    out: dict[str, list[float]] = {}
+    for job in snapshot.by_state("running"):
+        spec = job.spec
+        if (
+            spec.job_id not in job_ids
+            or spec.model is None
+            or job.config is None
+            or job.placement is None
+            or job.samples_per_s <= 0
+            or any(slot.node_id not in nodes for slot in job.placement.ranks)
+        ):
+            continue
+        batch = job.config.batch(spec)
+        coeffs = coefficients(spec.model.name) if spec.model.name in APPS else DEFAULT_COEFFICIENTS
+        predicted = estimate(
+            spec.model,
+            job.config,
+            shape_of(job.placement, nodes),
+            batch,
+            coeffs=coeffs,
+            straggler_cv=median_cv(),
+        ).goodput
+        if predicted > 0:
+            measured = job.samples_per_s * statistical_efficiency(spec.model, job.config, batch)
+            out[spec.job_id] = [_round(measured), _round(predicted)]
+    return out

@@ -131,6 +131,12 @@ class OfflineSettings:
     sim_window: int = 60
     """Consecutive jobs of the replayed workload per simulated episode (at most all)."""
     sim_forecast: bool = True
+    sim_teacher: str | None = None
+    """A baseline (``oracle``) the module imitates on ``sim_teacher_episodes`` episodes of
+    the replayed workload before PPO (``None``: PPO alone). The oracle searches the
+    performance model calibrated to the logs, so this learns from the simulator, not from
+    the logged actions."""
+    sim_teacher_episodes: int = 20
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -147,6 +153,20 @@ class OfflineSettings:
             raise InputError(f"gamma {self.gamma}: must be in [0, 1]")
         if self.sim_finetune < 0:
             raise InputError(f"simulator iterations {self.sim_finetune}: must be >= 0")
+        if self.sim_teacher is not None:
+            from autotune.policies.baselines import BASELINES
+
+            if self.sim_teacher not in BASELINES:
+                raise InputError(
+                    f"teacher {self.sim_teacher!r}: one of {', '.join(sorted(BASELINES))}"
+                )
+            if self.sim_teacher_episodes < 1:
+                raise InputError(f"teacher episodes {self.sim_teacher_episodes}: must be >= 1")
+
+    @property
+    def simulates(self) -> bool:
+        """Whether a simulator stage follows the offline training."""
+        return bool(self.sim_finetune or self.sim_teacher)
 
     def offline_iterations(self, rows: int) -> int:
         """Gradient steps for ``rows`` rows of data."""
@@ -566,7 +586,8 @@ def _finetune(
         hidden=hidden,
         reward_scale=settings.reward_scale,
         energy_weight=data.energy_weight,
-        warm_start=None,
+        warm_start=settings.sim_teacher,
+        warm_start_episodes=settings.sim_teacher_episodes,
         init_module=str(module),
         seed=settings.seed,
         sources=(TraceSource(kind="replay", jobs=str(data.path), window=window, round_s=round_s),),
@@ -581,6 +602,7 @@ def _finetune(
     _save_module(weights, hidden, module)
     return {
         "iterations": settings.sim_finetune,
+        "teacher": report.get("warm_start"),
         "window": window,
         "jobs": len(arrivals),
         "round_s": round_s,
@@ -612,11 +634,11 @@ def train_offline(
     began = time.perf_counter()
     data = load_export(data_dir)
     start = _start(init)
-    if settings.sim_finetune:
+    if settings.simulates:
         from autotune.replay.workload import load_workload
 
         load_workload(data.path)  # checked now, not after the offline training
-    out = Path(out)
+    out = Path(out).resolve()  # RLlib reads a relative path as a URI
     out_module = out / MODULE_PATH
     iterations = settings.offline_iterations(data.rows)
     seconds: dict[str, float] = {}
@@ -655,7 +677,7 @@ def train_offline(
                 "offline": greedy_agreement(PolicyServer(out, slots=1), data),
             }
             report["sim_finetune"] = None
-            if settings.sim_finetune:
+            if settings.simulates:
                 t0 = time.perf_counter()
                 report["sim_finetune"] = _finetune(
                     settings, data, out_module, start.hidden, work / "ppo", progress

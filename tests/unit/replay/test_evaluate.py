@@ -64,7 +64,10 @@ def test_the_logging_policy_against_itself_is_not_promoted_and_its_estimate_is_t
 def test_the_verdict_names_every_failed_test() -> None:
     cf = {
         "baseline": "a",
-        "policies": {"a": {}, "b": {"vs_baseline": {"goodput": {"low": 0.4}}}},
+        "policies": {
+            "a": {},
+            "b": {"vs_baseline": {"goodput": {"low": 0.4}, "avg_jct_s": {"high": 10.0}}},
+        },
     }
     good = {"verdict": {"promote": True, "failed": []}}
     assert verdicts(cf, {"logging": "a", "policies": {"b": good}}) == {
@@ -74,7 +77,10 @@ def test_the_verdict_names_every_failed_test() -> None:
     cf["policies"]["b"]["vs_baseline"]["goodput"]["low"] = -0.1
     result = verdicts(cf, {"logging": "a", "policies": {"b": bad_ope}})["b"]
     assert not result["promote"]
-    assert result["failed"][0].startswith("counterfactual: the goodput difference")
+    assert result["failed"][0].startswith("counterfactual: neither the goodput gain")
+    # A shorter average JCT in every seed is a counterfactual gain too.
+    cf["policies"]["b"]["vs_baseline"]["avg_jct_s"]["high"] = -5.0
+    assert verdicts(cf, {"logging": "a", "policies": {"b": good}})["b"]["promote"]
     assert result["failed"][1] == "off-policy: ESS 5.0% of the rows, below 10%"
 
 

@@ -4,12 +4,14 @@ probability, and what it got."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from helpers import REPO
 from replay_log import EPISODE_ROUNDS, TICKS, run_daemon
 from sqlalchemy import func, select
 
@@ -118,9 +120,20 @@ def test_the_workload_replays_the_logged_jobs(logged_export: tuple[str, Path, Da
     assert round_s == 300.0
     assert {n.node_id for n in nodes} == {n.node_id for n in sim.snapshot().nodes}  # type: ignore[attr-defined]
     assert len(arrivals) == 14
+    factors = {
+        j["spec"]["job_id"]: j["speed_factor"]
+        for j in json.loads((out / "workload.json").read_text())["jobs"]
+    }
+    # Jobs that ran were measured: a straggler tail above or below the median makes a
+    # job slower or faster than the model's noise-free speed, and its replay trains that
+    # much more or less work at the model's speed.
+    measured = [f for f in factors.values() if f != 1.0]
+    assert len(measured) >= 8
+    assert all(0.5 < f < 1.5 for f in measured)
+    assert len(set(measured)) > 1
     for arrival in arrivals:
         job = sim.jobs[arrival.spec.job_id]  # type: ignore[attr-defined]
-        assert arrival.work == pytest.approx(job.work)
+        assert arrival.work == pytest.approx(job.work / factors[arrival.spec.job_id])
         assert arrival.reference_gpus == job.arrival.reference_gpus
         assert arrival.spec.submitted_at == pytest.approx(job.arrival.spec.submitted_at)
 
@@ -160,3 +173,19 @@ def test_a_daemon_that_restarts_closes_the_round_it_left_open(tmp_path: Path) ->
         assert first.reward is None
         assert session.scalar(select(func.count()).select_from(TransitionRow)) == 3
     db.dispose()
+
+
+def test_the_export_benchmark_writes_one_row_per_job_decision(tmp_path: Path) -> None:
+    """``bench/replay_export.py`` at a small size: every logged job decision is a row, in
+    at most ``MAX_FILES`` files (its timing is in bench/RESULTS.md, not asserted here)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_replay_export", REPO / "bench" / "replay_export.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.main(["--rounds", "600", "--jobs", "7", "--json-out", str(tmp_path / "r.json")])
+    assert result["rows"] == 600 * 7
+    assert 1 <= result["files"] <= MAX_FILES
+    assert json.loads((tmp_path / "r.json").read_text()) == result

@@ -184,6 +184,7 @@ def _edit_manifest(folder: Path, **changes: object) -> None:
         ("lost-file", "missing"),
         ("init", "cannot load an RLModule"),
         ("algo", "algorithm 'dqn'"),
+        ("teacher", "teacher 'sage'"),
     ],
 )
 def test_bad_input_ends_with_one_line_and_exit_code_2(
@@ -210,6 +211,9 @@ def test_bad_input_ends_with_one_line_and_exit_code_2(
     elif case == "algo":
         _copy_export(export, data)
         extra = ["--algo", "dqn"]
+    elif case == "teacher":
+        _copy_export(export, data)
+        extra = ["--sim-teacher", "sage"]
     run = cli("replay", "train", "--data", str(data), "--out", str(tmp_path / "out"), *extra)
     assert run.exit_code == 2, run.output
     lines = run.stderr.strip().splitlines()

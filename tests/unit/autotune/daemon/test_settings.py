@@ -108,3 +108,23 @@ def test_the_retention_loop_applies_the_policy_and_stops(tmp_path: Path) -> None
     assert not runner.is_alive()
     assert values == [0.7]
     database.dispose()
+
+
+def test_the_simulator_plays_a_slice_of_a_pollux_workload(pollux_dir: Path) -> None:
+    from autotune.daemon.backends import build_backend
+    from autotune.envs.simulator import SimulatedCluster
+
+    workload = pollux_dir / "workloads" / "workload-2.csv"
+    settings = load_settings(sim_workload=workload, sim_workload_jobs="80:160", sim_gpus=32)
+    cluster = build_backend(settings)
+    assert isinstance(cluster, SimulatedCluster)
+    assert cluster.total_gpus == 32
+    snapshot = cluster.observe()
+    assert {n.gpu_model for n in snapshot.nodes} == {"T4"}
+    # The slice's first job arrives at 0 (re-based), whatever its time in the workload.
+    assert snapshot.jobs
+    assert min(j.spec.submitted_at for j in snapshot.jobs) == 0.0
+    with pytest.raises(InputError, match="sim_workload_jobs='80-160'"):
+        load_settings(sim_workload=workload, sim_workload_jobs="80-160")
+    with pytest.raises(InputError, match="no job of the workload"):
+        build_backend(load_settings(sim_workload=workload, sim_workload_jobs="500:"))
