@@ -132,7 +132,16 @@ def decide(
             ],
         )
     # 2. The policy's choices; 3. the memory rule.
-    choices = _fit_memory(policy.decide(view), active, snapshot.nodes)
+    decided = dict(policy.decide(view))
+    for j in view.by_state("pending"):
+        # A pending job the policy left out is planned as the ``Policy`` contract says.
+        if j.spec.job_id not in decided:
+            decided[j.spec.job_id] = PolicyChoice(
+                config=JobConfig.data_parallel(j.spec.min_gpus),
+                reason=f"not chosen by the policy: data parallel over its {j.spec.min_gpus} "
+                "minimum GPU(s)",
+            )
+    choices = _fit_memory(decided, active, snapshot.nodes)
     waiting = {
         job_id: c.reason
         for job_id, c in choices.items()

@@ -118,3 +118,24 @@ def test_a_running_job_whose_pinned_config_finds_no_room_keeps_its_gpus() -> Non
             assert "keeps its current one" in round_.skipped_overrides[job.spec.job_id]
             tried += 1
     assert tried, "some pin found no room"
+
+
+class _Silent:
+    """A policy that chooses nothing: every waiting job is left to the decision step."""
+
+    name = "silent"
+    version = "silent-1"
+
+    def decide(self, snapshot: object) -> dict[str, object]:
+        return {}
+
+
+def test_a_waiting_job_the_policy_leaves_out_is_planned_data_parallel_over_its_minimum() -> None:
+    snapshot = _snapshot()
+    round_ = decide(snapshot, _Silent(), {}, honoured={})  # type: ignore[arg-type]
+    assert round_.decisions
+    for decision in round_.decisions:
+        job = next(j for j in snapshot.jobs if j.spec.job_id == decision.job_id)
+        assert decision.config.layout.world_size == job.spec.min_gpus
+        assert decision.config.layout.dp == job.spec.min_gpus
+        assert "not chosen by the policy" in decision.reason
