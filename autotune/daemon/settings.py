@@ -123,6 +123,9 @@ class Settings(BaseSettings):
     retention_transitions_days: float = Field(default=30.0, ge=0)
     """Logged transitions are deleted after this many days (0: kept forever). A round of
     the learned policy takes about 0.4 KB plus 0.2 KB per job it acts on."""
+    retention_transitions_compact_days: float = Field(default=1.0, ge=0)
+    """Logged transitions older than this many days are compacted: their per-job JSON
+    rewritten as one compressed blob, about 6 times smaller, nothing lost (0: never)."""
     retention_jobs_days: float = Field(default=90.0, ge=0)
     """Finished, failed and cancelled jobs are deleted this many days after they ended,
     once nothing refers to them (0: kept forever)."""
@@ -162,6 +165,7 @@ class Settings(BaseSettings):
             metrics_days=days(self.retention_metrics_days),
             decisions_days=days(self.retention_decisions_days),
             transitions_days=days(self.retention_transitions_days),
+            transitions_compact_days=days(self.retention_transitions_compact_days),
             jobs_days=days(self.retention_jobs_days),
             batch_rows=self.retention_batch_rows,
         )

@@ -94,6 +94,7 @@ __all__ = [
     "mark_decision_applied",
     "node_records",
     "pack_observation",
+    "pack_transition",
     "policy_state",
     "record_metrics",
     "record_policy_failure",
@@ -110,6 +111,7 @@ __all__ = [
     "submitted_job_ids",
     "summarize_metric",
     "token_hashes",
+    "transition_payload",
     "truncate_open_transitions",
     "unpack_observation",
     "upsert_job",
@@ -866,6 +868,22 @@ def set_transition_reward(
         .where(TransitionRow.id == transition_id)
         .values(reward=reward, reward_parts=parts, truncated=truncated)
     )
+
+
+def pack_transition(slots: dict[str, Any], reward_parts: dict[str, Any] | None) -> bytes:
+    """A logged round's JSON columns as a compacted row stores them (``TransitionRow.packed``)."""
+    text = json.dumps({"slots": slots, "reward_parts": reward_parts}, separators=(",", ":"))
+    return zlib.compress(text.encode(), 6)
+
+
+def transition_payload(
+    slots: dict[str, Any], reward_parts: dict[str, Any] | None, packed: bytes | None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(slots, reward_parts)`` of a logged round, compacted or not."""
+    if packed is None:
+        return slots, reward_parts
+    data = json.loads(zlib.decompress(packed))
+    return data["slots"], data["reward_parts"]
 
 
 def truncate_open_transitions(*, session: Session) -> int:

@@ -23,7 +23,9 @@ API's readers never wait long behind retention. The work of a step, in order:
    folded again. The averaging is done here in Python over a bounded slice of rows, the
    same on SQLite and PostgreSQL;
 2. metrics older than ``metrics_days`` deleted, downsampled or not;
-3. transitions older than ``transitions_days`` deleted;
+3. transitions older than ``transitions_days`` deleted (and, last in a step, those older
+   than ``transitions_compact_days`` compacted: their JSON columns rewritten as one
+   compressed blob, oldest first);
 4. decisions older than ``decisions_days`` deleted, except the newest decision taken
    for every pending or running job (a shadow policy's decisions are never that one);
 5. overrides that ended (``deleted_at`` or ``expires_at``) before ``decisions_days`` ago
@@ -69,6 +71,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from autotune.core import ACTIVE_STATES, JOB_STATES
+from autotune.db import repository as repo
 from autotune.db.engine import Database
 from autotune.db.tables import DecisionRow, JobRow, MetricRow, OverrideRow, TransitionRow
 from autotune.errors import InputError
@@ -119,6 +122,9 @@ class RetentionPolicy:
     """Decisions are deleted after this long (the newest of an active job never is);
     ended overrides too, once no decision refers to them."""
     transitions_days: float | None = 90.0
+    transitions_compact_days: float | None = 1.0
+    """Logged transitions older than this are compacted: their JSON columns stored as one
+    compressed blob (``TransitionRow.packed``; ``None``: never)."""
     jobs_days: float | None = 90.0
     """Jobs that finished, failed or were cancelled this long ago are deleted, once no
     decision or override refers to them."""
@@ -131,6 +137,7 @@ class RetentionPolicy:
             "metrics_days",
             "decisions_days",
             "transitions_days",
+            "transitions_compact_days",
             "jobs_days",
         ):
             value = getattr(self, name)
@@ -182,6 +189,8 @@ class RetentionReport:
     metrics_deleted: int = 0
     """Metric rows older than ``metrics_days`` deleted."""
     transitions_deleted: int = 0
+    transitions_compacted: int = 0
+    """Logged transitions rewritten compacted (not deleted)."""
     decisions_deleted: int = 0
     overrides_deleted: int = 0
     jobs_deleted: int = 0
@@ -210,6 +219,7 @@ class RetentionReport:
             self.metrics_downsampled
             + self.metrics_deleted
             + self.transitions_deleted
+            + self.transitions_compacted
             + self.decisions_deleted
             + self.overrides_deleted
             + self.jobs_deleted
@@ -341,6 +351,68 @@ def _old_transitions(
     cutoff = _ago(now, policy.transitions_days)
     n = _delete_oldest(session, TransitionRow.id, TransitionRow.created_at, cutoff, budget)
     return _Phase(n, {"transitions_deleted": n})
+
+
+def _first_uncompacted(session: Session) -> int | None:
+    """The smallest id of a transition not yet compacted. Rows are compacted oldest (by
+    id) first, so the compacted ones are a prefix of the table: a binary search of about
+    20 primary-key probes finds its end, with no index on ``packed``."""
+    low = session.scalar(select(func.min(TransitionRow.id)))
+    top = session.scalar(select(func.max(TransitionRow.id)))
+    if low is None or top is None:
+        return None
+    high = top + 1  # the first uncompacted id is in [low, high]
+    while low < high:
+        mid = (low + high) // 2
+        row = session.execute(
+            select(TransitionRow.id, TransitionRow.packed)
+            .where(TransitionRow.id >= mid)
+            .order_by(TransitionRow.id)
+            .limit(1)
+        ).first()
+        if row is None or row.id >= high:  # no row in [mid, high)
+            high = mid
+        elif row.packed is not None:
+            low = row.id + 1
+        else:
+            high = row.id
+    return session.scalar(
+        select(TransitionRow.id)
+        .where(TransitionRow.id >= low, TransitionRow.packed.is_(None))
+        .order_by(TransitionRow.id)
+        .limit(1)
+    )
+
+
+def _compact_transitions(
+    session: Session, policy: RetentionPolicy, now: datetime, budget: int
+) -> _Phase:
+    if policy.transitions_compact_days is None:
+        return _Phase(0, {})
+    start = _first_uncompacted(session)
+    if start is None:
+        return _Phase(0, {})
+    cutoff = _ago(now, policy.transitions_compact_days)
+    rows = session.execute(
+        select(TransitionRow.id, TransitionRow.slots, TransitionRow.reward_parts)
+        .where(
+            TransitionRow.id >= start,
+            TransitionRow.created_at < cutoff,
+            TransitionRow.packed.is_(None),
+        )
+        .order_by(TransitionRow.id)
+        .limit(budget)
+    ).all()
+    if not rows:
+        return _Phase(0, {})
+    table = cast(Table, TransitionRow.__table__)
+    session.execute(
+        update(table)
+        .where(table.c.id == bindparam("row_id"))
+        .values(packed=bindparam("packed"), slots={}, reward_parts=None),
+        [{"row_id": r.id, "packed": repo.pack_transition(r.slots, r.reward_parts)} for r in rows],
+    )
+    return _Phase(len(rows), {"transitions_compacted": len(rows)})
 
 
 def _old_decisions(session: Session, policy: RetentionPolicy, now: datetime, budget: int) -> _Phase:
@@ -693,4 +765,6 @@ _PHASES: tuple[Callable[[Session, RetentionPolicy, datetime, int], _Phase], ...]
     _old_decisions,
     _ended_overrides,
     _final_jobs,
+    # Rewrites, not deletions: last, and only what the deletions left.
+    _compact_transitions,
 )

@@ -193,6 +193,11 @@ class TransitionRow(Base):
     tick measures it."""
     reward_parts: Mapped[JsonDict | None]
     """``{"cluster": parts, "jobs": {job_id: {"reward", parts..., "ended"}}}``."""
+    packed: Mapped[bytes | None] = mapped_column(LargeBinary)
+    """A compacted row (retention, after ``transitions_compact_days``): ``slots`` and
+    ``reward_parts`` as zlib-compressed JSON, ``{"slots", "reward_parts"}``; ``slots`` is
+    then ``{}`` and ``reward_parts`` ``None`` (``repository.transition_payload`` reads
+    either form)."""
     truncated: Mapped[bool] = mapped_column(Boolean, default=False)
     """The episode ends here without the next round measured (the daemon stopped, or the
     episode reached its length)."""

@@ -145,6 +145,7 @@ def _rounds(
         TransitionRow.observation,
         TransitionRow.slots,
         TransitionRow.reward_parts,
+        TransitionRow.packed,
         TransitionRow.truncated,
         TransitionRow.created_at,
     ).order_by(TransitionRow.id)
@@ -159,7 +160,8 @@ def _rounds(
         if not rows:
             return
         for r in rows:
-            n = len(r.slots.get("jobs", ()))
+            slots, parts = repo.transition_payload(r.slots, r.reward_parts, r.packed)
+            n = len(slots.get("jobs", ()))
             yield _Round(
                 id=r.id,
                 episode=r.episode,
@@ -167,8 +169,8 @@ def _rounds(
                 policy_version=r.policy_version,
                 epsilon=r.epsilon,
                 obs=repo.unpack_observation(r.observation, HEADER + len(SLOT) * max(n, 1)),
-                slots=r.slots,
-                reward_parts=r.reward_parts,
+                slots=slots,
+                reward_parts=parts,
                 truncated=r.truncated,
                 at=r.created_at,
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +16,11 @@ from helpers import REPO
 from replay_log import EPISODE_ROUNDS, TICKS, run_daemon
 from sqlalchemy import func, select
 
+from autotune.core import utc_now
 from autotune.daemon.loop import Daemon
 from autotune.db import Database
 from autotune.db import repository as repo
+from autotune.db.retention import RetentionPolicy, run_retention
 from autotune.db.tables import TransitionRow
 from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT
 from autotune.errors import InputError
@@ -189,3 +192,35 @@ def test_the_export_benchmark_writes_one_row_per_job_decision(tmp_path: Path) ->
     assert result["rows"] == 600 * 7
     assert 1 <= result["files"] <= MAX_FILES
     assert json.loads((tmp_path / "r.json").read_text()) == result
+
+
+def test_compacted_transitions_export_the_same_rows(tmp_path: Path) -> None:
+    """Retention compacts old logged rounds (their JSON as one compressed blob), a few per
+    step, oldest first; the export reads them back to the same rows."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    run_daemon(url, ticks=14)
+    before = export(url, tmp_path / "before")
+    db = Database(url)
+    with db.session() as session:
+        plain = sum(
+            len(json.dumps(r.slots)) + len(json.dumps(r.reward_parts))
+            for r in session.scalars(select(TransitionRow))
+        )
+    policy = RetentionPolicy(transitions_days=None, transitions_compact_days=1.0, batch_rows=4)
+    report = run_retention(db, policy, utc_now() + timedelta(days=2))
+    assert report.transitions_compacted == 14
+    assert report.steps >= 4  # four rounds per step: the search resumes past the prefix
+    assert report.deleted["transitions"] == 0
+    with db.session() as session:
+        rows = session.scalars(select(TransitionRow)).all()
+        assert all(r.packed is not None and r.slots == {} and r.reward_parts is None for r in rows)
+        packed = sum(len(r.packed or b"") for r in rows)
+    assert packed < plain / 2
+    # Nothing younger than a day is compacted.
+    assert run_retention(db, policy, utc_now()).transitions_compacted == 0
+    db.dispose()
+    after = export(url, tmp_path / "after")
+    assert (after.rows, after.rounds) == (before.rows, before.rounds)
+    old = pq.read_table(tmp_path / "before" / before.files[0])
+    new = pq.read_table(tmp_path / "after" / after.files[0])
+    assert new.equals(old)

@@ -41,6 +41,7 @@ KEEP_ALL = RetentionPolicy(
     metrics_days=None,
     decisions_days=None,
     transitions_days=None,
+    transitions_compact_days=None,
     jobs_days=None,
 )
 
