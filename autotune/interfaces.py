@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from autotune.core import (
+    ACTIVE_STATES,
     MILLI_PER_GPU,
     Decision,
     DecisionSource,
@@ -94,6 +95,14 @@ class ClusterSnapshot:
 
     def by_state(self, *states: JobState) -> list[JobStatus]:
         return [j for j in self.jobs if j.state in states]
+
+    def queue_order(self) -> list[JobStatus]:
+        """Active jobs as the Planner takes them, and as a learned policy's slots are
+        filled: higher priority first, then earlier submission, then id."""
+        return sorted(
+            self.by_state(*ACTIVE_STATES),
+            key=lambda j: (-j.spec.priority, j.spec.submitted_at, j.spec.job_id),
+        )
 
     def held_gpus(self) -> dict[str, float]:
         """GPUs the running jobs hold per node, in whole-GPU equivalents."""

@@ -36,7 +36,6 @@ from gymnasium import spaces
 
 from autotune.catalog.devices import device
 from autotune.core import (
-    ACTIVE_STATES,
     MILLI_PER_GPU,
     CompressionSpec,
     JobConfig,
@@ -221,11 +220,9 @@ def gpu_models(nodes: Sequence[NodeInfo]) -> list[str]:
 
 
 def queue_order(snapshot: ClusterSnapshot) -> list[JobStatus]:
-    """Active jobs as the Planner takes them: priority, submission, id."""
-    return sorted(
-        snapshot.by_state(*ACTIVE_STATES),
-        key=lambda j: (-j.spec.priority, j.spec.submitted_at, j.spec.job_id),
-    )
+    """Active jobs as the Planner takes them: priority, submission, id
+    (``ClusterSnapshot.queue_order``)."""
+    return snapshot.queue_order()
 
 
 def slot_jobs(snapshot: ClusterSnapshot, slots: int) -> list[JobStatus]:

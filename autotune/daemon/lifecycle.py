@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
-from autotune.core import ACTIVE_STATES, Decision, JobConfig, Placement
+from autotune.core import Decision, JobConfig, Placement
 from autotune.daemon.decide import DecisionRound, decide
 from autotune.daemon.log import event
 from autotune.db import repository as repo
@@ -113,10 +113,7 @@ def _error(exc: BaseException) -> str:
 def _slot_jobs(snapshot: ClusterSnapshot, slots: int | None) -> list[JobStatus]:
     """The active jobs in queue order (priority, submission, id: as the Planner and the
     learned policy's slots take them), the first ``slots`` of them."""
-    ordered = sorted(
-        snapshot.by_state(*ACTIVE_STATES),
-        key=lambda j: (-j.spec.priority, j.spec.submitted_at, j.spec.job_id),
-    )
+    ordered = snapshot.queue_order()
     return ordered if slots is None else ordered[:slots]
 
 
