@@ -20,9 +20,16 @@ TICKS = 36
 EPISODE_ROUNDS = 20
 
 
-def run_daemon(db_url: str, *, ticks: int, episode_rounds: int = EPISODE_ROUNDS) -> Daemon:
+def run_daemon(
+    db_url: str,
+    *,
+    ticks: int,
+    episode_rounds: int = EPISODE_ROUNDS,
+    rules_ticks: frozenset[int] = frozenset(),
+) -> Daemon:
     """The daemon as ``autotune daemon`` builds it (learned policy, transition log), on
-    the built-in stream, ticked ``ticks`` times, then stopped."""
+    the built-in stream, ticked ``ticks`` times, then stopped; the ticks in
+    ``rules_ticks`` (from 0) are decided by the rules instead, as the fallback would."""
     settings = load_settings(
         None, db_url=db_url, sim_initial_jobs=10, sim_max_jobs=14, exploration_epsilon=0.1
     )
@@ -42,8 +49,10 @@ def run_daemon(db_url: str, *, ticks: int, episode_rounds: int = EPISODE_ROUNDS)
     daemon.start()
     previous = logging.root.manager.disable
     logging.disable(logging.INFO)
+    learned, rules = daemon.policy, RulesPolicy()
     try:
-        for _ in range(ticks):
+        for i in range(ticks):
+            daemon.policy = rules if i in rules_ticks else learned
             daemon.tick()
     finally:
         logging.disable(previous)

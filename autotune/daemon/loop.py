@@ -195,8 +195,6 @@ class Daemon:
         # What the job rows last said, so unchanged jobs are not rewritten every tick.
         self._job_rows: dict[str, tuple[object, ...]] = {}
         self._nodes_written: tuple[object, ...] | None = None
-        # Jobs whose replay information (``backend.replay_info``) has been written.
-        self._replayable: set[str] = set()
         self._reconciled = False
         self._started_at = utc_now()
         # Jobs the backend knows, and per active job the override its newest decision
@@ -553,9 +551,8 @@ class Daemon:
         if job.task is not None and job.steps is not None:
             task = {"name": job.task, "steps": job.steps, "origin": self.backend.name}
             replay_info = getattr(self.backend, "replay_info", None)
-            if replay_info is not None and job.spec.job_id not in self._replayable:
+            if replay_info is not None:  # stored once (upsert_job keeps the first)
                 task["replay"] = replay_info(job.spec.job_id)
-                self._replayable.add(job.spec.job_id)
         repo.upsert_job(
             session=session,
             spec=job.spec,
@@ -771,7 +768,10 @@ def serve(
     finally:
         try:
             if not loop.is_alive():  # a tick still running holds the log
-                daemon.stop()
+                try:
+                    daemon.stop()
+                except Exception as exc:  # the backend's jobs are checkpointed regardless
+                    event("daemon.stop_failed", level=logging.WARNING, error=_error(exc))
             daemon.backend.close(timeout_s=left())
         finally:
             for sig, handler in previous.items():

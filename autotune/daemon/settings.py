@@ -122,7 +122,8 @@ class Settings(BaseSettings):
     forever)."""
     retention_transitions_days: float = Field(default=30.0, ge=0)
     """Logged transitions are deleted after this many days (0: kept forever). A round of
-    the learned policy takes about 0.4 KB plus 0.2 KB per job it acts on."""
+    the learned policy takes about 0.1 KB plus 0.4 KB per job it acts on (a sixth of that
+    once compacted)."""
     retention_transitions_compact_days: float = Field(default=1.0, ge=0)
     """Logged transitions older than this many days are compacted: their per-job JSON
     rewritten as one compressed blob, about 6 times smaller, nothing lost (0: never)."""

@@ -242,7 +242,9 @@ def verdicts(cf: dict[str, Any] | None, ope: dict[str, Any] | None) -> dict[str,
                     f"({-jct['high']:+.1f} s) is above 0"
                 )
         ope_entry = (ope or {}).get("policies", {}).get(name)
-        if ope_entry is not None and "verdict" in ope_entry:
+        if ope is None:
+            failed.append("off-policy: not estimated (no logged rows: give --data)")
+        elif ope_entry is not None and "verdict" in ope_entry:
             failed.extend(f"off-policy: {why}" for why in ope_entry["verdict"]["failed"])
         elif ope_entry is not None:
             failed.append(f"off-policy: {ope_entry.get('skipped', 'not estimated')}")
@@ -267,6 +269,10 @@ def evaluate_replay(
 
     if len(policies) < 2:
         raise InputError("give the logging policy and at least one candidate (--policy twice)")
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise InputError(f"two policies named {', '.join(twice)}: name them (NAME=CHECKPOINT)")
     if data_dir is not None and policies[0].checkpoint is None:
         raise InputError(
             "the first policy is the logging policy and must be a checkpoint (the one the "

@@ -18,6 +18,7 @@ the jobs that arrived (``autotune.replay.workload``).
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -117,6 +118,8 @@ class _Round:
     reward_parts: dict[str, Any] | None
     truncated: bool
     at: datetime
+    time_s: float | None
+    """The backend's clock at the decision."""
 
     def job_obs(self, k: int) -> np.ndarray:
         """The header and slot ``k``'s features."""
@@ -148,6 +151,7 @@ def _rounds(
         TransitionRow.packed,
         TransitionRow.truncated,
         TransitionRow.created_at,
+        TransitionRow.sim_time_s,
     ).order_by(TransitionRow.id)
     if since is not None:
         query = query.where(TransitionRow.created_at >= since)
@@ -173,6 +177,7 @@ def _rounds(
                 reward_parts=parts,
                 truncated=r.truncated,
                 at=r.created_at,
+                time_s=r.sim_time_s,
             )
         last_id = rows[-1].id
 
@@ -271,6 +276,7 @@ def export(
         previous: _Round | None = None
         weights: dict[str, float] = {}
         speeds: dict[str, list[float]] = {}
+        gap_s = _round_s(db)  # the backend's clock between two rounds
         for current in _rounds(db, since, until):
             if not weights and current.reward_parts:
                 weights = dict(current.reward_parts.get("weights", {}))
@@ -278,7 +284,7 @@ def export(
             if progress is not None and report.rounds % 500 == 0:
                 progress(report.rounds)
             if previous is not None:
-                _emit(previous, current, writer, counters, segments, versions, report)
+                _emit(previous, current, writer, counters, segments, versions, report, gap_s)
             previous = current
             seen_jobs.update(current.slots.get("jobs", ()))
             for job_id, mine in (current.reward_parts or {}).get("jobs", {}).items():
@@ -290,14 +296,15 @@ def export(
             first = first or current.at
             last = current.at
         if previous is not None:
-            _emit(previous, None, writer, counters, segments, versions, report)
+            _emit(previous, None, writer, counters, segments, versions, report, gap_s)
         writer.close()
         report.rows = writer.rows
         report.files = writer.files
         report.episodes = len(counters)
         factors = {job: m / p for job, (m, p) in speeds.items() if m > 0 and p > 0}
-        _write_workload(db, out, seen_jobs, first, last, factors)
-        round_s = _round_s(db)
+        # The round period the log was taken with, as its reward says (else its clock).
+        round_s = float(weights.get("round_s") or gap_s)
+        _write_workload(db, out, seen_jobs, first, last, factors, round_s)
     finally:
         db.dispose()
     report.seconds = time.perf_counter() - started
@@ -316,7 +323,7 @@ def export(
         "epsilon": sorted(epsilons),
         "action_dims": list(ACTION_DIMS),
         "observation_size": OBS_SIZE,
-        "round_s": weights.get("round_s", round_s),
+        "round_s": round_s,
         "energy_weight": weights.get("energy_weight"),
         "skipped_unmeasured": report.skipped_unmeasured,
         "skipped_not_applied": report.skipped_not_applied,
@@ -327,6 +334,21 @@ def export(
     return report
 
 
+def _run(round_: _Round) -> str:
+    """The daemon run a round belongs to (its episode without the episode's number)."""
+    return round_.episode.rpartition("-")[0]
+
+
+def _adjacent(now: _Round, after: _Round | None, gap_s: float) -> bool:
+    """Whether ``after`` is the round right after ``now`` in the same daemon run (the
+    backend's clock one round later; by step where there is no clock)."""
+    if after is None or _run(after) != _run(now):
+        return False
+    if now.time_s is not None and after.time_s is not None and math.isfinite(gap_s):
+        return 0 < after.time_s - now.time_s <= 1.5 * gap_s
+    return after.episode == now.episode and after.step == now.step + 1
+
+
 def _emit(
     now: _Round,
     after: _Round | None,
@@ -335,8 +357,15 @@ def _emit(
     segments: dict[tuple[str, str], int],
     versions: dict[str, int],
     report: ExportReport,
+    gap_s: float,
 ) -> None:
-    """The rows of round ``now``; ``after`` is the next logged round (any episode)."""
+    """The rows of round ``now``; ``after`` is the next logged round (any episode).
+
+    A job's row continues its episode into ``after`` only if ``after`` is the next round
+    of the same logged episode (``now`` not truncated), was measured, and the policy's
+    choice for the job was applied there; otherwise the row is truncated. ``new_obs`` is
+    the job's observation in the round right after (even across an episode boundary),
+    else that round's cluster-wide features with an empty slot."""
     parts = now.reward_parts
     slots = now.slots
     jobs: list[str] = slots.get("jobs", [])
@@ -345,15 +374,17 @@ def _emit(
         for job_id in jobs:  # the job's next decision starts a new episode
             segments[(now.episode, job_id)] = segments.get((now.episode, job_id), 0) + 1
         return
+    adjacent = _adjacent(now, after, gap_s)
     follows = (
-        after is not None
+        adjacent
+        and after is not None
         and after.episode == now.episode
-        and after.step == now.step + 1
         and not now.truncated
+        and after.reward_parts is not None
     )
     next_slot: dict[str, int] = {}
     next_applied: dict[str, bool] = {}
-    if follows:
+    if adjacent:
         assert after is not None
         for k, job_id in enumerate(after.slots.get("jobs", [])):
             next_slot[job_id] = k
@@ -367,15 +398,13 @@ def _emit(
             continue
         mine = job_parts.get(job_id, {})
         ended = bool(mine.get("ended", False))
-        if ended:
-            new_obs = after.header_only() if follows and after is not None else now.header_only()
-            truncated = False
-        elif job_id in next_slot and after is not None:
+        if after is not None and adjacent and job_id in next_slot and not ended:
             new_obs = after.job_obs(next_slot[job_id])
-            truncated = not next_applied[job_id]
-        else:  # the log stops here, or the job left the policy's slots
-            new_obs = after.header_only() if follows and after is not None else now.header_only()
-            truncated = True
+        elif after is not None and adjacent:
+            new_obs = after.header_only()
+        else:
+            new_obs = now.header_only()
+        truncated = not ended and not (follows and next_applied.get(job_id, False))
         segment = segments.get(key, 0)
         eps_id = f"{now.episode}/{job_id}" + (f"#{segment}" if segment else "")
         t = counters.get(eps_id, 0)
@@ -415,6 +444,7 @@ def _write_workload(
     first: datetime | None,
     last: datetime | None,
     factors: dict[str, float],
+    round_s: float,
 ) -> None:
     """The jobs the logged rounds saw, and those submitted while they were logged, each
     with its measured speed over the model's (``factors``; 1 where never measured)."""
@@ -444,7 +474,7 @@ def _write_workload(
             except ValueError:
                 continue
         nodes = [from_json(NodeInfo, r.info) for r in session.scalars(select(NodeRow))]
-    write_workload(out / WORKLOAD_FILE, nodes=nodes, jobs=jobs, round_s=_round_s(db))
+    write_workload(out / WORKLOAD_FILE, nodes=nodes, jobs=jobs, round_s=round_s)
 
 
 def _round_s(db: Database) -> float:

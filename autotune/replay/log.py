@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from autotune.core import ACTIVE_STATES, DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, Decision, utc_now
 from autotune.daemon.decide import DecisionRound
+from autotune.daemon.log import event
 from autotune.db import repository as repo
 from autotune.envs.cluster_env import job_rewards, reward
 from autotune.envs.spaces import HEADER, SLOT
@@ -48,6 +49,8 @@ class _Open:
     transition_id: int
     job_ids: tuple[str, ...]
     last_of_episode: bool
+    time_s: float
+    """The backend's clock at the decision."""
 
 
 class TransitionLog:
@@ -89,11 +92,19 @@ class TransitionLog:
         stored: list[Decision],
     ) -> None:
         """Measure the previous round (the backend ran it before ``snapshot``), then log
-        this one if the acting policy decided it (``policy.last_step``)."""
-        self._close(session, backend, snapshot)
+        this one if the acting policy decided it (``policy.last_step``).
+
+        A round the policy does not log (the fallback decided it, the module failed,
+        nothing was in its slots) ends the chain: the round before it is truncated, so no
+        transition links across a round someone else decided. A job whose new
+        configuration the Planner declined (no room) counts as the policy's: the
+        environment declines it the same way, and the outcome is the action's."""
         step = getattr(policy, "last_step", None)
-        if step is None or not step.job_ids:
-            return  # not the learned policy, or nothing in its slots: nothing to learn
+        logs = step is not None and bool(step.job_ids)
+        self._close(session, backend, snapshot, continues=logs)
+        if not logs:
+            return
+        assert step is not None
         decided = {d.job_id: d for d in stored}
         applied = [
             job_id not in overrides
@@ -122,17 +133,23 @@ class TransitionLog:
         self.rows += 1
         self._step += 1
         last = self._step >= self.episode_rounds
-        self._open = _Open(transition_id, step.job_ids, last)
+        self._open = _Open(transition_id, step.job_ids, last, snapshot.time_s)
         if last:
             self._episode += 1
             self._step = 0
 
-    def _close(self, session: Session, backend: Backend, snapshot: ClusterSnapshot) -> None:
+    def _close(
+        self, session: Session, backend: Backend, snapshot: ClusterSnapshot, *, continues: bool
+    ) -> None:
+        """Fill in the open row's reward from the round the backend just ran;
+        ``continues``: this tick logs a round that follows it."""
         open_, self._open = self._open, None
         if open_ is None:
             return
         outcome = getattr(backend, "last_outcome", None)
-        if outcome is None:
+        # Ticks failed in between: the backend's last round is not the one decided then.
+        stale = snapshot.time_s - open_.time_s > 1.5 * self.round_s
+        if outcome is None or stale:
             repo.set_transition_reward(
                 session=session,
                 transition_id=open_.transition_id,
@@ -145,7 +162,11 @@ class TransitionLog:
         total, parts = reward(outcome, **weights)
         mine = job_rewards(outcome, **weights)
         states = {j.spec.job_id: j.state for j in snapshot.jobs}
-        speeds = _speeds(snapshot, set(open_.job_ids))
+        try:
+            speeds = _speeds(snapshot, set(open_.job_ids))
+        except Exception as exc:  # a calibration figure is not worth a failed tick
+            event("transitions.speeds_failed", level=30, error=f"{type(exc).__name__}: {exc}")
+            speeds = {}
         jobs: dict[str, dict[str, Any]] = {}
         for job_id in open_.job_ids:
             value, job_parts = mine.get(job_id, (0.0, dict.fromkeys(parts, 0.0)))
@@ -165,7 +186,7 @@ class TransitionLog:
                 "jobs": jobs,
                 "weights": weights,
             },
-            truncated=open_.last_of_episode,
+            truncated=open_.last_of_episode or not continues,
         )
 
     def close(self, session: Session) -> None:

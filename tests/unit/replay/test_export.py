@@ -112,6 +112,7 @@ def test_the_export_holds_rllib_columns_and_the_logged_probabilities(
         np.testing.assert_array_equal(following, earlier)
         ends = episode["terminateds"] | episode["truncateds"]
         assert not ends.iloc[:-1].any()
+        assert ends.iloc[-1]  # every job episode ends with a flag
     parts = frame[[f"reward_{p}" for p in ("goodput", "oom", "nan", "restart", "energy")]]
     np.testing.assert_allclose(frame["rewards"], parts.sum(axis=1), rtol=1e-5, atol=1e-6)
 
@@ -224,3 +225,26 @@ def test_compacted_transitions_export_the_same_rows(tmp_path: Path) -> None:
     old = pq.read_table(tmp_path / "before" / before.files[0])
     new = pq.read_table(tmp_path / "after" / after.files[0])
     assert new.equals(old)
+
+
+def test_a_round_someone_else_decided_breaks_the_chain(tmp_path: Path) -> None:
+    """A round the learned policy did not decide (the rules did, as the fallback would)
+    is not logged, and no transition links across it: the round before it is truncated
+    and its new_obs is not the round after it."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    run_daemon(url, ticks=8, rules_ticks=frozenset({4}))
+    db = Database(url)
+    with db.session() as session:
+        rows = session.scalars(select(TransitionRow).order_by(TransitionRow.id)).all()
+        assert [r.sim_time_s for r in rows] == [300.0 * t for t in (0, 1, 2, 3, 5, 6, 7)]
+        assert [r.truncated for r in rows] == [False, False, False, True, False, False, True]
+        assert rows[3].reward is not None  # measured all the same
+    db.dispose()
+    export(url, tmp_path / "out")
+    frame = pq.read_table(tmp_path / "out" / "transitions-00000.parquet").to_pandas()
+    before = frame[frame["tick"] == 3]
+    assert before["truncateds"].all() or before["terminateds"].all()
+    slots = np.stack(before["new_obs"].to_numpy())[:, HEADER:]
+    assert (slots == 0).all()  # the round after it was not the policy's
+    # The logged rounds' steps; the last one was never measured (the daemon stopped).
+    assert set(frame["tick"]) == {0, 1, 2, 3, 4, 5}
