@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -87,6 +88,13 @@ def test_the_loss_counts_only_the_entries_that_mattered() -> None:
     assert masked[0].item() == pytest.approx(change.item(), rel=1e-6)
 
 
+
+def _report(stdout: str) -> dict[str, Any]:
+    """The command's JSON report: its last line. Ray's driver may print a raylet warning
+    ("N PYTHON worker processes have been started") to the same stream first."""
+    report: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return report
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_bc_imitates_the_logged_decisions(logged_export: Export, tmp_path: Path) -> None:
@@ -101,7 +109,7 @@ def test_bc_imitates_the_logged_decisions(logged_export: Export, tmp_path: Path)
         "--json",
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout)
+    report = _report(run.stdout)
     assert report == json.loads((out / "train.json").read_text())
     assert report["algo"] == "bc"
     assert report["init"]["hash"] == checkpoint_hash(start)
@@ -138,7 +146,7 @@ def test_marwil_then_ppo_on_the_logged_workload(logged_export: Export, tmp_path:
         "--sim-max-steps", "16", "--out", str(out), "--json",
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr[-3000:]
-    report = json.loads(run.stdout)
+    report = _report(run.stdout)
     assert report["init"]["hash"] == checkpoint_hash(default_policy_checkpoint())
     assert [row["iteration"] for row in report["history"]] == [1, 2, 3]
     assert all(np.isfinite(row["vf_loss"]) for row in report["history"])
