@@ -27,7 +27,13 @@ Step time of one rank (seconds)::
 - Ring all-reduce of S bytes over n ranks (Patarasuk & Yuan 2009; Thakur et al. 2005):
   2(n-1) * alpha + 2(n-1)/n * S / (bandwidth * efficiency); all-gather is half of it.
   Inside one node the link is the GPUs' (NVLink or PCIe); across nodes it is the NIC,
-  shared by the ranks of a node: the inter-node term grows as (ranks per node)^delta.
+  shared by the ranks of a node: the inter-node term grows as (ranks on the busiest
+  node)^delta, the busiest node's NIC bounding the ring. Across nodes, collectives also
+  pay a tree latency, 2 log2(n) * alpha_tree (NCCL's double binary trees; Sanders et
+  al. 2009), and on exactly two nodes a measured factor (``two_node_sync_factor``:
+  Pollux's testbed synchronises 1.5-2x slower there than on 3-4 nodes).
+- Compute grows with a rank's samples per micro-step as samples^kappa
+  (``batch_exponent``, 1 by default; padded variable-length inputs make it larger).
 - Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): 4 all-reduces per layer per
   micro-batch (2 forward, 2 backward) of micro_batch * seq_len * hidden activations in
   16-bit, always inside one node (the Planner keeps tensor-parallel groups on a node).
@@ -162,6 +168,20 @@ class Coefficients:
     its NIC (1: each rank's traffic crosses it; 0: hierarchical reduction)."""
     overlap_gamma: float = 1.0
     """Pollux's gamma: T = (Tc^g + Ts^g)^(1/g); 1 is no overlap, larger overlaps more."""
+    tree_latency_s: float = 0.0
+    """alpha of one step of a tree all-reduce between nodes: 2 log2(n) steps (NCCL's
+    double binary trees, used across nodes for small and medium messages; Sanders et al.
+    2009). 0 leaves the ring's 2(n-1) steps of ``inter_latency_s`` alone."""
+    two_node_sync_factor: float = 1.0
+    """Multiplies inter-node synchronisation on exactly two nodes. Pollux's testbed
+    synchronises 1.5-2x slower on 2 nodes than on 3-4 with the same replicas (bert, 8
+    replicas: 1.89 s against 0.89-0.91 s); no ring or tree formula predicts that, so it
+    is a measured term of its own (1: none)."""
+    batch_exponent: float = 1.0
+    """kappa: a rank's compute time per micro-step grows as (its samples)^kappa. 1 is
+    linear (fixed-size inputs); Pollux's deepspeech2 fits about 1.3 (utterances are
+    padded to the longest of the batch, so a larger batch has longer samples). With
+    kappa != 1, ``mfu`` is the utilisation at one sample per micro-step."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -174,9 +194,12 @@ class Coefficients:
                 raise ValueError(f"Coefficients.{name}: must be in (0, 1], got {value}")
         if self.overlap_gamma < 1:
             raise ValueError(f"Coefficients.overlap_gamma: must be >= 1, got {self.overlap_gamma}")
-        for name in ("compute_overhead_s", "intra_latency_s", "inter_latency_s"):
+        for name in ("compute_overhead_s", "intra_latency_s", "inter_latency_s", "tree_latency_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Coefficients.{name}: must be >= 0")
+        for name in ("two_node_sync_factor", "batch_exponent"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Coefficients.{name}: must be > 0")
 
 
 DEFAULT_COEFFICIENTS: Final = Coefficients()
@@ -331,9 +354,28 @@ def _link(shape: Shape, spec: DeviceSpec, coeffs: Coefficients) -> tuple[float, 
     """(alpha s, effective GB/s) of the data-parallel ring for this shape."""
     if shape.nodes <= 1:
         return coeffs.intra_latency_s, spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency
-    per_node = shape.world_size / shape.nodes
+    per_node = max(shape.ranks_per_node)
     bandwidth = shape.inter_node_gbps * coeffs.inter_bw_efficiency
     return coeffs.inter_latency_s, bandwidth / per_node**coeffs.node_sharing_exponent
+
+
+@dataclass(frozen=True, slots=True)
+class _NetworkTerms:
+    """What a collective between nodes pays beyond its ring formula: the tree latency
+    (2 log2(d) steps of ``tree_latency_s``) and the two-node factor. Inside one node,
+    nothing."""
+
+    shape: Shape
+    ranks: int
+    coeffs: Coefficients
+
+    def __call__(self, comm_s: float) -> float:
+        if self.shape.nodes <= 1:
+            return comm_s
+        comm_s += 2 * math.log2(self.ranks) * self.coeffs.tree_latency_s
+        if self.shape.nodes == 2:
+            comm_s *= self.coeffs.two_node_sync_factor
+        return comm_s
 
 
 def _sync(
@@ -352,6 +394,7 @@ def _sync(
     if d <= 1:
         return 0.0, 0.0, 0.0, 0.0
     alpha, gbps = _link(shape, spec, coeffs)
+    network = _NetworkTerms(shape, d, coeffs)
     kernel_bw = spec.memory_bandwidth_gbps * 1e9 * KERNEL_BANDWIDTH_EFFICIENCY
     comp: CompressionSpec = config.compression
     dense_sent = 2 * (d - 1) / d * dense
@@ -359,13 +402,13 @@ def _sync(
         assert comp.ratio is not None
         per_rank = math.ceil(comp.ratio * elements) * (width + INDEX_BYTES)
         sent = (d - 1) / d * d * per_rank  # all-gather: every rank's k values and indices
-        comm = (d - 1) * alpha + sent / (gbps * 1e9)
+        comm = network((d - 1) * alpha + sent / (gbps * 1e9))
         kernel = elements * TOPK_BYTES_PER_ELEMENT / kernel_bw
         kernel += d * per_rank * 2 / kernel_bw  # scatter-add of d ranks' entries
         return comm + kernel, kernel, sent, dense_sent
     if comp.kind in ("int8", "fp8"):
         size = elements * (1 + 4 / 128)
-        comm = ring_allreduce_s(size, d, latency_s=alpha, bandwidth_gbps=gbps)
+        comm = network(ring_allreduce_s(size, d, latency_s=alpha, bandwidth_gbps=gbps))
         kernel = elements * QUANT_BYTES_PER_ELEMENT / kernel_bw
         return comm + kernel, kernel, 2 * (d - 1) / d * size, dense_sent
     if comp.kind == "powersgd":
@@ -373,11 +416,11 @@ def _sync(
         dim = model.hidden_size or max(1.0, math.sqrt(model.parameters / model.num_layers))
         share = min(1.0, 2 * comp.rank / dim)
         size = dense * share
-        comm = 2 * ring_allreduce_s(size / 2, d, latency_s=alpha, bandwidth_gbps=gbps)
+        comm = network(2 * ring_allreduce_s(size / 2, d, latency_s=alpha, bandwidth_gbps=gbps))
         flops = 4 * elements * comp.rank  # two thin matmuls and their transposes
         kernel = flops / (spec.peak_tflops["fp32"] * 1e12 * 0.3) + 2 * dense / kernel_bw
         return comm + kernel, kernel, 2 * (d - 1) / d * size, dense_sent
-    comm = ring_allreduce_s(dense, d, latency_s=alpha, bandwidth_gbps=gbps)
+    comm = network(ring_allreduce_s(dense, d, latency_s=alpha, bandwidth_gbps=gbps))
     return comm, 0.0, dense_sent, dense_sent
 
 
@@ -402,6 +445,9 @@ def step_time(
     share = shape.gpu_milli / MILLI_PER_GPU
     flops = model.flops_per_sample * global_batch / layout.world_size
     seconds = flops / 1e12 * class_time_factor(spec, model, config.precision) / coeffs.mfu
+    if coeffs.batch_exponent != 1:
+        micro_samples = global_batch / (layout.dp * layout.micro_batches)
+        seconds *= micro_samples ** (coeffs.batch_exponent - 1)
     seconds /= share
     if layout.activation_checkpointing:
         seconds *= RECOMPUTE_FACTOR

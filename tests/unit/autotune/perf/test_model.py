@@ -66,6 +66,51 @@ def test_crossing_nodes_and_sharing_a_nic_slow_synchronisation() -> None:
     assert one_node.sync_s < eight_nodes.sync_s < two_nodes.sync_s
 
 
+def test_tree_latency_and_the_two_node_factor_apply_between_nodes_only() -> None:
+    config = _config(8)
+    base = Coefficients()
+    tree = Coefficients(tree_latency_s=0.01)
+    two = Coefficients(two_node_sync_factor=1.5)
+    shapes = {
+        "one": Shape(gpu_model="A100", ranks_per_node=(8,)),
+        "two": Shape(gpu_model="A100", ranks_per_node=(4, 4)),
+        "four": Shape(gpu_model="A100", ranks_per_node=(2, 2, 2, 2)),
+    }
+
+    def sync(shape: str, coeffs: Coefficients) -> float:
+        return step_time(GPT, config, shapes[shape], 64, coeffs=coeffs).sync_s
+
+    assert sync("one", tree) == sync("one", base) and sync("one", two) == sync("one", base)
+    # 8 ranks: 2 log2(8) = 6 tree steps.
+    assert sync("four", tree) == pytest.approx(sync("four", base) + 0.06)
+    assert sync("two", two) == pytest.approx(1.5 * sync("two", base))
+    assert sync("four", two) == sync("four", base)
+
+
+def test_the_busiest_node_bounds_the_inter_node_ring() -> None:
+    config = _config(6)
+    coeffs = Coefficients(node_sharing_exponent=1.0)
+    even = step_time(GPT, config, Shape(gpu_model="A100", ranks_per_node=(3, 3)), 48, coeffs=coeffs)
+    uneven = step_time(
+        GPT, config, Shape(gpu_model="A100", ranks_per_node=(4, 2)), 48, coeffs=coeffs
+    )
+    assert uneven.sync_s > even.sync_s
+
+
+def test_batch_exponent_bends_compute_in_the_local_batch() -> None:
+    shape = Shape(gpu_model="A100", ranks_per_node=(1,))
+    linear = Coefficients(compute_overhead_s=0.0)
+    bent = Coefficients(compute_overhead_s=0.0, batch_exponent=1.5)
+
+    def compute(batch: int, coeffs: Coefficients) -> float:
+        return step_time(GPT, _config(1), shape, batch, coeffs=coeffs).compute_s
+
+    assert compute(16, linear) / compute(4, linear) == pytest.approx(4.0)
+    assert compute(16, bent) / compute(4, bent) == pytest.approx(4.0**1.5)
+    with pytest.raises(ValueError, match="batch_exponent"):
+        Coefficients(batch_exponent=0.0)
+
+
 def test_compression_shrinks_bytes_sent() -> None:
     shape = Shape(gpu_model="V100M32", ranks_per_node=(1,) * 8)
     dense = step_time(GPT, _config(8), shape, 64)
