@@ -194,6 +194,10 @@ class DecisionPublic(BaseModel):
     config: dict[str, Any]
     placement: dict[str, Any] | None
     override_id: int | None = Field(default=None, description="The override it honours")
+    preempt: bool = Field(
+        default=False,
+        description="The job was stopped (after a checkpoint) to wait again; placement null",
+    )
 
 
 class DecisionsPublic(Paged):

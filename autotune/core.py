@@ -237,6 +237,10 @@ class JobSpec:
     """Higher goes first."""
     submitted_at: float = 0.0
     """Submission time in seconds; earlier goes first among equal priorities."""
+    requested_gpus: int | None = None
+    """The GPUs the job asks for (a trace job's request), within [min_gpus, max_gpus]:
+    what policies that run jobs as submitted (static, Tiresias) give it. ``None``: not
+    stated (``autotune.envs.workloads.requested_gpus`` then derives one)."""
 
     def __post_init__(self) -> None:
         owner = "JobSpec"
@@ -263,6 +267,15 @@ class JobSpec:
         _check_int(owner, "memory_mib", self.memory_mib, 0)
         _check_int(owner, "priority", self.priority, -(2**31))
         _check_number(owner, "submitted_at", self.submitted_at, positive=False)
+        if self.requested_gpus is not None:
+            _check_int(owner, "requested_gpus", self.requested_gpus, self.min_gpus)
+            if self.requested_gpus > self.max_gpus:
+                raise _fail(
+                    owner,
+                    "requested_gpus",
+                    self.requested_gpus,
+                    f"must be <= max_gpus={self.max_gpus}",
+                )
 
     def allows(self, gpu_model: str) -> bool:
         """Whether the job may run on GPUs of this model."""
@@ -570,6 +583,9 @@ class Decision:
     decided_at: datetime = field(default_factory=utc_now)
     decision_id: int | None = None
     """Assigned by the database when the decision is committed."""
+    preempt: bool = False
+    """The job is stopped (after a checkpoint) and waits again, keeping its progress;
+    ``config`` is the one it ran with, ``placement`` is ``None``."""
 
     def __post_init__(self) -> None:
         owner = "Decision"
@@ -582,6 +598,8 @@ class Decision:
             raise _fail(owner, "reason", self.reason, "must say why")
         if self.decided_at.tzinfo is None:
             raise _fail(owner, "decided_at", self.decided_at, "must be timezone-aware")
+        if self.preempt and self.placement is not None:
+            raise _fail(owner, "placement", "...", "a preemption places nothing")
         if self.placement is not None:
             if self.placement.job_id != self.job_id:
                 raise _fail(owner, "placement", self.placement.job_id, f"is not {self.job_id}")

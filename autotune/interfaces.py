@@ -125,8 +125,9 @@ class Backend(Protocol):
         ...
 
     def apply(self, decisions: Sequence[Decision]) -> None:
-        """Start or reconfigure jobs as decided. Decisions without a placement are
-        ignored."""
+        """Start, reconfigure or preempt jobs as decided. A preemption (``preempt``)
+        stops a running job after a checkpoint and leaves it pending with its progress;
+        other decisions without a placement are ignored."""
         ...
 
     def close(self, timeout_s: float | None = None) -> None:
@@ -169,6 +170,14 @@ class PolicyChoice:
     """The inputs that mattered, by name."""
     source: DecisionSource = "policy"
     """``fallback`` when a policy could not decide and another one did (see the reason)."""
+    preempt: bool = False
+    """With ``config=None``, for a running job: stop it (after a checkpoint) so that its
+    GPUs go to others this round; it waits again with its progress. Ignored for a job
+    that is not running or has an active override."""
+
+    def __post_init__(self) -> None:
+        if self.preempt and self.config is not None:
+            raise ValueError("PolicyChoice: a preemption has no configuration")
 
 
 @runtime_checkable

@@ -41,6 +41,11 @@ How it works
    most ``rows - 1`` of them are taken by other rows).
 5. **Gang semantics.** A job whose units were not all matched releases them all and
    waits for the next round; a job that no node set can take is unplaced with a reason.
+6. **Packing fallback.** A job that may span nodes, without tensor parallelism, on
+   whole GPUs, that no equal blocks could place (6 ranks on nodes with 4, 1 and 1 free
+   GPUs) takes the free GPUs as they are, the nodes with most free first, on one GPU
+   model: unequal blocks beat waiting while the GPUs it needs are idle. Pollux's
+   simulator places every job this way.
 
 The cost of a unit on a node (lower is better), in GPU-equivalents:
 
@@ -1375,6 +1380,15 @@ def plan(
         alone = not outcome.nodes and not settled
         if progress is not None:
             progress(len(placements) + len(unplaced), len(jobs))
+    # 6. Packing fallback: a job that may span nodes and found no equal blocks takes the
+    #    free GPUs as they are, the emptiest nodes first (Pollux's placement).
+    for job in pending:
+        job_id = job.spec.job_id
+        if job_id in unplaced and job_id not in placements:
+            packed = _pack_greedy(job, state)
+            if packed is not None:
+                placements[job_id] = packed
+                del unplaced[job_id]
     return PlanResult(
         placements=placements,
         unplaced=unplaced,
@@ -1383,6 +1397,50 @@ def plan(
         total_cost=total_cost,
         solve_s=time.perf_counter() - started,
     )
+
+
+def _pack_greedy(job: _Job, state: ClusterState) -> Placement | None:
+    """Whole-GPU ranks without tensor parallelism on nodes of one allowed model, the
+    nodes with the most free GPUs first (ties: the first node), as many ranks on each as
+    it has room for (GPUs, and each rank's share of the job's CPU and memory), within
+    ``max_nodes``. ``None`` when no model has room for every rank."""
+    spec, world = job.spec, job.world
+    if spec.gpu_milli < MILLI_PER_GPU or not _spans_nodes(job) or job.config.layout.tp > 1:
+        return None
+    cpu = math.ceil(spec.cpu_milli / world)
+    mem = math.ceil(spec.memory_mib / world)
+    free_gpus = (state.free_milli >= MILLI_PER_GPU).sum(axis=1)
+    room = free_gpus.copy()
+    if cpu:
+        room = np.minimum(room, state.free_cpu // cpu)
+    if mem:
+        room = np.minimum(room, state.free_mem // mem)
+    for model in np.flatnonzero(job.allowed):
+        nodes = np.flatnonzero(state.gpu_nodes & (state.model_safe == model) & (room > 0))
+        order = sorted(nodes.tolist(), key=lambda n: (-int(room[n]), n))
+        if spec.max_nodes is not None:
+            order = order[: spec.max_nodes]
+        if sum(int(room[n]) for n in order) < world:
+            continue
+        slots: list[RankSlot] = []
+        for node in order:
+            take = min(int(room[node]), world - len(slots))
+            if take == 0:
+                break
+            gpus = [int(g) for g in np.flatnonzero(state.free_milli[node] >= MILLI_PER_GPU)[:take]]
+            state.take(node, gpus, MILLI_PER_GPU, cpu * take, mem * take)
+            first = len(slots)
+            slots.extend(
+                RankSlot(
+                    rank=first + i,
+                    node_id=state.nodes[node].node_id,
+                    gpu_index=gpu,
+                    gpu_milli=MILLI_PER_GPU,
+                )
+                for i, gpu in enumerate(gpus)
+            )
+        return Placement(job_id=spec.job_id, ranks=tuple(slots))
+    return None
 
 
 def _keep(job: _Job, placement: Placement, state: ClusterState) -> bool:

@@ -206,6 +206,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         slots: int = 16,
         round_s: float = DEFAULT_ROUND_S,
         restart_s: float = 30.0,
+        start_s: float = 0.0,
         max_steps: int = 500,
         noise: bool = True,
         oom_penalty: float = 1.0,
@@ -229,6 +230,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self.sim_config = SimConfig(
             round_s=round_s,
             restart_s=restart_s,
+            start_s=start_s,
             noise=noise,
             nodes=tuple(self.nodes),
             initial_jobs=0,

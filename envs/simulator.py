@@ -48,6 +48,7 @@ from autotune.core import (
     JobSpec,
     Layout,
     NodeInfo,
+    Placement,
     PrecisionMap,
 )
 from autotune.envs.presets import default_nodes
@@ -62,6 +63,7 @@ from autotune.perf.model import (
     estimate,
     shape_of,
 )
+from autotune.perf.pollux_trace import TraceApp
 from autotune.perf.stragglers import median_cv, sample_cv
 
 __all__ = [
@@ -91,6 +93,11 @@ class Arrival:
     coeffs: Coefficients = DEFAULT_COEFFICIENTS
     """The performance model's coefficients for this job (calibrated per application
     for the Pollux workloads)."""
+    trace: TraceApp | None = None
+    """Pollux-compatible physics: the job advances as Pollux's simulator advances it, on
+    its application's measured step times and gradient statistics
+    (``autotune.perf.pollux_trace``); ``work`` is then in Pollux's progress units.
+    ``None``: the performance model."""
 
     @property
     def coeffs_app(self) -> str | None:
@@ -114,6 +121,9 @@ class SimConfig:
     """Simulated seconds between two decisions (one ``observe()``)."""
     restart_s: float = 30.0
     """Downtime of a job whose configuration or placement changes."""
+    start_s: float = 0.0
+    """Downtime of a job that starts: the first time, or again after a preemption
+    (Pollux's simulator charges ``restart_s`` for every start)."""
     noise: bool = True
     """Draw stragglers and divergence; ``False``: their expected values."""
     nodes: tuple[NodeInfo, ...] = field(default_factory=lambda: tuple(default_nodes()))
@@ -129,6 +139,8 @@ class SimConfig:
             raise ValueError(f"round_s={self.round_s!r}: must be > 0")
         if self.restart_s < 0:
             raise ValueError(f"restart_s={self.restart_s!r}: must be >= 0")
+        if self.start_s < 0:
+            raise ValueError(f"start_s={self.start_s!r}: must be >= 0")
         if not self.mean_interarrival_s > 0:
             raise ValueError(f"mean_interarrival_s={self.mean_interarrival_s!r}: must be > 0")
         if self.initial_jobs < 0:
@@ -179,6 +191,7 @@ class SimJob:
     goodput: float = 0.0
     nan_events: int = 0
     restarts: int = 0
+    preemptions: int = 0
 
     @property
     def job_id(self) -> str:
@@ -202,6 +215,7 @@ class SimulatedCluster:
         self.nodes = [n for n in self.config.nodes if n.gpu_count > 0]
         self._nodes = {n.node_id: n for n in self.config.nodes}
         self.total_gpus = sum(n.gpu_count for n in self.nodes)
+        self._gpus_per_node = max(n.gpu_count for n in self.nodes)
         self.reference_gpu = max(
             sorted({n.gpu_model for n in self.nodes}),
             key=lambda m: sum(n.gpu_count for n in self.nodes if n.gpu_model == m),
@@ -261,6 +275,14 @@ class SimulatedCluster:
         ref = self._estimate(job, reference, shape, cv=median_cv())
         # The unit of speed, not a config to run: memory is ignored here.
         job.reference_goodput = ref.step.samples_per_s * ref.efficiency
+        if arrival.trace is not None:
+            # Progress units per second on the reference GPUs, packed, first epoch.
+            job.work = arrival.trace.target_progress
+            job.reference_goodput = arrival.trace.rate(
+                _packed(arrival.reference_gpus, self._gpus_per_node),
+                spec.global_batch,
+                0,
+            )
         if job.work <= 0:
             assert arrival.duration_s is not None
             job.work = arrival.duration_s * job.reference_goodput
@@ -342,6 +364,13 @@ class SimulatedCluster:
             job = self.jobs.get(decision.job_id)
             if job is None:
                 raise KeyError(f"no job {decision.job_id!r} in the simulated cluster")
+            if decision.preempt and job.status.state == "running":
+                # Stopped after a checkpoint: it keeps its progress and pays the start
+                # downtime when it runs again.
+                job.status = replace(job.status, state="pending", placement=None, samples_per_s=0.0)
+                job.downtime_s = 0.0
+                job.preemptions += 1
+                continue
             if decision.placement is None or job.status.state not in ACTIVE_STATES:
                 continue
             changed.append((job, decision.config, decision.placement))
@@ -353,6 +382,8 @@ class SimulatedCluster:
                 job.downtime_s = self.config.restart_s
                 job.restarts += 1
                 self._restarts += 1
+            elif status.state == "pending":
+                job.downtime_s = self.config.start_s
             job.status = replace(
                 status,
                 state="running",
@@ -480,7 +511,8 @@ class SimulatedCluster:
             job.attained_gpu_s += gpus * dt
             energy_j += est.power_watts * dt
             mine = JobRound(restart_s=dt - run_s, energy_kwh=est.power_watts * dt / 3.6e6)
-            if est.oom:
+            trace = job.arrival.trace
+            if est.oom and trace is None:  # a measured job ran at this size
                 per_job[job.job_id] = replace(mine, ooms=1)
                 ooms += 1
                 job.goodput = 0.0
@@ -511,16 +543,29 @@ class SimulatedCluster:
                     node.gpu_memory_bytes * status.placement.ranks[0].gpu_milli / MILLI_PER_GPU,
                 )[0]
             need = job.work - job.done
-            gained = est.goodput * run_s
-            job.goodput = est.goodput
+            reached = job.done
+            if trace is not None:
+                goodput, step_s, samples_per_s, reached, used_s = self._trace_round(
+                    job, trace, status.config, status.placement, run_s
+                )
+                gained = need if used_s is not None else reached - job.done
+            else:
+                goodput, step_s, samples_per_s = (
+                    est.goodput,
+                    est.step.step_s,
+                    est.step.samples_per_s,
+                )
+                gained = est.goodput * run_s
+                used_s = need / goodput if gained >= need and goodput > 0 else None
+            job.goodput = goodput
             metrics = {
-                "goodput": est.goodput,
+                "goodput": goodput,
                 "power_watts": est.power_watts,
-                "step_time_s": est.step.step_s,
+                "step_time_s": step_s,
                 "nan_events": float(job.nan_events),
             }
             if gained >= need:
-                used = need / est.goodput + (dt - run_s) if est.goodput > 0 else dt
+                used = used_s + (dt - run_s) if used_s is not None else dt
                 share = need / job.reference_goodput / dt
                 job.done = job.work
                 finished += 1
@@ -535,13 +580,13 @@ class SimulatedCluster:
                     metrics=metrics,
                 )
             else:
-                job.done += gained
-                share = est.goodput / job.reference_goodput * run_s / dt
+                job.done = reached if trace is not None else job.done + gained
+                share = goodput / job.reference_goodput * run_s / dt
                 job.status = replace(
                     status,
                     config=config,
                     progress=job.done / job.work,
-                    samples_per_s=est.step.samples_per_s if run_s > 0 else 0.0,
+                    samples_per_s=samples_per_s if run_s > 0 else 0.0,
                     metrics=metrics,
                 )
             norm += share
@@ -562,6 +607,36 @@ class SimulatedCluster:
             busy_gpus=busy,
             jobs=per_job,
         )
+
+    def _trace_round(
+        self,
+        job: SimJob,
+        trace: TraceApp,
+        config: JobConfig,
+        placement: Placement,
+        run_s: float,
+    ) -> tuple[float, float, float, float, float | None]:
+        """One round of a job on Pollux's measured physics: (progress units per second
+        averaged over the run, step time, samples per second, the progress reached,
+        seconds to finish or ``None``)."""
+        if config.layout.world_size != config.layout.dp or not _is_plain(config):
+            raise ValueError(
+                f"{job.job_id}: a job on Pollux's measured physics runs data parallel in "
+                f"fp32 without compression, got {config.describe()}"
+            )
+        ranks = tuple(shape_of(placement, self._nodes).ranks_per_node)
+        batch = config.batch(job.status.spec)
+        epoch = trace.epoch_of(job.done)
+        split = trace.split(sum(ranks), batch)
+        step_s, sync_s = trace.step_times(ranks, split.atomic)
+        step_s = step_s + (step_s - sync_s) * split.accum_steps
+        samples_per_s = split.batch / step_s
+        if run_s <= 0:
+            return trace.rate(ranks, batch, epoch), step_s, samples_per_s, job.done, None
+        reached, finished_after = trace.run(job.done, ranks, batch, run_s)
+        seconds = finished_after if finished_after is not None else run_s
+        goodput = (reached - job.done) / max(seconds, 1e-9)
+        return goodput, step_s, samples_per_s, reached, finished_after
 
     def skip_idle(self) -> None:
         """Jump to the round of the next arrival when nothing is active (nothing to
@@ -591,6 +666,16 @@ class SimulatedCluster:
                 used[key] = used.get(key, 0) + slot.gpu_milli
                 if used[key] > MILLI_PER_GPU:
                     raise ValueError(f"GPU {key} over-committed by {job.job_id}")
+
+
+def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
+    """Ranks per node of ``gpus`` GPUs on the fewest nodes (6 on 4-GPU nodes: (4, 2))."""
+    full, rest = divmod(gpus, per_node)
+    return (per_node,) * full + ((rest,) if rest else ())
+
+
+def _is_plain(config: JobConfig) -> bool:
+    return config.compression.kind == "none" and config.precision == PrecisionMap.uniform("fp32")
 
 
 def _arrival_of(job: JobSubmission, *, submitted_at: float) -> Arrival:

@@ -31,6 +31,7 @@ __all__ = [
     "STREAM_MIX",
     "job_stream",
     "jobs_from_trace",
+    "measured_physics",
     "pollux_arrivals",
     "requested_gpus",
     "synthetic_jobs",
@@ -60,8 +61,10 @@ STREAM_BATCH: Final = 256
 
 
 def requested_gpus(spec: JobSpec) -> int:
-    """The GPUs a job asks for: its elastic maximum over ``ELASTIC_FACTOR``, at least its
-    minimum (a trace job's request, whose maximum is twice it)."""
+    """The GPUs a job asks for: its stated request, else its elastic maximum over
+    ``ELASTIC_FACTOR``, at least its minimum."""
+    if spec.requested_gpus is not None:
+        return spec.requested_gpus
     return max(spec.min_gpus, spec.max_gpus // ELASTIC_FACTOR)
 
 
@@ -85,6 +88,7 @@ def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Arrival]:
             gpu_types=t.gpu_types,
             max_nodes=t.max_nodes,
             submitted_at=t.submit_s,
+            requested_gpus=min(t.num_gpus, max_gpus),
         )
         jobs.append(
             Arrival(
@@ -99,12 +103,21 @@ def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Arrival]:
     return jobs
 
 
-def pollux_arrivals(path: str | Path, jobs: str | None = None) -> list[Arrival]:
+def pollux_arrivals(
+    path: str | Path, jobs: str | None = None, *, traces: str | Path | None = None
+) -> list[Arrival]:
     """The jobs of a Pollux workload CSV as arrivals, ``jobs`` (``"START:STOP"``, a
-    slice of the arrival order; ``None``: all) re-based so the first arrives at 0."""
+    slice of the arrival order; ``None``: all) re-based so the first arrives at 0.
+
+    ``traces`` (the Pollux traces folder): the Pollux-compatible mode. Each job runs on
+    its application's measured physics (``Arrival.trace``) and keeps the workload's
+    arrival times (Pollux's clock, not re-based: its rounds start at 0)."""
     from autotune.envs.traces import pollux_workload
 
-    arrivals = jobs_from_trace(pollux_workload(path))
+    if traces is not None:
+        arrivals = measured_physics(jobs_from_trace(pollux_workload(path, rebase=False)), traces)
+    else:
+        arrivals = jobs_from_trace(pollux_workload(path))
     if jobs:
         start, _, stop = jobs.partition(":")
         try:
@@ -114,13 +127,31 @@ def pollux_arrivals(path: str | Path, jobs: str | None = None) -> list[Arrival]:
         arrivals = arrivals[picked]
         if not arrivals:
             raise InputError(f"jobs {jobs!r}: no job of the workload in that range", path=str(path))
-    if not arrivals:
+    if not arrivals or traces is not None:
         return arrivals
     origin = min(a.spec.submitted_at for a in arrivals)
     return [
         replace(a, spec=replace(a.spec, submitted_at=a.spec.submitted_at - origin))
         for a in arrivals
     ]
+
+
+def measured_physics(arrivals: Sequence[Arrival], traces: str | Path) -> list[Arrival]:
+    """Pollux jobs on their applications' measured physics (``Arrival.trace``), for the
+    Pollux-compatible mode; ``traces``: the Pollux traces folder."""
+    from autotune.perf.pollux_trace import load_trace_apps
+
+    measured = load_trace_apps(traces)
+    out: list[Arrival] = []
+    for arrival in arrivals:
+        model = arrival.spec.model
+        if model is None or model.name not in measured:
+            raise InputError(
+                f"job {arrival.spec.job_id}: not a Pollux application "
+                f"({', '.join(sorted(measured))}); the Pollux-compatible mode runs only those"
+            )
+        out.append(replace(arrival, trace=measured[model.name]))
+    return out
 
 
 def synthetic_jobs(

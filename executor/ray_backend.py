@@ -164,6 +164,14 @@ class RayBackend:
 
     def apply(self, decisions: Sequence[Decision]) -> None:
         for decision in decisions:
+            if decision.preempt:
+                with self._lock:
+                    job = self._jobs.get(decision.job_id)
+                    runner = job.runner if job is not None and job.state == "running" else None
+                if runner is not None:
+                    # It checkpoints and ends; its thread then leaves the job pending.
+                    runner.stop(checkpoint=True)
+                continue
             if decision.placement is None:
                 continue
             with self._lock:
@@ -250,6 +258,8 @@ class RayBackend:
         with self._lock:
             if job.state == "running":
                 job.state = "finished" if result.steps >= job.submission.steps else "pending"
+                if job.state == "pending":  # stopped (preempted): it waits for a decision
+                    job.placement, job.runner = None, None
             job.step = result.steps
 
     def close(self, timeout_s: float | None = None) -> None:

@@ -16,6 +16,8 @@ environment and in the daemon alike.
   normalized goodput; a running job's configuration changes only when the gain pays for
   the restart. An upper bound for one-round decisions, not for whole schedules; it reads
   the simulator (coefficients, reference speeds), which no deployable policy can.
+- ``tiresias``: two-queue least-attained-service with preemption, each job on its
+  requested GPUs in fp32 (``autotune.policies.tiresias``), as Pollux's artifact runs it.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from autotune.policies.rules import (
     first_fitting_layout,
     free_gpus,
 )
+from autotune.policies.tiresias import TiresiasPolicy
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
@@ -310,6 +313,7 @@ BASELINES: Final[dict[str, Callable[[ClusterEnv, int], Policy]]] = {
     "rules": lambda env, seed: RulesPolicy(),
     "random": lambda env, seed: RandomPolicy(seed, slots=env.slots),
     "oracle": lambda env, seed: OraclePolicy(env, slots=env.slots),
+    "tiresias": lambda env, seed: TiresiasPolicy(),
 }
 
 

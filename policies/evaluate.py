@@ -86,6 +86,9 @@ def evaluate(
     seeds: int,
     slots: int = 32,
     round_s: float = 300.0,
+    restart_s: float = 30.0,
+    start_s: float = 0.0,
+    noise: bool = True,
     max_steps: int = 100_000,
     progress: Callable[[str, int], None] | None = None,
     trace: dict[str, Any] | None = None,
@@ -101,6 +104,9 @@ def evaluate(
             "nodes": len(nodes),
             "seeds": seeds,
             "round_s": round_s,
+            "restart_s": restart_s,
+            "start_s": start_s,
+            "noise": noise,
         },
         "policies": {},
     }
@@ -108,7 +114,14 @@ def evaluate(
         per_seed: list[dict[str, float]] = []
         for seed in range(seeds):
             env = ClusterEnv(
-                nodes=nodes, jobs=jobs, slots=slots, round_s=round_s, max_steps=max_steps
+                nodes=nodes,
+                jobs=jobs,
+                slots=slots,
+                round_s=round_s,
+                restart_s=restart_s,
+                start_s=start_s,
+                noise=noise,
+                max_steps=max_steps,
             )
             policy = extra[name](env, seed) if extra and name in extra else None
             policy = policy or make_policy(name, env, seed)

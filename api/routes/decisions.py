@@ -30,6 +30,7 @@ def _public(record: repo.DecisionRecord) -> DecisionPublic:
         config=to_json(decision.config),
         placement=None if decision.placement is None else to_json(decision.placement),
         override_id=record.override_id,
+        preempt=decision.preempt,
     )
 
 

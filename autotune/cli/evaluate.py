@@ -14,7 +14,14 @@ from autotune.cli.common import JsonOption, progress_bar, user_errors
 from autotune.cli.policy import learned_policies
 from autotune.errors import InputError
 
-__all__ = ["eval_policies"]
+__all__ = ["POLLUX_COMPAT_POLICIES", "eval_policies"]
+
+POLLUX_COMPAT_POLICIES = ("static", "tiresias")
+"""Policies whose choices the Pollux-compatible mode can run (fp32 data parallel)."""
+POLLUX_ROUND_S = 60.0
+"""Pollux's simulator: a scheduling round every 60 s (``--interval``) ..."""
+POLLUX_RESTART_S = 30.0
+"""... and 30 s without progress at every start and restart (``Job.reallocate``)."""
 
 
 @user_errors
@@ -25,6 +32,22 @@ def eval_policies(
     jobs: Annotated[Path | None, typer.Option(help="Alibaba v2023 pod list.")] = None,
     pollux_workload: Annotated[
         Path | None, typer.Option(help="Pollux workload CSV (name,time,application,...).")
+    ] = None,
+    pollux_compat: Annotated[
+        bool,
+        typer.Option(
+            help="With --pollux-workload: run the jobs as Pollux's simulator does (each "
+            "job's replicas and batch from the file, fp32, no compression, progress from "
+            "the measured traces, 60 s rounds, 30 s per start or restart, Pollux's clock). "
+            "Policies: static, tiresias."
+        ),
+    ] = False,
+    pollux_traces: Annotated[
+        Path | None,
+        typer.Option(
+            help="Pollux traces folder for --pollux-compat (default: traces/ beside the "
+            "workload's folder)."
+        ),
     ] = None,
     philly_jobs: Annotated[
         Path | None, typer.Option(help="Philly-style job list (timestamp,duration,num_gpus).")
@@ -39,8 +62,9 @@ def eval_policies(
     policies: Annotated[
         str,
         typer.Option(
-            help="Comma-separated: static, rules (the daemon's), random, oracle, ppo (the "
-            "learned policy, as the daemon serves it), tune (per-job trial search)."
+            help="Comma-separated: static, rules (the daemon's), random, oracle, tiresias "
+            "(least attained service, preemptive), ppo (the learned policy, as the daemon "
+            "serves it), tune (per-job trial search)."
         ),
     ] = "static,rules,oracle",
     policy_checkpoint: Annotated[
@@ -57,9 +81,13 @@ def eval_policies(
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy.")] = 3,
     slots: Annotated[int, typer.Option(min=1, help="Jobs a policy decides per round.")] = 32,
     round_s: Annotated[
-        float,
-        typer.Option("--round-s", min=1.0, help="Decision round period (simulated s)."),
-    ] = 300.0,
+        float | None,
+        typer.Option(
+            "--round-s",
+            min=1.0,
+            help="Decision round period (simulated s); default 300, 60 with --pollux-compat.",
+        ),
+    ] = None,
     trace_seed: Annotated[int, typer.Option(help="Seed of model assignment to trace jobs.")] = 0,
     as_json: JsonOption = False,
 ) -> None:
@@ -69,7 +97,7 @@ def eval_policies(
     from autotune.envs import traces
     from autotune.envs.presets import philly_nodes, pollux_nodes
     from autotune.envs.traces import load_nodes
-    from autotune.envs.workloads import jobs_from_trace
+    from autotune.envs.workloads import jobs_from_trace, measured_physics
     from autotune.policies.baselines import BASELINES
     from autotune.policies.evaluate import evaluate
 
@@ -81,6 +109,19 @@ def eval_policies(
     unknown = [p for p in names if p not in known]
     if unknown or not names:
         raise InputError(f"unknown policy {unknown}; known: {', '.join(known)}")
+    if pollux_compat:
+        if pollux_workload is None:
+            raise InputError("--pollux-compat needs --pollux-workload")
+        beyond = [p for p in names if p not in POLLUX_COMPAT_POLICIES]
+        if beyond:
+            raise InputError(
+                f"--pollux-compat runs jobs in fp32 without compression on their requested "
+                f"GPUs; {', '.join(beyond)} choose(s) more than that. Policies: "
+                f"{', '.join(POLLUX_COMPAT_POLICIES)}"
+            )
+    elif pollux_traces is not None:
+        raise InputError("--pollux-traces is for --pollux-compat")
+    round_s = round_s or (POLLUX_ROUND_S if pollux_compat else 300.0)
     if jobs is not None:
         if nodes is None:
             raise InputError("--jobs needs --nodes")
@@ -90,8 +131,12 @@ def eval_policies(
         info: dict[str, Any] = {"kind": "alibaba", "path": str(jobs)}
     elif pollux_workload is not None:
         node_list = pollux_nodes(gpus)
-        trace = _window(traces.pollux_workload(pollux_workload), skip_jobs, limit_jobs)
-        info = {"kind": "pollux", "path": str(pollux_workload)}
+        trace = _window(
+            traces.pollux_workload(pollux_workload, rebase=not pollux_compat),
+            skip_jobs,
+            limit_jobs,
+        )
+        info = {"kind": "pollux", "path": str(pollux_workload), "pollux_compat": pollux_compat}
     else:
         assert philly_jobs is not None
         node_list = philly_nodes(gpus)
@@ -105,7 +150,13 @@ def eval_policies(
         )
     if not trace:
         raise InputError("no jobs left to replay (--skip-jobs/--limit-jobs)")
-    sim_jobs = jobs_from_trace(_rebase(trace))
+    if pollux_compat:
+        assert pollux_workload is not None
+        folder = pollux_traces or pollux_workload.resolve().parent.parent / "traces"
+        info["pollux_traces"] = str(folder)
+        sim_jobs = measured_physics(jobs_from_trace(trace), folder)
+    else:
+        sim_jobs = jobs_from_trace(_rebase(trace))
     extra = learned_policies(
         names,
         checkpoint=policy_checkpoint,
@@ -131,6 +182,9 @@ def eval_policies(
             seeds=seeds,
             slots=slots,
             round_s=round_s,
+            restart_s=POLLUX_RESTART_S if pollux_compat else 30.0,
+            start_s=POLLUX_RESTART_S if pollux_compat else 0.0,
+            noise=not pollux_compat,
             trace=info,
             extra=extra,
             progress=lambda name, seed: progress.update(

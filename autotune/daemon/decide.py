@@ -21,7 +21,9 @@ One round:
    the configuration did not change); a running job whose new configuration cannot be
    placed keeps its current one;
 6. a decision is made for every job placed anew, with its source (``policy``,
-   ``override``, ``fallback``), its reason and its explanation.
+   ``override``, ``fallback``), its reason and its explanation, and for every running
+   job the policy preempts (``PolicyChoice.preempt``: it stops after a checkpoint and
+   waits again; its GPUs are free for this round's placements).
 
 The daemon's tick, the training environment (``autotune.envs.cluster_env``) and replay
 all call this one function.
@@ -131,8 +133,18 @@ def decide(
                 for j in snapshot.jobs
             ],
         )
-    # 2. The policy's choices; 3. the memory rule.
+    # 2. The policy's choices; 3. the memory rule. A running job the policy preempts
+    #    (and no override holds) leaves the round: its GPUs are free for the others.
     decided = dict(policy.decide(view))
+    preempted = {
+        j.spec.job_id: decided.pop(j.spec.job_id)
+        for j in view.by_state("running")
+        if (c := decided.get(j.spec.job_id)) is not None
+        and c.preempt
+        and j.spec.job_id not in overrides
+        and j.config is not None
+    }
+    active = [j for j in active if j.spec.job_id not in preempted]
     for j in view.by_state("pending"):
         # A pending job the policy left out is planned as the ``Policy`` contract says.
         if j.spec.job_id not in decided:
@@ -211,10 +223,36 @@ def decide(
         reserved.update(displaced)
         if not lost and not stuck and not displaced:
             break
-    # 5. A decision for every job placed anew.
+    # 5. A decision for every job placed anew, and for every job preempted.
     nodes = {n.node_id: n for n in snapshot.nodes}
     decisions: list[Decision] = []
     why: dict[str, Why] = {}
+    for job in view.by_state("running"):
+        job_id = job.spec.job_id
+        if (stopped := preempted.get(job_id)) is None:
+            continue
+        assert job.config is not None
+        decisions.append(
+            Decision(
+                job_id=job_id,
+                config=job.config,
+                placement=None,
+                source=stopped.source,
+                policy_version=policy.version,
+                reason=f"preempted: {stopped.reason}",
+                preempt=True,
+            )
+        )
+        why[job_id] = Why(
+            override_id=None,
+            explanation={
+                "preempted": True,
+                "why": stopped.reason,
+                "features": dict(stopped.features),
+            }
+            if explain
+            else {},
+        )
     for job in active:
         job_id = job.spec.job_id
         placement = result.placements.get(job_id)
@@ -266,7 +304,12 @@ def decide(
         )
     return DecisionRound(
         decisions=decisions,
-        unplaced={**waiting, **skipped, **result.unplaced},
+        unplaced={
+            **{job_id: f"preempted: {c.reason}" for job_id, c in preempted.items()},
+            **waiting,
+            **skipped,
+            **result.unplaced,
+        },
         why=why,
         skipped_overrides=skipped,
         declined=declined,
@@ -292,7 +335,10 @@ def _pinned_configs(
         choice = choices.get(job_id)
         if choice is not None and choice.config is not None:
             configs[job_id] = choice.config
-        elif job.config is not None:
+        elif job.config is not None and (job.state == "running" or choice is None):
+            # A running job keeps its configuration; a waiting one (preempted, or
+            # stopped when a node was lost) runs its old one only if the policy says
+            # nothing of it.
             configs[job_id] = job.config
         override = overrides.get(job_id)
         if override is not None:

@@ -456,13 +456,18 @@ class Daemon:
                 session=session, decision_ids=[d.decision_id for d in stored if d.decision_id]
             )
             for decision in stored:
-                repo.set_job_state(session=session, job_id=decision.job_id, state="running")
+                repo.set_job_state(
+                    session=session,
+                    job_id=decision.job_id,
+                    state="pending" if decision.preempt else "running",
+                )
                 self._job_rows.pop(decision.job_id, None)
             duration = time.perf_counter() - started
             pending_ids = {j.spec.job_id for j in snapshot.by_state("pending")}
             started_now = sum(1 for d in stored if d.job_id in pending_ids)
-            running = len(snapshot.by_state("running")) + started_now
-            pending = len(pending_ids) - started_now
+            stopped_now = sum(1 for d in stored if d.preempt)
+            running = len(snapshot.by_state("running")) + started_now - stopped_now
+            pending = len(pending_ids) - started_now + stopped_now
             repo.record_metrics(
                 session=session,
                 values=[
@@ -476,14 +481,15 @@ class Daemon:
                 labels={"backend": self.backend.name},
             )
         for decision in stored:
-            assert decision.placement is not None
             event(
                 "decision",
                 job=decision.job_id,
                 decision_id=decision.decision_id,
                 source=decision.source,
                 override_id=why[decision.job_id].override_id,
-                placement=placement_summary(decision.placement),
+                placement="preempted"
+                if decision.placement is None
+                else placement_summary(decision.placement),
                 reason=decision.reason,
             )
         for job_id, reason in unplaced.items():

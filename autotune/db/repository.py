@@ -238,6 +238,7 @@ def _decision(row: DecisionRow) -> Decision:
         policy_version=row.policy_version,
         reason=row.reason,
         decided_at=row.decided_at,
+        preempt=bool(row.preempt),
     )
 
 
@@ -564,6 +565,7 @@ def create_decisions(
                 "override_id": override_id,
                 "applied_at": None,
                 "explanation": explanation,
+                "preempt": decision.preempt,
             }
             for decision, override_id, explanation in decisions
         ],
@@ -705,6 +707,7 @@ _DECISION_COLUMNS = (
     DecisionRow.config,
     DecisionRow.placement,
     DecisionRow.override_id,
+    DecisionRow.preempt,
 )
 
 

@@ -145,6 +145,8 @@ class DecisionRow(Base):
     """Set once the backend has applied the decision; committed before that."""
     explanation: Mapped[JsonDict | None]
     """Features that mattered, alternatives with predicted goodput, why this one won."""
+    preempt: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    """The job was stopped to wait again (``Decision.preempt``)."""
 
 
 class OverrideRow(Base):

@@ -19,8 +19,9 @@ __all__ = ["POLLUX_APPLICATIONS", "pollux_workload"]
 _POLLUX_COLUMNS = ("name", "time", "application", "num_replicas", "batch_size")
 
 
-def pollux_workload(path: str | Path) -> list[TraceJob]:
-    """The jobs of a Pollux workload in arrival order (file order among equal times)."""
+def pollux_workload(path: str | Path, *, rebase: bool = True) -> list[TraceJob]:
+    """The jobs of a Pollux workload in arrival order (file order among equal times),
+    the first at 0 (``rebase=False``: at its time in the file, Pollux's clock)."""
     path = Path(path)
     frame = read_csv(path, _POLLUX_COLUMNS)
     names = job_ids(frame["name"].tolist(), path, "name")
@@ -36,7 +37,7 @@ def pollux_workload(path: str | Path) -> list[TraceJob]:
                 row=i + 2,
                 column="application",
             )
-    origin = float(times.min()) if len(times) else 0.0
+    origin = float(times.min()) if len(times) and rebase else 0.0
     order = sorted(range(len(frame)), key=lambda i: times[i])  # stable: file order on ties
     return [
         TraceJob(

@@ -357,6 +357,38 @@ def test_multi_node_job_is_split_in_node_sized_blocks_and_tp_groups_stay_local()
     assert "n0" not in result.placements["tp"].nodes or "n1" not in result.placements["tp"].nodes
 
 
+def test_a_job_no_equal_blocks_fit_takes_the_free_gpus_as_they_are() -> None:
+    """6 ranks on 4-GPU nodes with 4, 1 and 1 GPUs free: no 3, 2 or 1-GPU blocks fit
+    (one node each), but the GPUs are idle: the packing fallback places 4 + 1 + 1, the
+    emptiest node first."""
+    nodes = cluster(("A100", 4), ("A100", 4), ("A100", 4))
+    blockers = [
+        Placement(
+            job_id=f"b{n}",
+            ranks=tuple(RankSlot(rank=r, node_id=f"n{n}", gpu_index=r) for r in range(3)),
+        )
+        for n in (1, 2)
+    ]
+    jobs = [
+        *(JobSpec(job_id=p.job_id, min_gpus=3, max_gpus=3, submitted_at=0) for p in blockers),
+        JobSpec(job_id="six", min_gpus=6, max_gpus=6, submitted_at=1),
+    ]
+    configs = {
+        "b1": JobConfig.data_parallel(3),
+        "b2": JobConfig.data_parallel(3),
+        "six": JobConfig.data_parallel(6),
+    }
+    result = plan(jobs, nodes, configs, {p.job_id: p for p in blockers})
+    assert_valid(jobs, nodes, configs, result.placements)
+    six = result.placements["six"]
+    per_node = {n: sum(1 for s in six.ranks if s.node_id == n) for n in six.nodes}
+    assert per_node == {"n0": 4, "n1": 1, "n2": 1}
+    # With tensor parallelism the ranks of a group must share a node: no fallback.
+    configs["six"] = JobConfig(layout=Layout(world_size=6, tp=2))
+    tp = plan(jobs, nodes, configs, {p.job_id: p for p in blockers})
+    assert tp.unplaced["six"].startswith("no capacity")
+
+
 def test_fractional_jobs_share_a_gpu_up_to_1000_milli() -> None:
     nodes = cluster(("T4", 1))
     jobs = [JobSpec(job_id=f"s{i}", gpu_milli=400, submitted_at=i) for i in range(3)]

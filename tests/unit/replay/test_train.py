@@ -88,12 +88,12 @@ def test_the_loss_counts_only_the_entries_that_mattered() -> None:
     assert masked[0].item() == pytest.approx(change.item(), rel=1e-6)
 
 
-
 def _report(stdout: str) -> dict[str, Any]:
     """The command's JSON report: its last line. Ray's driver may print a raylet warning
     ("N PYTHON worker processes have been started") to the same stream first."""
     report: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
     return report
+
 
 @pytest.mark.ray
 @pytest.mark.slow

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
+
 from autotune.core import utc_now
 from autotune.daemon.decide import decide
 from autotune.db.repository import OverrideRecord
@@ -139,3 +141,125 @@ def test_a_waiting_job_the_policy_leaves_out_is_planned_data_parallel_over_its_m
         assert decision.config.layout.world_size == job.spec.min_gpus
         assert decision.config.layout.dp == job.spec.min_gpus
         assert "not chosen by the policy" in decision.reason
+
+
+class _Preempt:
+    """Stops one running job and starts one waiting job on its GPUs."""
+
+    name = "preempt"
+    version = "preempt-test"
+
+    def __init__(self, stop: str, start: str, gpus: int) -> None:
+        self.stop, self.start, self.gpus = stop, start, gpus
+
+    def decide(self, snapshot):  # type: ignore[no-untyped-def]
+        from autotune.core import JobConfig
+        from autotune.interfaces import PolicyChoice
+
+        choices = {
+            j.spec.job_id: PolicyChoice(config=None, reason="not now")
+            for j in snapshot.by_state("pending")
+        }
+        choices[self.stop] = PolicyChoice(config=None, reason="its turn is over", preempt=True)
+        choices[self.start] = PolicyChoice(
+            config=JobConfig.data_parallel(self.gpus), reason="its turn"
+        )
+        return choices
+
+
+def _full_cluster():  # type: ignore[no-untyped-def]
+    """A 4-GPU cluster running one 4-GPU job, with a second 4-GPU job waiting."""
+    from autotune.catalog.profiles import MODEL_CATALOG
+    from autotune.core import JobSpec
+    from autotune.envs.presets import pollux_nodes
+    from autotune.envs.simulator import Arrival
+
+    model = MODEL_CATALOG["resnet-50"]
+    arrivals = [
+        Arrival(
+            spec=JobSpec(
+                job_id=name, model=model, global_batch=256, min_gpus=1, max_gpus=4, submitted_at=t
+            ),
+            duration_s=3600.0,
+            reference_gpus=4,
+        )
+        for name, t in (("first", 0.0), ("second", 10.0))
+    ]
+    cluster = SimulatedCluster(
+        SimConfig(nodes=tuple(pollux_nodes(4)), round_s=60.0, start_s=30.0), arrivals=arrivals
+    )
+    snapshot = cluster.observe()
+    cluster.apply(
+        decide(snapshot, _Preempt("none", "first", 4), {}, honoured={}).decisions  # type: ignore[arg-type]
+    )
+    return cluster
+
+
+def test_a_preempted_job_frees_its_gpus_for_this_round_and_keeps_its_progress() -> None:
+    cluster = _full_cluster()
+    snapshot = cluster.observe()  # one round: "first" ran, "second" arrived
+    first = cluster.jobs["first"]
+    done = first.done
+    assert snapshot.by_state("running")[0].spec.job_id == "first"
+    assert done > 0
+    round_ = decide(snapshot, _Preempt("first", "second", 4), {}, honoured={})  # type: ignore[arg-type]
+    by_job = {d.job_id: d for d in round_.decisions}
+    assert by_job["first"].preempt
+    assert by_job["first"].placement is None
+    assert by_job["first"].reason.startswith("preempted: its turn is over")
+    assert by_job["first"].config == snapshot.by_state("running")[0].config
+    assert not by_job["second"].preempt
+    assert by_job["second"].placement is not None
+    assert round_.unplaced["first"].startswith("preempted")
+    cluster.apply(round_.decisions)
+    assert first.status.state == "pending"
+    assert first.status.placement is None
+    assert first.done == done
+    assert first.preemptions == 1
+    cluster.advance()
+    assert first.done == done  # it waits
+    assert cluster.jobs["second"].status.state == "running"
+
+
+def test_a_waiting_job_with_its_old_config_is_not_placed_when_the_policy_says_wait() -> None:
+    cluster = _full_cluster()
+    round_ = decide(cluster.observe(), _Preempt("first", "second", 4), {}, honoured={})  # type: ignore[arg-type]
+    cluster.apply(round_.decisions)
+    snapshot = cluster.observe()
+    first = next(j for j in snapshot.jobs if j.spec.job_id == "first")
+    assert first.state == "pending"
+    assert first.config is not None
+    # "first" waits ("not now") and "second" keeps running: nothing is placed.
+    again = decide(snapshot, _Preempt("second", "nobody", 1), {}, honoured={})  # type: ignore[arg-type]
+    assert [d.job_id for d in again.decisions if not d.preempt] == []
+    assert again.unplaced["first"] == "not now"
+
+
+def test_a_restarted_job_pays_the_start_downtime() -> None:
+    cluster = _full_cluster()
+    cluster.advance()
+    first = cluster.jobs["first"]
+    # The first round began with the 30 s start: 30 of its 60 s trained.
+    expected = first.goodput * 30.0
+    assert first.done == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_preemption_is_a_decision_without_placement() -> None:
+    from autotune.core import Decision, JobConfig
+
+    with pytest.raises(ValueError, match="preemption places nothing"):
+        Decision(
+            job_id="a",
+            config=JobConfig.data_parallel(1),
+            placement=_placement("a"),
+            source="policy",
+            policy_version="v",
+            reason="r",
+            preempt=True,
+        )
+
+
+def _placement(job_id: str):  # type: ignore[no-untyped-def]
+    from autotune.core import Placement, RankSlot
+
+    return Placement(job_id=job_id, ranks=(RankSlot(rank=0, node_id="n", gpu_index=0),))

@@ -1,0 +1,112 @@
+"""Tiresias in the Pollux-compatible mode against Pollux's own simulator, and where our
+default world differs.
+
+For each Pollux workload, Tiresias (``autotune.policies.tiresias``) runs through our
+decision step in the Pollux-compatible mode (measured physics, Pollux's clock, 60 s
+rounds, 30 s per start and restart; what ``autotune eval --pollux-compat`` runs) and its
+average JCT is set beside the artifact simulator's (``results-jobload/tiresias-1.0``).
+Then, on ``--decompose`` workloads, the same policy on the same jobs one change at a
+time towards our default world (what ``autotune eval --pollux-workload`` runs):
+
+- ``compat``: the Pollux-compatible mode;
+- ``compat_300s``: measured physics with our default rounds (300 s) and no start cost;
+- ``model_60s``: our performance model (per-application coefficients, work in samples
+  at the reference batch) with Pollux's rounds and start cost, no noise;
+- ``default``: our default world (model physics, 300 s rounds, free starts, stragglers
+  and divergence drawn).
+
+    python bench/pollux_compat.py --pollux ../shared/data/pollux \\
+        [--workloads 1-8] [--decompose 6] [--json-out bench/out/pollux_compat.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.envs.cluster_env import ClusterEnv
+from autotune.envs.presets import pollux_nodes
+from autotune.envs.simulator import Arrival
+from autotune.envs.workloads import pollux_arrivals
+from autotune.policies.evaluate import run_episode
+from autotune.policies.tiresias import TiresiasPolicy
+
+# Average JCT (s) in the artifact's results-jobload/tiresias-1.0/summary.json.
+POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
+
+
+def _run(jobs: list[Arrival], *, round_s: float, start_s: float, noise: bool) -> dict[str, Any]:
+    env = ClusterEnv(
+        nodes=pollux_nodes(64),
+        jobs=jobs,
+        slots=32,
+        round_s=round_s,
+        restart_s=30.0,
+        start_s=start_s,
+        noise=noise,
+        max_steps=1_000_000,
+    )
+    began = time.perf_counter()
+    result = run_episode(TiresiasPolicy(), env, seed=0)
+    assert env.sim is not None
+    result["preemptions"] = sum(j.preemptions for j in env.sim.jobs.values())
+    result["wall_s"] = round(time.perf_counter() - began, 2)
+    return result
+
+
+def _span(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pollux", type=Path, required=True, help="the Pollux data folder")
+    parser.add_argument("--workloads", default="1-8")
+    parser.add_argument("--decompose", default="6", help="workloads to decompose ('' none)")
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args()
+    traces = args.pollux / "traces"
+    report: dict[str, Any] = {"pollux_tiresias": POLLUX_TIRESIAS, "workloads": {}}
+    for n in _span(args.workloads):
+        path = args.pollux / "workloads" / f"workload-{n}.csv"
+        row: dict[str, Any] = {"pollux_s": POLLUX_TIRESIAS[n]}
+        compat = _run(pollux_arrivals(path, traces=traces), round_s=60, start_s=30, noise=False)
+        row["compat"] = compat
+        row["compat_vs_pollux"] = round(compat["avg_jct_s"] / POLLUX_TIRESIAS[n] - 1, 4)
+        if args.decompose and n in _span(args.decompose):
+            measured = pollux_arrivals(path, traces=traces)
+            modelled = pollux_arrivals(path)
+            row["compat_300s"] = _run(measured, round_s=300, start_s=0, noise=False)
+            row["model_60s"] = _run(modelled, round_s=60, start_s=30, noise=False)
+            row["default"] = _run(modelled, round_s=300, start_s=0, noise=True)
+        report["workloads"][n] = row
+        print(
+            f"workload {n}: Tiresias {compat['avg_jct_s']:7.0f} s (Pollux's simulator "
+            f"{POLLUX_TIRESIAS[n]}, {row['compat_vs_pollux']:+.1%}), "
+            f"{compat['preemptions']} preemptions, {compat['wall_s']} s"
+            + "".join(
+                f"; {k} {row[k]['avg_jct_s']:.0f} s"
+                for k in ("compat_300s", "model_60s", "default")
+                if k in row
+            ),
+            flush=True,
+        )
+    errors = [abs(r["compat_vs_pollux"]) for r in report["workloads"].values()]
+    report["max_abs_error"] = max(errors)
+    print(f"largest difference from Pollux's simulator: {report['max_abs_error']:.1%}")
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""The Pollux-compatible mode: Pollux's jobs on its measured physics, its clock, rounds
+and restart cost, run through our decision step; and Tiresias as its artifact runs it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from helpers import cli
+
+from autotune.core import JobConfig, PrecisionMap
+from autotune.envs.cluster_env import ClusterEnv
+from autotune.envs.presets import pollux_nodes
+from autotune.envs.simulator import Arrival
+from autotune.envs.traces import pollux_workload
+from autotune.envs.workloads import jobs_from_trace, measured_physics, pollux_arrivals
+from autotune.errors import InputError
+from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.perf.pollux_trace import load_trace_apps
+from autotune.policies.evaluate import evaluate, run_episode
+from autotune.policies.tiresias import TIRESIAS_THRESHOLD_GPU_S, TiresiasPolicy
+
+# Average JCT (s) of Tiresias in Pollux's artifact simulator (branch osdi21-artifact of
+# petuum/adaptdl, ``results-jobload/tiresias-1.0/summary.json``), workloads 1-8.
+POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
+
+
+def _compat_env(jobs: list[Arrival], gpus: int = 64) -> ClusterEnv:
+    return ClusterEnv(
+        nodes=pollux_nodes(gpus),
+        jobs=jobs,
+        slots=32,
+        round_s=60.0,
+        restart_s=30.0,
+        start_s=30.0,
+        noise=False,
+        max_steps=100_000,
+    )
+
+
+def _workload(pollux_dir: Path, n: int) -> list[Arrival]:
+    return pollux_arrivals(
+        pollux_dir / "workloads" / f"workload-{n}.csv", traces=pollux_dir / "traces"
+    )
+
+
+def _tiresias_jct(pollux_dir: Path, n: int) -> float:
+    env = _compat_env(_workload(pollux_dir, n))
+    return run_episode(TiresiasPolicy(), env, seed=0)["avg_jct_s"]
+
+
+def test_compat_arrivals_keep_pollux_clock_and_measured_physics(pollux_dir: Path) -> None:
+    jobs = _workload(pollux_dir, 6)
+    assert len(jobs) == 160
+    first = jobs[0]
+    assert first.spec.job_id == "cifar10-0"
+    assert first.spec.submitted_at == 53.0
+    assert first.spec.requested_gpus == 6
+    assert first.spec.global_batch == 2048
+    assert first.trace is not None
+    assert first.trace.name == "cifar10"
+    # 48-GPU jobs keep their request even where the elastic maximum is capped at 64.
+    assert max(j.spec.requested_gpus or 0 for j in jobs) == 48
+
+
+def test_a_job_alone_finishes_as_in_pollux_simulator(pollux_dir: Path) -> None:
+    """cifar10 on 16 GPUs (4 full nodes, as Pollux packs it): its measured standalone
+    time plus the 30 s start, from the first round boundary after its arrival."""
+    job = next(j for j in _workload(pollux_dir, 6) if j.spec.requested_gpus == 16)
+    job = replace(job, spec=replace(job.spec, submitted_at=10.0))
+    env = _compat_env([job])
+    run_episode(TiresiasPolicy(), env, seed=0)
+    assert env.sim is not None
+    status = env.sim.jobs[job.spec.job_id].status
+    app = load_trace_apps(pollux_dir / "traces")["cifar10"]
+    standalone = app.standalone_s(16, job.spec.global_batch)
+    assert status.state == "finished"
+    assert status.finished_s == pytest.approx(60.0 + 30.0 + standalone)
+
+
+@pytest.mark.parametrize("workload", [6])
+def test_tiresias_matches_pollux_simulator_within_10_percent(
+    pollux_dir: Path, workload: int
+) -> None:
+    jct = _tiresias_jct(pollux_dir, workload)
+    assert jct == pytest.approx(POLLUX_TIRESIAS[workload], rel=0.10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", [1, 2, 3, 4, 5, 7, 8])
+def test_tiresias_matches_pollux_simulator_on_every_workload(
+    pollux_dir: Path, workload: int
+) -> None:
+    jct = _tiresias_jct(pollux_dir, workload)
+    assert jct == pytest.approx(POLLUX_TIRESIAS[workload], rel=0.10)
+
+
+def test_measured_jobs_run_only_fp32_data_parallel(pollux_dir: Path) -> None:
+    class Fp16:
+        name, version = "fp16", "fp16-test"
+
+        def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+            return {
+                j.spec.job_id: PolicyChoice(
+                    config=replace(
+                        JobConfig.data_parallel(1), precision=PrecisionMap.uniform("fp16")
+                    ),
+                    reason="half",
+                )
+                for j in snapshot.by_state("pending")
+            }
+
+    env = _compat_env(_workload(pollux_dir, 6)[:1])
+    with pytest.raises(ValueError, match="fp32 without compression"):
+        run_episode(Fp16(), env, seed=0)
+
+
+def test_measured_physics_refuses_jobs_pollux_did_not_measure(pollux_dir: Path) -> None:
+    from autotune.catalog.profiles import MODEL_CATALOG
+    from autotune.core import JobSpec
+
+    other = Arrival(
+        spec=JobSpec(job_id="gpt", model=MODEL_CATALOG["gpt-125m"], max_gpus=2),
+        duration_s=60.0,
+    )
+    with pytest.raises(InputError, match="not a Pollux application"):
+        measured_physics([other], pollux_dir / "traces")
+
+
+# --- Tiresias -------------------------------------------------------------------------
+
+
+def _arrivals(pollux_dir: Path, requests: list[tuple[str, int, float]]) -> list[Arrival]:
+    base = jobs_from_trace(pollux_workload(pollux_dir / "workloads" / "workload-6.csv"))
+    # imagenet: long enough (hours) that nobody finishes within the test's rounds.
+    imagenet_job = next(a for a in base if a.spec.model and a.spec.model.name == "imagenet")
+    out = []
+    for name, gpus, at in requests:
+        spec = replace(
+            imagenet_job.spec,
+            job_id=name,
+            submitted_at=at,
+            requested_gpus=gpus,
+            max_gpus=max(gpus, imagenet_job.spec.max_gpus),
+        )
+        out.append(replace(imagenet_job, spec=spec))
+    return measured_physics(out, pollux_dir / "traces")
+
+
+def test_tiresias_demotes_after_its_threshold_and_preempts_for_a_newcomer(
+    pollux_dir: Path,
+) -> None:
+    """A 48-GPU job runs alone, passes 57,600 GPU-s after 20 rounds and drops to queue 1;
+    a 32-GPU newcomer (queue 0) then takes the GPUs it needs: the big job is preempted."""
+    jobs = _arrivals(pollux_dir, [("big", 48, 0.0), ("late", 32, 1500.0)])
+    env = _compat_env(jobs)
+    env.reset(seed=0)
+    policy = TiresiasPolicy()
+    preempted_at = None
+    assert env.sim is not None
+    assert env.snapshot is not None
+    while env.sim.now < 2400:
+        env.step_choices(policy.decide(env.snapshot))
+        if env.sim.jobs["big"].preemptions and preempted_at is None:
+            preempted_at = env.sim.now
+    assert policy.queue_of("big") == 1
+    assert policy.queue_of("late") == 0
+    assert policy.attained_gpu_s("big") >= TIRESIAS_THRESHOLD_GPU_S
+    assert preempted_at is not None
+    assert preempted_at >= 1500
+    assert env.sim.jobs["big"].status.state == "pending"
+    assert env.sim.jobs["late"].status.state in ("running", "finished")
+
+
+def test_tiresias_backfills_a_smaller_later_job(pollux_dir: Path) -> None:
+    jobs = _arrivals(pollux_dir, [("a", 48, 0.0), ("b", 32, 0.0), ("c", 16, 0.0)])
+    env = _compat_env(jobs)
+    env.reset(seed=0)
+    assert env.snapshot is not None
+    choices = TiresiasPolicy().decide(env.snapshot)
+    assert choices["a"].config is not None
+    assert choices["a"].config.layout.dp == 48
+    assert choices["b"].config is None
+    assert not choices["b"].preempt
+    assert choices["c"].config is not None  # 48 + 16 fits: it goes ahead of "b"
+
+
+def test_tiresias_rejects_a_bad_threshold() -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        TiresiasPolicy(threshold_gpu_s=0)
+
+
+# --- the command ----------------------------------------------------------------------
+
+
+def test_eval_pollux_compat_command(pollux_dir: Path) -> None:
+    run = cli(
+        "eval", "--pollux-workload", str(pollux_dir / "workloads" / "workload-6.csv"),
+        "--pollux-compat", "--policies", "tiresias,static", "--seeds", "1",
+        "--limit-jobs", "20", "--json",
+    )  # fmt: skip
+    assert run.exit_code == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    assert report["trace"]["pollux_compat"] is True
+    assert report["trace"]["round_s"] == 60.0
+    assert report["trace"]["start_s"] == 30.0
+    assert set(report["policies"]) == {"tiresias", "static"}
+    assert report["policies"]["tiresias"]["n_jobs_done"] == 20
+
+
+def test_eval_pollux_compat_refuses_policies_beyond_its_knobs(pollux_dir: Path) -> None:
+    run = cli(
+        "eval", "--pollux-workload", str(pollux_dir / "workloads" / "workload-6.csv"),
+        "--pollux-compat", "--policies", "rules",
+    )  # fmt: skip
+    assert run.exit_code == 2
+    assert "rules" in run.stderr
+    assert "tiresias" in run.stderr
+
+
+def test_pollux_compat_needs_a_pollux_workload(tmp_path: Path) -> None:
+    run = cli("eval", "--philly-jobs", str(tmp_path / "x.csv"), "--pollux-compat")
+    assert run.exit_code == 2
+    assert "--pollux-compat needs --pollux-workload" in run.stderr
+
+
+def test_evaluate_reports_the_mode(pollux_dir: Path) -> None:
+    jobs = _workload(pollux_dir, 6)[:5]
+    report = evaluate(
+        nodes=pollux_nodes(64),
+        jobs=jobs,
+        policies=["tiresias"],
+        seeds=1,
+        round_s=60.0,
+        start_s=30.0,
+        noise=False,
+    )
+    assert report["trace"]["start_s"] == 30.0
+    assert report["trace"]["noise"] is False
+    assert report["policies"]["tiresias"]["n_jobs_done"] == 5
