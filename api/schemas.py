@@ -126,6 +126,13 @@ class JobPublic(BaseModel):
     sim_finished_s: float | None = Field(
         default=None, description="When the job ended, on the backend's clock, seconds"
     )
+    performance: dict[str, Any] | None = Field(
+        default=None,
+        description="Its throughput model fitted online from its measured steps: points "
+        "(distinct configurations seen), fitted, fit_error (in-sample MAPE of step time), "
+        "coefficients, source (online, or prior: the catalog's until enough points); "
+        "null before its first measured step",
+    )
     jct_s: float | None = Field(
         default=None,
         description="Job completion time, seconds: sim_finished_s - sim_submitted_s where "

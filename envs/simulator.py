@@ -28,6 +28,10 @@ Events, all drawn from the generator given:
   an override forces it).
 
 Energy: each running job's power from the model, idle GPUs at their idle share of TDP.
+
+Measurements: each running job reports its step time (``metrics["step_time_s"]``) with
+``MEASUREMENT_NOISE`` (when ``noise``), as a backend that trains it would; the daemon
+fits each job's throughput model online from these reports.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ from autotune.perf.pollux_trace import TraceApp
 from autotune.perf.stragglers import median_cv, sample_cv
 
 __all__ = [
+    "MEASUREMENT_NOISE",
     "Arrival",
     "JobRound",
     "RoundOutcome",
@@ -74,6 +79,12 @@ __all__ = [
     "SimJob",
     "SimulatedCluster",
 ]
+
+
+MEASUREMENT_NOISE = 0.05
+"""Log-normal spread of a reported step time around the model's (assumed: 5%, within
+the 3-8% step-to-step spread the executor measures on CPU). The daemon's online fits
+learn from these reports as they would from a real backend's."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,6 +223,8 @@ class SimulatedCluster:
     ) -> None:
         self.config = config or SimConfig()
         self.rng = rng if rng is not None else np.random.default_rng(self.config.seed)
+        # Measurement noise draws from a stream of its own: the jobs' events stay the same.
+        self._measure = np.random.default_rng([self.config.seed, 1])
         self.nodes = [n for n in self.config.nodes if n.gpu_count > 0]
         self._nodes = {n.node_id: n for n in self.config.nodes}
         self.total_gpus = sum(n.gpu_count for n in self.nodes)
@@ -558,6 +571,8 @@ class SimulatedCluster:
                 gained = est.goodput * run_s
                 used_s = need / goodput if gained >= need and goodput > 0 else None
             job.goodput = goodput
+            if self.config.noise:  # what a backend measures: the step, give or take
+                step_s *= float(np.exp(self._measure.normal(0.0, MEASUREMENT_NOISE)))
             metrics = {
                 "goodput": goodput,
                 "power_watts": est.power_watts,

@@ -51,6 +51,7 @@ def _public(record: repo.JobRecord) -> JobPublic:
         sim_started_s=record.sim_started_s,
         sim_finished_s=record.sim_finished_s,
         jct_s=record.jct_s,
+        performance=record.performance,
     )
 
 

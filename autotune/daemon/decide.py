@@ -49,6 +49,7 @@ from autotune.core import (
 )
 from autotune.daemon.explain import explain_decision
 from autotune.daemon.overrides import pinned_config, pinned_placement
+from autotune.daemon.performance import JobModel
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
 from autotune.planner import plan
@@ -108,11 +109,13 @@ def decide(
     *,
     honoured: Mapping[str, int | None],
     explain: bool = True,
+    models: Mapping[str, JobModel] | None = None,
 ) -> DecisionRound:
     """The decisions of one round. ``overrides``: the active override of each job that has
     one; ``honoured``: per active job, the override its newest decision honoured (``None``:
     the policy's); ``explain=False`` skips the explanations (the training environment
-    does not store them)."""
+    does not store them); ``models``: per job, the throughput model its explanation
+    predicts with (its online fit; the catalog's where absent)."""
     active = snapshot.by_state(*ACTIVE_STATES)
     overrides = dict(overrides)
     # 1. A job whose newest decision honoured an override that has since ended goes back
@@ -298,6 +301,7 @@ def decide(
                 nodes=nodes,
                 features=_features(snapshot, choice),
                 why=reason,
+                model=(models or {}).get(job_id),
             )
             if explain
             else {},

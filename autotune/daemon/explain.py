@@ -4,7 +4,9 @@ predicted goodput, and why the chosen configuration won.
 Alternatives are the chosen configuration's neighbours on the same GPUs: each other
 precision, each gradient compression, and activation checkpointing switched. Their
 goodput (samples/s times statistical efficiency, ``autotune.perf.model.estimate``) is
-the performance model's prediction, not a measurement. The rule-based policy does not
+the performance model's prediction, not a measurement: with the job's online fit of its
+own steps once it has one, else the catalog's coefficients for its model; the
+explanation says which (``performance_model``). The rule-based policy does not
 maximise it, so the explanation says so when an alternative is predicted to be better.
 """
 
@@ -23,6 +25,7 @@ from autotune.core import (
     Precision,
     PrecisionMap,
 )
+from autotune.daemon.performance import JobModel, catalog_coefficients
 from autotune.perf.model import estimate, shape_of
 
 __all__ = ["explain_decision"]
@@ -70,8 +73,11 @@ def explain_decision(
     nodes: Mapping[str, NodeInfo],
     features: Mapping[str, float],
     why: str,
+    model: JobModel | None = None,
 ) -> dict[str, Any]:
-    """The explanation stored with a decision (a JSON object)."""
+    """The explanation stored with a decision (a JSON object). ``model``: the job's
+    throughput model (its online fit, ``autotune.daemon.performance``); ``None``: the
+    catalog's coefficients for its model."""
     explanation: dict[str, Any] = {
         "features": {name: round(float(value), 6) for name, value in features.items()},
         "chosen": {"config": config.describe()},
@@ -81,8 +87,17 @@ def explain_decision(
     if spec.model is None:
         explanation["why"] += "; no model profile: goodput cannot be predicted"
         return explanation
+    if model is None:
+        model = JobModel(coefficients=catalog_coefficients(spec.model), source="catalog")
+    coeffs = model.coefficients
+    explanation["performance_model"] = {
+        "source": model.source,
+        "points": model.points,
+        "fit_error": model.fit_error,
+        "described": model.describe(),
+    }
     shape = shape_of(placement, nodes)
-    chosen = estimate(spec.model, config, shape, config.batch(spec))
+    chosen = estimate(spec.model, config, shape, config.batch(spec), coeffs=coeffs)
     explanation["chosen"] |= {
         "predicted_goodput": round(chosen.goodput, 3),
         "predicted_samples_per_s": round(chosen.step.samples_per_s, 3),
@@ -90,7 +105,7 @@ def explain_decision(
     }
     scored: list[tuple[str, JobConfig, float, bool]] = []
     for change, candidate in _neighbours(config):
-        predicted = estimate(spec.model, candidate, shape, candidate.batch(spec))
+        predicted = estimate(spec.model, candidate, shape, candidate.batch(spec), coeffs=coeffs)
         scored.append((change, candidate, predicted.goodput, not predicted.oom))
     scored.sort(key=lambda item: -item[2])
     explanation["alternatives"] = [

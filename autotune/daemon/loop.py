@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session
 from autotune.core import Decision, utc_now
 from autotune.daemon.decide import DecisionRound, decide, placement_summary
 from autotune.daemon.log import event
+from autotune.daemon.performance import JobModel, JobModels
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.db.retention import RetentionPolicy, run_retention
@@ -208,6 +209,9 @@ class Daemon:
         self.transitions: Recorder | None = None
         """Where the learned policy's rounds are logged for offline learning
         (``autotune.replay.log.TransitionLog``); ``None``: not logged."""
+        self.models = JobModels()
+        """Each running job's throughput model, fitted online from its measured steps."""
+        self._models_now: dict[str, JobModel] = {}
         self.lifecycle: Lifecycle | None = None
         """The policy registry's hand on the loop (``autotune.daemon.lifecycle``): it may
         swap ``policy`` before a tick decides, and lets a shadow policy decide beside it."""
@@ -392,9 +396,21 @@ class Daemon:
         the daemon is on its fallback and its own policy fails this round too (the
         decision step is pure, so it can be taken again)."""
         if self.fallback is None or self._health.fallback is None:
-            return decide(snapshot, self.policy, overrides, honoured=self._honoured), False
+            return decide(
+                snapshot,
+                self.policy,
+                overrides,
+                honoured=self._honoured,
+                models=self._models_now,
+            ), False
         try:
-            return decide(snapshot, self.policy, overrides, honoured=self._honoured), False
+            return decide(
+                snapshot,
+                self.policy,
+                overrides,
+                honoured=self._honoured,
+                models=self._models_now,
+            ), False
         except Exception as exc:
             error = _error(exc)
         self._health = health = replace(self._health, last_error=error, last_failure_at=utc_now())
@@ -410,7 +426,9 @@ class Daemon:
             f"deciding with {self.fallback.name}"
         )
         fallback = _Fallback(self.fallback, why)
-        return decide(snapshot, fallback, overrides, honoured=self._honoured), True
+        return decide(
+            snapshot, fallback, overrides, honoured=self._honoured, models=self._models_now
+        ), True
 
     def _tick(self) -> TickReport:
         started = time.perf_counter()
@@ -419,6 +437,8 @@ class Daemon:
         self._intake()
         snapshot = self.backend.observe()
         self._known.update(j.spec.job_id for j in snapshot.jobs)
+        refitted = self.models.observe(snapshot)
+        self._models_now = self.models.current()
         with self.db.session() as session:
             overrides = repo.active_overrides(session=session, at=utc_now())
         round_, used_fallback = self._decide(snapshot, overrides)
@@ -432,6 +452,10 @@ class Daemon:
                 self._reconcile(session, snapshot)
                 self._reconciled = True
             self._write_cluster(session, snapshot, unplaced)
+            for job_id in refitted:
+                summary = self.models.summary(job_id)
+                if summary is not None:
+                    repo.set_job_performance(session=session, job_id=job_id, performance=summary)
             stored = repo.create_decisions(
                 session=session,
                 decisions=[

@@ -197,6 +197,8 @@ class JobRecord:
     """Submission, start and end on the backend's clock, where the backend gives them."""
     sim_started_s: float | None = None
     sim_finished_s: float | None = None
+    performance: dict[str, Any] | None = None
+    """The job's online throughput fit (``JobRow.performance``)."""
 
     @property
     def jct_s(self) -> float | None:
@@ -225,7 +227,13 @@ def _job_record(row: JobRow) -> JobRecord:
         sim_submitted_s=row.sim_submitted_s,
         sim_started_s=row.sim_started_s,
         sim_finished_s=row.sim_finished_s,
+        performance=row.performance,
     )
+
+
+def set_job_performance(*, session: Session, job_id: str, performance: dict[str, Any]) -> None:
+    """Store the job's online throughput fit (what ``GET /jobs/{id}`` shows)."""
+    session.execute(update(JobRow).where(JobRow.job_id == job_id).values(performance=performance))
 
 
 def _decision(row: DecisionRow) -> Decision:

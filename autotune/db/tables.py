@@ -120,6 +120,10 @@ class JobRow(Base):
     """When the job first ran, on the backend's clock (``JobStatus.started_s``)."""
     sim_finished_s: Mapped[float | None] = mapped_column(Float)
     """When the job reached a final state, on the backend's clock (``JobStatus.finished_s``)."""
+    performance: Mapped[JsonDict | None]
+    """The job's throughput model fitted online from its measured steps (points, fit
+    error, coefficients, source: ``autotune.daemon.performance``); ``None``: no step
+    measured yet."""
 
 
 class DecisionRow(Base):

@@ -64,6 +64,20 @@ def test_jobs_list_filter_and_show(client: TestClient) -> None:
     assert client.get("/api/v1/jobs", params={"state": "sleeping"}).status_code == 422
 
 
+def test_a_running_job_shows_its_online_throughput_fit(client: TestClient) -> None:
+    """Every running job has reported measured steps by now: its fit is shown with the
+    points it has, whether fitted, the fit error and the coefficients it predicts with."""
+    running = client.get("/api/v1/jobs", params={"state": "running"}).json()["data"]
+    assert running
+    for job in running:
+        performance = client.get(f"/api/v1/jobs/{job['job_id']}").json()["performance"]
+        assert performance["points"] >= 1
+        assert performance["source"] in ("online", "prior")
+        assert performance["fitted"] == (performance["source"] == "online")
+        assert (performance["fit_error"] is None) != performance["fitted"]
+        assert 0 < performance["coefficients"]["mfu"] <= 1
+
+
 def test_decisions_pages_filters_and_detail(client: TestClient) -> None:
     first = client.get("/api/v1/decisions", params={"limit": 2}).json()
     assert first["count"] >= 3

@@ -204,7 +204,13 @@ def test_decisions_are_explained_and_as_many_as_asked(
         assert row.placement["job_id"] == row.job_id
         explanation = row.explanation
         assert explanation is not None
-        assert set(explanation) == {"features", "chosen", "alternatives", "why"}
+        assert set(explanation) == {
+            "features",
+            "chosen",
+            "alternatives",
+            "why",
+            "performance_model",
+        }
         assert explanation["why"].startswith(row.reason.rsplit("; placed on ", 1)[0])
         assert row.policy_version in ("ppo-0.1.0", "rules-0.1.0")
         if row.source == "override":
