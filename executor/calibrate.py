@@ -135,10 +135,20 @@ def fit_profile(
     return _split(fit_bounded(_FREE, residuals), base)
 
 
-def measure(config: JobConfig, *, steps: int, seed: int = 0, warmup: int = 2) -> Measurement:
+def measure(
+    config: JobConfig,
+    *,
+    steps: int,
+    seed: int = 0,
+    warmup: int = 2,
+    task: str = TASK,
+    batch_size: int = BATCH,
+) -> Measurement:
+    """The median step time of ``task`` trained ``steps`` steps under ``config`` (after
+    ``warmup`` steps), and the bytes it sent."""
     from autotune.executor.runner import JobRunner, RunnerConfig
 
-    run = RunnerConfig(task=TASK, steps=steps + warmup, batch_size=BATCH, seed=seed)
+    run = RunnerConfig(task=task, steps=steps + warmup, batch_size=batch_size, seed=seed)
     result = JobRunner(run, config).run()
     times = result.step_times_s[warmup:]
     return Measurement(config, statistics.median(times), result.bytes_sent)
