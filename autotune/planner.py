@@ -1364,6 +1364,10 @@ def plan(
                 if smaller:
                     job.set_block(smaller[0])
                     retry.append(job)
+                elif (packed := _pack_greedy(job, state)) is not None:
+                    # 6. No equal blocks fit: the free GPUs as they are, before later jobs.
+                    placements[job.spec.job_id] = packed
+                    tracker.settle(job)
                 else:
                     # The state is the same for the whole loop: equal requests, equal reasons.
                     key = (job.shape, job.units, job.allowed.tobytes())
@@ -1380,15 +1384,6 @@ def plan(
         alone = not outcome.nodes and not settled
         if progress is not None:
             progress(len(placements) + len(unplaced), len(jobs))
-    # 6. Packing fallback: a job that may span nodes and found no equal blocks takes the
-    #    free GPUs as they are, the emptiest nodes first (Pollux's placement).
-    for job in pending:
-        job_id = job.spec.job_id
-        if job_id in unplaced and job_id not in placements:
-            packed = _pack_greedy(job, state)
-            if packed is not None:
-                placements[job_id] = packed
-                del unplaced[job_id]
     return PlanResult(
         placements=placements,
         unplaced=unplaced,

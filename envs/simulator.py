@@ -223,8 +223,12 @@ class SimulatedCluster:
     ) -> None:
         self.config = config or SimConfig()
         self.rng = rng if rng is not None else np.random.default_rng(self.config.seed)
-        # Measurement noise draws from a stream of its own: the jobs' events stay the same.
-        self._measure = np.random.default_rng([self.config.seed, 1])
+        # Measurement noise draws from a stream of its own, spawned from the generator's
+        # seed (different per seed), so the jobs' events stay what they were.
+        seeds = getattr(self.rng.bit_generator, "seed_seq", None)
+        self._measure = np.random.default_rng(
+            seeds.spawn(1)[0] if seeds is not None else [self.config.seed, 1]
+        )
         self.nodes = [n for n in self.config.nodes if n.gpu_count > 0]
         self._nodes = {n.node_id: n for n in self.config.nodes}
         self.total_gpus = sum(n.gpu_count for n in self.nodes)
@@ -380,7 +384,9 @@ class SimulatedCluster:
             if decision.preempt and job.status.state == "running":
                 # Stopped after a checkpoint: it keeps its progress and pays the start
                 # downtime when it runs again.
-                job.status = replace(job.status, state="pending", placement=None, samples_per_s=0.0)
+                job.status = replace(
+                    job.status, state="pending", config=None, placement=None, samples_per_s=0.0
+                )
                 job.downtime_s = 0.0
                 job.preemptions += 1
                 continue

@@ -47,9 +47,11 @@ class _Job:
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     interrupted: str | None = None
-    """Why the job waits to be placed again (a lost node), until it starts."""
+    """Why the job waits to be placed again (a lost node, a preemption), until it starts."""
     events: list[dict[str, Any]] = field(default_factory=list)
     steps_redone: int = 0
+    preempted: bool = False
+    """Stopped by a preemption: it waits without a configuration once stopped."""
 
 
 class RayBackend:
@@ -163,16 +165,42 @@ class RayBackend:
         )
 
     def apply(self, decisions: Sequence[Decision]) -> None:
+        """Preemptions first: each job stops after its step in progress and a checkpoint,
+        and is waited for (up to the step timeout) before anything starts on its GPUs. A
+        decision whose GPUs a job still holds after that is not applied (the daemon
+        decides again at its next tick)."""
+        stopping: list[_Job] = []
         for decision in decisions:
-            if decision.preempt:
-                with self._lock:
-                    job = self._jobs.get(decision.job_id)
-                    runner = job.runner if job is not None and job.state == "running" else None
-                if runner is not None:
-                    # It checkpoints and ends; its thread then leaves the job pending.
-                    runner.stop(checkpoint=True)
+            if not decision.preempt:
                 continue
-            if decision.placement is None:
+            with self._lock:
+                job = self._jobs.get(decision.job_id)
+                runner = job.runner if job is not None and job.state == "running" else None
+                if job is not None and runner is not None:
+                    job.preempted = True
+                    stopping.append(job)
+            if runner is not None:
+                runner.stop(checkpoint=True)
+        busy: set[tuple[str, int]] = set()
+        for job in stopping:
+            if job.thread is not None:
+                job.thread.join(timeout=self._step_timeout_s)
+            with self._lock:
+                if job.state == "running" and job.placement is not None:
+                    busy.update((s.node_id, s.gpu_index) for s in job.placement.ranks)
+                    log.warning(
+                        "job %s: still stopping after %.0f s; its GPUs stay taken",
+                        job.submission.spec.job_id,
+                        self._step_timeout_s,
+                    )
+        for decision in decisions:
+            if decision.preempt or decision.placement is None:
+                continue
+            if busy and any((s.node_id, s.gpu_index) in busy for s in decision.placement.ranks):
+                log.warning(
+                    "job %s: not started: its GPUs are held by a job still stopping",
+                    decision.job_id,
+                )
                 continue
             with self._lock:
                 job = self._jobs.get(decision.job_id)
@@ -258,8 +286,11 @@ class RayBackend:
         with self._lock:
             if job.state == "running":
                 job.state = "finished" if result.steps >= job.submission.steps else "pending"
-                if job.state == "pending":  # stopped (preempted): it waits for a decision
+                if job.state == "pending":  # stopped: it waits for a decision
                     job.placement, job.runner = None, None
+                    if job.preempted:
+                        job.config, job.preempted = None, False
+                        job.interrupted = "preempted"
             job.step = result.steps
 
     def close(self, timeout_s: float | None = None) -> None:

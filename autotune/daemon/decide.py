@@ -82,7 +82,8 @@ class Why:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecisionRound:
     decisions: list[Decision]
-    """One per job placed anew this round, in queue order."""
+    """One per job preempted this round (first), then one per job placed anew, in queue
+    order."""
     unplaced: dict[str, str]
     """Jobs the Planner left waiting, with the reason, and jobs whose override was skipped
     (with that reason, whether or not the job was then placed without it)."""
@@ -162,7 +163,13 @@ def decide(
         for job_id, c in choices.items()
         if c.config is None and job_id not in overrides
     }
-    declined: dict[str, str] = _hopeless_resizes(snapshot, active, choices, overrides)
+    # GPUs this round's preemptions free count as free.
+    planning = (
+        replace(snapshot, jobs=[j for j in snapshot.jobs if j.spec.job_id not in preempted])
+        if preempted
+        else snapshot
+    )
+    declined: dict[str, str] = _hopeless_resizes(planning, active, choices, overrides)
     for job_id in declined:
         choices.pop(job_id)
     # 4-5. Pins merged, then the Planner; an override that cannot be applied this round is
@@ -339,10 +346,10 @@ def _pinned_configs(
         choice = choices.get(job_id)
         if choice is not None and choice.config is not None:
             configs[job_id] = choice.config
-        elif job.config is not None and (job.state == "running" or choice is None):
-            # A running job keeps its configuration; a waiting one (preempted, or
-            # stopped when a node was lost) runs its old one only if the policy says
-            # nothing of it.
+        elif job.config is not None:
+            # A running job keeps its configuration, and so does a waiting one that
+            # still has one (stopped by a lost node, or restored after a restart): it
+            # resumes as it ran. A preempted job waits without one.
             configs[job_id] = job.config
         override = overrides.get(job_id)
         if override is not None:

@@ -38,9 +38,10 @@ from typing import TYPE_CHECKING, Protocol
 from autotune.core import Decision, JobConfig, Placement
 from autotune.daemon.decide import DecisionRound, decide
 from autotune.daemon.log import event
+from autotune.daemon.performance import JobModel, catalog_coefficients
 from autotune.db import repository as repo
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy
-from autotune.perf.model import estimate, shape_of
+from autotune.perf.model import Coefficients, estimate, shape_of
 
 if TYPE_CHECKING:
     from autotune.daemon.loop import Daemon
@@ -121,12 +122,13 @@ def round_agreement(
     jobs: list[JobStatus], active: DecisionRound, shadow: DecisionRound
 ) -> float | None:
     """The share of ``jobs`` for which both rounds chose the same: neither decided
-    anything for the job (it stays as it is), or both chose the same configuration.
+    anything for the job (it stays as it is), or both chose the same configuration (and
+    both preempted it, or neither).
     ``None`` without jobs."""
     if not jobs:
         return None
-    mine = {d.job_id: d.config for d in active.decisions}
-    theirs = {d.job_id: d.config for d in shadow.decisions}
+    mine = {d.job_id: (d.config, d.preempt) for d in active.decisions}
+    theirs = {d.job_id: (d.config, d.preempt) for d in shadow.decisions}
     same = sum(1 for j in jobs if mine.get(j.spec.job_id) == theirs.get(j.spec.job_id))
     return same / len(jobs)
 
@@ -143,7 +145,7 @@ class PolicyLifecycle:
         self._failures_before = 0
         # Predicted goodput of running jobs kept as they are: (config, placement) ->
         # goodput, per job; rebuilt from the jobs of each tick.
-        self._kept_goodput: dict[str, tuple[JobConfig, Placement, float]] = {}
+        self._kept_goodput: dict[str, tuple[JobConfig, Placement, float, Coefficients]] = {}
 
     def attach(self, daemon: Daemon) -> None:
         """Become ``daemon``'s lifecycle, and record the daemon's policy in the registry
@@ -268,9 +270,15 @@ class PolicyLifecycle:
         if shadow is None:
             return
         try:
-            shadow_round = decide(snapshot, shadow, overrides, honoured=daemon._honoured)
+            shadow_round = decide(
+                snapshot,
+                shadow,
+                overrides,
+                honoured=daemon._honoured,
+                models=daemon.models.current(),
+            )
             jobs = _slot_jobs(snapshot, getattr(daemon.policy, "slots", None))
-            kept = self._kept(snapshot)
+            kept = self._kept(snapshot, daemon.models.current())
             self._pending = _ShadowRound(
                 shadow_version=shadow.version,
                 active_version=daemon.policy.version,
@@ -288,29 +296,40 @@ class PolicyLifecycle:
                 error=_error(exc),
             )
 
-    def _kept(self, snapshot: ClusterSnapshot) -> dict[str, float]:
+    def _kept(self, snapshot: ClusterSnapshot, models: Mapping[str, JobModel]) -> dict[str, float]:
         """Predicted goodput of each running job as it runs now (what a round that
         leaves it alone gets from it), remembered while its configuration and placement
         stay the same."""
         nodes = {n.node_id: n for n in snapshot.nodes}
         out: dict[str, float] = {}
-        known: dict[str, tuple[JobConfig, Placement, float]] = {}
+        known: dict[str, tuple[JobConfig, Placement, float, Coefficients]] = {}
         for job in snapshot.by_state("running"):
             job_id = job.spec.job_id
             if job.config is None or job.placement is None or job.spec.model is None:
                 continue
+            model = models.get(job_id)
+            coeffs = model.coefficients if model else catalog_coefficients(job.spec.model)
             cached = self._kept_goodput.get(job_id)
-            if cached is not None and cached[0] == job.config and cached[1] == job.placement:
+            if (
+                cached is not None
+                and cached[0] == job.config
+                and cached[1] == job.placement
+                and cached[3] == coeffs
+            ):
                 goodput = cached[2]
             else:
                 try:
                     shape = shape_of(job.placement, nodes)
                     goodput = estimate(
-                        job.spec.model, job.config, shape, job.config.batch(job.spec)
+                        job.spec.model,
+                        job.config,
+                        shape,
+                        job.config.batch(job.spec),
+                        coeffs=coeffs,
                     ).goodput
                 except Exception:  # a node or GPU model the performance model lacks
                     continue
-            known[job_id] = (job.config, job.placement, goodput)
+            known[job_id] = (job.config, job.placement, goodput, coeffs)
             out[job_id] = goodput
         self._kept_goodput = known
         return out

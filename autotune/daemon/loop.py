@@ -437,8 +437,12 @@ class Daemon:
         self._intake()
         snapshot = self.backend.observe()
         self._known.update(j.spec.job_id for j in snapshot.jobs)
-        refitted = self.models.observe(snapshot)
-        self._models_now = self.models.current()
+        try:
+            refitted = self.models.observe(snapshot)
+            self._models_now = self.models.current()
+        except Exception as exc:  # the fits are advice: a tick never fails on them
+            event("performance.fit_failed", level=logging.WARNING, error=_error(exc))
+            refitted, self._models_now = [], {}
         with self.db.session() as session:
             overrides = repo.active_overrides(session=session, at=utc_now())
         round_, used_fallback = self._decide(snapshot, overrides)
@@ -480,11 +484,15 @@ class Daemon:
                 session=session, decision_ids=[d.decision_id for d in stored if d.decision_id]
             )
             for decision in stored:
-                repo.set_job_state(
-                    session=session,
-                    job_id=decision.job_id,
-                    state="pending" if decision.preempt else "running",
-                )
+                if decision.preempt:
+                    repo.set_job_state(
+                        session=session,
+                        job_id=decision.job_id,
+                        state="pending",
+                        reason=decision.reason,
+                    )
+                else:
+                    repo.set_job_state(session=session, job_id=decision.job_id, state="running")
                 self._job_rows.pop(decision.job_id, None)
             duration = time.perf_counter() - started
             pending_ids = {j.spec.job_id for j in snapshot.by_state("pending")}

@@ -57,6 +57,12 @@ class JobModels:
         self._fits: dict[str, OnlineFit] = {}
         self._min_points = min_points
         self._summaries: dict[str, dict[str, Any]] = {}
+        # Per running job: (config, placement, progress) when last seen. A step time
+        # counts only once the job has trained on, as it runs now, since then: a backend
+        # keeps reporting the previous configuration's step until the new one's first
+        # step (through checkpoint, restart and set-up), and a step longer than a tick is
+        # reported on several ticks.
+        self._seen: dict[str, tuple[object, object, float]] = {}
 
     def observe(self, snapshot: ClusterSnapshot) -> list[str]:
         """Feed the running jobs' latest measured steps; forget ended jobs. Returns the
@@ -66,10 +72,18 @@ class JobModels:
         for job_id in [k for k in self._fits if k not in active]:
             del self._fits[job_id]
             self._summaries.pop(job_id, None)
+        running = {j.spec.job_id for j in snapshot.by_state("running")}
+        for job_id in [k for k in self._seen if k not in running]:
+            del self._seen[job_id]
         changed: list[str] = []
         for job in snapshot.by_state("running"):
             step_s = job.metrics.get("step_time_s")
             spec = job.spec
+            now = (job.config, job.placement, job.progress)
+            before = self._seen.get(spec.job_id)
+            self._seen[spec.job_id] = now
+            if before is None or before[:2] != now[:2] or before[2] == now[2]:
+                continue
             if (
                 step_s is None
                 or not step_s > 0

@@ -221,14 +221,14 @@ def test_a_preempted_job_frees_its_gpus_for_this_round_and_keeps_its_progress() 
     assert cluster.jobs["second"].status.state == "running"
 
 
-def test_a_waiting_job_with_its_old_config_is_not_placed_when_the_policy_says_wait() -> None:
+def test_a_preempted_job_waits_without_a_config_until_the_policy_starts_it() -> None:
     cluster = _full_cluster()
     round_ = decide(cluster.observe(), _Preempt("first", "second", 4), {}, honoured={})  # type: ignore[arg-type]
     cluster.apply(round_.decisions)
     snapshot = cluster.observe()
     first = next(j for j in snapshot.jobs if j.spec.job_id == "first")
     assert first.state == "pending"
-    assert first.config is not None
+    assert first.config is None  # not resumed as it ran: the policy starts it again
     # "first" waits ("not now") and "second" keeps running: nothing is placed.
     again = decide(snapshot, _Preempt("second", "nobody", 1), {}, honoured={})  # type: ignore[arg-type]
     assert [d.job_id for d in again.decisions if not d.preempt] == []

@@ -109,6 +109,7 @@ def test_the_explanation_says_which_model_predicted() -> None:
     assert explained["source"] == "catalog"
     assert explained["points"] == 0
     cluster.apply(round_.decisions)
+    models.observe(cluster.observe())  # the first round it ran: nothing to compare with
     models.observe(cluster.observe())
     assert models.current()["bert-0"].source == "catalog"  # one point: the prior still
 
@@ -118,11 +119,34 @@ def test_ended_jobs_are_forgotten() -> None:
     models = JobModels()
     snapshot = cluster.observe()
     cluster.apply(decide(snapshot, _Gpus(), {}, honoured={}).decisions)
+    assert models.observe(cluster.observe()) == []  # no step since it was last seen
     assert models.observe(cluster.observe()) == ["bert-0"]
     cluster.cancel("bert-0")
     models.observe(cluster.observe())
     assert models.current() == {}
     assert models.summary("bert-0") is None
+
+
+def test_a_step_time_counts_only_after_a_step_under_the_current_config() -> None:
+    """A backend reports the previous configuration's step until the new one's first
+    step: a tick right after a change, or one without progress, feeds nothing."""
+    cluster = _cluster(coefficients("bert"))
+    models = JobModels()
+    policy = _Gpus()
+    cluster.apply(decide(cluster.observe(), policy, {}, honoured={}).decisions)
+    models.observe(cluster.observe())
+    assert models.observe(cluster.observe()) == ["bert-0"]
+    policy.gpus = 4
+    snapshot = cluster.observe()
+    models.observe(snapshot)
+    cluster.apply(decide(snapshot, policy, {}, honoured={}).decisions)
+    snapshot = cluster.observe()  # running on 4 GPUs, its metrics from this round
+    assert models.observe(snapshot) == []  # the config changed since the last tick
+    stalled = snapshot.jobs[0]
+    assert models.observe(snapshot) == []  # no progress since the last tick
+    assert stalled.state == "running"
+    assert models.observe(cluster.observe()) == ["bert-0"]
+    assert models.summary("bert-0")["points"] == 2  # type: ignore[index]
 
 
 def test_a_waiting_job_has_nothing_to_learn_from() -> None:

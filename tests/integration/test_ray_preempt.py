@@ -1,0 +1,101 @@
+"""Preemption on the Ray backend: a preempted job stops after a checkpoint before another
+starts on its ranks, waits without a configuration, and resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.catalog.tasks import BUILTIN_TASKS
+from autotune.core import JobConfig, JobSpec
+from autotune.daemon.decide import decide
+from autotune.interfaces import ClusterSnapshot, JobSubmission, PolicyChoice
+
+pytestmark = pytest.mark.ray
+
+
+class _Turns:
+    """Runs ``run`` on every slot of the first node and preempts ``stop``."""
+
+    name, version = "turns", "turns-test"
+
+    def __init__(self, run: str, stop: str | None, gpus: int) -> None:
+        self.run, self.stop, self.gpus = run, stop, gpus
+
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        choices = {
+            j.spec.job_id: PolicyChoice(config=None, reason="waits")
+            for j in snapshot.by_state("pending")
+        }
+        if self.stop is not None:
+            choices[self.stop] = PolicyChoice(config=None, reason="its turn ended", preempt=True)
+        choices[self.run] = PolicyChoice(
+            config=JobConfig.data_parallel(self.gpus), reason="its turn"
+        )
+        return choices
+
+
+def _wait(what: str, check, timeout_s: float = 180.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_preempted_job_stops_before_another_takes_its_ranks_and_resumes(
+    local_ray: str, tmp_path: Path
+) -> None:
+    from autotune.executor.ray_backend import RayBackend
+
+    profile = BUILTIN_TASKS["gpt-char"].profile
+    backend = RayBackend(checkpoint_root=tmp_path, checkpoint_every=5, step_timeout_s=120)
+    try:
+        for name in ("first", "second"):
+            backend.submit(
+                JobSubmission(
+                    spec=JobSpec(
+                        job_id=name, model=profile, global_batch=16, min_gpus=1, max_gpus=2
+                    ),
+                    task="gpt-char",
+                    steps=400,
+                )
+            )
+        snapshot = backend.observe()
+        slots = max(n.gpu_count for n in snapshot.nodes)
+        gpus = min(2, slots)
+        backend.apply(decide(snapshot, _Turns("first", None, gpus), {}, honoured={}).decisions)
+
+        def stepped() -> bool:
+            status = {j.spec.job_id: j for j in backend.observe().jobs}["first"]
+            return status.progress * 400 >= 8
+
+        _wait("the first job's steps", stepped)
+        snapshot = backend.observe()
+        # The first job's ranks are all the second one can have when gpus == slots; in any
+        # case the round preempts it and starts the second.
+        round_ = decide(snapshot, _Turns("second", "first", gpus), {}, honoured={})
+        assert [d.job_id for d in round_.decisions if d.preempt] == ["first"]
+        backend.apply(round_.decisions)  # returns once "first" has stopped
+        jobs = {j.spec.job_id: j for j in backend.observe().jobs}
+        assert jobs["first"].state == "pending"
+        assert jobs["first"].config is None
+        assert jobs["first"].placement is None
+        stopped_at = round(jobs["first"].progress * 400)
+        assert stopped_at >= 8
+        assert jobs["second"].state == "running"
+        # Its turn again: it resumes from the checkpoint written when it stopped.
+        round_ = decide(backend.observe(), _Turns("first", "second", gpus), {}, honoured={})
+        backend.apply(round_.decisions)
+        events = _wait(
+            "the first job to resume",
+            lambda: [e for e in backend.job_events("first") if e["kind"] == "resumed"],
+        )
+        assert events[0]["resumed_from"] == stopped_at
+        assert events[0]["steps_redone"] == 0
+    finally:
+        backend.close(timeout_s=60)
