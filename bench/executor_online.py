@@ -5,16 +5,16 @@ Each configuration of ``autotune calibrate``'s grid (``executor.calibrate.GRID``
 tp and pp up to 2 ranks, gradient compression, fp32 and bf16; for ``mlp-synthetic``,
 which has no transformer shape, the data-parallel part of it) is trained for real
 (``--steps`` measured steps after 2 of warm-up, one rank per core) and its median step
-time measured. The first ``--observe`` configurations (by default fp32 on 1 rank and
-data parallel on 2: two layouts) feed an ``autotune.perf.online.OnlineFit`` started from
-the literature defaults on the catalog's ``CPU`` device, exactly as the daemon feeds a
-job's fit from its step metrics; the fit then predicts every other configuration.
+time measured. Two layouts (1 rank; data parallel on 2 ranks), in fp32 or in fp32 and
+bf16, feed an ``autotune.perf.online.OnlineFit`` started from the literature defaults on
+the catalog's ``CPU`` device, as the daemon feeds a job's fit from its step metrics; the
+fit then predicts every other configuration.
 Reports each configuration's measured and predicted step time, the step-time MAPE over
 the ones not observed, and the machine's load average before and after (the
 measurements are only as good as the machine is quiet).
 
     python bench/executor_online.py [--task gpt-char --task mlp-synthetic] [--steps 20]
-        [--observe 2] [--json-out bench/out/executor_online.json]
+        [--json-out bench/out/executor_online.json]
 """
 
 from __future__ import annotations
@@ -44,7 +44,42 @@ def grid_for(task: str) -> list[JobConfig]:
     return [c for c in GRID if c.layout.tp == 1 and c.layout.pp == 1]
 
 
-def run_task(task: str, *, steps: int, observe: int, seed: int) -> dict[str, Any]:
+def _observed(configs: list[JobConfig], precisions: tuple[str, ...]) -> list[int]:
+    """Indices of the two plain layouts (1 rank; data parallel on 2) in ``precisions``."""
+    return [
+        i
+        for i, c in enumerate(configs)
+        if c.layout.tp == 1
+        and c.layout.pp == 1
+        and c.compression.kind == "none"
+        and c.precision.ffn in precisions
+    ]
+
+
+OBSERVATIONS = {
+    "two layouts, fp32": ("fp32",),
+    "two layouts, fp32 and bf16": ("fp32", "bf16"),
+}
+"""What the fit sees: the 1-rank and 2-rank data-parallel layouts, in fp32 only (it must
+guess bf16 from the catalog's CPU device), or in both precisions."""
+
+
+def _fit(profile: Any, rows: list[tuple[JobConfig, float]], seen: list[int], batch: int) -> Any:
+    fit = OnlineFit(profile, Coefficients())
+    for i in seen:
+        config, step_s = rows[i]
+        fit.add(
+            StepSample(
+                shape=Shape(gpu_model="CPU", ranks_per_node=(config.world_size,)),
+                config=config,
+                global_batch=batch,
+                step_s=step_s,
+            )
+        )
+    return fit
+
+
+def run_task(task: str, *, steps: int, seed: int) -> dict[str, Any]:
     built = BUILTIN_TASKS[task]
     profile = built.profile
     assert profile is not None
@@ -60,47 +95,62 @@ def run_task(task: str, *, steps: int, observe: int, seed: int) -> dict[str, Any
             f"{m.step_time_s * 1e3:8.2f} ms/step ({time.perf_counter() - began:.0f} s)",
             flush=True,
         )
-    fit = OnlineFit(profile, Coefficients())
-    for config, step_s in rows[:observe]:
-        fit.add(
-            StepSample(
-                shape=Shape(gpu_model="CPU", ranks_per_node=(config.world_size,)),
-                config=config,
-                global_batch=batch,
-                step_s=step_s,
-            )
-        )
-    out: list[dict[str, Any]] = []
-    predicted, measured = [], []
-    for i, (config, step_s) in enumerate(rows):
-        shape = Shape(gpu_model="CPU", ranks_per_node=(config.world_size,))
-        guess = fit.predict(config, shape, batch).step_s
-        out.append(
-            {
-                "config": config.describe(),
-                "observed": i < observe,
-                "measured_step_s": round(step_s, 6),
-                "predicted_step_s": round(guess, 6),
-            }
-        )
-        if i >= observe:
-            predicted.append(guess)
-            measured.append(step_s)
-    return {
+    result: dict[str, Any] = {
         "task": task,
         "global_batch": batch,
-        "observed": [r["config"] for r in out if r["observed"]],
-        "fit": fit.summary(),
-        "configs": out,
-        "mape_step_time_unobserved": round(mape(predicted, measured), 4),
+        "measured": {c.describe(): round(t, 6) for c, t in rows},
+        "observations": {},
     }
+    for name, precisions in OBSERVATIONS.items():
+        seen = _observed(configs, precisions)
+        fit = _fit(profile, rows, seen, batch)
+        table: list[dict[str, Any]] = []
+        predicted, measured = [], []
+        for i, (config, step_s) in enumerate(rows):
+            shape = Shape(gpu_model="CPU", ranks_per_node=(config.world_size,))
+            guess = fit.predict(config, shape, batch).step_s
+            table.append(
+                {
+                    "config": config.describe(),
+                    "observed": i in seen,
+                    "measured_step_s": round(step_s, 6),
+                    "predicted_step_s": round(guess, 6),
+                }
+            )
+            if i not in seen:
+                predicted.append(guess)
+                measured.append(step_s)
+        # The issue's measure: the other layouts of the grid (plain fp32 data, tensor or
+        # pipeline parallel), not the other precisions and compressions.
+        layouts = [
+            i
+            for i, (c, _) in enumerate(rows)
+            if i not in seen and c.compression.kind == "none" and c.precision.ffn == "fp32"
+        ]
+        result["observations"][name] = {
+            "observed": [configs[i].describe() for i in seen],
+            "fit": fit.summary(),
+            "configs": table,
+            "mape_step_time_unobserved": round(mape(predicted, measured), 4),
+            "unobserved": len(measured),
+            "mape_step_time_other_layouts": round(
+                mape(
+                    [table[i]["predicted_step_s"] for i in layouts],
+                    [table[i]["measured_step_s"] for i in layouts],
+                ),
+                4,
+            )
+            if layouts
+            else None,
+            "other_layouts": [configs[i].describe() for i in layouts],
+        }
+    return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", action="append", choices=sorted(BUILTIN_TASKS))
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--observe", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
@@ -110,20 +160,25 @@ def main() -> int:
     try:
         report: dict[str, Any] = {
             "steps": args.steps,
-            "observe": args.observe,
             "cores": os.cpu_count(),
             "load_before": [round(x, 2) for x in load_before],
             "tasks": {},
         }
         for task in tasks:
-            result = run_task(task, steps=args.steps, observe=args.observe, seed=args.seed)
+            result = run_task(task, steps=args.steps, seed=args.seed)
             report["tasks"][task] = result
-            print(
-                f"{task}: observed {', '.join(result['observed'])}; step-time MAPE on the "
-                f"other {len(result['configs']) - args.observe}: "
-                f"{result['mape_step_time_unobserved']:.1%}",
-                flush=True,
-            )
+            for name, row in result["observations"].items():
+                layouts = row["mape_step_time_other_layouts"]
+                print(
+                    f"{task}, {name} observed: step-time MAPE on the other "
+                    f"{row['unobserved']}: {row['mape_step_time_unobserved']:.1%}"
+                    + (
+                        f"; on the other layouts ({', '.join(row['other_layouts'])}): {layouts:.1%}"
+                        if layouts is not None
+                        else ""
+                    ),
+                    flush=True,
+                )
         report["load_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         if started:
