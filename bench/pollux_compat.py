@@ -17,7 +17,11 @@ time towards our default world (what ``autotune eval --pollux-workload`` runs):
   and divergence drawn).
 
     python bench/pollux_compat.py --pollux ../shared/data/pollux \\
-        [--workloads 1-8] [--decompose 6] [--json-out bench/out/pollux_compat.json]
+        [--workloads 1-8] [--decompose 6] [--goodput] [--json-out bench/out/pollux_compat.json]
+
+``--goodput`` also runs the Pollux-style goodput optimiser (``autotune.policies.goodput``)
+and sets its average JCT beside Pollux's published one
+(``results-jobload/pollux-1.0``).
 """
 
 from __future__ import annotations
@@ -34,13 +38,17 @@ from autotune.envs.presets import pollux_nodes
 from autotune.envs.simulator import Arrival
 from autotune.envs.workloads import pollux_arrivals
 from autotune.policies.evaluate import run_episode
+from autotune.policies.goodput import GoodputPolicy
 from autotune.policies.tiresias import TiresiasPolicy
 
-# Average JCT (s) in the artifact's results-jobload/tiresias-1.0/summary.json.
+# Average JCT (s) in the artifact's results-jobload/{tiresias,pollux}-1.0/summary.json.
 POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
+POLLUX_POLLUX = {1: 2089, 2: 3323, 3: 2188, 4: 2721, 5: 2674, 6: 2446, 7: 3616, 8: 2952}
 
 
-def _run(jobs: list[Arrival], *, round_s: float, start_s: float, noise: bool) -> dict[str, Any]:
+def _run(
+    jobs: list[Arrival], *, round_s: float, start_s: float, noise: bool, policy: str = "tiresias"
+) -> dict[str, Any]:
     env = ClusterEnv(
         nodes=pollux_nodes(64),
         jobs=jobs,
@@ -52,7 +60,8 @@ def _run(jobs: list[Arrival], *, round_s: float, start_s: float, noise: bool) ->
         max_steps=1_000_000,
     )
     began = time.perf_counter()
-    result = run_episode(TiresiasPolicy(), env, seed=0)
+    chosen = TiresiasPolicy() if policy == "tiresias" else GoodputPolicy(env)
+    result = run_episode(chosen, env, seed=0)
     assert env.sim is not None
     result["preemptions"] = sum(j.preemptions for j in env.sim.jobs.values())
     result["wall_s"] = round(time.perf_counter() - began, 2)
@@ -72,6 +81,9 @@ def main() -> int:
     parser.add_argument("--pollux", type=Path, required=True, help="the Pollux data folder")
     parser.add_argument("--workloads", default="1-8")
     parser.add_argument("--decompose", default="6", help="workloads to decompose ('' none)")
+    parser.add_argument(
+        "--goodput", action="store_true", help="also run the Pollux-style goodput optimiser"
+    )
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     traces = args.pollux / "traces"
@@ -82,6 +94,22 @@ def main() -> int:
         compat = _run(pollux_arrivals(path, traces=traces), round_s=60, start_s=30, noise=False)
         row["compat"] = compat
         row["compat_vs_pollux"] = round(compat["avg_jct_s"] / POLLUX_TIRESIAS[n] - 1, 4)
+        if args.goodput:
+            goodput = _run(
+                pollux_arrivals(path, traces=traces),
+                round_s=60,
+                start_s=30,
+                noise=False,
+                policy="goodput",
+            )
+            row["goodput"] = goodput
+            row["pollux_published_s"] = POLLUX_POLLUX[n]
+            row["goodput_vs_pollux"] = round(goodput["avg_jct_s"] / POLLUX_POLLUX[n] - 1, 4)
+            print(
+                f"workload {n}: goodput optimiser {goodput['avg_jct_s']:7.0f} s (Pollux "
+                f"{POLLUX_POLLUX[n]}, {row['goodput_vs_pollux']:+.1%})",
+                flush=True,
+            )
         if args.decompose and n in _span(args.decompose):
             measured = pollux_arrivals(path, traces=traces)
             modelled = pollux_arrivals(path)
@@ -104,6 +132,14 @@ def main() -> int:
     errors = [abs(r["compat_vs_pollux"]) for r in report["workloads"].values()]
     report["max_abs_error"] = max(errors)
     print(f"largest difference from Pollux's simulator: {report['max_abs_error']:.1%}")
+    if args.goodput:
+        rows = report["workloads"].values()
+        report["goodput_mean_s"] = sum(r["goodput"]["avg_jct_s"] for r in rows) / len(rows)
+        report["pollux_mean_s"] = sum(r["pollux_published_s"] for r in rows) / len(rows)
+        print(
+            f"goodput optimiser mean {report['goodput_mean_s']:.0f} s, Pollux "
+            f"{report['pollux_mean_s']:.0f} s"
+        )
     if args.json_out:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(report, indent=1) + "\n")

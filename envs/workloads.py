@@ -150,7 +150,12 @@ def measured_physics(arrivals: Sequence[Arrival], traces: str | Path) -> list[Ar
                 f"job {arrival.spec.job_id}: not a Pollux application "
                 f"({', '.join(sorted(measured))}); the Pollux-compatible mode runs only those"
             )
-        out.append(replace(arrival, trace=measured[model.name]))
+        trace = measured[model.name]
+        # Elastic up to what the traces measured: the largest batch at the smallest
+        # local batch (Pollux's bound on a job's replicas), at most MAX_GPUS.
+        top = max(arrival.spec.min_gpus, min(MAX_GPUS, trace.max_batch // trace.min_local))
+        spec = replace(arrival.spec, max_gpus=max(top, arrival.spec.requested_gpus or 1))
+        out.append(replace(arrival, spec=spec, trace=trace))
     return out
 
 

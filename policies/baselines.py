@@ -18,6 +18,9 @@ environment and in the daemon alike.
   the simulator (coefficients, reference speeds), which no deployable policy can.
 - ``tiresias``: two-queue least-attained-service with preemption, each job on its
   requested GPUs in fp32 (``autotune.policies.tiresias``), as Pollux's artifact runs it.
+- ``goodput``: a Pollux-style optimiser of each job's GPU count and batch size for the
+  Pollux-compatible mode (``autotune.policies.goodput``); it reads the jobs' measured
+  physics.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import Estimate, Shape, shape_of
+from autotune.policies.goodput import GoodputPolicy
 from autotune.policies.rules import (
     RulesPolicy,
     candidate_nodes,
@@ -314,6 +318,7 @@ BASELINES: Final[dict[str, Callable[[ClusterEnv, int], Policy]]] = {
     "random": lambda env, seed: RandomPolicy(seed, slots=env.slots),
     "oracle": lambda env, seed: OraclePolicy(env, slots=env.slots),
     "tiresias": lambda env, seed: TiresiasPolicy(),
+    "goodput": lambda env, seed: GoodputPolicy(env),
 }
 
 

@@ -16,7 +16,7 @@ from autotune.errors import InputError
 
 __all__ = ["POLLUX_COMPAT_POLICIES", "eval_policies"]
 
-POLLUX_COMPAT_POLICIES = ("static", "tiresias")
+POLLUX_COMPAT_POLICIES = ("static", "tiresias", "goodput")
 """Policies whose choices the Pollux-compatible mode can run (fp32 data parallel)."""
 POLLUX_ROUND_S = 60.0
 """Pollux's simulator: a scheduling round every 60 s (``--interval``) ..."""

@@ -1,0 +1,207 @@
+"""A Pollux-style goodput optimiser, written from the paper's description (Qiao et al.,
+"Pollux: Co-adaptive Cluster Scheduling for Goodput-Optimized Deep Learning", OSDI'21,
+sections 3-4), for the Pollux-compatible mode: the knobs Pollux has, each job's GPU
+count and batch size, fp32, data parallel.
+
+Every round:
+
+- **Per job (Pollux's agent).** For each GPU count n, the batch size that maximises the
+  job's goodput on n GPUs packed onto the fewest nodes: progress per second =
+  statistical efficiency of the batch (its gradient noise, this epoch) / time per
+  optimizer step (with gradient accumulation past the largest local batch), over the
+  batch sizes between the application's smallest and largest validated ones. Pollux's
+  agent fits this model online from the job's steps; here it reads the measured
+  physics the job runs on (``Arrival.trace``), an upper bound on what the fit knows.
+- **Across jobs (Pollux's scheduler).** SPEEDUP_j(n) = goodput_j(n) / goodput_j(1);
+  GPUs go to maximise the p-mean of the speed-ups, (sum_j SPEEDUP_j(n_j)^p / J)^(1/p)
+  with p = -1 (the paper's default), i.e. to minimise sum_j SPEEDUP_j^p: every waiting
+  job first gets one GPU in arrival order while GPUs last, then each further GPU goes
+  to the job whose term it lowers most (a greedy descent; the paper searches the
+  allocations with a genetic algorithm). A running job
+  keeps its allocation unless the new one raises its speedup by more than the restart
+  costs over ``horizon_s`` (Pollux's re-allocation penalty), and a job left without a
+  GPU is preempted.
+- **Placement** is the decision step's Planner's, not Pollux's.
+
+Jobs without measured physics (the default world) get their requested GPUs, as
+``static`` gives them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Final
+
+from autotune import __version__
+from autotune.core import JobConfig
+from autotune.envs.workloads import requested_gpus
+from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+from autotune.perf.pollux_trace import TraceApp
+
+if TYPE_CHECKING:
+    from autotune.envs.cluster_env import ClusterEnv
+
+__all__ = ["GoodputPolicy"]
+
+FAIRNESS_P: Final = -1.0
+"""Pollux's p: the objective sum SPEEDUP^p; -1 weighs a job's speed-up inversely, so no
+job is starved for another's gain."""
+BATCH_CANDIDATES: Final = 12
+"""Batch sizes tried per GPU count: geometric between the smallest and largest validated."""
+
+
+def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
+    full, rest = divmod(gpus, per_node)
+    return (per_node,) * full + ((rest,) if rest else ())
+
+
+class GoodputPolicy:
+    """See the module docstring. It reads the simulated cluster's jobs (their measured
+    physics), as ``oracle`` does; one instance serves one run."""
+
+    name = "goodput"
+
+    def __init__(
+        self,
+        env: ClusterEnv,
+        *,
+        p: float = FAIRNESS_P,
+        restart_s: float = 30.0,
+        horizon_s: float = 600.0,
+    ) -> None:
+        if p >= 0:
+            raise ValueError(f"p={p!r}: the fair objective needs p < 0")
+        self.env = env
+        self.p = p
+        self.restart_s = restart_s
+        self.horizon_s = horizon_s
+        self.version = f"goodput-{__version__}"
+        self._tables: dict[tuple[str, int], list[tuple[float, int]]] = {}
+
+    # -- one job: goodput per GPU count ---------------------------------------------
+
+    def _table(
+        self, job: JobStatus, trace: TraceApp, cap: int, per_node: int
+    ) -> list[tuple[float, int]]:
+        """Index n: (best progress per second on n GPUs, its batch); index 0 unused."""
+        sim = self.env.sim
+        assert sim is not None
+        epoch = trace.epoch_of(sim.jobs[job.spec.job_id].done)
+        key = (job.spec.job_id, epoch)
+        hit = self._tables.get(key)
+        if hit is not None and len(hit) > cap:
+            return hit
+        low, high = trace.init_batch, trace.max_batch
+        ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
+        batches = sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
+        table: list[tuple[float, int]] = [(0.0, 0)]
+        for n in range(1, cap + 1):
+            best = (0.0, 0)
+            for batch in batches:
+                if batch < n * trace.min_local:
+                    continue  # under the smallest local batch measured
+                try:
+                    rate = trace.rate(_packed(n, per_node), batch, epoch)
+                except ValueError:  # outside what the traces measured
+                    continue
+                if rate > best[0]:
+                    best = (rate, batch)
+            table.append(best)
+        self._tables[key] = table
+        return table
+
+    # -- the round ------------------------------------------------------------------
+
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        sim = self.env.sim
+        assert sim is not None
+        total = sum(n.gpu_count for n in snapshot.nodes)
+        per_node = max((n.gpu_count for n in snapshot.nodes), default=1)
+        active = [j for j in snapshot.jobs if j.state in ("pending", "running")]
+        tables: dict[str, list[tuple[float, int]]] = {}
+        for job in active:
+            trace = sim.jobs[job.spec.job_id].arrival.trace
+            if trace is None:
+                continue
+            cap = min(total, job.spec.max_gpus, trace.max_batch // trace.min_local)
+            tables[job.spec.job_id] = self._table(job, trace, cap, per_node)
+        alloc = {j.spec.job_id: 0 for j in active}
+        free = total
+        # Jobs without measured physics: their requested GPUs, first come first served.
+        for job in active:
+            if job.spec.job_id not in tables:
+                want = requested_gpus(job.spec)
+                if want <= free:
+                    alloc[job.spec.job_id] = want
+                    free -= want
+        # Everyone one GPU, in arrival order, while GPUs last.
+        for job in active:
+            first = tables.get(job.spec.job_id)
+            if first is not None and free > 0 and len(first) > 1 and first[1][0] > 0:
+                alloc[job.spec.job_id] = 1
+                free -= 1
+        # Then each GPU where the fair objective gains most.
+        while free > 0:
+            best_gain, best_job = 0.0, None
+            for job_id, table in tables.items():
+                n = alloc[job_id]
+                if n == 0 or n + 1 >= len(table) or table[n + 1][0] <= 0:
+                    continue
+                gain = self._term(table, n) - self._term(table, n + 1)
+                if gain > best_gain:
+                    best_gain, best_job = gain, job_id
+            if best_job is None:
+                break
+            alloc[best_job] += 1
+            free -= 1
+        return self._choices(active, tables, alloc)
+
+    def _term(self, table: list[tuple[float, int]], n: int) -> float:
+        """SPEEDUP(n)^p, which the allocation minimises summed over jobs (with p < 0 that
+        maximises the p-mean of the speed-ups, Pollux's fitness); a job without a GPU has
+        speed-up 0, an infinite term."""
+        if n == 0:
+            return math.inf
+        return float((table[n][0] / table[1][0]) ** self.p)
+
+    def _choices(
+        self,
+        active: list[JobStatus],
+        tables: dict[str, list[tuple[float, int]]],
+        alloc: dict[str, int],
+    ) -> dict[str, PolicyChoice]:
+        choices: dict[str, PolicyChoice] = {}
+        for job in active:
+            job_id = job.spec.job_id
+            n = alloc[job_id]
+            table = tables.get(job_id)
+            if n == 0:
+                why = "goodput: no GPU left for it this round"
+                choices[job_id] = PolicyChoice(
+                    config=None, reason=why, preempt=job.state == "running"
+                )
+                continue
+            if table is None:  # no measured physics: as requested, set once
+                if job.state == "pending":
+                    choices[job_id] = PolicyChoice(
+                        config=JobConfig.data_parallel(n),
+                        reason="goodput: requested GPUs (no measured physics)",
+                    )
+                continue
+            rate, batch = table[n]
+            features = {"gpus": float(n), "batch": float(batch), "goodput": rate}
+            current = job.config
+            if job.state == "running" and current is not None:
+                now = current.world_size
+                have = table[now][0] if now < len(table) else 0.0
+                # A move pays the restart: worth it only if the gain over the horizon
+                # exceeds what the downtime loses.
+                keep = have * self.horizon_s >= rate * (self.horizon_s - self.restart_s)
+                if (now == n and current.batch(job.spec) == batch) or (keep and now <= n):
+                    continue
+            choices[job_id] = PolicyChoice(
+                config=JobConfig(layout=JobConfig.data_parallel(n).layout, global_batch=batch),
+                reason=f"goodput: {n} GPU(s), batch {batch}: {rate:.2f} progress/s",
+                features=features,
+            )
+        return choices
