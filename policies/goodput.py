@@ -15,9 +15,10 @@ Every round:
 - **Across jobs (Pollux's scheduler).** SPEEDUP_j(n) = goodput_j(n) / goodput_j(1);
   GPUs go to maximise the p-mean of the speed-ups, (sum_j SPEEDUP_j(n_j)^p / J)^(1/p)
   with p = -1 (the paper's default), i.e. to minimise sum_j SPEEDUP_j^p: every waiting
-  job first gets one GPU in arrival order while GPUs last, then each further GPU goes
-  to the job whose term it lowers most (a greedy descent; the paper searches the
-  allocations with a genetic algorithm). A running job
+  job first gets one GPU in arrival order while GPUs last, then, step by step, the job
+  and larger GPU count that lower the sum most per GPU added take them (a greedy descent
+  that looks past counts where a job's goodput dips, such as a second node before a
+  third; the paper searches the allocations with a genetic algorithm). A running job
   keeps its allocation unless the new one raises its speedup by more than the restart
   costs over ``horizon_s`` (Pollux's re-allocation penalty), and a job left without a
   GPU is preempted.
@@ -140,20 +141,27 @@ class GoodputPolicy:
             if first is not None and free > 0 and len(first) > 1 and first[1][0] > 0:
                 alloc[job.spec.job_id] = 1
                 free -= 1
-        # Then each GPU where the fair objective gains most.
+        # Then GPUs where the fair objective gains most per GPU. A job's goodput need not
+        # grow GPU by GPU (a second node can cost more than it adds until a third
+        # helps), so each step considers every larger count the free GPUs allow.
         while free > 0:
-            best_gain, best_job = 0.0, None
+            best_gain, best_move = 0.0, None
             for job_id, table in tables.items():
                 n = alloc[job_id]
-                if n == 0 or n + 1 >= len(table) or table[n + 1][0] <= 0:
+                if n == 0:
                     continue
-                gain = self._term(table, n) - self._term(table, n + 1)
-                if gain > best_gain:
-                    best_gain, best_job = gain, job_id
-            if best_job is None:
+                here = self._term(table, n)
+                for m in range(n + 1, min(len(table), n + free + 1)):
+                    if table[m][0] <= 0:
+                        continue
+                    gain = (here - self._term(table, m)) / (m - n)
+                    if gain > best_gain:
+                        best_gain, best_move = gain, (job_id, m)
+            if best_move is None:
                 break
-            alloc[best_job] += 1
-            free -= 1
+            job_id, m = best_move
+            free -= m - alloc[job_id]
+            alloc[job_id] = m
         return self._choices(active, tables, alloc)
 
     def _term(self, table: list[tuple[float, int]], n: int) -> float:
