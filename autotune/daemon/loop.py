@@ -395,22 +395,16 @@ class Daemon:
         """The round's decisions, and whether the fallback policy took them: only when
         the daemon is on its fallback and its own policy fails this round too (the
         decision step is pure, so it can be taken again)."""
+
+        def round_of(policy: Policy) -> DecisionRound:
+            return decide(
+                snapshot, policy, overrides, honoured=self._honoured, models=self._models_now
+            )
+
         if self.fallback is None or self._health.fallback is None:
-            return decide(
-                snapshot,
-                self.policy,
-                overrides,
-                honoured=self._honoured,
-                models=self._models_now,
-            ), False
+            return round_of(self.policy), False
         try:
-            return decide(
-                snapshot,
-                self.policy,
-                overrides,
-                honoured=self._honoured,
-                models=self._models_now,
-            ), False
+            return round_of(self.policy), False
         except Exception as exc:
             error = _error(exc)
         self._health = health = replace(self._health, last_error=error, last_failure_at=utc_now())
@@ -425,10 +419,7 @@ class Daemon:
             f"{health.consecutive_failures} consecutive failed ticks ({error}); "
             f"deciding with {self.fallback.name}"
         )
-        fallback = _Fallback(self.fallback, why)
-        return decide(
-            snapshot, fallback, overrides, honoured=self._honoured, models=self._models_now
-        ), True
+        return round_of(_Fallback(self.fallback, why)), True
 
     def _tick(self) -> TickReport:
         started = time.perf_counter()
