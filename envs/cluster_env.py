@@ -98,13 +98,14 @@ either.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, SupportsFloat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any, Final, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 
-from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, NodeInfo
+from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, JobConfig, Layout, NodeInfo
 from autotune.daemon.decide import decide
 from autotune.envs.presets import default_nodes, small_nodes
 from autotune.envs.simulator import Arrival, RoundOutcome, SimConfig, SimulatedCluster
@@ -131,6 +132,34 @@ class ChoicesPolicy:
 
     def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
         return self.choices
+
+
+KNOBS: Final = ("all", "pollux")
+"""What a policy may choose in the environment: ``all`` (our default world: precision
+maps, gradient compression, data/tensor/pipeline layouts, GPU count, batch scale,
+activation checkpointing) or ``pollux`` (Pollux's knobs: each job's GPU count and batch
+size, data parallel, fp32, no compression)."""
+
+
+def pollux_knobs(choices: Mapping[str, PolicyChoice]) -> dict[str, PolicyChoice]:
+    """``choices`` with only Pollux's knobs kept: each configuration becomes plain data
+    parallelism over its GPUs in fp32 without compression, with its batch size (the
+    memory rule adds gradient accumulation or checkpointing where the batch needs it)."""
+    out: dict[str, PolicyChoice] = {}
+    for job_id, choice in choices.items():
+        config = choice.config
+        if config is not None:
+            batch = config.global_batch
+            plain = JobConfig(
+                layout=Layout(world_size=config.world_size),
+                # At least a sample per data-parallel rank (tensor- or pipeline-parallel
+                # ranks shared one).
+                global_batch=None if batch is None else max(batch, config.world_size),
+            )
+            if plain != config:
+                choice = replace(choice, config=plain, reason=f"{choice.reason} (Pollux's knobs)")
+        out[job_id] = choice
+    return out
 
 
 def reward(
@@ -215,7 +244,11 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         energy_weight: float = DEFAULT_ENERGY_WEIGHT,
         small: bool = False,
         forecaster: Callable[[Sequence[float], float, float], float] | None = None,
+        knobs: str = "all",
     ) -> None:
+        if knobs not in KNOBS:
+            raise ValueError(f"knobs={knobs!r}: one of {KNOBS}")
+        self.knobs = knobs
         if nodes is not None:
             self.nodes = list(nodes)
         else:
@@ -310,6 +343,8 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         ``Policy`` objects run in the environment)."""
         sim = self._require()
         snapshot = self._snapshot()
+        if self.knobs == "pollux":
+            choices = pollux_knobs(choices)
         round_ = decide(snapshot, ChoicesPolicy(choices), {}, honoured={}, explain=False)
         sim.apply(round_.decisions)
         outcome = sim.advance()

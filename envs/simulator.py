@@ -646,7 +646,7 @@ class SimulatedCluster:
                 f"fp32 without compression, got {config.describe()}"
             )
         ranks = tuple(shape_of(placement, self._nodes).ranks_per_node)
-        batch = config.batch(job.status.spec)
+        batch = _measured_batch(trace, ranks, config.batch(job.status.spec))
         epoch = trace.epoch_of(job.done)
         split = trace.split(sum(ranks), batch)
         step_s, sync_s = trace.step_times(ranks, split.atomic)
@@ -687,6 +687,22 @@ class SimulatedCluster:
                 used[key] = used.get(key, 0) + slot.gpu_milli
                 if used[key] > MILLI_PER_GPU:
                     raise ValueError(f"GPU {key} over-committed by {job.job_id}")
+
+
+def _measured_batch(trace: TraceApp, ranks: tuple[int, ...], batch: int) -> int:
+    """``batch`` within what the traces measured on these ranks: at most the largest
+    validated batch (Pollux's bound), and where its local batch is smaller than any
+    measured there, the smallest one measured (the traces hold nothing smaller)."""
+    gpus = sum(ranks)
+    batch = min(batch, trace.max_batch)
+    local = trace.split(gpus, batch).atomic
+    for atomic in range(local, trace.max_local + 1):
+        try:
+            trace.step_times(ranks, atomic)
+        except ValueError:
+            continue
+        return batch if atomic == local else max(batch, gpus * atomic)
+    raise ValueError(f"{trace.name}: no measured local batch on placement {ranks}")
 
 
 def _packed(gpus: int, per_node: int) -> tuple[int, ...]:

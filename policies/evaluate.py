@@ -89,6 +89,7 @@ def evaluate(
     restart_s: float = 30.0,
     start_s: float = 0.0,
     noise: bool = True,
+    knobs: str = "all",
     max_steps: int = 100_000,
     progress: Callable[[str, int], None] | None = None,
     trace: dict[str, Any] | None = None,
@@ -107,6 +108,7 @@ def evaluate(
             "restart_s": restart_s,
             "start_s": start_s,
             "noise": noise,
+            "knobs": knobs,
         },
         "policies": {},
     }
@@ -121,6 +123,7 @@ def evaluate(
                 restart_s=restart_s,
                 start_s=start_s,
                 noise=noise,
+                knobs=knobs,
                 max_steps=max_steps,
             )
             policy = extra[name](env, seed) if extra and name in extra else None

@@ -16,8 +16,11 @@ from autotune.errors import InputError
 
 __all__ = ["POLLUX_COMPAT_POLICIES", "eval_policies"]
 
-POLLUX_COMPAT_POLICIES = ("static", "tiresias", "goodput")
-"""Policies whose choices the Pollux-compatible mode can run (fp32 data parallel)."""
+POLLUX_COMPAT_POLICIES = ("static", "rules", "random", "tiresias", "goodput", "ppo")
+"""Policies the Pollux-compatible mode runs, their choices kept to Pollux's knobs (GPU
+count and batch size; ``envs.cluster_env.pollux_knobs``). ``oracle`` and ``tune`` are not:
+they judge configurations by the performance model, not the measured physics the jobs
+run on (``goodput`` is the mode's oracle)."""
 POLLUX_ROUND_S = 60.0
 """Pollux's simulator: a scheduling round every 60 s (``--interval``) ..."""
 POLLUX_RESTART_S = 30.0
@@ -38,8 +41,9 @@ def eval_policies(
         typer.Option(
             help="With --pollux-workload: run the jobs as Pollux's simulator does (each "
             "job's replicas and batch from the file, fp32, no compression, progress from "
-            "the measured traces, 60 s rounds, 30 s per start or restart, Pollux's clock). "
-            "Policies: static, tiresias."
+            "the measured traces, 60 s rounds, 30 s per start or restart, Pollux's clock), "
+            "with Pollux's knobs only: each job's GPU count and batch size. Policies: "
+            "static, rules, random, tiresias, goodput, ppo."
         ),
     ] = False,
     pollux_traces: Annotated[
@@ -115,8 +119,8 @@ def eval_policies(
         beyond = [p for p in names if p not in POLLUX_COMPAT_POLICIES]
         if beyond:
             raise InputError(
-                f"--pollux-compat runs jobs in fp32 without compression on their requested "
-                f"GPUs; {', '.join(beyond)} choose(s) more than that. Policies: "
+                f"--pollux-compat runs the jobs on measured physics; {', '.join(beyond)} "
+                f"judge(s) configurations by the performance model. Policies: "
                 f"{', '.join(POLLUX_COMPAT_POLICIES)}"
             )
     elif pollux_traces is not None:
@@ -185,6 +189,7 @@ def eval_policies(
             restart_s=POLLUX_RESTART_S if pollux_compat else 30.0,
             start_s=POLLUX_RESTART_S if pollux_compat else 0.0,
             noise=not pollux_compat,
+            knobs="pollux" if pollux_compat else "all",
             trace=info,
             extra=extra,
             progress=lambda name, seed: progress.update(

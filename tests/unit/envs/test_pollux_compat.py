@@ -210,14 +210,14 @@ def test_eval_pollux_compat_command(pollux_dir: Path) -> None:
     assert report["policies"]["tiresias"]["n_jobs_done"] == 20
 
 
-def test_eval_pollux_compat_refuses_policies_beyond_its_knobs(pollux_dir: Path) -> None:
+def test_eval_pollux_compat_refuses_policies_that_judge_by_the_model(pollux_dir: Path) -> None:
     run = cli(
         "eval", "--pollux-workload", str(pollux_dir / "workloads" / "workload-6.csv"),
-        "--pollux-compat", "--policies", "rules",
+        "--pollux-compat", "--policies", "oracle",
     )  # fmt: skip
     assert run.exit_code == 2
-    assert "rules" in run.stderr
-    assert "tiresias" in run.stderr
+    assert "oracle" in run.stderr
+    assert "goodput" in run.stderr
 
 
 def test_pollux_compat_needs_a_pollux_workload(tmp_path: Path) -> None:
@@ -312,3 +312,43 @@ def test_goodput_needs_a_fair_objective() -> None:
 
     with pytest.raises(ValueError, match="p < 0"):
         GoodputPolicy(_compat_env([]), p=1.0)
+
+
+def test_pollux_knobs_keep_gpus_and_batch_only() -> None:
+    from autotune.core import CompressionSpec, Layout
+    from autotune.envs.cluster_env import pollux_knobs
+
+    wide = JobConfig(
+        layout=Layout(world_size=8, tp=2, pp=2, micro_batches=4, activation_checkpointing=True),
+        precision=PrecisionMap.uniform("bf16"),
+        compression=CompressionSpec(kind="int8"),
+        global_batch=4,
+    )
+    out = pollux_knobs(
+        {
+            "a": PolicyChoice(config=wide, reason="mine"),
+            "b": PolicyChoice(config=None, reason="wait"),
+            "c": PolicyChoice(config=JobConfig.data_parallel(2), reason="plain"),
+        }
+    )
+    a = out["a"].config
+    assert a is not None
+    assert a.layout == Layout(world_size=8)  # data parallel over the same GPUs
+    assert a.precision == PrecisionMap()
+    assert a.compression == CompressionSpec()
+    assert a.global_batch == 8  # a sample per data-parallel rank at least
+    assert out["a"].reason == "mine (Pollux's knobs)"
+    assert out["b"].config is None
+    assert out["c"] == PolicyChoice(config=JobConfig.data_parallel(2), reason="plain")
+
+
+def test_a_batch_the_traces_did_not_measure_trains_at_the_nearest_measured(
+    pollux_dir: Path,
+) -> None:
+    from autotune.envs.simulator import _measured_batch
+
+    bert = load_trace_apps(pollux_dir / "traces")["bert"]
+    eight_nodes = (4,) * 8
+    assert _measured_batch(bert, eight_nodes, 384) == 384
+    assert _measured_batch(bert, eight_nodes, 96) == 128  # local 3 -> 4, the smallest
+    assert _measured_batch(bert, eight_nodes, 1536) == 384  # the largest validated
