@@ -17,11 +17,13 @@ time towards our default world (what ``autotune eval --pollux-workload`` runs):
   and divergence drawn).
 
     python bench/pollux_compat.py --pollux ../shared/data/pollux \\
-        [--workloads 1-8] [--decompose 6] [--goodput] [--json-out bench/out/pollux_compat.json]
+        [--workloads 1-8] [--decompose 6] [--optimus] [--goodput]
+        [--json-out bench/out/pollux_compat.json]
 
-``--goodput`` also runs the Pollux-style goodput optimiser (``autotune.policies.goodput``)
-and sets its average JCT beside Pollux's published one
-(``results-jobload/pollux-1.0``).
+``--optimus`` also runs Optimus (``autotune.policies.optimus``) beside the artifact's
+(``results-jobload/optimus-1.0``); ``--goodput`` also runs the Pollux-style goodput
+optimiser (``autotune.policies.goodput``) and sets its average JCT beside Pollux's
+published one (``results-jobload/pollux-1.0``).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from autotune.envs.simulator import Arrival
 from autotune.envs.workloads import pollux_arrivals
 from autotune.policies.evaluate import run_episode
 from autotune.policies.goodput import GoodputPolicy
+from autotune.policies.optimus import OptimusPolicy
 from autotune.policies.tiresias import TiresiasPolicy
 
 # Average JCT (s) in the artifact's results-jobload/{tiresias,pollux}-1.0/summary.json.
 POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
 POLLUX_POLLUX = {1: 2089, 2: 3323, 3: 2188, 4: 2721, 5: 2674, 6: 2446, 7: 3616, 8: 2952}
+POLLUX_OPTIMUS = {1: 4087, 2: 6914, 3: 3944, 4: 5968, 5: 5656, 6: 5302, 7: 7291, 8: 6294}
 
 
 def _run(
@@ -60,7 +64,11 @@ def _run(
         max_steps=1_000_000,
     )
     began = time.perf_counter()
-    chosen = TiresiasPolicy() if policy == "tiresias" else GoodputPolicy(env)
+    chosen: Any = {
+        "tiresias": lambda: TiresiasPolicy(),
+        "goodput": lambda: GoodputPolicy(env),
+        "optimus": lambda: OptimusPolicy(env),
+    }[policy]()
     result = run_episode(chosen, env, seed=0)
     assert env.sim is not None
     result["preemptions"] = sum(j.preemptions for j in env.sim.jobs.values())
@@ -84,6 +92,9 @@ def main() -> int:
     parser.add_argument(
         "--goodput", action="store_true", help="also run the Pollux-style goodput optimiser"
     )
+    parser.add_argument(
+        "--optimus", action="store_true", help="also run Optimus against the artifact's"
+    )
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args()
     traces = args.pollux / "traces"
@@ -94,6 +105,21 @@ def main() -> int:
         compat = _run(pollux_arrivals(path, traces=traces), round_s=60, start_s=30, noise=False)
         row["compat"] = compat
         row["compat_vs_pollux"] = round(compat["avg_jct_s"] / POLLUX_TIRESIAS[n] - 1, 4)
+        if args.optimus:
+            optimus = _run(
+                pollux_arrivals(path, traces=traces),
+                round_s=60,
+                start_s=30,
+                noise=False,
+                policy="optimus",
+            )
+            row["optimus"] = optimus
+            row["optimus_vs_pollux"] = round(optimus["avg_jct_s"] / POLLUX_OPTIMUS[n] - 1, 4)
+            print(
+                f"workload {n}: Optimus {optimus['avg_jct_s']:7.0f} s (Pollux's simulator "
+                f"{POLLUX_OPTIMUS[n]}, {row['optimus_vs_pollux']:+.1%})",
+                flush=True,
+            )
         if args.goodput:
             goodput = _run(
                 pollux_arrivals(path, traces=traces),

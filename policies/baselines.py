@@ -18,6 +18,8 @@ environment and in the daemon alike.
   the simulator (coefficients, reference speeds), which no deployable policy can.
 - ``tiresias``: two-queue least-attained-service with preemption, each job on its
   requested GPUs in fp32 (``autotune.policies.tiresias``), as Pollux's artifact runs it.
+- ``optimus``: Optimus with its oracle as Pollux's artifact runs it, for the
+  Pollux-compatible mode (``autotune.policies.optimus``).
 - ``goodput``: a Pollux-style optimiser of each job's GPU count and batch size for the
   Pollux-compatible mode (``autotune.policies.goodput``); it reads the jobs' measured
   physics.
@@ -51,6 +53,7 @@ from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import Estimate, Shape, shape_of
 from autotune.policies.goodput import GoodputPolicy
+from autotune.policies.optimus import OptimusPolicy
 from autotune.policies.rules import (
     RulesPolicy,
     candidate_nodes,
@@ -319,6 +322,7 @@ BASELINES: Final[dict[str, Callable[[ClusterEnv, int], Policy]]] = {
     "oracle": lambda env, seed: OraclePolicy(env, slots=env.slots),
     "tiresias": lambda env, seed: TiresiasPolicy(),
     "goodput": lambda env, seed: GoodputPolicy(env),
+    "optimus": lambda env, seed: OptimusPolicy(env),
 }
 
 

@@ -16,7 +16,7 @@ from autotune.errors import InputError
 
 __all__ = ["POLLUX_COMPAT_POLICIES", "eval_policies"]
 
-POLLUX_COMPAT_POLICIES = ("static", "rules", "random", "tiresias", "goodput", "ppo")
+POLLUX_COMPAT_POLICIES = ("static", "rules", "random", "tiresias", "optimus", "goodput", "ppo")
 """Policies the Pollux-compatible mode runs, their choices kept to Pollux's knobs (GPU
 count and batch size; ``envs.cluster_env.pollux_knobs``). ``oracle`` and ``tune`` are not:
 they judge configurations by the performance model, not the measured physics the jobs
@@ -43,7 +43,7 @@ def eval_policies(
             "job's replicas and batch from the file, fp32, no compression, progress from "
             "the measured traces, 60 s rounds, 30 s per start or restart, Pollux's clock), "
             "with Pollux's knobs only: each job's GPU count and batch size. Policies: "
-            "static, rules, random, tiresias, goodput, ppo."
+            "static, rules, random, tiresias, optimus, goodput, ppo."
         ),
     ] = False,
     pollux_traces: Annotated[

@@ -106,6 +106,7 @@ class TraceApp:
         "_grad_sqr",
         "_grad_var",
         "_interp1d",
+        "_iterations",
         "_nd",
         "_placements",
         "_rotations",
@@ -126,13 +127,13 @@ class TraceApp:
         name: str,
         *,
         max_epochs: int,
-        validation: Mapping[int, tuple[FloatArray, FloatArray, FloatArray]],
+        validation: Mapping[int, tuple[FloatArray, FloatArray, FloatArray, FloatArray]],
         placements: _Placements,
         scalability: Mapping[str, npt.NDArray[Any]],
         max_local: int | None = None,
     ) -> None:
-        """``validation`` maps each validated batch to its (progress, grad_sqr, grad_var)
-        columns, one row per epoch."""
+        """``validation`` maps each validated batch to its (progress, grad_sqr, grad_var,
+        iteration) columns, one row per epoch."""
         if not validation or not placements.ranks:
             raise ValueError(f"{name}: need validation runs and placements")
         self.name = name
@@ -144,6 +145,7 @@ class TraceApp:
         self.max_local = int(placements.local_bsz.max()) if max_local is None else max_local
         self._grad_sqr = {b: [float(x) for x in v[1]] for b, v in validation.items()}
         self._grad_var = {b: [float(x) for x in v[2]] for b, v in validation.items()}
+        self._iterations = {b: [float(x) for x in v[3]] for b, v in validation.items()}
         self._bounds = [0.0] + [
             min(float(v[0][e - 1]) for v in validation.values()) for e in range(1, max_epochs + 1)
         ]
@@ -286,6 +288,23 @@ class TraceApp:
             self._nd = LinearNDInterpolator(points[xs].to_numpy(), points[ys].to_numpy())
         return self._nd
 
+    def iterations(self, batch: int, epoch: int) -> float:
+        """Optimizer steps at ``batch`` after epoch ``epoch`` (0-based row of the
+        validation runs), interpolated linearly between the validated batches around it
+        (``Application.get_iteration``; what Optimus's oracle knows of the remaining
+        work)."""
+        if not 0 <= epoch < self.max_epochs:
+            raise ValueError(f"{self.name}: epoch {epoch} outside 0..{self.max_epochs - 1}")
+        batch = min(max(batch, self.init_batch), self.max_batch)
+        k = bisect.bisect_left(self._batches, batch)
+        hi = self._batches[k]
+        if hi == batch:
+            return self._iterations[hi][epoch]
+        lo = self._batches[k - 1]
+        return (
+            (batch - lo) * self._iterations[hi][epoch] + (hi - batch) * self._iterations[lo][epoch]
+        ) / (hi - lo)
+
     def gain(self, batch: int, epoch: int) -> float:
         """Progress per optimizer step at global ``batch`` during ``epoch`` (0-based)."""
         key = (batch, epoch)
@@ -380,8 +399,10 @@ class TraceApp:
 # --------------------------------------------------------------------------------------
 
 
-def _read_validation(path: Path, max_epochs: int) -> tuple[FloatArray, FloatArray, FloatArray]:
-    frame = read_csv(path, ("progress", "grad_sqr", "grad_var"))
+def _read_validation(
+    path: Path, max_epochs: int
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    frame = read_csv(path, ("progress", "iteration", "grad_sqr", "grad_var"))
     if len(frame) < max_epochs:
         raise InputError(f"{len(frame)} epochs, need {max_epochs}", path=str(path))
     progress = floats(frame, "progress", path, positive=True)
@@ -393,7 +414,12 @@ def _read_validation(path: Path, max_epochs: int) -> tuple[FloatArray, FloatArra
                 row=i + 2,
                 column="progress",
             )
-    return progress, floats(frame, "grad_sqr", path), floats(frame, "grad_var", path)
+    return (
+        progress,
+        floats(frame, "grad_sqr", path),
+        floats(frame, "grad_var", path),
+        floats(frame, "iteration", path),
+    )
 
 
 def _read_placements(path: Path) -> _Placements:

@@ -352,3 +352,50 @@ def test_a_batch_the_traces_did_not_measure_trains_at_the_nearest_measured(
     assert _measured_batch(bert, eight_nodes, 384) == 384
     assert _measured_batch(bert, eight_nodes, 96) == 128  # local 3 -> 4, the smallest
     assert _measured_batch(bert, eight_nodes, 1536) == 384  # the largest validated
+
+
+# --- Optimus ------------------------------------------------------------------------------
+
+
+def test_optimus_matches_pollux_simulator_on_workload_6(pollux_dir: Path) -> None:
+    """The artifact's Optimus + Oracle + TunedJobs: 5,302 s (measured here: 5,236 s)."""
+    from autotune.policies.optimus import OptimusPolicy
+
+    env = _compat_env(_workload(pollux_dir, 6))
+    jct = run_episode(OptimusPolicy(env), env, seed=0)["avg_jct_s"]
+    assert jct == pytest.approx(5302, rel=0.15)
+
+
+def test_optimus_grows_jobs_by_marginal_gain_and_keeps_ncf_on_one_gpu(pollux_dir: Path) -> None:
+    from autotune.policies.optimus import OptimusPolicy
+
+    jobs = _workload(pollux_dir, 6)
+    cifar = next(j for j in jobs if j.spec.job_id.startswith("cifar10"))
+    ncf = next(j for j in jobs if j.spec.job_id.startswith("ncf"))
+    both = [replace(j, spec=replace(j.spec, submitted_at=0.0)) for j in (cifar, ncf)]
+    env = _compat_env(both)
+    env.reset(seed=0)
+    assert env.snapshot is not None
+    policy = OptimusPolicy(env)
+    choices = policy.decide(env.snapshot)
+    grown = choices[cifar.spec.job_id].config
+    assert grown is not None
+    assert grown.world_size > 1
+    assert grown.global_batch is None  # its workload batch, kept
+    assert choices[ncf.spec.job_id].config == JobConfig.data_parallel(1)
+    trace = load_trace_apps(pollux_dir / "traces")["cifar10"]
+    # One more GPU would no longer pay, or the cap is reached.
+    n = grown.world_size
+    assert n <= cifar.spec.global_batch // trace.min_local
+    assert policy.step_time(trace, cifar.spec.global_batch, n, 4) <= policy.step_time(
+        trace, cifar.spec.global_batch, 1, 4
+    )
+
+
+def test_iterations_interpolate_between_validated_batches(pollux_dir: Path) -> None:
+    cifar = load_trace_apps(pollux_dir / "traces")["cifar10"]
+    assert cifar.iterations(128, 0) == 390.0  # validation-128.csv, first epoch
+    low, high = cifar.iterations(2048, 99), cifar.iterations(4096, 99)
+    assert cifar.iterations(3072, 99) == pytest.approx((low + high) / 2)
+    with pytest.raises(ValueError, match="epoch"):
+        cifar.iterations(128, 100)
