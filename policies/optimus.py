@@ -15,6 +15,9 @@ Each job keeps its workload batch size; Optimus decides its GPU count every roun
   batch measured (ncf: one GPU, as in the artifact);
 - a job left without a GPU is preempted; one whose GPU count is unchanged keeps its
   placement. The decision step's Planner places the others.
+
+Jobs without measured physics (our default world) get their requested GPUs, first come
+first served, as ``static`` gives them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.core import JobConfig
+from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
 from autotune.perf.pollux_trace import TraceApp
 
@@ -80,11 +84,19 @@ class OptimusPolicy:
         alloc: dict[str, int] = {}
         gain: dict[str, float] = {}
         info: dict[str, tuple[TraceApp, int, float, int]] = {}
+        measured = []
         for job in active:
+            if sim.jobs[job.spec.job_id].arrival.trace is not None:
+                measured.append(job)
+                continue
+            # No measured physics (our default world): its requested GPUs, set once.
+            want = requested_gpus(job.spec)
+            alloc[job.spec.job_id] = want if want <= free else 0
+            free -= alloc[job.spec.job_id]
+        for job in measured:
             job_id = job.spec.job_id
             trace = sim.jobs[job_id].arrival.trace
-            if trace is None:
-                raise ValueError(f"{job_id}: optimus needs measured physics (--pollux-compat)")
+            assert trace is not None
             batch = job.spec.global_batch
             epoch = trace.epoch_of(sim.jobs[job_id].done)
             last = trace.max_epochs - 1
@@ -106,7 +118,7 @@ class OptimusPolicy:
             alloc[job_id] += 1
             free -= 1
             gain[job_id] = self._gain(job_id, alloc[job_id], info, per_node, free)
-        return self._choices(active, alloc)
+        return self._choices(active, alloc, {j.spec.job_id for j in measured})
 
     def _gain(
         self,
@@ -125,10 +137,21 @@ class OptimusPolicy:
             return 0.0
         return (now - more) * remaining
 
-    def _choices(self, active: list[JobStatus], alloc: dict[str, int]) -> dict[str, PolicyChoice]:
+    def _choices(
+        self, active: list[JobStatus], alloc: dict[str, int], measured: set[str]
+    ) -> dict[str, PolicyChoice]:
         choices: dict[str, PolicyChoice] = {}
         for job in active:
             job_id, n = job.spec.job_id, alloc[job.spec.job_id]
+            if job_id not in measured:
+                if n and job.state == "pending":
+                    choices[job_id] = PolicyChoice(
+                        config=JobConfig.data_parallel(n),
+                        reason="optimus: requested GPUs (no measured physics)",
+                    )
+                elif not n and job.state == "pending":
+                    choices[job_id] = PolicyChoice(config=None, reason="optimus: no room yet")
+                continue
             if n == 0:
                 choices[job_id] = PolicyChoice(
                     config=None,
