@@ -67,7 +67,7 @@ from autotune.perf.model import (
     estimate,
     shape_of,
 )
-from autotune.perf.pollux_trace import TraceApp
+from autotune.perf.pollux_trace import TraceApp, packed
 from autotune.perf.stragglers import median_cv, sample_cv
 
 __all__ = [
@@ -296,7 +296,7 @@ class SimulatedCluster:
             # Progress units per second on the reference GPUs, packed, first epoch.
             job.work = arrival.trace.target_progress
             job.reference_goodput = arrival.trace.rate(
-                _packed(arrival.reference_gpus, self._gpus_per_node),
+                packed(arrival.reference_gpus, self._gpus_per_node),
                 spec.global_batch,
                 0,
             )
@@ -703,12 +703,6 @@ def _measured_batch(trace: TraceApp, ranks: tuple[int, ...], batch: int) -> int:
             continue
         return batch if atomic == local else max(batch, gpus * atomic)
     raise ValueError(f"{trace.name}: no measured local batch on placement {ranks}")
-
-
-def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
-    """Ranks per node of ``gpus`` GPUs on the fewest nodes (6 on 4-GPU nodes: (4, 2))."""
-    full, rest = divmod(gpus, per_node)
-    return (per_node,) * full + ((rest,) if rest else ())
 
 
 def _is_plain(config: JobConfig) -> bool:

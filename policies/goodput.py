@@ -37,7 +37,7 @@ from autotune import __version__
 from autotune.core import JobConfig
 from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
-from autotune.perf.pollux_trace import TraceApp
+from autotune.perf.pollux_trace import TraceApp, packed
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
@@ -49,11 +49,6 @@ FAIRNESS_P: Final = -1.0
 job is starved for another's gain."""
 BATCH_CANDIDATES: Final = 12
 """Batch sizes tried per GPU count: geometric between the smallest and largest validated."""
-
-
-def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
-    full, rest = divmod(gpus, per_node)
-    return (per_node,) * full + ((rest,) if rest else ())
 
 
 class GoodputPolicy:
@@ -102,7 +97,7 @@ class GoodputPolicy:
                 if batch < n * trace.min_local:
                     continue  # under the smallest local batch measured
                 try:
-                    rate = trace.rate(_packed(n, per_node), batch, epoch)
+                    rate = trace.rate(packed(n, per_node), batch, epoch)
                 except ValueError:  # outside what the traces measured
                     continue
                 if rate > best[0]:

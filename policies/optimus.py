@@ -29,17 +29,12 @@ from autotune import __version__
 from autotune.core import JobConfig
 from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
-from autotune.perf.pollux_trace import TraceApp
+from autotune.perf.pollux_trace import TraceApp, packed
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
 
 __all__ = ["OptimusPolicy"]
-
-
-def _packed(gpus: int, per_node: int) -> tuple[int, ...]:
-    full, rest = divmod(gpus, per_node)
-    return (per_node,) * full + ((rest,) if rest else ())
 
 
 class OptimusPolicy:
@@ -68,7 +63,7 @@ class OptimusPolicy:
         atomic = math.ceil(local / (accum + 1) - 1e-8)
         atomic = min(atomic, int(trace.max_batch / (gpus * (accum + 1))))
         try:
-            step, sync = trace.step_times(_packed(gpus, per_node), atomic)
+            step, sync = trace.step_times(packed(gpus, per_node), atomic)
             value = step + (step - sync) * accum
         except ValueError:
             value = math.inf

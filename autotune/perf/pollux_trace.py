@@ -54,6 +54,7 @@ __all__ = [
     "TraceApp",
     "load_trace_app",
     "load_trace_apps",
+    "packed",
 ]
 
 POLLUX_MAX_EPOCHS: Final[Mapping[str, int]] = MappingProxyType(
@@ -387,11 +388,16 @@ class TraceApp:
         restart penalty."""
         if gpus < 1:
             raise ValueError(f"{self.name}: need gpus >= 1, got {gpus}")
-        full, rest = divmod(gpus, _PACKED_GPUS_PER_NODE)
-        ranks = (_PACKED_GPUS_PER_NODE,) * full + ((rest,) if rest else ())
-        _, finished = self.run(0.0, ranks, batch, math.inf)
+        _, finished = self.run(0.0, packed(gpus), batch, math.inf)
         assert finished is not None  # an infinite run always completes
         return finished
+
+
+def packed(gpus: int, per_node: int = _PACKED_GPUS_PER_NODE) -> tuple[int, ...]:
+    """Ranks per node of ``gpus`` GPUs on the fewest nodes of ``per_node`` GPUs (6 on
+    4-GPU nodes: (4, 2)), as Pollux's testbed packs a job."""
+    full, rest = divmod(gpus, per_node)
+    return (per_node,) * full + ((rest,) if rest else ())
 
 
 # --------------------------------------------------------------------------------------
