@@ -26,12 +26,11 @@ from autotune.api.routes import (
     policies,
 )
 from autotune.daemon.auth import TokenCheck
-from autotune.daemon.forecast import PersistenceForecaster
 from autotune.daemon.lifecycle import PolicyLifecycle, PolicyLoader
 from autotune.daemon.loop import Daemon
 from autotune.daemon.telemetry import TelemetrySource
 from autotune.db import Database
-from autotune.interfaces import LoadForecaster
+from autotune.demand import DemandForecaster
 
 __all__ = ["API_PREFIX", "attach_daemon", "create_app"]
 
@@ -84,7 +83,7 @@ def create_app(
     trains: bool = False,
     max_body_bytes: int = 65_536,
     host_telemetry: Sequence[TelemetrySource] = (),
-    forecaster: LoadForecaster | None = None,
+    forecasters: Sequence[DemandForecaster] = (),
     metrics: ServiceMetrics | None = None,
     policy_loader: PolicyLoader | None = None,
 ) -> FastAPI:
@@ -94,7 +93,10 @@ def create_app(
     ``trains``: the daemon's backend trains jobs for real (``--backend ray``), so jobs
     whose built-in task is simulated only are refused at submission. ``policy_loader``
     checks checkpoints registered through ``POST /policies`` (default: the one of the
-    daemon's policy lifecycle, once attached)."""
+    daemon's policy lifecycle, once attached). ``forecasters``: the demand forecaster
+    chain behind ``/forecast`` and the dashboard, first choice first (the command line
+    assembles it: the LSTM, then its persistence fallback); ``NoForecast`` answers when
+    none works, or alone when the chain is empty."""
     app = FastAPI(
         title="autotune",
         version=__version__,
@@ -107,7 +109,7 @@ def create_app(
     app.state.task_modules = tuple(task_modules)
     app.state.trains = trains
     app.state.host_telemetry = tuple(host_telemetry)
-    app.state.forecaster = forecaster or PersistenceForecaster()
+    app.state.forecasters = tuple(forecasters)
     app.state.tick_health = None  # set by attach_daemon
     app.state.policy_loader = policy_loader
     # Whether the daemon in this process follows the policy registry (None: no daemon

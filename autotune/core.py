@@ -25,6 +25,7 @@ __all__ = [
     "DECISION_SOURCES",
     "DEFAULT_ENERGY_WEIGHT",
     "DEFAULT_ROUND_S",
+    "ELASTIC_FACTOR",
     "ID_PATTERN",
     "JOB_STATES",
     "MODULE_CLASSES",
@@ -73,6 +74,9 @@ MILLI_PER_GPU = 1000
 DEFAULT_ROUND_S = 300.0
 """Seconds of cluster time between two decisions on the simulated cluster and in the
 training environment (the daemon's ``round_s`` setting)."""
+ELASTIC_FACTOR = 2
+"""A trace job may use up to this many times the GPUs it asked for (as Pollux lets its
+jobs do); a job that states no request asks for its maximum over this."""
 DEFAULT_ENERGY_WEIGHT = 0.05
 """Normalized goodput the reward gives up per kWh (the daemon's ``energy_weight``)."""
 
@@ -240,7 +244,7 @@ class JobSpec:
     requested_gpus: int | None = None
     """The GPUs the job asks for (a trace job's request), within [min_gpus, max_gpus]:
     what policies that run jobs as submitted (static, Tiresias) give it. ``None``: not
-    stated (``autotune.envs.workloads.requested_gpus`` then derives one)."""
+    stated (``gpu_request`` then derives one)."""
 
     def __post_init__(self) -> None:
         owner = "JobSpec"
@@ -276,6 +280,14 @@ class JobSpec:
                     self.requested_gpus,
                     f"must be <= max_gpus={self.max_gpus}",
                 )
+
+    def gpu_request(self) -> int:
+        """The GPUs the job asks for: its stated request, else its elastic maximum over
+        ``ELASTIC_FACTOR``, at least its minimum. What a pending job adds to the
+        cluster's demand, and what policies that run jobs as submitted give it."""
+        if self.requested_gpus is not None:
+            return self.requested_gpus
+        return max(self.min_gpus, self.max_gpus // ELASTIC_FACTOR)
 
     def allows(self, gpu_model: str) -> bool:
         """Whether the job may run on GPUs of this model."""

@@ -2,9 +2,8 @@
 
 A ``Backend`` is the cluster: it reports state and applies decisions (the simulated
 cluster in ``autotune.envs``; Ray actors in ``autotune.executor``). A ``Policy`` chooses
-each job's configuration (``autotune.policies``). A ``LoadForecaster`` predicts the
-cluster's load from its history (the persistence fallback is ``autotune.daemon.forecast``).
-The daemon knows only these.
+each job's configuration (``autotune.policies``). The daemon knows only these (and the
+demand forecast's ``autotune.demand.DemandForecaster``).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ __all__ = [
     "JobState",
     "JobStatus",
     "JobSubmission",
-    "LoadForecaster",
     "Policy",
     "PolicyChoice",
 ]
@@ -92,6 +90,11 @@ class ClusterSnapshot:
     lost_nodes: Sequence[NodeInfo] = ()
     """Nodes that were part of the cluster and are gone (as last seen); ``nodes`` holds
     the ones jobs can use."""
+    parked_nodes: Sequence[NodeInfo] = ()
+    """Idle nodes powered down by provisioning (``autotune.provisioning``); jobs cannot
+    use them until they are woken."""
+    waking_nodes: Sequence[NodeInfo] = ()
+    """Parked nodes woken and not usable yet."""
 
     def by_state(self, *states: JobState) -> list[JobStatus]:
         return [j for j in self.jobs if j.state in states]
@@ -103,6 +106,18 @@ class ClusterSnapshot:
             self.by_state(*ACTIVE_STATES),
             key=lambda j: (-j.spec.priority, j.spec.submitted_at, j.spec.job_id),
         )
+
+    def capacity_gpus(self) -> float:
+        """GPUs of the cluster, parked and waking nodes included."""
+        every = (*self.nodes, *self.parked_nodes, *self.waking_nodes)
+        return float(sum(n.gpu_count for n in every))
+
+    def demand_gpus(self) -> float:
+        """GPU demand: the GPUs running jobs hold plus the GPUs pending jobs ask for
+        (``JobSpec.gpu_request``)."""
+        held = sum(self.held_gpus().values())
+        pending = sum(j.spec.gpu_request() for j in self.by_state("pending"))
+        return float(held + pending)
 
     def held_gpus(self) -> dict[str, float]:
         """GPUs the running jobs hold per node, in whole-GPU equivalents."""
@@ -189,15 +204,4 @@ class Policy(Protocol):
         """A configuration for every job to (re)configure; running jobs left out keep
         theirs, pending jobs left out are planned as plain data parallelism over their
         ``min_gpus`` (a ``PolicyChoice`` with ``config=None`` keeps a job waiting)."""
-        ...
-
-
-@runtime_checkable
-class LoadForecaster(Protocol):
-    name: str
-    """Shown next to every prediction, e.g. ``lstm-v3`` or ``persistence (last value)``."""
-
-    def predict(self, history: Sequence[float], horizon: int) -> float:
-        """The value ``horizon`` samples after the last one of ``history`` (oldest
-        first, at least one sample)."""
         ...

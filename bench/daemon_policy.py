@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if len(snapshot.jobs) >= args.max_jobs and not snapshot.by_state("pending", "running"):
                 break
         with database.session() as session:
-            records, _ = repo.list_jobs(session=session, limit=1_000_000)
+            records = repo.list_jobs(session=session, limit=1_000_000).rows
         database.dispose()
     jct = np.array([r.jct_s for r in records if r.state == "finished" and r.jct_s is not None])
     total = sum(sources.values())

@@ -1,10 +1,14 @@
-"""The shipped forecaster on the Helios virtual clusters it was not trained on.
+"""The demand forecaster on the Helios virtual clusters it was not trained on.
 
-For each unseen series, column and horizon: MAE of the LSTM, persistence and seasonal
-naive, the LSTM/persistence MAE ratio, and the share of points whose value does not
-change at all over the horizon (where persistence is exact).
+For each unseen cluster and horizon (15, 60 minutes), and over all their points
+together: arrival probability (Brier score of the LSTM, calibrated persistence and
+climatology; AUC; and, for reference, calibrated persistence refitted on the scored
+cluster itself, an oracle) and the 95% quantile of peak demand (pinball loss in GPUs of the LSTM,
+persistence + buffer and climatology; coverage). Scored on every minute from the second
+day on, and on the later days only (``--later-from-day``, default 21: days the training
+clusters held out for calibration).
 
-    python bench/forecast.py [--helios ../shared/data/helios] [--json]
+    python bench/forecast.py [--helios ../shared/data/helios] [--model DIR] [--json]
 """
 
 from __future__ import annotations
@@ -12,18 +16,31 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-import numpy as np
+from typing import Any
 
 from autotune.policies.forecast import (
     default_checkpoint,
-    evaluate_series,
+    evaluate,
     load_checkpoint,
-    read_series,
+    pooled,
+    read_demand,
 )
 
-COLUMNS = ("gpu_utilization", "pending_gpu_num")
-HORIZONS = (15, 60)
+
+def _row(name: str, h: str, e: dict[str, Any]) -> str:
+    lstm, pers, clim = e["lstm"], e["persistence"], e["climatology"]
+    auc = f"{lstm['auc']:.3f} / {pers['auc']:.3f}" if "auc" in lstm else "-"
+    refit = (
+        f"{e['persistence_refit_brier'] / pers['brier']:.3f}"
+        if "persistence_refit_brier" in e
+        else "-"
+    )
+    return (
+        f"| {name} | {h} | {lstm['brier']:.4f} | {pers['brier']:.4f} | {clim['brier']:.4f} | "
+        f"**{e['brier_ratio']:.3f}** | {refit} | {auc} | {lstm['pinball']['0.95']:.3f} | "
+        f"{pers['pinball']['0.95']:.3f} | {clim['pinball']['0.95']:.3f} | "
+        f"**{e['pinball95_ratio']:.3f}** | {lstm['coverage']['0.95']:.1%} |"
+    )
 
 
 def main() -> None:
@@ -31,6 +48,7 @@ def main() -> None:
     here = Path(__file__).resolve().parents[2] / "shared" / "data" / "helios"
     parser.add_argument("--helios", type=Path, default=here)
     parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--later-from-day", type=float, default=21.0)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     forecaster = load_checkpoint(args.model or default_checkpoint())
@@ -39,45 +57,29 @@ def main() -> None:
         for p in args.helios.glob("*.csv.gz")
         if p.name.removesuffix(".csv.gz") not in forecaster.config.trained_on
     )
-    rows = []
-    for path in unseen:
-        for column in COLUMNS:
-            series = read_series(path, column)
-            for horizon in HORIZONS:
-                result = evaluate_series(forecaster, series, horizon)
-                v = series.values
-                unchanged = float(np.mean(v[horizon:] == v[:-horizon]))
-                rows.append({**result, "unchanged_share": unchanged})
-    summary = {
-        f"{c}@{h}": float(
-            np.mean(
-                [
-                    r["mae_ratio_lstm_persistence"]
-                    for r in rows
-                    if r["column"] == c and r["horizon_min"] == h
-                ]
-            )
-        )
-        for c in COLUMNS
-        for h in HORIZONS
-    }
-    report = {"trained_on": forecaster.config.trained_on, "rows": rows, "mean_ratio": summary}
+    series = [read_demand(p) for p in unseen]
+    report: dict[str, Any] = {"trained_on": list(forecaster.config.trained_on)}
+    for label, day in (("all_days", 1.0), ("later_days", args.later_from_day)):
+        per = [evaluate(forecaster, s, from_day=day) for s in series]
+        report[label] = {"from_day": day, "series": per, "pooled": pooled(per, (15, 60))}
     if args.json:
         print(json.dumps(report))
         return
     print(
-        f"{'series':14s} {'column':16s} {'h':>3s} {'LSTM':>9s} {'persist':>9s} {'seasonal':>9s}"
-        f" {'ratio':>6s} {'unchanged':>9s}"
+        "| cluster | h (min) | Brier LSTM | Brier cal. persistence | Brier climatology | "
+        "ratio | refitted persistence (oracle) / cal. persistence | "
+        "AUC LSTM / cal. persistence | pinball95 LSTM | pinball95 persistence+buffer | "
+        "pinball95 climatology | ratio | coverage95 LSTM |"
     )
-    for r in rows:
-        m = r["mae"]
-        print(
-            f"{r['series']:14s} {r['column']:16s} {r['horizon_min']:3d} {m['lstm']:9.5f} "
-            f"{m['persistence']:9.5f} {m['seasonal_naive']:9.5f} "
-            f"{r['mae_ratio_lstm_persistence']:6.3f} {r['unchanged_share']:9.1%}"
-        )
-    for key, value in summary.items():
-        print(f"mean LSTM/persistence MAE ratio {key}: {value:.3f}")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for label in ("all_days", "later_days"):
+        part = report[label]
+        suffix = "" if label == "all_days" else f" (from day {part['from_day'] + 1:g})"
+        for r in part["series"]:
+            for h, e in r["horizons"].items():
+                print(_row(r["series"] + suffix, h, e))
+        for h, e in part["pooled"].items():
+            print(_row(f"all three{suffix}", h, e))
 
 
 if __name__ == "__main__":

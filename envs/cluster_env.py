@@ -29,7 +29,7 @@ wait in queue order.
 
 ## Observation space
 
-``Box(0, 1, (34 + 20 * slots,), float32)``; every entry is bounded as listed
+``Box(0, 1, (36 + 20 * slots,), float32)``; every entry is bounded as listed
 (``autotune.envs.spaces.FEATURES`` is the same table):
 
 | index | feature | range | meaning |
@@ -39,34 +39,36 @@ wait in queue order.
 | 2 | beyond_window | [0, 1] | share of active jobs outside the slots |
 | 3 | busy | [0, 1] | share of the cluster's GPUs held now |
 | 4 | busy_last | [0, 1] | share held at the previous decision |
-| 5 | forecast | [0, 1] | forecast share held 15 minutes ahead (persistence if none) |
-| 6+7m | gpu{m}.present | [0, 1] | 1 if the cluster has GPU model m (m = 0..3, fastest first) |
-| 7+7m | gpu{m}.total | [0, 1] | its GPUs / the cluster's GPUs |
-| 8+7m | gpu{m}.free | [0, 1] | its free GPUs / the cluster's GPUs |
-| 9+7m | gpu{m}.memory | [0, 1] | memory of one GPU / 192 GiB |
-| 10+7m | gpu{m}.bf16 | [0, 1] | 1 if it has bf16 units |
-| 11+7m | gpu{m}.fp8 | [0, 1] | 1 if it has fp8 units |
-| 12+7m | gpu{m}.speed | [0, 1] | its 16-bit (else fp32) peak / the fastest model's |
-| 34+20k | slot[k].occupied | [0, 1] | 1 if a job is in slot k |
-| 35+20k | slot[k].running | [0, 1] | 1 if it runs |
-| 36+20k | slot[k].waiting | [0, 1] | hours waiting since submission, log(1+h)/log(101), capped |
-| 37+20k | slot[k].parameters | [0, 1] | log10(parameters)/12 |
-| 38+20k | slot[k].flops | [0, 1] | log10(FLOPs per sample)/16 |
-| 39+20k | slot[k].transformer | [0, 1] | 1 for a transformer (tensor parallelism possible) |
-| 40+20k | slot[k].min_gpus | [0, 1] | log2(min GPUs)/6 |
-| 41+20k | slot[k].max_gpus | [0, 1] | log2(max GPUs)/6 |
-| 42+20k | slot[k].memory_need | [0, 1] | one rank's bytes (1 GPU, bf16, job's batch) / 4x192 GiB |
-| 43+20k | slot[k].gpus | [0, 1] | log2(1 + GPUs held)/log2(65) |
-| 44+20k | slot[k].compression | [0, 1] | current compression option / 5 |
-| 45+20k | slot[k].precision | [0, 1] | current precision option / 4 |
-| 46+20k | slot[k].mode | [0, 1] | current layout mode / 2 |
-| 47+20k | slot[k].batch | [0, 1] | current batch-scale option / 3 |
-| 48+20k | slot[k].checkpointing | [0, 1] | 1 if activation checkpointing is on |
-| 49+20k | slot[k].accumulation | [0, 1] | log2(micro-batches)/6 |
-| 50+20k | slot[k].hardware_efficiency | [0, 1] | samples/s over the compute-bound rate |
-| 51+20k | slot[k].statistical_efficiency | [0, 1] | of the current batch, compression, precision |
-| 52+20k | slot[k].progress | [0, 1] | share of the job's work done |
-| 53+20k | slot[k].gpu_model | [0, 1] | (index of the GPU model it runs on + 1) / 4; 0 if none |
+| 5 | arrival_15 | [0, 1] | probability that new GPU demand arrives within 15 minutes |
+| 6 | arrival_60 | [0, 1] | probability that new GPU demand arrives within 60 minutes |
+| 7 | headroom | [0, 1] | free GPU share if demand reaches its next-hour peak (95% quantile) |
+| 8+7m | gpu{m}.present | [0, 1] | 1 if the cluster has GPU model m (m = 0..3, fastest first) |
+| 9+7m | gpu{m}.total | [0, 1] | its GPUs / the cluster's GPUs |
+| 10+7m | gpu{m}.free | [0, 1] | its free GPUs / the cluster's GPUs |
+| 11+7m | gpu{m}.memory | [0, 1] | memory of one GPU / 192 GiB |
+| 12+7m | gpu{m}.bf16 | [0, 1] | 1 if it has bf16 units |
+| 13+7m | gpu{m}.fp8 | [0, 1] | 1 if it has fp8 units |
+| 14+7m | gpu{m}.speed | [0, 1] | its 16-bit (else fp32) peak / the fastest model's |
+| 36+20k | slot[k].occupied | [0, 1] | 1 if a job is in slot k |
+| 37+20k | slot[k].running | [0, 1] | 1 if it runs |
+| 38+20k | slot[k].waiting | [0, 1] | hours waiting since submission, log(1+h)/log(101), capped |
+| 39+20k | slot[k].parameters | [0, 1] | log10(parameters)/12 |
+| 40+20k | slot[k].flops | [0, 1] | log10(FLOPs per sample)/16 |
+| 41+20k | slot[k].transformer | [0, 1] | 1 for a transformer (tensor parallelism possible) |
+| 42+20k | slot[k].min_gpus | [0, 1] | log2(min GPUs)/6 |
+| 43+20k | slot[k].max_gpus | [0, 1] | log2(max GPUs)/6 |
+| 44+20k | slot[k].memory_need | [0, 1] | one rank's bytes (1 GPU, bf16, job's batch) / 4x192 GiB |
+| 45+20k | slot[k].gpus | [0, 1] | log2(1 + GPUs held)/log2(65) |
+| 46+20k | slot[k].compression | [0, 1] | current compression option / 5 |
+| 47+20k | slot[k].precision | [0, 1] | current precision option / 4 |
+| 48+20k | slot[k].mode | [0, 1] | current layout mode / 2 |
+| 49+20k | slot[k].batch | [0, 1] | current batch-scale option / 3 |
+| 50+20k | slot[k].checkpointing | [0, 1] | 1 if activation checkpointing is on |
+| 51+20k | slot[k].accumulation | [0, 1] | log2(micro-batches)/6 |
+| 52+20k | slot[k].hardware_efficiency | [0, 1] | samples/s over the compute-bound rate |
+| 53+20k | slot[k].statistical_efficiency | [0, 1] | of the current batch, compression, precision |
+| 54+20k | slot[k].progress | [0, 1] | share of the job's work done |
+| 55+20k | slot[k].gpu_model | [0, 1] | (index of the GPU model it runs on + 1) / 4; 0 if none |
 
 ## Rewards
 
@@ -107,6 +109,7 @@ import numpy as np
 
 from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, JobConfig, Layout, NodeInfo
 from autotune.daemon.decide import decide
+from autotune.demand import DemandForecaster
 from autotune.envs.presets import default_nodes, small_nodes
 from autotune.envs.simulator import Arrival, RoundOutcome, SimConfig, SimulatedCluster
 from autotune.envs.spaces import (
@@ -116,6 +119,7 @@ from autotune.envs.spaces import (
 )
 from autotune.envs.workloads import job_stream, synthetic_jobs
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.provisioning import Provisioner
 
 __all__ = ["ChoicesPolicy", "ClusterEnv", "job_rewards", "reward"]
 
@@ -243,8 +247,10 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         restart_penalty: float = 1.0,
         energy_weight: float = DEFAULT_ENERGY_WEIGHT,
         small: bool = False,
-        forecaster: Callable[[Sequence[float], float, float], float] | None = None,
+        forecaster: DemandForecaster | None = None,
         knobs: str = "all",
+        provisioner: Provisioner | None = None,
+        wake_s: float = 120.0,
     ) -> None:
         if knobs not in KNOBS:
             raise ValueError(f"knobs={knobs!r}: one of {KNOBS}")
@@ -268,7 +274,11 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
             nodes=tuple(self.nodes),
             initial_jobs=0,
             max_jobs=0,
+            wake_s=wake_s,
         )
+        self.provisioner = provisioner
+        """Parks and wakes nodes every round (``autotune.provisioning``); with one, idle
+        rounds are played (not skipped), so idle energy counts."""
         self.max_steps = max_steps
         self.weights = {
             "oom_penalty": oom_penalty,
@@ -284,7 +294,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self.steps = 0
 
     @property
-    def forecaster(self) -> Callable[[Sequence[float], float, float], float] | None:
+    def forecaster(self) -> DemandForecaster | None:
         return self.encoder.forecaster
 
     @property
@@ -323,7 +333,9 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self.sim.skip_idle()
         self.steps = 0
         self.encoder.reset()
-        self.snapshot = self.sim.snapshot()
+        if self.provisioner is not None:
+            self.provisioner.reset()
+        self.snapshot = self._provisioned(self.sim)
         return self.encoder.encode(self.snapshot), self._info(None, {})
 
     def choices(self, action: np.ndarray) -> dict[str, PolicyChoice]:
@@ -348,9 +360,10 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         round_ = decide(snapshot, ChoicesPolicy(choices), {}, honoured={}, explain=False)
         sim.apply(round_.decisions)
         outcome = sim.advance()
-        sim.skip_idle()
+        if self.provisioner is None:
+            sim.skip_idle()
         self.steps += 1
-        self.snapshot = sim.snapshot()
+        self.snapshot = self._provisioned(sim)
         value, parts = reward(outcome, round_s=self.round_s, **self.weights)
         terminated = sim.done
         truncated = not terminated and self.steps >= self.max_steps
@@ -358,6 +371,18 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         return obs, value, terminated, truncated, self._info(outcome, parts)
 
     # -- helpers ------------------------------------------------------------------------
+
+    def _provisioned(self, sim: SimulatedCluster) -> ClusterSnapshot:
+        """The snapshot the next decision sees, after the provisioner's plan."""
+        snapshot = sim.snapshot()
+        if self.provisioner is None:
+            return snapshot
+        plan = self.provisioner.plan(snapshot)
+        if not plan.park and not plan.wake:
+            return snapshot
+        sim.park(plan.park)
+        sim.wake(plan.wake)
+        return sim.snapshot()
 
     def _require(self) -> SimulatedCluster:
         if self.sim is None:
@@ -379,6 +404,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
                 nan_events=outcome.nan_events,
                 restarts=outcome.restarts,
                 energy_kwh=outcome.energy_kwh,
+                idle_energy_kwh=outcome.idle_energy_kwh,
                 busy_gpus=outcome.busy_gpus,
                 reward_parts=parts,
             )

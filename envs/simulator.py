@@ -28,6 +28,9 @@ Events, all drawn from the generator given:
   an override forces it).
 
 Energy: each running job's power from the model, idle GPUs at their idle share of TDP.
+Provisioning may **park** idle nodes (``park``): a parked node draws
+``parked_power_fraction`` of its GPUs' TDP (0: powered off) and jobs cannot use it; one
+woken (``wake``) draws idle power and becomes usable ``wake_s`` later.
 
 Measurements: each running job reports its step time (``metrics["step_time_s"]``) with
 ``MEASUREMENT_NOISE`` (when ``noise``), as a backend that trains it would; the daemon
@@ -144,6 +147,10 @@ class SimConfig:
     """Jobs of the built-in stream waiting at time 0 (not when jobs were restored)."""
     max_jobs: int | None = None
     """Jobs the built-in stream generates in all (``None``: no limit)."""
+    wake_s: float = 120.0
+    """Seconds a parked node takes from ``wake`` to usable (boot and join)."""
+    parked_power_fraction: float = 0.0
+    """Share of its GPUs' TDP a parked node draws (0: powered off)."""
 
     def __post_init__(self) -> None:
         if not self.round_s > 0:
@@ -156,6 +163,12 @@ class SimConfig:
             raise ValueError(f"mean_interarrival_s={self.mean_interarrival_s!r}: must be > 0")
         if self.initial_jobs < 0:
             raise ValueError(f"initial_jobs={self.initial_jobs!r}: must be >= 0")
+        if self.wake_s < 0:
+            raise ValueError(f"wake_s={self.wake_s!r}: must be >= 0")
+        if not 0 <= self.parked_power_fraction <= 1:
+            raise ValueError(
+                f"parked_power_fraction={self.parked_power_fraction!r}: must be in [0, 1]"
+            )
         if not any(n.gpu_count > 0 for n in self.nodes):
             raise ValueError("the cluster has no GPU node")
 
@@ -170,6 +183,8 @@ class RoundOutcome:
     restart_s: float
     """Job-seconds of downtime served this round."""
     energy_kwh: float
+    idle_energy_kwh: float = 0.0
+    """The part of ``energy_kwh`` idle GPUs drew (powered, waking or parked)."""
     finished: int
     busy_gpus: float
     jobs: Mapping[str, JobRound] = field(default_factory=dict)
@@ -248,6 +263,8 @@ class SimulatedCluster:
         self._cache: dict[tuple[object, ...], Estimate] = {}
         self._restarts = 0
         """Reconfigurations applied since the last round."""
+        self.parked: dict[str, float] = {}
+        """Nodes out of service: parked (``inf``) or waking (the time they are usable)."""
         self.last_outcome: RoundOutcome | None = None
         """What the round before the newest ``observe()`` produced (``None`` before it):
         the reward the daemon logs for the decisions of the tick before."""
@@ -354,11 +371,49 @@ class SimulatedCluster:
         )
         return ClusterSnapshot(
             time_s=self.now,
-            nodes=list(self.config.nodes),
+            nodes=[n for n in self.config.nodes if n.node_id not in self.parked],
             jobs=[j.status for j in self.jobs.values()],
             telemetry=self.name,
             gpu_utilization=held / max(1, self.total_gpus * MILLI_PER_GPU),
+            parked_nodes=[n for n in self.config.nodes if self.parked.get(n.node_id) == math.inf],
+            waking_nodes=[
+                n
+                for n in self.config.nodes
+                if n.node_id in self.parked and self.parked[n.node_id] < math.inf
+            ],
         )
+
+    # -- provisioning -------------------------------------------------------------------
+
+    def park(self, node_ids: Iterable[str]) -> None:
+        """Power down idle nodes; ``ValueError`` if a job holds a GPU on one."""
+        busy = self._busy_nodes()
+        for node_id in node_ids:
+            if node_id not in self._nodes:
+                raise KeyError(f"no node {node_id!r}")
+            if node_id in busy:
+                raise ValueError(f"node {node_id} runs a job: only idle nodes are parked")
+            self.parked[node_id] = math.inf
+
+    def wake(self, node_ids: Iterable[str]) -> None:
+        """Power parked nodes up: each is usable ``wake_s`` from now."""
+        for node_id in node_ids:
+            if self.parked.get(node_id) == math.inf:
+                self.parked[node_id] = self.now + self.config.wake_s
+        self._ready()
+
+    def _ready(self) -> None:
+        for node_id, at in list(self.parked.items()):
+            if at <= self.now:
+                del self.parked[node_id]
+
+    def _busy_nodes(self) -> set[str]:
+        return {
+            slot.node_id
+            for job in self.jobs.values()
+            if job.status.state == "running" and job.status.placement is not None
+            for slot in job.status.placement.ranks
+        }
 
     # -- Backend ------------------------------------------------------------------------
 
@@ -612,10 +667,15 @@ class SimulatedCluster:
                 )
             norm += share
             per_job[job.job_id] = replace(mine, normalized_goodput=share, nan_events=events)
+        idle_j = 0.0
         for node_id, watts in idle_watts.items():
             idle_gpus = self._nodes[node_id].gpu_count - held_milli.get(node_id, 0) / 1000
-            energy_j += watts * max(0.0, idle_gpus) * dt
+            if self.parked.get(node_id) == math.inf:  # parked (a waking node idles)
+                watts *= self.config.parked_power_fraction / IDLE_POWER_FRACTION
+            idle_j += watts * max(0.0, idle_gpus) * dt
+        energy_j += idle_j
         self.now = end
+        self._ready()
         self._admit(self.now)
         return RoundOutcome(
             normalized_goodput=norm,
@@ -624,6 +684,7 @@ class SimulatedCluster:
             restarts=restarts,
             restart_s=lost_s,
             energy_kwh=energy_j / 3.6e6,
+            idle_energy_kwh=idle_j / 3.6e6,
             finished=finished,
             busy_gpus=busy,
             jobs=per_job,
@@ -683,6 +744,8 @@ class SimulatedCluster:
                 node = self._nodes.get(slot.node_id)
                 if node is None or slot.gpu_index >= node.gpu_count:
                     raise ValueError(f"{job.job_id}: no GPU {slot}")
+                if slot.node_id in self.parked:
+                    raise ValueError(f"{job.job_id}: node {slot.node_id} is parked")
                 key = (slot.node_id, slot.gpu_index)
                 used[key] = used.get(key, 0) + slot.gpu_milli
                 if used[key] > MILLI_PER_GPU:

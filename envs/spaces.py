@@ -26,7 +26,7 @@ a rank fits: ``autotune.perf.memory.fit_memory``) and the Planner.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
@@ -45,6 +45,7 @@ from autotune.core import (
     NodeInfo,
     PrecisionMap,
 )
+from autotune.demand import DemandForecast, DemandForecaster, DemandHistory, NoForecast
 from autotune.errors import InputError
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
 from autotune.perf.memory import rank_memory
@@ -134,7 +135,14 @@ GLOBAL: Final = (
     Feature("beyond_window", 0, 1, "share of active jobs outside the slots"),
     Feature("busy", 0, 1, "share of the cluster's GPUs held now"),
     Feature("busy_last", 0, 1, "share held at the previous decision"),
-    Feature("forecast", 0, 1, "forecast share held 15 minutes ahead (persistence if none)"),
+    Feature("arrival_15", 0, 1, "probability that new GPU demand arrives within 15 minutes"),
+    Feature("arrival_60", 0, 1, "probability that new GPU demand arrives within 60 minutes"),
+    Feature(
+        "headroom",
+        0,
+        1,
+        "free GPU share if demand reaches its next-hour peak (95% quantile)",
+    ),
 )
 GPU_MODEL: Final = (
     Feature("present", 0, 1, "1 if the cluster has this GPU model"),
@@ -262,13 +270,15 @@ def encode_config(config: JobConfig, spec: JobSpec, *, change: bool = True) -> l
 
 
 class ObservationEncoder:
-    """Snapshot -> observation vector. It remembers the busy share of earlier decisions
-    (for ``busy_last`` and the forecast), so one encoder follows one cluster.
+    """Snapshot -> observation vector. It remembers the cluster's earlier rounds (the
+    busy share for ``busy_last``; the GPU demand per real minute for the forecast), so
+    one encoder follows one cluster.
 
-    ``forecaster(busy_history, round_s, now_s)`` returns the busy share 15 minutes ahead
-    from the busy share at every decision so far (oldest first, one per ``round_s``):
-    ``autotune.policies.forecast.EnvForecast`` spreads rounds over real minutes, whatever
-    the round period. ``None``: persistence (the last value).
+    ``forecaster`` (an ``autotune.demand.DemandForecaster``: the LSTM of
+    ``autotune.policies.forecast``, its persistence fallback) fills the arrival
+    probabilities and the headroom from the demand of every round so far, put on real
+    minutes whatever the round period. ``None``: no forecast (``NoForecast``: no arrival
+    expected, headroom from demand now).
     """
 
     def __init__(
@@ -276,7 +286,7 @@ class ObservationEncoder:
         slots: int,
         *,
         round_s: float,
-        forecaster: Callable[[Sequence[float], float, float], float] | None = None,
+        forecaster: DemandForecaster | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots={slots!r}: must be >= 1")
@@ -285,17 +295,20 @@ class ObservationEncoder:
         self.forecaster = forecaster
         self.space = observation_space(slots)
         self._busy: list[float] = []
-        self.forecast: float | None = None
+        self.demand = DemandHistory()
+        self.forecast: DemandForecast | None = None
 
     def reset(self) -> None:
         self._busy = []
+        self.demand.clear()
         self.forecast = None
 
     def continue_from(self, other: ObservationEncoder) -> None:
-        """Take over ``other``'s memory of the cluster (the busy share of every round so
-        far, and its newest forecast), as if this encoder had followed the cluster all
-        along: a policy swapped in mid-run keeps its forecast feature."""
+        """Take over ``other``'s memory of the cluster (the busy share of every round,
+        the demand per minute, its newest forecast), as if this encoder had followed the
+        cluster all along: a policy swapped in mid-run keeps its forecast features."""
         self._busy = list(other._busy)
+        self.demand.copy_from(other.demand)
         self.forecast = other.forecast
 
     def encode(self, snapshot: ClusterSnapshot) -> np.ndarray:
@@ -308,9 +321,10 @@ class ObservationEncoder:
         busy = min(1.0, sum(held.values()) / total)
         last = self._busy[-1] if self._busy else 0.0
         self._busy.append(busy)
-        if self.forecaster is not None:
-            self.forecast = float(self.forecaster(self._busy, self.round_s, snapshot.time_s))
-        forecast = self.forecast if self.forecast is not None else busy
+        self.demand.record(snapshot.time_s, snapshot.demand_gpus())
+        self.forecast = self.demand.forecast(
+            self.forecaster or NoForecast(), snapshot.capacity_gpus() or total
+        )
         active = queue_order(snapshot)
         pending = sum(1 for j in active if j.state == "pending")
         obs[: len(GLOBAL)] = (
@@ -319,7 +333,9 @@ class ObservationEncoder:
             max(0, len(active) - self.slots) / max(1, len(active)),
             busy,
             last,
-            min(1.0, max(0.0, forecast)),
+            min(1.0, max(0.0, self.forecast.p_arrival[15])),
+            min(1.0, max(0.0, self.forecast.p_arrival[60])),
+            self.forecast.headroom(60, 0.95),
         )
         fastest = _speed(models[0]) if models else 1.0
         for i, model in enumerate(models[:MAX_GPU_MODELS]):

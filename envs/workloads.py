@@ -19,7 +19,7 @@ from typing import Final
 import numpy as np
 
 from autotune.catalog.profiles import MODEL_CATALOG
-from autotune.core import JobSpec
+from autotune.core import ELASTIC_FACTOR, JobSpec
 from autotune.envs.simulator import Arrival
 from autotune.envs.traces import TraceJob
 from autotune.errors import InputError
@@ -33,11 +33,9 @@ __all__ = [
     "jobs_from_trace",
     "measured_physics",
     "pollux_arrivals",
-    "requested_gpus",
     "synthetic_jobs",
 ]
 
-ELASTIC_FACTOR: Final = 2
 MAX_GPUS: Final = 64
 
 # (model, share of arrivals, requested GPUs): small jobs dominate, as in Helios and Philly.
@@ -58,14 +56,6 @@ STREAM_MIX: Final = (
     ("gpt-1.3b", 0.10, 2, 16),
 )
 STREAM_BATCH: Final = 256
-
-
-def requested_gpus(spec: JobSpec) -> int:
-    """The GPUs a job asks for: its stated request, else its elastic maximum over
-    ``ELASTIC_FACTOR``, at least its minimum."""
-    if spec.requested_gpus is not None:
-        return spec.requested_gpus
-    return max(spec.min_gpus, spec.max_gpus // ELASTIC_FACTOR)
 
 
 def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Arrival]:
@@ -234,5 +224,5 @@ def job_stream(
             task=name,
             steps=steps,
             work=float(steps * STREAM_BATCH),
-            reference_gpus=requested_gpus(spec),
+            reference_gpus=spec.gpu_request(),
         )

@@ -48,7 +48,6 @@ from autotune.envs.spaces import (
     slot_config,
     slot_jobs,
 )
-from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import Estimate, Shape, shape_of
@@ -90,7 +89,7 @@ class StaticPolicy:
         choices: dict[str, PolicyChoice] = {}
         for job in snapshot.by_state("pending"):
             candidates = candidate_nodes(job.spec, snapshot.nodes, free)
-            gpus = requested_gpus(job.spec)
+            gpus = job.spec.gpu_request()
             if candidates is None:
                 continue
             # Data parallel in fp32; where that cannot fit, the rules' first layout that does.

@@ -12,7 +12,8 @@ finished (or ``max_steps`` rounds pass) and reports:
   over running jobs;
 - ``gpu_util``: allocated GPU-seconds over the cluster's GPU-seconds in the makespan;
 - ``energy_kwh``: what the cluster drew over the episode (running jobs from the
-  performance model's power, idle GPUs at their idle share);
+  performance model's power, idle GPUs at their idle share, parked ones at none);
+- ``idle_energy_kwh``: the part idle GPUs drew;
 - ``n_jobs_done``; ``n_jobs_failed``: jobs whose config ran out of memory.
 
 Top-level figures are means over seeds; ``per_seed`` keeps each run.
@@ -41,6 +42,7 @@ METRICS = (
     "goodput",
     "gpu_util",
     "energy_kwh",
+    "idle_energy_kwh",
     "n_jobs_done",
     "n_jobs_failed",
 )
@@ -53,12 +55,13 @@ def run_episode(policy: Policy, env: ClusterEnv, seed: int) -> dict[str, float]:
     assert sim is not None
     assert env.snapshot is not None
     interval = env.round_s
-    goodput_s = busy_gpu_s = energy = 0.0
+    goodput_s = busy_gpu_s = energy = idle = 0.0
     while True:
         _, _, terminated, truncated, info = env.step_choices(policy.decide(env.snapshot))
         goodput_s += info["normalized_goodput"] * interval
         busy_gpu_s += info["busy_gpus"] * interval
         energy += info["energy_kwh"]
+        idle += info["idle_energy_kwh"]
         if terminated or truncated:
             break
     done = sim.finished_jobs()
@@ -73,6 +76,7 @@ def run_episode(policy: Policy, env: ClusterEnv, seed: int) -> dict[str, float]:
         "goodput": goodput_s / makespan,
         "gpu_util": busy_gpu_s / (sim.total_gpus * makespan),
         "energy_kwh": energy,
+        "idle_energy_kwh": idle,
         "n_jobs_done": float(len(done)),
         "n_jobs_failed": float(len(sim.failed_jobs())),
     }
@@ -94,9 +98,27 @@ def evaluate(
     progress: Callable[[str, int], None] | None = None,
     trace: dict[str, Any] | None = None,
     extra: Mapping[str, Callable[[ClusterEnv, int], Policy]] | None = None,
+    forecasts: Sequence[str] = ("lstm",),
+    provisioning: Sequence[str] = (),
+    wake_s: float = 120.0,
 ) -> dict[str, Any]:
     """The report of ``autotune eval``: every policy on the same jobs and seeds.
-    ``extra`` makes policies beyond the baselines (the learned ones), by name."""
+    ``extra`` makes policies beyond the baselines (the learned ones), by name; a factory
+    taking a ``forecast`` keyword is given each of ``forecasts`` (what fills the learned
+    policy's forecast features: ``autotune.policies.forecast.FORECASTS``).
+
+    ``provisioning``: also run each policy with each provisioning mode
+    (``autotune.provisioning.PROVISIONING``: ``none`` keeps every node on, ``buffer``
+    provisions for persistence + buffer, ``forecast`` for the forecast of ``forecasts``);
+    idle rounds are then played, so idle energy counts. Rows are named
+    ``policy[ forecast=F][ provisioning=P]`` where there is more than one choice or
+    provisioning is on."""
+    from autotune.policies.forecast import demand_forecaster
+    from autotune.provisioning import PROVISIONING, Provisioner
+
+    bad = [p for p in provisioning if p not in PROVISIONING]
+    if bad:
+        raise ValueError(f"provisioning {bad}: one of {PROVISIONING}")
     report: dict[str, Any] = {
         "trace": {
             **(trace or {}),
@@ -109,31 +131,70 @@ def evaluate(
             "start_s": start_s,
             "noise": noise,
             "knobs": knobs,
+            "forecasts": list(forecasts),
+            "provisioning": list(provisioning),
+            "wake_s": wake_s,
         },
         "policies": {},
     }
+    modes: Sequence[str | None] = list(provisioning) or [None]
     for name in policies:
-        per_seed: list[dict[str, float]] = []
-        for seed in range(seeds):
-            env = ClusterEnv(
-                nodes=nodes,
-                jobs=jobs,
-                slots=slots,
-                round_s=round_s,
-                restart_s=restart_s,
-                start_s=start_s,
-                noise=noise,
-                knobs=knobs,
-                max_steps=max_steps,
-            )
-            policy = extra[name](env, seed) if extra and name in extra else None
-            policy = policy or make_policy(name, env, seed)
-            per_seed.append(run_episode(policy, env, seed))
-            if progress:
-                progress(name, seed)
-        summary: dict[str, Any] = {
-            key: float(np.mean([run[key] for run in per_seed])) for key in METRICS
-        }
-        summary["per_seed"] = per_seed
-        report["policies"][name] = summary
+        learned = bool(extra and name in extra and _takes_forecast(extra[name]))
+        for forecast in forecasts if learned or provisioning else forecasts[:1]:
+            for mode in modes:
+                if not learned and mode != "forecast" and forecast != forecasts[0]:
+                    continue  # the forecast changes nothing here: one row is enough
+                row = name
+                if len(forecasts) > 1:
+                    row += f" forecast={forecast}"
+                if mode is not None:
+                    row += f" provisioning={mode}"
+                per_seed: list[dict[str, float]] = []
+                for seed in range(seeds):
+                    provisioner = None
+                    if mode is not None:
+                        kind = {"none": None, "buffer": "persistence", "forecast": forecast}[mode]
+                        provisioner = Provisioner(demand_forecaster(kind) if kind else None)
+                    env = ClusterEnv(
+                        nodes=nodes,
+                        jobs=jobs,
+                        slots=slots,
+                        round_s=round_s,
+                        restart_s=restart_s,
+                        start_s=start_s,
+                        noise=noise,
+                        knobs=knobs,
+                        max_steps=max_steps,
+                        provisioner=provisioner,
+                        wake_s=wake_s,
+                    )
+                    policy = None
+                    if extra and name in extra:
+                        factory = extra[name]
+                        policy = (
+                            factory(env, seed, forecast=forecast)  # type: ignore[call-arg]
+                            if learned
+                            else factory(env, seed)
+                        )
+                    policy = policy or make_policy(name, env, seed)
+                    per_seed.append(run_episode(policy, env, seed))
+                    if progress:
+                        progress(row, seed)
+                summary: dict[str, Any] = {
+                    key: float(np.mean([run[key] for run in per_seed])) for key in METRICS
+                }
+                summary["policy"] = name
+                summary["forecast"] = forecast
+                summary["provisioning"] = mode
+                summary["per_seed"] = per_seed
+                report["policies"][row] = summary
     return report
+
+
+def _takes_forecast(factory: Callable[..., Any]) -> bool:
+    import inspect
+
+    try:
+        return "forecast" in inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return False

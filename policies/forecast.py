@@ -1,27 +1,47 @@
-"""LSTM forecaster of cluster load: GPU utilisation and pending GPU demand, 1 to 60
-minutes ahead, from the last ``window`` minutes.
+"""The demand forecaster: an LSTM that predicts, from a cluster's GPU demand per minute,
+whether new demand arrives in the next 15 and 60 minutes and how high demand peaks.
 
-What makes it beat persistence on per-minute cluster load:
+**Targets** (anyone can score them from the series). With D(t) the GPUs running plus
+the GPUs pending at minute t:
 
-- it predicts the *change* from the last value, not the level, so "nothing changes" is
-  the network's zero output and it learns only departures from persistence;
-- every input window is normalised by its own scale (``max(std(window), floor)``), so one
-  model serves clusters of any size and either column (utilisation, pending GPUs);
-- it is trained with the L1 loss, the MAE it is judged by;
-- besides the window it sees the time of day and the same window's values a day earlier
-  (and what followed them), the daily cycle a seasonal-naive forecast uses.
+- an **arrival** in (t, t+h] is any minute k in that window with D(k) > D(k-1); the
+  forecaster gives its probability (scored by Brier score and log loss);
+- the **peak** over (t, t+h] is max D(k) for k in that window; the forecaster gives its
+  50%, 90% and 95% quantiles in GPUs (scored by pinball loss and coverage).
 
-Checkpoints are a folder with ``config.json`` (``ForecasterConfig``) and ``model.pt``
-(the state dict). One ships in the package (``autotune/data/forecaster``), trained on
-seven Helios virtual clusters; ``TRAIN_SERIES`` names them.
+Time is in real minutes whatever the series' resolution (``helios_demand`` puts a file on
+a one-minute grid; ``DemandHistory`` does the same for the daemon's ticks and the
+environment's rounds).
+
+**The network** (``DemandLSTM``): an LSTM over the last ``window`` five-minute steps (per
+step: mean and max demand relative to now, rises and falls), its last state joined with
+static features (time of day and week, demand now, rises in the last 15 minutes to a
+day, minutes since the last rise, the day-earlier window), and one head per horizon
+giving the arrival logit and the three quantiles of the peak's excess over demand now,
+in units of the cluster's GPUs, kept in order. It is trained with log loss plus pinball
+loss; the quantiles are then shifted so that each reaches its level on the validation
+days (split conformal calibration).
+
+**Baselines**, fitted on the same training and validation data and stored with the
+checkpoint (``Baselines``): *calibrated persistence* (P(arrival | an arrival in the
+last h minutes or not)), *climatology* (the arrival rate at that hour of the day; the
+peak quantiles of the last week's demand) and *persistence + buffer* (demand now plus a
+fixed share of the cluster's GPUs per quantile, chosen on the validation days: the
+Helios CES rule).
+
+Checkpoints are a folder with ``config.json`` (``ForecasterConfig``, the baselines and
+the calibration included) and ``model.pt``. One ships in the package
+(``autotune/data/forecaster``), trained on seven Helios virtual clusters
+(``TRAIN_SERIES``); the other three are never trained on.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
@@ -30,27 +50,46 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 from torch import nn
 
-from autotune.envs.traces import helios_load
+from autotune.demand import (
+    DAY_MINUTES,
+    HORIZONS,
+    QUANTILES,
+    WEEK_MINUTES,
+    DemandForecast,
+    DemandHistory,
+    NoForecast,
+)
+from autotune.envs.traces import DemandSeries, helios_demand
 from autotune.errors import InputError
 
 __all__ = [
     "DAY_MINUTES",
+    "FORECASTS",
+    "HORIZONS",
+    "QUANTILES",
     "TRAIN_SERIES",
-    "EnvForecast",
+    "Baselines",
+    "DemandForecast",
+    "DemandHistory",
+    "DemandLSTM",
     "Forecaster",
     "ForecasterConfig",
-    "LoadLSTM",
+    "NoForecast",
+    "Persistence",
     "default_checkpoint",
-    "evaluate_series",
+    "demand_forecaster",
+    "evaluate",
     "load_checkpoint",
-    "read_series",
+    "predictions_frame",
+    "read_demand",
     "save_checkpoint",
+    "targets",
     "train",
 ]
 
-DAY_MINUTES: Final = 1440
 TRAIN_SERIES: Final = (
     "earth_vc3sl",
     "earth_vc6YE",
@@ -61,238 +100,565 @@ TRAIN_SERIES: Final = (
     "earth_vcMod",
 )
 """The Helios virtual clusters the shipped checkpoint was trained on; the other three
-(``earth_vcSoL``, ``earth_vcTJs``, ``earth_vccaA``) are its validation series."""
+(``earth_vcSoL``, ``earth_vcTJs``, ``earth_vccaA``) are never trained on."""
+
+STEP: Final = 5
+"""Minutes per step of the LSTM's window."""
+_COUNT_WINDOWS: Final = (15, 60, 240, 1440)
 
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+B = npt.NDArray[np.bool_]
+
+
+def read_demand(path: str | Path) -> DemandSeries:
+    """A Helios-style CSV as GPU demand per minute (``autotune.envs.traces.helios_demand``)."""
+    return helios_demand(path)
+
+
+# -- targets ---------------------------------------------------------------------------
+
+
+def rises(demand: F64) -> B:
+    """``rises[k]``: D(k) > D(k-1) (the first minute never rises)."""
+    out = np.zeros(demand.size, dtype=bool)
+    out[1:] = demand[1:] > demand[:-1]
+    return out
+
+
+def targets(demand: F64, ends: I64, horizon: int) -> tuple[B, F64]:
+    """Arrival (any rise in (t, t+h]) and peak (max D over (t, t+h]) for forecasts made
+    at minutes ``ends``; every ``end + horizon`` must be inside the series."""
+    if ends.size and int(ends.max()) + horizon >= demand.size:
+        raise ValueError("a target window runs past the series")
+    counts = np.concatenate([[0], np.cumsum(rises(demand))])
+    arrival = counts[ends + horizon + 1] - counts[ends + 1] > 0
+    peaks = sliding_window_view(demand[1:], horizon).max(axis=1)
+    return arrival, peaks[ends]
+
+
+# -- features --------------------------------------------------------------------------
+
+
+def _n_static(horizons: Sequence[int]) -> int:
+    # time of day and week, demand now, rise counts, minutes since the last rise, the hour's
+    # and day's high and the day's low, a rise in the last 15 minutes, the day-earlier
+    # arrival and excess per horizon, the day's total rise.
+    # Then per horizon the cluster's own arrival rates (all, after a busy and after a
+    # quiet last h minutes) and its peak excess quantiles over the last week.
+    return 4 + 1 + len(_COUNT_WINDOWS) + 1 + 3 + 1 + 2 * len(horizons) + 1 + 6 * len(horizons)
+
+
+@dataclass(frozen=True, slots=True)
+class Baselines:
+    """The baselines' parameters, fitted on training data (``fit``)."""
+
+    persistence: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Per horizon: P(arrival | none in the last h minutes), P(arrival | one)."""
+    hourly: dict[int, list[float]] = field(default_factory=dict)
+    """Per horizon: the arrival rate at each hour of the day (climatology)."""
+    buffer: dict[int, list[float]] = field(default_factory=dict)
+    """Per horizon: per quantile, the share of the cluster's GPUs added to demand now."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: {str(h): v for h, v in getattr(self, k).items()} for k in asdict(self)}
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> Baselines:
+        return Baselines(
+            persistence={
+                int(h): (float(v[0]), float(v[1])) for h, v in data["persistence"].items()
+            },
+            hourly={int(h): [float(x) for x in v] for h, v in data["hourly"].items()},
+            buffer={int(h): [float(x) for x in v] for h, v in data["buffer"].items()},
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class ForecasterConfig:
-    window: int = 60
-    """Minutes of history the network reads."""
-    horizons: tuple[int, ...] = (1, 5, 15, 30, 60)
-    """Minutes ahead it predicts, one output each."""
-    hidden: int = 48
-    layers: int = 1
-    scale_floor: float = 0.01
-    """Smallest normalising scale, as a share of the series' typical level (see
-    ``Forecaster.scale_of``)."""
-    columns: tuple[str, ...] = ("gpu_utilization", "pending_gpu_num")
-    """Columns it was trained on."""
+    window: int = 48
+    """Five-minute steps of history the LSTM reads (48: four hours)."""
+    hidden: int = 32
+    horizons: tuple[int, ...] = HORIZONS
+    quantiles: tuple[float, ...] = QUANTILES
     trained_on: tuple[str, ...] = field(default_factory=tuple)
+    validation_days: float = 10.0
+    """The last days of each training series, held out for calibration and baselines."""
+    offsets: tuple[tuple[float, ...], ...] = ()
+    """Per horizon, per quantile: the calibration shift of the predicted excess (share of
+    the cluster's GPUs), chosen on the validation days."""
+    baselines: Baselines = field(default_factory=Baselines)
+
+    def to_json(self) -> dict[str, Any]:
+        data = {
+            "window": self.window,
+            "hidden": self.hidden,
+            "horizons": list(self.horizons),
+            "quantiles": list(self.quantiles),
+            "trained_on": list(self.trained_on),
+            "validation_days": self.validation_days,
+            "offsets": [list(o) for o in self.offsets],
+            "baselines": self.baselines.to_json(),
+        }
+        return data
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> ForecasterConfig:
-        data = dict(data)
-        for key in ("horizons", "columns", "trained_on"):
-            if key in data:
-                data[key] = tuple(data[key])
-        return ForecasterConfig(**data)
+        return ForecasterConfig(
+            window=int(data["window"]),
+            hidden=int(data["hidden"]),
+            horizons=tuple(int(h) for h in data["horizons"]),
+            quantiles=tuple(float(q) for q in data["quantiles"]),
+            trained_on=tuple(data["trained_on"]),
+            validation_days=float(data["validation_days"]),
+            offsets=tuple(tuple(float(x) for x in o) for o in data["offsets"]),
+            baselines=Baselines.from_json(data["baselines"]),
+        )
+
+    @property
+    def history(self) -> int:
+        """Minutes of history one forecast reads, its own minute included: a day (the
+        day-earlier window), or the LSTM's window if longer."""
+        return max(DAY_MINUTES, self.window * STEP) + 1
 
 
-# Static features: time of day (sin, cos), then per horizon the day-earlier change.
-def _n_static(config: ForecasterConfig) -> int:
-    return 2 + len(config.horizons)
+@dataclass(frozen=True, slots=True, eq=False)
+class Features:
+    window: F32
+    """(n, steps, 4)"""
+    static: F32
+    """(n, n_static)"""
 
 
-class LoadLSTM(nn.Module):
-    """The network: an LSTM over the normalised window, its last state joined with the
-    static features, an MLP head giving the normalised change at each horizon."""
+def _rolling_sum(cum: F64, ends: I64, width: int) -> F64:
+    lo = np.maximum(ends + 1 - width, 0)
+    out: F64 = cum[ends + 1] - cum[lo]
+    return out
+
+
+def features(
+    config: ForecasterConfig,
+    demand: F64,
+    capacity: float,
+    ends: I64,
+    minute_of_week: F64,
+    origin: int = 0,
+) -> Features:
+    """Inputs for forecasts made at minutes ``ends`` of ``demand``, each from minutes up
+    to and including its end only. ``minute_of_week`` is each end's minute of the week
+    (0 = Monday 00:00); minutes before ``origin`` are padding, not data. Ends need
+    ``config.history - 1`` minutes before them (pad a shorter history, as
+    ``autotune.demand.DemandHistory`` does)."""
+    if ends.size and int(ends.min()) < config.history - 1:
+        raise ValueError(f"a forecast needs {config.history - 1} minutes of history before it")
+    cap = max(float(capacity), 1.0)
+    up = rises(demand)
+    down = np.zeros(demand.size, dtype=bool)
+    down[1:] = demand[1:] < demand[:-1]
+    now = demand[ends]
+    # The window: `window` steps of STEP minutes ending at each end.
+    w = config.window
+    minutes = ends[:, None] + np.arange(-w * STEP + 1, 1)[None, :]
+    level = demand[minutes].reshape(len(ends), w, STEP)
+    ups = up[minutes].reshape(len(ends), w, STEP).sum(axis=2)
+    downs = down[minutes].reshape(len(ends), w, STEP).sum(axis=2)
+    window = np.stack(
+        [
+            (level.mean(axis=2) - now[:, None]) / cap,
+            (level.max(axis=2) - now[:, None]) / cap,
+            ups / STEP,
+            downs / STEP,
+        ],
+        axis=-1,
+    )
+    # Static features.
+    cum_up = np.concatenate([[0.0], np.cumsum(up)])
+    counts = [
+        np.log1p(_rolling_sum(cum_up, ends, width)) / math.log1p(width) for width in _COUNT_WINDOWS
+    ]
+    index = np.arange(demand.size)
+    last_rise = np.maximum.accumulate(np.where(up, index, -1))[ends]
+    since = np.where(last_rise >= 0, ends - last_rise, WEEK_MINUTES).clip(0, WEEK_MINUTES)
+    day_window = sliding_window_view(demand, 60)
+    high_hour = day_window[ends - 59].max(axis=1)
+    day_max = sliding_window_view(demand, DAY_MINUTES)[ends - DAY_MINUTES + 1]
+    high_day, low_day = day_max.max(axis=1), day_max.min(axis=1)
+    ago = ends - DAY_MINUTES
+    day_before = []
+    for h in config.horizons:
+        arrival, peak = targets(demand, ago, h)
+        day_before += [arrival.astype(np.float64), (peak - demand[ago]) / cap]
+    local = _local_rates(config, demand, cap, ends, up, cum_up, origin)
+    rise_size = _cum(np.maximum(np.diff(demand, prepend=demand[0]), 0.0))
+    risen_day = _rolling_sum(rise_size, ends, DAY_MINUTES) / cap
+    day_angle = 2 * math.pi * (minute_of_week % DAY_MINUTES) / DAY_MINUTES
+    week_angle = 2 * math.pi * minute_of_week / WEEK_MINUTES
+    static = np.column_stack(
+        [
+            np.sin(day_angle),
+            np.cos(day_angle),
+            np.sin(week_angle),
+            np.cos(week_angle),
+            now / cap,
+            *counts,
+            np.log1p(since) / math.log1p(WEEK_MINUTES),
+            (high_hour - now) / cap,
+            (high_day - now) / cap,
+            (now - low_day) / cap,
+            (_rolling_sum(cum_up, ends, 15) > 0).astype(np.float64),
+            *day_before,
+            np.log1p(risen_day),
+            *local,
+        ]
+    )
+    return Features(
+        window=np.clip(window, -5, 5).astype(np.float32),
+        static=np.clip(static, -5, 5).astype(np.float32),
+    )
+
+
+def _local_rates(
+    config: ForecasterConfig,
+    demand: F64,
+    cap: float,
+    ends: I64,
+    up: B,
+    cum_up: F64,
+    origin: int,
+) -> list[F64]:
+    """What this cluster did over the last week (or what it has recorded of it, from
+    ``origin``): per horizon, the rate of arrivals after a quiet and after a busy last h
+    minutes (calibrated persistence fitted on the cluster's own past), and the peak
+    excess's quantiles. Only windows that ended by each end count."""
+    out: list[F64] = []
+    n = demand.size
+    for h in config.horizons:
+        starts = np.arange(n - h, dtype=np.int64)
+        arrival, peak = targets(demand, starts, h)
+        recent = _rolling_sum(cum_up, starts, h) > 0
+        valid = starts >= origin + h
+        a = np.where(valid, arrival, False).astype(np.float64)
+        busy = (valid & recent).astype(np.float64)
+        a_busy = a * busy
+        cum_a, cum_v = _cum(a), _cum(valid.astype(np.float64))
+        cum_b, cum_ab = _cum(busy), _cum(a_busy)
+        # Windows known at an end t: those that started at or before t - h.
+        last = np.clip(ends - h, 0, n - h - 1)
+        k = 20.0  # prior weight, towards the all-cluster rate of the training data
+        seen, arrived = (
+            _rolling_sum(cum_v, last, WEEK_MINUTES),
+            _rolling_sum(cum_a, last, WEEK_MINUTES),
+        )
+        seen_busy = _rolling_sum(cum_b, last, WEEK_MINUTES)
+        arrived_busy = _rolling_sum(cum_ab, last, WEEK_MINUTES)
+        base = (arrived + k * 0.15) / (seen + k)
+        out += [
+            base,
+            (arrived_busy + k * 0.5) / (seen_busy + k),
+            (arrived - arrived_busy + k * 0.1) / (seen - seen_busy + k),
+        ]
+        excess = np.where(valid, (peak - demand[starts]) / cap, np.nan)
+        out += _week_quantiles(excess, last, config.quantiles)
+    return out
+
+
+def _week_quantiles(values: F64, last: I64, levels: Sequence[float]) -> list[F64]:
+    """Per level, the quantile of ``values`` (NaN: not data) over the week up to and
+    including each index of ``last``; 0 where there is none."""
+    if len(last) <= 32:  # one live forecast: a slice, not a rolling pass over the series
+        rows = []
+        for i in last:
+            part = values[max(0, int(i) - WEEK_MINUTES + 1) : int(i) + 1]
+            part = part[~np.isnan(part)]
+            rows.append(np.quantile(part, levels) if part.size else np.zeros(len(levels)))
+        table = np.asarray(rows, dtype=np.float64).reshape(len(last), len(levels))
+        return [table[:, j] for j in range(len(levels))]
+    series = pd.Series(values)
+    return [
+        np.nan_to_num(
+            series.rolling(WEEK_MINUTES, min_periods=1).quantile(q).to_numpy()[last], nan=0.0
+        )
+        for q in levels
+    ]
+
+
+def _cum(values: F64) -> F64:
+    out: F64 = np.concatenate([[0.0], np.cumsum(values)])
+    return out
+
+
+def minute_of_week(start: pd.Timestamp, ends: I64) -> F64:
+    """Minute of the week (Monday 00:00 = 0) of minutes ``ends`` after ``start``."""
+    first = start.day_of_week * DAY_MINUTES + start.hour * 60 + start.minute
+    out: F64 = ((first + ends) % WEEK_MINUTES).astype(np.float64)
+    return out
+
+
+# -- the network -----------------------------------------------------------------------
+
+
+class DemandLSTM(nn.Module):
+    """LSTM over the window, joined with the static features; per horizon one arrival
+    logit and the peak's excess quantiles (share of the cluster's GPUs), in order."""
 
     def __init__(self, config: ForecasterConfig) -> None:
         super().__init__()
         self.config = config
-        # Per step: the normalised value and the value a day earlier (normalised alike).
-        self.lstm = nn.LSTM(2, config.hidden, num_layers=config.layers, batch_first=True)
-        self.head = nn.Sequential(
-            nn.Linear(config.hidden + _n_static(config), config.hidden),
-            nn.Tanh(),
-            nn.Linear(config.hidden, len(config.horizons)),
+        self.lstm = nn.LSTM(4, config.hidden, batch_first=True)
+        width = config.hidden + _n_static(config.horizons)
+        self.trunk = nn.Sequential(nn.Linear(width, 2 * config.hidden), nn.GELU())
+        self.heads = nn.Linear(
+            2 * config.hidden, len(config.horizons) * (1 + len(config.quantiles))
         )
 
-    def forward(self, window: torch.Tensor, static: torch.Tensor) -> torch.Tensor:
-        """``window`` (batch, steps, 2), ``static`` (batch, n_static) -> (batch, horizons)."""
+    def forward(
+        self, window: torch.Tensor, static: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> arrival logits (n, horizons), excess quantiles (n, horizons, quantiles)."""
         out, _ = self.lstm(window)
-        result: torch.Tensor = self.head(torch.cat([out[:, -1], static], dim=1))
-        return result
+        z = self.trunk(torch.cat([out[:, -1], static], dim=1))
+        raw = self.heads(z).view(len(window), len(self.config.horizons), -1)
+        first = raw[..., 1:2]
+        steps = nn.functional.softplus(raw[..., 2:])
+        quantiles = torch.cat([first, first + torch.cumsum(steps, dim=-1)], dim=-1)
+        return raw[..., 0], quantiles
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class Series:
-    """One load column sampled every minute, with each row's minute of the day."""
-
-    name: str
-    column: str
-    values: F64
-    minute_of_day: F64
+def _pinball(pred: torch.Tensor, truth: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
+    diff = truth[..., None] - pred
+    return torch.maximum(levels * diff, (levels - 1) * diff).mean()
 
 
-def read_series(path: str | Path, column: str = "gpu_utilization") -> Series:
-    """A Helios-style CSV (``time`` and ``column``) as a per-minute series. Rows are taken
-    as consecutive minutes (Helios has no gaps; a gap would shorten the day)."""
-    load = helios_load(path, column)
-    first = pd.read_csv(path, usecols=["time"], nrows=1)["time"].iloc[0]
-    start = pd.Timestamp(str(first))
-    offset = start.hour * 60 + start.minute + start.second / 60
-    minute_of_day = (offset + np.asarray(load.minutes)) % DAY_MINUTES
-    if len(load.values) < 2:
-        raise InputError("needs at least two rows", path=str(path), column=column)
-    return Series(
-        name=load.name,
-        column=column,
-        values=np.asarray(load.values, dtype=np.float64),
-        minute_of_day=minute_of_day,
-    )
+# -- forecasts -------------------------------------------------------------------------
 
 
 class Forecaster:
-    """A trained ``LoadLSTM`` with the arithmetic around it: normalisation and
-    features in, levels out. Runs on CPU."""
+    """A trained ``DemandLSTM`` with the arithmetic around it. Runs on CPU."""
 
-    def __init__(self, config: ForecasterConfig, model: LoadLSTM | None = None) -> None:
+    name: str = "lstm"
+
+    def __init__(self, config: ForecasterConfig, model: DemandLSTM | None = None) -> None:
         self.config = config
-        self.model = model or LoadLSTM(config)
+        self.model = model or DemandLSTM(config)
         self.model.eval()
 
-    # -- features ---------------------------------------------------------------------
+    def raw(self, feats: Features, *, batch: int = 8192) -> tuple[F64, F64]:
+        """Arrival probabilities (n, horizons) and excess quantiles (n, horizons, levels),
+        before calibration."""
+        n = len(feats.static)
+        prob = np.empty((n, len(self.config.horizons)))
+        excess = np.empty((n, len(self.config.horizons), len(self.config.quantiles)))
+        with torch.inference_mode():
+            for start in range(0, n, batch):
+                sl = slice(start, start + batch)
+                logit, q = self.model(
+                    torch.from_numpy(feats.window[sl]), torch.from_numpy(feats.static[sl])
+                )
+                prob[sl] = torch.sigmoid(logit).numpy()
+                excess[sl] = q.numpy()
+        return prob, excess
 
     @property
     def history(self) -> int:
-        """Minutes of history one prediction needs: a day plus the window."""
-        return DAY_MINUTES + self.config.window
+        return self.config.history
 
-    def scale_of(self, window: F64, level: float) -> F64:
-        """The normalising scale of each window: its standard deviation, at least
-        ``scale_floor`` times the series' typical level (``level``)."""
-        floor = max(self.config.scale_floor * level, 1e-6)
-        scale: F64 = np.maximum(window.std(axis=-1), floor)
-        return scale
+    def predict(
+        self, demand: F64, capacity: float, ends: I64, week_minute: F64, origin: int = 0
+    ) -> tuple[F64, F64]:
+        """Arrival probabilities (n, horizons) and peak quantiles in GPUs (n, horizons,
+        levels), calibrated, for forecasts made at minutes ``ends`` (the
+        ``autotune.demand.DemandForecaster`` protocol)."""
+        feats = features(self.config, demand, capacity, ends, week_minute, origin)
+        prob, excess = self.raw(feats)
+        if self.config.offsets:
+            excess = excess + np.asarray(self.config.offsets)[None]
+        excess = np.maximum.accumulate(excess, axis=2)
+        peak = np.maximum(demand[ends][:, None, None] + excess * capacity, 0.0)
+        return prob, peak
 
-    def features(
-        self, series: Series, ends: npt.NDArray[np.int64], level: float
-    ) -> tuple[F32, F32, F64, F64]:
-        """Network inputs for predictions made at rows ``ends`` (the last row seen; each
-        needs ``history - 1`` rows before it): window, static features, last value and
-        scale."""
-        cfg = self.config
-        v = series.values
-        w = cfg.window
-        steps = np.arange(-w + 1, 1)
-        idx = ends[:, None] + steps[None, :]
-        window = v[idx]
-        day = v[idx - DAY_MINUTES]
-        last = window[:, -1]
-        scale = self.scale_of(window, level)
-        x = np.stack(
-            [(window - last[:, None]) / scale[:, None], (day - last[:, None]) / scale[:, None]],
-            axis=-1,
+
+class Persistence:
+    """The named fallback forecaster: calibrated persistence for the arrival
+    probability, persistence + buffer for the peak quantiles (``Baselines``)."""
+
+    name: str = "persistence + buffer"
+
+    def __init__(self, baselines: Baselines, horizons: Sequence[int] = HORIZONS) -> None:
+        self.baselines = baselines
+        self.horizons = tuple(horizons)
+        self.history = max(self.horizons) + 1
+
+    def predict(
+        self, demand: F64, capacity: float, ends: I64, week_minute: F64, origin: int = 0
+    ) -> tuple[F64, F64]:
+        del week_minute, origin
+        prob = np.empty((len(ends), len(self.horizons)))
+        peak = np.empty((len(ends), len(self.horizons), len(QUANTILES)))
+        cum = np.concatenate([[0], np.cumsum(rises(demand))])
+        for i, h in enumerate(self.horizons):
+            recent = _rolling_sum(cum.astype(np.float64), ends, h) > 0
+            p0, p1 = self.baselines.persistence[h]
+            prob[:, i] = np.where(recent, p1, p0)
+            peak[:, i] = demand[ends][:, None] + np.asarray(self.baselines.buffer[h]) * capacity
+        return prob, peak
+
+
+def _climatology(
+    baselines: Baselines, demand: F64, ends: I64, week_minute: F64, horizons: Sequence[int]
+) -> tuple[F64, F64]:
+    """Arrival rate at the hour of the day; peak quantiles of the last week's demand (up to
+    and including each end)."""
+    hour = ((week_minute % DAY_MINUTES) // 60).astype(np.int64)
+    prob = np.column_stack([np.asarray(baselines.hourly[h])[hour] for h in horizons])
+    series = pd.Series(demand)
+    levels = [series.rolling(WEEK_MINUTES, min_periods=1).quantile(q).to_numpy() for q in QUANTILES]
+    week = np.stack([lv[ends] for lv in levels], axis=1)
+    peak = np.repeat(week[:, None, :], len(horizons), axis=1)
+    return prob, peak
+
+
+# -- training --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Rows:
+    feats: Features
+    arrival: F64
+    """(n, horizons)"""
+    excess: F64
+    """(n, horizons): (peak - D(t)) / capacity"""
+    recent: F64
+    """(n, horizons): an arrival in the last h minutes"""
+    hour: I64
+
+
+def _rows(
+    config: ForecasterConfig, series: DemandSeries, lo: int, hi: int, stride: int
+) -> _Rows | None:
+    """Training rows made at minutes lo, lo + stride, ... < hi (targets inside)."""
+    h_max = max(config.horizons)
+    lo = max(lo, config.history - 1)
+    hi = min(hi, series.minutes - h_max - 1)
+    if hi <= lo:
+        return None
+    ends = np.arange(lo, hi, stride, dtype=np.int64)
+    wm = minute_of_week(series.start, ends)
+    feats = features(config, series.demand, series.capacity, ends, wm)
+    arrival, excess, recent = [], [], []
+    cum = np.concatenate([[0.0], np.cumsum(rises(series.demand))])
+    for h in config.horizons:
+        a, p = targets(series.demand, ends, h)
+        arrival.append(a.astype(np.float64))
+        excess.append((p - series.demand[ends]) / max(series.capacity, 1.0))
+        recent.append((_rolling_sum(cum, ends, h) > 0).astype(np.float64))
+    return _Rows(
+        feats=feats,
+        arrival=np.column_stack(arrival),
+        excess=np.column_stack(excess),
+        recent=np.column_stack(recent),
+        hour=((wm % DAY_MINUTES) // 60).astype(np.int64),
+    )
+
+
+def _concat(rows: Sequence[_Rows]) -> _Rows:
+    return _Rows(
+        feats=Features(
+            window=np.concatenate([r.feats.window for r in rows]),
+            static=np.concatenate([r.feats.static for r in rows]),
+        ),
+        arrival=np.concatenate([r.arrival for r in rows]),
+        excess=np.concatenate([r.excess for r in rows]),
+        recent=np.concatenate([r.recent for r in rows]),
+        hour=np.concatenate([r.hour for r in rows]),
+    )
+
+
+def _fit_baselines(config: ForecasterConfig, train: _Rows, valid: _Rows) -> Baselines:
+    persistence: dict[int, tuple[float, float]] = {}
+    hourly: dict[int, list[float]] = {}
+    buffer: dict[int, list[float]] = {}
+    for i, h in enumerate(config.horizons):
+        a, r = train.arrival[:, i], train.recent[:, i]
+        persistence[h] = (float(a[r == 0].mean()), float(a[r == 1].mean()))
+        rate = np.bincount(train.hour, weights=a, minlength=24) / np.maximum(
+            np.bincount(train.hour, minlength=24), 1
         )
-        angle = 2 * math.pi * series.minute_of_day[ends] / DAY_MINUTES
-        horizons = np.asarray(cfg.horizons)
-        ahead = v[ends[:, None] + horizons[None, :] - DAY_MINUTES]
-        seasonal = (ahead - day[:, -1:]) / scale[:, None]
-        static = np.concatenate([np.sin(angle)[:, None], np.cos(angle)[:, None], seasonal], 1)
-        return (
-            np.clip(x, -20, 20).astype(np.float32),
-            np.clip(static, -20, 20).astype(np.float32),
-            last,
-            scale,
+        hourly[h] = [float(x) for x in rate]
+        buffer[h] = [float(np.quantile(valid.excess[:, i], q)) for q in config.quantiles]
+    return Baselines(persistence=persistence, hourly=hourly, buffer=buffer)
+
+
+def _offsets(
+    config: ForecasterConfig, excess_pred: F64, truth: F64
+) -> tuple[tuple[float, ...], ...]:
+    """Per horizon and level, the shift s making P(truth <= pred + s) = level on the
+    validation rows (split conformal)."""
+    out = []
+    for i in range(len(config.horizons)):
+        residual = truth[:, i, None] - excess_pred[:, i, :]
+        out.append(
+            tuple(float(np.quantile(residual[:, j], q)) for j, q in enumerate(config.quantiles))
         )
-
-    @staticmethod
-    def level_of(values: F64) -> float:
-        """The series' typical level: the mean absolute value of what has been seen."""
-        return float(np.mean(np.abs(values))) or 1.0
-
-    # -- prediction -------------------------------------------------------------------
-
-    def predict(self, series: Series, ends: npt.NDArray[np.int64], *, batch: int = 4096) -> F64:
-        """Predicted levels (len(ends), horizons) made at rows ``ends``."""
-        out = np.empty((len(ends), len(self.config.horizons)))
-        with torch.inference_mode():
-            for start in range(0, len(ends), batch):
-                chunk = ends[start : start + batch]
-                level = self.level_of(series.values[: int(chunk.max()) + 1])
-                x, s, last, scale = self.features(series, chunk, level)
-                delta = self.model(torch.from_numpy(x), torch.from_numpy(s)).numpy()
-                out[start : start + len(chunk)] = last[:, None] + delta * scale[:, None]
-        return out
-
-    def predict_next(
-        self,
-        history: Sequence[float] | F64,
-        minute_of_day: float,
-        horizon: int,
-    ) -> float:
-        """One prediction from per-minute ``history`` (oldest first) made at
-        ``minute_of_day``: the value ``horizon`` minutes later. A history shorter than
-        ``self.history`` is padded with its first value."""
-        if horizon not in self.config.horizons:
-            raise ValueError(f"horizon {horizon}: the model predicts {self.config.horizons}")
-        values = np.asarray(history, dtype=np.float64)[-self.history :]
-        if values.size == 0:
-            raise ValueError("empty history")
-        if values.size < self.history:
-            values = np.concatenate([np.full(self.history - values.size, values[0]), values])
-        n = values.size
-        minutes = np.asarray((minute_of_day - (n - 1 - np.arange(n))) % DAY_MINUTES, np.float64)
-        series = Series(name="live", column="", values=values, minute_of_day=minutes)
-        pred = self.predict(series, np.array([n - 1]))
-        return float(pred[0, self.config.horizons.index(horizon)])
-
-
-def _ends(n: int, need: int, horizon_max: int, stride: int) -> npt.NDArray[np.int64]:
-    return np.arange(need - 1, n - horizon_max, stride, dtype=np.int64)
+    return tuple(out)
 
 
 def train(
-    series: Sequence[Series],
+    series: Sequence[DemandSeries],
     config: ForecasterConfig,
     *,
-    epochs: int = 6,
-    stride: int = 3,
+    epochs: int = 8,
+    stride: int = 2,
     batch: int = 512,
-    lr: float = 2e-3,
+    lr: float = 3e-3,
     seed: int = 0,
+    quantile_weight: float = 20.0,
     progress: Callable[[int, int, float], None] | None = None,
 ) -> Forecaster:
-    """Fit a forecaster on ``series`` (every ``stride``-th minute as a sample) with the
-    L1 loss on the normalised change; ``progress(epoch, epochs, loss)`` after each."""
+    """Fit a forecaster on ``series``: the first days of each (all but the last
+    ``config.validation_days``) train the network and fit the baselines' probabilities;
+    the last days calibrate its quantiles and choose the baselines' buffers.
+    ``progress(epoch, epochs, loss)`` after each epoch."""
+    if not series:
+        raise InputError("no training series")
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    forecaster = Forecaster(config)
-    h_max = max(config.horizons)
-    xs: list[F32] = []
-    ss: list[F32] = []
-    ys: list[F32] = []
-    horizons = np.asarray(config.horizons)
+    cut_back = round(config.validation_days * DAY_MINUTES)
+    train_rows, valid_rows = [], []
     for s in series:
-        ends = _ends(len(s.values), forecaster.history, h_max, stride)
-        if ends.size == 0:
-            raise InputError(f"{s.name}: shorter than a day plus {config.window + h_max} minutes")
-        level = forecaster.level_of(s.values)
-        x, st, last, scale = forecaster.features(s, ends, level)
-        future = s.values[ends[:, None] + horizons[None, :]]
-        xs.append(x)
-        ss.append(st)
-        ys.append(np.clip((future - last[:, None]) / scale[:, None], -20, 20).astype(np.float32))
-    x_all = torch.from_numpy(np.concatenate(xs))
-    s_all = torch.from_numpy(np.concatenate(ss))
-    y_all = torch.from_numpy(np.concatenate(ys))
+        cut = s.minutes - cut_back
+        tr = _rows(config, s, 0, cut, stride)
+        va = _rows(config, s, cut, s.minutes, 1)
+        if tr is None or va is None:
+            raise InputError(
+                f"{s.name}: {s.minutes} minutes is too short; needs more than "
+                f"{config.history + 2 * max(config.horizons)} minutes before its last "
+                f"{config.validation_days:g} validation days and some after"
+            )
+        train_rows.append(tr)
+        valid_rows.append(va)
+    tr_all, va_all = _concat(train_rows), _concat(valid_rows)
+    forecaster = Forecaster(config)
     model = forecaster.model
-    model.train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    steps_per_epoch = math.ceil(len(x_all) / batch)
+    x = torch.from_numpy(tr_all.feats.window)
+    static = torch.from_numpy(tr_all.feats.static)
+    y_arr = torch.from_numpy(tr_all.arrival.astype(np.float32))
+    y_exc = torch.from_numpy(tr_all.excess.astype(np.float32))
+    levels = torch.tensor(config.quantiles, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
+    steps_per_epoch = math.ceil(len(x) / batch)
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=lr, total_steps=max(1, epochs * steps_per_epoch)
     )
+    model.train()
     for epoch in range(epochs):
-        order = torch.from_numpy(rng.permutation(len(x_all)))
+        order = torch.from_numpy(rng.permutation(len(x)))
         total = 0.0
         for start in range(0, len(order), batch):
             idx = order[start : start + batch]
-            loss = nn.functional.l1_loss(model(x_all[idx], s_all[idx]), y_all[idx])
+            logit, q = model(x[idx], static[idx])
+            loss = nn.functional.binary_cross_entropy_with_logits(logit, y_arr[idx])
+            loss = loss + quantile_weight * _pinball(q, y_exc[idx], levels)
             optimizer.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
             nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -300,49 +666,175 @@ def train(
             schedule.step()
             total += float(loss.detach()) * len(idx)
         if progress:
-            progress(epoch + 1, epochs, total / len(x_all))
+            progress(epoch + 1, epochs, total / len(x))
     model.eval()
+    _, excess_valid = forecaster.raw(va_all.feats)
+    config = replace(
+        config,
+        offsets=_offsets(config, excess_valid, va_all.excess),
+        baselines=_fit_baselines(config, tr_all, va_all),
+    )
+    forecaster.config = config
+    model.config = config
     return forecaster
 
 
-def evaluate_series(forecaster: Forecaster, series: Series, horizon: int) -> dict[str, Any]:
-    """MAE and RMSE at ``horizon`` minutes of the LSTM, persistence (the last value) and
-    seasonal naive (the value a day before the target), on the same points: every minute
-    with a day and a window of history and the target inside the series."""
+# -- evaluation ------------------------------------------------------------------------
+
+
+def _auc(score: F64, label: F64) -> float:
+    """Area under the ROC curve (ties counted half)."""
+    pos = label > 0.5
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return math.nan
+    ranks = pd.Series(score).rank(method="average").to_numpy()
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def _pinball_np(pred: F64, truth: F64, level: float) -> float:
+    diff = truth - pred
+    return float(np.mean(np.maximum(level * diff, (level - 1) * diff)))
+
+
+def forecast_all(
+    forecaster: Forecaster, series: DemandSeries, ends: I64
+) -> dict[str, tuple[F64, F64]]:
+    """Every predictor's (arrival probability, peak quantiles in GPUs) at ``ends``."""
     cfg = forecaster.config
-    if horizon not in cfg.horizons:
-        raise InputError(f"--horizon {horizon}: the model predicts {list(cfg.horizons)} minutes")
-    v = series.values
-    ends = _ends(len(v), forecaster.history, horizon, 1)
-    if ends.size == 0:
-        raise InputError(
-            f"{series.name}: too short; needs more than {forecaster.history + horizon} rows"
-        )
-    truth = v[ends + horizon]
-    predictions = {
-        "lstm": forecaster.predict(series, ends)[:, cfg.horizons.index(horizon)],
-        "persistence": v[ends],
-        "seasonal_naive": v[ends + horizon - DAY_MINUTES],
-    }
-    mae = {k: float(np.mean(np.abs(p - truth))) for k, p in predictions.items()}
-    rmse = {k: float(np.sqrt(np.mean((p - truth) ** 2))) for k, p in predictions.items()}
+    wm = minute_of_week(series.start, ends)
+    d, cap = series.demand, series.capacity
+    persistence = Persistence(cfg.baselines, cfg.horizons).predict(d, cap, ends, wm)
     return {
-        "series": series.name,
-        "column": series.column,
-        "horizon_min": horizon,
-        "mae": mae,
-        "rmse": rmse,
-        "mae_ratio_lstm_persistence": mae["lstm"] / mae["persistence"]
-        if mae["persistence"] > 0
-        else math.nan,
-        "points": len(ends),
+        "lstm": forecaster.predict(d, cap, ends, wm),
+        "persistence": persistence,
+        "climatology": _climatology(cfg.baselines, d, ends, wm, cfg.horizons),
     }
+
+
+def forecast_ends(forecaster: Forecaster, series: DemandSeries) -> I64:
+    """The minutes a series is forecast at: every minute from the second day on (and
+    from the forecaster's history on)."""
+    first = max(DAY_MINUTES, forecaster.config.history - 1)
+    return np.arange(first, series.minutes, dtype=np.int64)
+
+
+def evaluate(
+    forecaster: Forecaster, series: DemandSeries, *, from_day: float = 1.0
+) -> dict[str, Any]:
+    """Scores of the LSTM and the baselines on ``series`` at every minute from day
+    ``from_day`` on whose target window lies inside it. Arrival: Brier, log loss, AUC
+    (the persistence baseline is *calibrated* persistence); peak: pinball loss (GPUs) and
+    coverage per quantile (the persistence baseline is persistence + buffer)."""
+    cfg = forecaster.config
+    ends = forecast_ends(forecaster, series)
+    ends = ends[ends >= round(from_day * DAY_MINUTES)]
+    report: dict[str, Any] = {"series": series.name, "capacity": series.capacity, "horizons": {}}
+    h_max = max(cfg.horizons)
+    ends = ends[ends + h_max < series.minutes]
+    if ends.size == 0:
+        raise InputError(f"{series.name}: too short to score (needs more than a day)")
+    predictions = forecast_all(forecaster, series, ends)
+    for i, h in enumerate(cfg.horizons):
+        arrival, peak = targets(series.demand, ends, h)
+        label = arrival.astype(np.float64)
+        entry: dict[str, Any] = {"points": int(ends.size), "arrival_rate": float(label.mean())}
+        for name, (prob, quant) in predictions.items():
+            p = np.clip(prob[:, i], 1e-6, 1 - 1e-6)
+            entry[name] = {
+                "brier": float(np.mean((p - label) ** 2)),
+                "log_loss": float(-np.mean(label * np.log(p) + (1 - label) * np.log(1 - p))),
+                "auc": _auc(p, label),
+                "pinball": {
+                    str(q): _pinball_np(quant[:, i, j], peak, q) for j, q in enumerate(QUANTILES)
+                },
+                "coverage": {
+                    str(q): float(np.mean(peak <= quant[:, i, j])) for j, q in enumerate(QUANTILES)
+                },
+            }
+        # An oracle for reference: calibrated persistence refitted on the scored points.
+        cum = _cum(rises(series.demand).astype(np.float64))
+        recent = _rolling_sum(cum, ends, h) > 0
+        refit = np.where(
+            recent,
+            label[recent].mean() if recent.any() else 0.0,
+            label[~recent].mean() if (~recent).any() else 0.0,
+        )
+        entry["persistence_refit_brier"] = float(np.mean((refit - label) ** 2))
+        lstm, pers = entry["lstm"], entry["persistence"]
+        entry["brier_ratio"] = _ratio(lstm["brier"], pers["brier"])
+        entry["pinball95_ratio"] = _ratio(lstm["pinball"]["0.95"], pers["pinball"]["0.95"])
+        report["horizons"][str(h)] = entry
+    return report
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def pooled(reports: Sequence[dict[str, Any]], horizons: Sequence[int]) -> dict[str, Any]:
+    """Scores over all series' points together (each point weighted alike)."""
+    out: dict[str, Any] = {}
+    for h in horizons:
+        entries = [r["horizons"][str(h)] for r in reports]
+        n = np.array([e["points"] for e in entries], dtype=np.float64)
+        agg: dict[str, Any] = {"points": int(n.sum())}
+        for name in ("lstm", "persistence", "climatology"):
+            agg[name] = {
+                "brier": float(np.average([e[name]["brier"] for e in entries], weights=n)),
+                "pinball": {
+                    str(q): float(
+                        np.average([e[name]["pinball"][str(q)] for e in entries], weights=n)
+                    )
+                    for q in QUANTILES
+                },
+                "coverage": {
+                    str(q): float(
+                        np.average([e[name]["coverage"][str(q)] for e in entries], weights=n)
+                    )
+                    for q in QUANTILES
+                },
+            }
+        agg["brier_ratio"] = _ratio(agg["lstm"]["brier"], agg["persistence"]["brier"])
+        agg["pinball95_ratio"] = _ratio(
+            agg["lstm"]["pinball"]["0.95"], agg["persistence"]["pinball"]["0.95"]
+        )
+        out[str(h)] = agg
+    return out
+
+
+def predictions_frame(forecaster: Forecaster, series: DemandSeries) -> pd.DataFrame:
+    """One row per forecast: ``series``, ``time`` (as in the series), ``horizon_min``,
+    ``p_arrival``, ``q50``, ``q90``, ``q95`` (GPUs), made at every minute from the second
+    day on from the data up to and including ``time`` only."""
+    ends = forecast_ends(forecaster, series)
+    wm = minute_of_week(series.start, ends)
+    prob, peak = forecaster.predict(series.demand, series.capacity, ends, wm)
+    frames = []
+    for i, h in enumerate(forecaster.config.horizons):
+        frames.append(
+            pd.DataFrame(
+                {
+                    "series": series.name,
+                    "time": series.time[ends],
+                    "horizon_min": h,
+                    "p_arrival": prob[:, i].round(6),
+                    "q50": peak[:, i, 0].round(3),
+                    "q90": peak[:, i, 1].round(3),
+                    "q95": peak[:, i, 2].round(3),
+                }
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+# -- checkpoints -----------------------------------------------------------------------
 
 
 def save_checkpoint(forecaster: Forecaster, out: str | Path) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(asdict(forecaster.config), indent=1) + "\n")
+    (out / "config.json").write_text(json.dumps(forecaster.config.to_json(), indent=1) + "\n")
     torch.save(forecaster.model.state_dict(), out / "model.pt")
     return out
 
@@ -353,7 +845,7 @@ def load_checkpoint(path: str | Path) -> Forecaster:
     try:
         config = ForecasterConfig.from_json(json.loads((path / "config.json").read_text()))
         state = torch.load(path / "model.pt", map_location="cpu", weights_only=True)
-        model = LoadLSTM(config)
+        model = DemandLSTM(config)
         model.load_state_dict(state)
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as exc:
         raise InputError(f"not a forecaster checkpoint: {exc}", path=str(path)) from None
@@ -365,33 +857,27 @@ def default_checkpoint() -> Path:
     return Path(str(resources.files("autotune") / "data" / "forecaster"))
 
 
-class EnvForecast:
-    """The forecaster as the observation encoder wants it
-    (``autotune.envs.spaces.ObservationEncoder``, in the environment and in the daemon):
-    the busy share 15 minutes ahead from the busy share of each decision round. Rounds
-    are put on real minutes whatever the round period (``minutes``), and the cluster's
-    clock gives the time of day."""
+FORECASTS: Final = ("lstm", "persistence", "none")
+"""What fills the observation's forecast features and the provisioning's target: the
+LSTM, its named fallback (calibrated persistence and persistence + buffer, fitted with
+the checkpoint), or nothing (``NoForecast``)."""
 
-    def __init__(self, forecaster: Forecaster | None = None, horizon: int = 15) -> None:
-        self.forecaster = forecaster or load_checkpoint(default_checkpoint())
-        self.horizon = horizon
 
-    def __call__(self, history: Sequence[float], interval_s: float, now_s: float) -> float:
-        minutes = self.minutes(history, interval_s)
-        return self._predict(minutes, now_s)
+def demand_forecaster(
+    kind: str = "lstm", checkpoint: str | Path | None = None
+) -> Forecaster | Persistence | NoForecast:
+    """The forecaster ``kind`` (one of ``FORECASTS``) from ``checkpoint`` (default: the
+    one shipped)."""
+    if kind not in FORECASTS:
+        raise InputError(f"forecast {kind!r}: one of {', '.join(FORECASTS)}")
+    if kind == "none":
+        return NoForecast()
+    forecaster = _load(str(checkpoint or default_checkpoint()))
+    if kind == "persistence":
+        return Persistence(forecaster.config.baselines, forecaster.config.horizons)
+    return forecaster
 
-    def minutes(self, history: Sequence[float], interval_s: float) -> np.ndarray:
-        """The busy share per real minute, oldest first, whatever the round period:
-        rounds of a minute or more are held for their minutes, shorter rounds are sampled
-        once a minute (the newest round of each minute)."""
-        values = np.asarray(history, dtype=np.float64)
-        if interval_s >= 60:
-            per_round = max(1, round(interval_s / 60))
-            need = math.ceil(self.forecaster.history / per_round)
-            return np.repeat(values[-need:], per_round)
-        stride = max(1, round(60 / interval_s))
-        return values[::-1][::stride][::-1][-self.forecaster.history :]
 
-    def _predict(self, minutes: np.ndarray, now_s: float) -> float:
-        value = self.forecaster.predict_next(minutes, (now_s / 60) % DAY_MINUTES, self.horizon)
-        return float(min(1.0, max(0.0, value)))
+@functools.lru_cache(maxsize=4)
+def _load(path: str) -> Forecaster:
+    return load_checkpoint(path)

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Final
 
 from autotune import __version__
 from autotune.core import JobConfig
-from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
 from autotune.perf.pollux_trace import TraceApp, packed
 
@@ -126,7 +125,7 @@ class GoodputPolicy:
         # Jobs without measured physics: their requested GPUs, first come first served.
         for job in active:
             if job.spec.job_id not in tables:
-                want = requested_gpus(job.spec)
+                want = job.spec.gpu_request()
                 if want <= free:
                     alloc[job.spec.job_id] = want
                     free -= want

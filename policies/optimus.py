@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.core import JobConfig
-from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
 from autotune.perf.pollux_trace import TraceApp, packed
 
@@ -85,7 +84,7 @@ class OptimusPolicy:
                 measured.append(job)
                 continue
             # No measured physics (our default world): its requested GPUs, set once.
-            want = requested_gpus(job.spec)
+            want = job.spec.gpu_request()
             alloc[job.spec.job_id] = want if want <= free else 0
             free -= alloc[job.spec.job_id]
         for job in measured:

@@ -1,5 +1,5 @@
-"""PPO for ``ClusterEnv`` on RLlib's new API stack, with the load forecast in the
-observation.
+"""PPO for ``ClusterEnv`` on RLlib's new API stack, with the demand forecast (arrival
+probabilities and headroom) in the observation.
 
 The network (``SlotPolicyModule``) is shared across job slots: every slot's features
 are joined with the cluster-wide ones (``autotune.envs.spaces``) and mapped to that
@@ -153,7 +153,8 @@ class PPOSettings:
     round_s: float = 300.0
     max_steps: int = 128
     forecast: bool = True
-    """The shipped LSTM fills the observation's forecast entry (else persistence)."""
+    """The shipped demand LSTM fills the observation's forecast features (else none:
+    no arrival expected, headroom from demand now)."""
     lr: float = 3e-4
     entropy_coeff: float = 0.003
     train_batch: int = 512
@@ -245,11 +246,9 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
     """The training environment of ``config`` (a ``PPOSettings`` as a dict, plus RLlib's
     worker index when RLlib calls it)."""
     settings = _settings_from(config)
-    forecaster = None
-    if settings.forecast:
-        from autotune.policies.forecast import EnvForecast
+    from autotune.policies.forecast import demand_forecaster
 
-        forecaster = EnvForecast()
+    forecaster = demand_forecaster("lstm" if settings.forecast else "none")
     common: dict[str, Any] = {
         "slots": settings.slots,
         "max_steps": settings.max_steps,

@@ -252,7 +252,7 @@ class LearnedPolicy:
     the reason).
 
     It encodes the snapshot with the environment's ``ObservationEncoder`` (one per
-    cluster: it remembers the busy share of earlier rounds for the forecast) and decodes
+    cluster: it remembers the demand of earlier rounds for the forecast) and decodes
     the action with the environment's decoder, so the daemon serves exactly what the
     environment trained. ``round_s`` is the decision round period
     (``autotune.daemon.settings.Settings.round_s``)."""
@@ -265,13 +265,17 @@ class LearnedPolicy:
         *,
         slots: int = 32,
         round_s: float = DEFAULT_ROUND_S,
-        forecast: bool = True,
+        forecast: bool | str = True,
         server: PolicyServer | None = None,
         epsilon: float = 0.0,
         seed: int = 0,
         kind: str = "ppo",
     ) -> None:
         """``server``: an already loaded checkpoint (``checkpoint`` is then ignored).
+
+        ``forecast``: what fills the observation's forecast features, one of
+        ``autotune.policies.forecast.FORECASTS`` (``True``: ``lstm``, ``False``:
+        ``none``); the policy is trained with ``lstm``.
 
         ``epsilon``: the exploration floor. Each action entry of each slot takes the
         module's most likely value with probability ``1 - epsilon`` and a uniformly drawn
@@ -308,11 +312,11 @@ class LearnedPolicy:
         self.last_step: ActedStep | None = None
         """What the policy saw and did in its newest round (``None`` when it fell back
         for every job)."""
-        forecaster: Any = None
-        if forecast and self.server is not None:
-            from autotune.policies.forecast import EnvForecast
+        from autotune.policies.forecast import demand_forecaster
 
-            forecaster = EnvForecast()
+        kind = forecast if isinstance(forecast, str) else "lstm" if forecast else "none"
+        self.forecast_kind = kind
+        forecaster = demand_forecaster(kind) if self.server is not None else None
         self.encoder = ObservationEncoder(slots, round_s=round_s, forecaster=forecaster)
 
     def _fallback(
@@ -370,7 +374,13 @@ class LearnedPolicy:
             return self._fallback(snapshot, None, self.fallback_reason or "no policy")
         self.last_step = None
         obs = self.encoder.encode(snapshot)
-        forecast = float(obs[5])
+        forecast = self.encoder.forecast
+        assert forecast is not None
+        headroom = {
+            "arrival_15": forecast.p_arrival[15],
+            "arrival_60": forecast.p_arrival[60],
+            "headroom": forecast.headroom(60, 0.95),
+        }
         active = queue_order(snapshot)
         try:
             action = self._act(obs, active)
@@ -391,7 +401,7 @@ class LearnedPolicy:
                 choices[job.spec.job_id] = PolicyChoice(
                     config=choice.config,
                     reason=choice.reason,
-                    features={**choice.features, "forecast": forecast},
+                    features={**choice.features, **headroom},
                 )
         choices.update(wait_choices(active, self.slots))
         for job_id, why in failed.items():

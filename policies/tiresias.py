@@ -26,7 +26,6 @@ from typing import Final
 
 from autotune import __version__
 from autotune.core import JobConfig
-from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
 
 __all__ = ["TIRESIAS_THRESHOLD_GPU_S", "TiresiasPolicy"]
@@ -75,7 +74,7 @@ class TiresiasPolicy:
                 self._attained[job_id] = 0.0
                 first.append(job_id)
             elif job.state == "running":
-                self._attained[job_id] += (now - self._checked[job_id]) * requested_gpus(job.spec)
+                self._attained[job_id] += (now - self._checked[job_id]) * job.spec.gpu_request()
                 if job_id in first and self._attained[job_id] >= self.threshold_gpu_s:
                     first.remove(job_id)
                     second.append(job_id)
@@ -85,7 +84,7 @@ class TiresiasPolicy:
         for level, queue in enumerate(self._queues):
             for job_id in queue:
                 job = jobs[job_id]
-                gpus = requested_gpus(job.spec)
+                gpus = job.spec.gpu_request()
                 service = self._attained[job_id]
                 features = {"queue": float(level), "attained_gpu_s": service, "gpus": gpus}
                 if gpus <= free:

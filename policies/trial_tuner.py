@@ -49,7 +49,6 @@ from autotune.envs.spaces import (
     slot_config,
     wait_choices,
 )
-from autotune.envs.workloads import requested_gpus
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
 from autotune.perf.model import Shape
 from autotune.policies.baselines import modelled_value, shape_for
@@ -188,7 +187,7 @@ class TrialTunerPolicy:
         spec = job.spec
         job_id = spec.job_id
         searcher = self._make_searcher(spec)
-        best = (0.0, JobConfig.data_parallel(requested_gpus(spec)))
+        best = (0.0, JobConfig.data_parallel(spec.gpu_request()))
         runs = 0
         for i in range(self.n_trials):
             trial_id = f"{job_id}-{i}"

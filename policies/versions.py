@@ -35,7 +35,7 @@ class CheckpointPolicies:
         round_s: float = DEFAULT_ROUND_S,
         epsilon: float = 0.0,
         seed: int = 0,
-        forecast: bool = True,
+        forecast: bool | str = True,
     ) -> None:
         self.slots = slots
         self.round_s = round_s

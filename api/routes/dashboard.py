@@ -1,12 +1,14 @@
-"""The dashboard at ``/``: cluster utilisation actual vs forecast, goodput per job, a
-timeline of decisions by source (a shadow policy's too), and, when a shadow policy ran,
-its agreement with the active one and both rounds' predicted goodput. Plotly's
+"""The dashboard at ``/``: the cluster's GPU demand next to its capacity and the demand
+forecast (the 15-minute peak band, aligned at the end of the window it forecasts, and the
+arrival probabilities), goodput per job, a timeline of decisions by source (a shadow
+policy's too), and, when a shadow policy ran, its agreement with the active one and both
+rounds' predicted goodput. Plotly's
 JavaScript is served from the installed ``plotly`` package, so the page needs no network
 beyond the daemon."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,10 +18,10 @@ from fastapi.responses import FileResponse, HTMLResponse
 from sqlalchemy.orm import Session
 
 from autotune.api.deps import SessionDep
-from autotune.daemon.forecast import forecast_series
+from autotune.api.routes.forecast import MAX_MINUTES, read_demand_window
 from autotune.daemon.lifecycle import SHADOW_METRICS
 from autotune.db import repository as repo
-from autotune.interfaces import LoadForecaster
+from autotune.demand import HORIZONS, QUANTILES, DemandForecaster
 
 router = APIRouter(tags=["dashboard"])
 
@@ -52,16 +54,17 @@ def dashboard_data(
     session: SessionDep,
     request: Request,
     samples: Annotated[int, Query(ge=2, le=5000)] = 300,
+    minutes: Annotated[
+        int, Query(ge=1, le=MAX_MINUTES, description="Minutes of GPU demand shown")
+    ] = 180,
 ) -> dict[str, Any]:
-    """The dashboard's figures in one response."""
-    forecaster: LoadForecaster = request.app.state.forecaster
+    """The dashboard's figures in one response: ``demand`` over the newest ``minutes``
+    minutes, the rest over the newest ``samples`` ticks."""
+    forecasters: tuple[DemandForecaster, ...] = request.app.state.forecasters
     # One sample more than shown: a tick's decisions are committed just before its
     # sample, so the window's decisions are those after the sample before it.
-    utilization = repo.list_metrics(session=session, names=["gpu_utilization"], limit=samples + 1)
-    since = None
-    if len(utilization) > samples:
-        since, utilization = utilization[0].recorded_at, utilization[1:]
-    series = forecast_series([s.value for s in utilization], forecaster, horizon=1)
+    ticks = repo.list_metrics(session=session, names=["gpu_utilization"], limit=samples + 1)
+    since = ticks[0].recorded_at if len(ticks) > samples else None
     rows = repo.list_decision_rows(session=session, since=since, limit=500).rows
     # A shadow policy's decisions have a page of their own: they never crowd out the
     # decisions taken.
@@ -69,15 +72,10 @@ def dashboard_data(
         session=session, source="shadow", since=since, limit=500
     ).rows
     rows = sorted([*rows, *shadow_rows], key=lambda row: int(row["id"]), reverse=True)
+    demand = _demand(session, forecasters, minutes)
     return {
-        "predictor": forecaster.name,
-        "utilization": {
-            "at": [s.recorded_at.isoformat() for s in utilization],
-            "actual": [s.value for s in utilization],
-            "predicted_at": [utilization[i].recorded_at.isoformat() for i, _ in series.predicted],
-            "predicted": [v for _, v in series.predicted],
-            "mean_absolute_error": series.mean_absolute_error,
-        },
+        "predictor": demand["predictor"],
+        "demand": demand,
         "goodput": _per_job(session, "job_goodput", since),
         # Measured on each step where jobs train for real (--backend ray); tokens/s where
         # the task says its sequence length.
@@ -98,6 +96,39 @@ def dashboard_data(
         ],
         "jobs": request.app.state.job_counts.read(session),
         "shadow": _shadow(session, since, samples),
+    }
+
+
+def _demand(
+    session: Session, forecasters: tuple[DemandForecaster, ...], minutes: int
+) -> dict[str, Any]:
+    """GPU demand per minute (GPUs), the cluster's capacity, the band of the 15-minute
+    peak forecast and the arrival probabilities. A band point at minute t is the forecast
+    made at t - 15 for the peak over (t - 15, t], so the demand at t stays under its q95
+    when the forecast covers; its last 15 points are the forecast ahead of now. The
+    arrival probabilities are shown at the minute they were made."""
+    data = read_demand_window(session, forecasters, minutes=minutes)
+    window = data.window
+    horizon = HORIZONS[0]
+    quantiles = window.quantiles.get(horizon, [])
+    return {
+        "predictor": window.predictor,
+        "fallback_reasons": window.failures,
+        "capacity_gpus": window.capacity,
+        "at": [t.isoformat() for t in data.at],
+        "demand_gpus": window.demand,
+        "band": {
+            "horizon_min": horizon,
+            "at": [(t + timedelta(minutes=horizon)).isoformat() for t in data.at],
+            **{
+                f"q{round(100 * level)}": [q[j] for q in quantiles]
+                for j, level in enumerate(QUANTILES)
+            },
+        },
+        "p_arrival": {str(h): window.p_arrival.get(h, []) for h in HORIZONS},
+        "coverage95": {
+            str(h): window.coverage(h, 0.95) if window.demand else None for h in HORIZONS
+        },
     }
 
 

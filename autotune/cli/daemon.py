@@ -92,6 +92,28 @@ def daemon(
             "deterministic). Logged with every transition for off-policy evaluation.",
         ),
     ] = None,
+    forecast: Annotated[
+        str | None,
+        typer.Option(
+            "--forecast",
+            metavar="[lstm|persistence|none]",
+            help="The demand forecaster behind /api/v1/forecast, the dashboard and the "
+            "learned policy's observation: lstm (default; the shipped LSTM, its "
+            "persistence fallback behind it), persistence (calibrated persistence and "
+            "persistence + buffer) or none (no forecast; the policy was trained with lstm).",
+        ),
+    ] = None,
+    provisioning: Annotated[
+        str | None,
+        typer.Option(
+            "--provisioning",
+            metavar="[none|buffer|forecast]",
+            help="Park idle nodes beyond what the 95% quantile of the next hour's demand "
+            "needs: forecast (from --forecast's forecaster), buffer (persistence + buffer) "
+            "or none (default: every node on). The simulated cluster powers them down; on "
+            "Ray the plan is a recommendation (log event 'provisioning', metrics).",
+        ),
+    ] = None,
     log_format: Annotated[
         str | None, typer.Option("--log-format", help="json (default) or text.")
     ] = None,
@@ -139,6 +161,8 @@ def daemon(
         sim_workload_jobs=sim_workload_jobs,
         sim_gpus=sim_gpus,
         exploration_epsilon=exploration_epsilon,
+        forecast=forecast,
+        provisioning=provisioning,
         log_format=log_format,
         log_level=log_level.upper() if log_level else None,
     )
@@ -177,6 +201,7 @@ def daemon(
         from autotune.daemon.lifecycle import PolicyLifecycle
 
         PolicyLifecycle(_policy_loader(settings)).attach(the_daemon)
+    the_daemon.provisioner = _provisioner(settings)
     if settings.log_transitions and policy == "ppo":
         the_daemon.transitions = TransitionLog(
             round_s=settings.round_period_s,
@@ -199,17 +224,49 @@ def daemon(
         trains=settings.backend != "sim",  # every backend but the simulator trains for real
         max_body_bytes=settings.max_body_bytes,
         host_telemetry=host_sources(settings.ray_address),
+        forecasters=_forecasters(settings.forecast),
     )
+
+
+def _forecasters(kind: str) -> list[Any]:
+    """The demand forecaster chain of ``--forecast``, first choice first: the LSTM and its
+    named persistence fallback (``lstm``), the fallback alone (``persistence``), or none
+    (``none``: the API answers with ``NoForecast``). When the checkpoint does not load the
+    chain is empty, and the log says why."""
+    from autotune.daemon.log import event
+    from autotune.policies.forecast import demand_forecaster
+
+    kinds = {"lstm": ["lstm", "persistence"], "persistence": ["persistence"]}.get(kind, [])
+    try:
+        return [demand_forecaster(k) for k in kinds]
+    except InputError as exc:
+        event("forecast.unavailable", level=30, forecast=kind, fallback="none", reason=str(exc))
+        return []
+
+
+def _provisioner(settings: Any) -> Any:
+    """The provisioner of ``--provisioning`` (``None`` for ``none``): its target comes from
+    the ``--forecast`` forecaster (``forecast``) or persistence + buffer (``buffer``)."""
+    from autotune.provisioning import Provisioner
+
+    if settings.provisioning == "none":
+        return None
+    kind = "persistence" if settings.provisioning == "buffer" else settings.forecast
+    chain = _forecasters(kind)
+    return Provisioner(chain[0] if chain else None)
 
 
 def _policy_loader(settings: Any) -> Any:
     """What builds the learned policy of a registered version, as the daemon's own."""
     from autotune.policies.versions import CheckpointPolicies
 
+    # The forecast kind ("lstm", "persistence", "none") goes on to ``LearnedPolicy``.
+    forecast: Any = getattr(settings, "forecast", "lstm")
     return CheckpointPolicies(
         round_s=settings.round_period_s,
         epsilon=getattr(settings, "exploration_epsilon", 0.0),
         seed=settings.seed,
+        forecast=forecast,
     )
 
 
@@ -255,6 +312,7 @@ def _learned_policy(checkpoint: Path | None, settings: Any) -> Any:
         round_s=settings.round_period_s,
         epsilon=settings.exploration_epsilon,
         seed=settings.seed,
+        forecast=settings.forecast,
     )
 
 

@@ -93,11 +93,32 @@ def eval_policies(
         ),
     ] = None,
     trace_seed: Annotated[int, typer.Option(help="Seed of model assignment to trace jobs.")] = 0,
+    forecast: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated forecasters (lstm, persistence, none) behind the learned "
+            "policy's forecast features and the 'forecast' provisioning; more than one runs "
+            "the ablation (a row per forecaster)."
+        ),
+    ] = "lstm",
+    provisioning: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated provisioning modes to compare (none: every node on; "
+            "buffer: keep powered what persistence + buffer's 95% quantile of the next "
+            "hour's demand needs; forecast: what --forecast's quantile needs). Parked "
+            "nodes draw nothing; idle rounds are played so idle energy counts."
+        ),
+    ] = None,
+    wake_s: Annotated[
+        float, typer.Option(min=0.0, help="Seconds a parked node takes to become usable.")
+    ] = 120.0,
     as_json: JsonOption = False,
 ) -> None:
     """Replay a trace in the simulated cluster the daemon runs, through the daemon's
     decision step, under several policies (same jobs and seeds), and compare job
-    completion time, makespan, goodput, GPU utilisation and energy."""
+    completion time, makespan, goodput, GPU utilisation and energy. --provisioning
+    compares parking idle nodes by a demand forecast; --forecast ablates the forecast."""
     from autotune.envs import traces
     from autotune.envs.presets import philly_nodes, pollux_nodes
     from autotune.envs.traces import load_nodes
@@ -125,6 +146,17 @@ def eval_policies(
             )
     elif pollux_traces is not None:
         raise InputError("--pollux-traces is for --pollux-compat")
+    from autotune.policies.forecast import FORECASTS
+    from autotune.provisioning import PROVISIONING
+
+    forecasts = [f.strip() for f in forecast.split(",") if f.strip()]
+    if not forecasts or any(f not in FORECASTS for f in forecasts):
+        raise InputError(f"--forecast {forecast!r}: comma-separated, of {', '.join(FORECASTS)}")
+    modes = [m.strip() for m in (provisioning or "").split(",") if m.strip()]
+    if provisioning is not None and (not modes or any(m not in PROVISIONING for m in modes)):
+        raise InputError(
+            f"--provisioning {provisioning!r}: comma-separated, of {', '.join(PROVISIONING)}"
+        )
     round_s = round_s or (POLLUX_ROUND_S if pollux_compat else 300.0)
     if jobs is not None:
         if nodes is None:
@@ -178,7 +210,9 @@ def eval_policies(
         "{task.description}", "{task.completed}/{task.total} runs", enabled=not as_json
     )
     with progress:
-        task = progress.add_task("evaluating", total=len(names) * seeds)
+        task = progress.add_task(
+            "evaluating", total=len(names) * seeds * max(1, len(modes)) * len(forecasts)
+        )
         report = evaluate(
             nodes=node_list,
             jobs=sim_jobs,
@@ -192,6 +226,9 @@ def eval_policies(
             knobs="pollux" if pollux_compat else "all",
             trace=info,
             extra=extra,
+            forecasts=forecasts,
+            provisioning=modes,
+            wake_s=wake_s,
             progress=lambda name, seed: progress.update(
                 task, advance=1, description=f"{name} seed {seed}"
             ),
@@ -204,15 +241,16 @@ def eval_policies(
         f"{report['trace']['jobs']} jobs on {report['trace']['gpus']} GPUs, "
         f"{seeds} seed(s); means over seeds"
     )
+    width = max(10, *(len(name) for name in report["policies"]))
     out.print(
-        f"{'policy':10s} {'avg JCT s':>10s} {'p99 JCT s':>10s} {'makespan s':>11s} "
-        f"{'goodput':>8s} {'GPU util':>8s} {'kWh':>8s} {'done':>6s}"
+        f"{'policy':{width}s} {'avg JCT s':>10s} {'p99 JCT s':>10s} {'makespan s':>11s} "
+        f"{'goodput':>8s} {'GPU util':>8s} {'kWh':>8s} {'idle kWh':>8s} {'done':>6s}"
     )
     for name, row in report["policies"].items():
         out.print(
-            f"{name:10s} {row['avg_jct_s']:10.0f} {row['p99_jct_s']:10.0f} "
+            f"{name:{width}s} {row['avg_jct_s']:10.0f} {row['p99_jct_s']:10.0f} "
             f"{row['makespan_s']:11.0f} {row['goodput']:8.2f} {row['gpu_util']:8.1%} "
-            f"{row['energy_kwh']:8.1f} {row['n_jobs_done']:6.0f}"
+            f"{row['energy_kwh']:8.1f} {row['idle_energy_kwh']:8.1f} {row['n_jobs_done']:6.0f}"
         )
 
 

@@ -42,7 +42,7 @@ app = typer.Typer(
 _DAEMON = "Run the daemon"
 _JOBS = "Jobs, decisions and overrides (the daemon's REST API)"
 _SIM = "Plan, simulate and evaluate"
-_LEARN = "Learned policy and load forecast"
+_LEARN = "Learned policy and demand forecast"
 _EXECUTOR = "Training for real"
 
 app.command("daemon", rich_help_panel=_DAEMON)(daemon)

@@ -77,7 +77,8 @@ def train_policy(
         int, typer.Option(min=1, help="Teacher episodes for imitation.")
     ] = 12,
     forecast: Annotated[
-        bool, typer.Option(help="LSTM forecast in the observation (else persistence).")
+        bool,
+        typer.Option(help="The demand LSTM's forecast in the observation (else none)."),
     ] = True,
     lr: Annotated[float, typer.Option(min=0.0, help="Learning rate.")] = 3e-4,
     entropy_coeff: Annotated[float, typer.Option(min=0.0, help="Entropy bonus.")] = 0.003,
@@ -89,7 +90,7 @@ def train_policy(
 ) -> None:
     """Train a scheduling policy with RLlib PPO.
 
-    The cluster environment's observation carries the LSTM load forecast. Episodes are
+    The cluster environment's observation carries the LSTM demand forecast. Episodes are
     windows of Alibaba pods (--trace/--nodes) and Pollux workloads (--pollux-workload),
     or synthetic jobs. RLlib checkpoints go under OUT (iter_NNNN/ and final/); the
     RLModule that serving loads is final/learner_group/learner/rl_module/default_policy.
@@ -211,8 +212,8 @@ def learned_policies(
         torch.set_num_threads(1)
         server = PolicyServer(checkpoint, slots=slots)  # raises on a bad checkpoint
 
-        def ppo(env: Any, seed: int) -> Any:
-            return LearnedPolicy(slots=slots, round_s=round_s, server=server)
+        def ppo(env: Any, seed: int, forecast: str = "lstm") -> Any:
+            return LearnedPolicy(slots=slots, round_s=round_s, server=server, forecast=forecast)
 
         factories["ppo"] = ppo
     if "tune" in names:

@@ -27,6 +27,7 @@ def _simulated(settings: Settings) -> Backend:
                 seed=settings.seed,
                 round_s=settings.round_period_s,
                 nodes=tuple(pollux_nodes(settings.sim_gpus)),
+                wake_s=settings.provisioning_wake_s,
             ),
             arrivals=arrivals,
         )
@@ -37,6 +38,7 @@ def _simulated(settings: Settings) -> Backend:
             mean_interarrival_s=settings.sim_mean_interarrival_s,
             initial_jobs=settings.sim_initial_jobs,
             max_jobs=settings.sim_max_jobs,
+            wake_s=settings.provisioning_wake_s,
         )
     )
 

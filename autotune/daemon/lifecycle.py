@@ -9,7 +9,8 @@ side of it (``Daemon.lifecycle``):
 - before every tick it reads the active and the shadow version (a read of a table of a
   few rows). When the active version is not the one deciding, it loads that version
   and swaps ``Daemon.policy`` for this tick, carrying over what the old policy
-  remembered of the cluster (the busy share behind the forecast feature): no restart.
+  remembered of the cluster (the demand history behind the forecast features): no
+  restart.
   A checkpoint that does not load is logged (``policy.activate_failed``), recorded with
   the reason, and the daemon keeps its policy (which the registry shows active again);
 - after the active policy has decided a round, the shadow (deterministic: no

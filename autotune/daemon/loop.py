@@ -49,6 +49,7 @@ from autotune.interfaces import (
     PolicyChoice,
 )
 from autotune.perf.model import statistical_efficiency
+from autotune.provisioning import Provisioner, ProvisioningPlan
 
 __all__ = [
     "FALLBACK_AFTER",
@@ -215,6 +216,12 @@ class Daemon:
         self.lifecycle: Lifecycle | None = None
         """The policy registry's hand on the loop (``autotune.daemon.lifecycle``): it may
         swap ``policy`` before a tick decides, and lets a shadow policy decide beside it."""
+        self.provisioner: Provisioner | None = None
+        """Parks idle nodes the demand forecast does not need (``autotune.provisioning``):
+        on a backend that can (``park``/``wake``: the simulator) before the tick decides;
+        elsewhere its plan is a recommendation, in the log and the metrics."""
+        self._provisioning: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        self._provisioned: ProvisioningPlan | None = None
 
     @property
     def health(self) -> TickHealth:
@@ -421,12 +428,39 @@ class Daemon:
         )
         return round_of(_Fallback(self.fallback, why)), True
 
+    def _provision(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
+        """Apply (or recommend) the provisioner's plan; the snapshot the tick decides on."""
+        assert self.provisioner is not None
+        plan = self.provisioner.plan(snapshot)
+        park, wake = getattr(self.backend, "park", None), getattr(self.backend, "wake", None)
+        applies = callable(park) and callable(wake) and hasattr(self.backend, "snapshot")
+        if (plan.park, plan.wake) != self._provisioning or plan.park or plan.wake:
+            event(
+                "provisioning",
+                applied=applies,
+                park=list(plan.park),
+                wake=list(plan.wake),
+                target_gpus=round(plan.target_gpus, 1),
+                powered_gpus=plan.powered_gpus,
+                reason=plan.reason,
+            )
+        self._provisioning = (plan.park, plan.wake)
+        self._provisioned = plan
+        if not applies or not (plan.park or plan.wake):
+            return snapshot
+        park(plan.park)  # type: ignore[misc]
+        wake(plan.wake)  # type: ignore[misc]
+        fresh: ClusterSnapshot = self.backend.snapshot()  # type: ignore[attr-defined]
+        return fresh
+
     def _tick(self) -> TickReport:
         started = time.perf_counter()
         if self.lifecycle is not None:
             self.lifecycle.before_tick(self)
         self._intake()
         snapshot = self.backend.observe()
+        if self.provisioner is not None:
+            snapshot = self._provision(snapshot)
         self._known.update(j.spec.job_id for j in snapshot.jobs)
         try:
             refitted = self.models.observe(snapshot)
@@ -498,6 +532,9 @@ class Daemon:
                     ("jobs_running", float(running), None),
                     ("jobs_pending", float(pending), None),
                     ("gpu_utilization", snapshot.gpu_utilization, None),
+                    ("gpu_demand", snapshot.demand_gpus(), None),
+                    ("gpu_capacity", snapshot.capacity_gpus(), None),
+                    *_provisioning_metrics(snapshot, self.provisioner, self._provisioned),
                     *_goodputs(snapshot),
                     *_measured(snapshot),
                 ],
@@ -810,3 +847,17 @@ def serve(
                 retention_db.dispose()
             daemon.db.dispose()
             event("daemon.stop")
+
+
+def _provisioning_metrics(
+    snapshot: ClusterSnapshot, provisioner: Provisioner | None, plan: ProvisioningPlan | None
+) -> list[tuple[str, float, str | None]]:
+    """Parked nodes now, and the provisioner's target (GPUs to keep powered)."""
+    parked = float(len(snapshot.parked_nodes) + len(snapshot.waking_nodes))
+    if provisioner is None or plan is None:
+        return [("nodes_parked", parked, None)] if parked else []
+    return [
+        ("nodes_parked", parked, None),
+        ("provisioning_target_gpus", plan.target_gpus, None),
+        ("provisioning_recommended_park", float(len(plan.park)), None),
+    ]

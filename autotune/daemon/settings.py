@@ -75,6 +75,20 @@ class Settings(BaseSettings):
     policy's most likely value with probability ``1 - epsilon``, a uniformly drawn one
     otherwise. Logged with every transition, it keeps the logged actions' probabilities
     away from 0 and 1, which off-policy evaluation needs. 0: deterministic."""
+    forecast: Literal["lstm", "persistence", "none"] = "lstm"
+    """The demand forecaster behind ``GET /api/v1/forecast``, the dashboard and the
+    learned policy's observation: ``lstm`` (the shipped LSTM, with its persistence
+    fallback behind it), ``persistence`` (calibrated persistence and persistence +
+    buffer alone) or ``none`` (no forecast: no arrival expected, the peak is the demand
+    now). The shipped policy was trained with ``lstm``."""
+    provisioning: Literal["none", "buffer", "forecast"] = "none"
+    """Park idle nodes beyond what the 95% quantile of the next hour's demand needs
+    (``autotune.provisioning``): ``forecast`` takes that quantile from the ``forecast``
+    forecaster, ``buffer`` from persistence + buffer, ``none`` keeps every node on. The
+    simulated backend powers parked nodes down (``provisioning_wake_s`` to wake one);
+    on Ray the plan is a recommendation (the ``provisioning`` log event and metrics)."""
+    provisioning_wake_s: float = Field(default=120.0, ge=0)
+    """Seconds a parked simulated node takes to become usable again."""
     log_transitions: bool = True
     """Log every round the learned policy decides (``transitions``) for offline retraining
     (``autotune replay export``)."""

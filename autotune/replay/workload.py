@@ -20,7 +20,6 @@ from typing import Any
 
 from autotune.core import JobSpec, NodeInfo
 from autotune.envs.simulator import Arrival
-from autotune.envs.workloads import requested_gpus
 from autotune.errors import InputError
 from autotune.perf.model import DEFAULT_COEFFICIENTS
 from autotune.perf.pollux import APPS, coefficients
@@ -55,7 +54,7 @@ def workload_job(
         "task": task.get("name"),
         "steps": steps,
         "work": float(work),
-        "reference_gpus": int(info.get("reference_gpus") or requested_gpus(spec)),
+        "reference_gpus": int(info.get("reference_gpus") or spec.gpu_request()),
         "coeffs_app": app,
         "speed_factor": float(speed_factor),
     }

@@ -16,7 +16,7 @@ import pandas as pd
 from autotune.csvfile import floats, read_csv
 from autotune.errors import InputError
 
-__all__ = ["LoadSeries", "helios_load"]
+__all__ = ["DemandSeries", "LoadSeries", "helios_demand", "helios_load"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, eq=False)
@@ -78,3 +78,72 @@ def helios_load(path: str | Path, column: str = "gpu_utilization") -> LoadSeries
     values.flags.writeable = False
     name = path.name.removesuffix(".gz").removesuffix(".csv")
     return LoadSeries(name=name, column=column, minutes=minutes, values=values)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class DemandSeries:
+    """GPU demand of one cluster per real minute: D(t) = running + pending GPUs.
+
+    Rows are put on a one-minute grid whatever the file's resolution (the newest row of
+    each minute; a minute without a row holds the value before it). The arrays are
+    read-only."""
+
+    name: str
+    time: npt.NDArray[np.str_]
+    """Each minute's ``time`` as in the file (the newest row's, or the minute held)."""
+    start: pd.Timestamp
+    """The first minute (UTC)."""
+    demand: npt.NDArray[np.float64]
+    """GPUs running plus GPUs pending, per minute."""
+    capacity: float
+    """The cluster's GPUs (the largest ``total_gpu_num`` seen)."""
+
+    @property
+    def minutes(self) -> int:
+        return int(self.demand.size)
+
+
+def helios_demand(path: str | Path) -> DemandSeries:
+    """A Helios-style load file (``time``, ``running_gpu_num``, ``pending_gpu_num``,
+    ``total_gpu_num``) as GPU demand per real minute."""
+    path = Path(path)
+    frame = read_csv(path, ("time", "running_gpu_num", "pending_gpu_num", "total_gpu_num"))
+    if frame.empty:
+        raise InputError("no data rows", path=str(path))
+    text = frame["time"].astype(str).str.strip()
+    moments = pd.to_datetime(text, errors="coerce", format="ISO8601", utc=True)
+    bad = moments.isna().to_numpy()
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(
+            f"not a date and time: {text.iloc[i]!r}", path=str(path), row=i + 2, column="time"
+        )
+    seconds = (moments - moments.iloc[0]).dt.total_seconds().to_numpy(dtype=np.float64)
+    backwards = np.diff(seconds) <= 0
+    if backwards.any():
+        i = int(np.argmax(backwards)) + 1
+        raise InputError(
+            f"time {text.iloc[i]} is not after the previous row's {text.iloc[i - 1]}",
+            path=str(path),
+            row=i + 2,
+            column="time",
+        )
+    running = floats(frame, "running_gpu_num", path)
+    pending = floats(frame, "pending_gpu_num", path)
+    total = floats(frame, "total_gpu_num", path)
+    if (running < 0).any() or (pending < 0).any():
+        raise InputError("GPU counts cannot be negative", path=str(path))
+    capacity = float(total.max())
+    if capacity <= 0:
+        raise InputError("total_gpu_num: the cluster has no GPUs", path=str(path))
+    minute = moments.dt.floor("min")
+    grid = pd.DataFrame({"d": running + pending, "t": text.to_numpy()}, index=minute)
+    grid = grid[~grid.index.duplicated(keep="last")]
+    full = pd.date_range(grid.index[0], grid.index[-1], freq="min")
+    grid = grid.reindex(full).ffill()
+    demand = grid["d"].to_numpy(dtype=np.float64)
+    times = grid["t"].to_numpy(dtype=str)
+    demand.flags.writeable = False
+    times.flags.writeable = False
+    name = path.name.removesuffix(".gz").removesuffix(".csv")
+    return DemandSeries(name=name, time=times, start=full[0], demand=demand, capacity=capacity)

@@ -26,7 +26,6 @@ from autotune.daemon.auth import (
     hash_token,
     rotate_token,
 )
-from autotune.daemon.forecast import PersistenceForecaster, forecast_series
 from autotune.daemon.loop import Daemon
 from autotune.db import Database
 from autotune.db import repository as repo
@@ -353,32 +352,22 @@ def test_policies_list_the_active_version(service: Service) -> None:
     assert active["kind"] == "rules"
 
 
-def test_forecast_names_the_persistence_fallback_and_lines_up_with_actual_load(
-    service: Service,
-) -> None:
+def test_forecast_shows_the_demand_the_ticks_recorded(service: Service) -> None:
+    """Every tick records the cluster's GPU demand and capacity; with no forecaster
+    chain (an app built without one) ``NoForecast`` answers: no arrival expected, the
+    peak is the demand now."""
     service.ticks(5)
-    forecast = service.client.get("/api/v1/forecast", params={"samples": 6}).json()
-    assert forecast["predictor"] == "persistence (last value)"
-    actual = [p["value"] for p in forecast["actual"]]
-    predicted = [p["value"] for p in forecast["predicted"]]
-    assert len(actual) == 6
-    assert predicted == actual[:-1]  # last value: each prediction is the sample before
-    assert forecast["current_prediction"] == actual[-1]
-    errors = [abs(a - p) for a, p in zip(actual[1:], predicted, strict=True)]
-    assert forecast["mean_absolute_error"] == pytest.approx(sum(errors) / len(errors))
-
-
-def test_forecast_series_replays_any_forecaster() -> None:
-    class Mean:
-        name = "mean"
-
-        def predict(self, history: Any, horizon: int) -> float:
-            return float(sum(history) / len(history))
-
-    series = forecast_series([0.0, 1.0, 2.0, 3.0], Mean(), horizon=2)
-    assert series.predicted == [(2, 0.0), (3, 0.5)]
-    assert series.current == 1.5
-    assert forecast_series([], PersistenceForecaster()).current is None
+    forecast = service.client.get("/api/v1/forecast", params={"minutes": 60}).json()
+    with service.daemon.db.session() as session:
+        demand = repo.list_metrics(session=session, names=["gpu_demand"], limit=1)[0].value
+        capacity = repo.list_metrics(session=session, names=["gpu_capacity"], limit=1)[0].value
+    assert demand > 0
+    assert forecast["predictor"] == "none"
+    assert forecast["fallback_reasons"] == []
+    assert forecast["capacity_gpus"] == capacity == 32
+    assert 1 <= len(forecast["points"]) <= 2  # 8 ticks within a minute or two
+    assert forecast["points"][-1]["demand_gpus"] == demand
+    assert forecast["now"]["15"] == {"p_arrival": 0.0, "q50": demand, "q90": demand, "q95": demand}
 
 
 def test_metrics_count_decisions_ticks_and_requests(service: Service) -> None:
@@ -448,8 +437,9 @@ def test_dashboard_is_self_contained(service: Service) -> None:
     assert script.status_code == 200
     assert len(script.content) > 1_000_000
     data = service.client.get("/api/v1/dashboard").json()
-    assert data["predictor"] == "persistence (last value)"
-    assert len(data["utilization"]["actual"]) == 3
+    assert data["predictor"] == data["demand"]["predictor"] == "none"
+    assert data["demand"]["demand_gpus"]
+    assert data["demand"]["capacity_gpus"] == 32
     everything = service.client.get("/api/v1/decisions").json()["count"]
     assert len(data["decisions"]) == everything  # the first tick's included
     assert data["goodput"]
@@ -497,7 +487,7 @@ def test_dashboard_renders_in_headless_chromium(service: Service, tmp_path: Path
     assert done.returncode == 0, done.stderr[-2000:]
     # Plotly drew the three charts (each an SVG with its title) and the status line.
     assert dom.count('class="main-svg"') >= 3, dom[:2000]
-    for title in ("actual vs forecast", "Goodput per job", "Decisions by source"):
+    for title in ("GPU demand", "Goodput per job", "Decisions by source"):
         assert title in dom
     assert "jobs:" in dom
     assert "running" in dom
