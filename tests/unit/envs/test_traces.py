@@ -466,3 +466,27 @@ def test_helios_file_without_rows(tmp_path: Path) -> None:
     path = write(tmp_path / "vc.csv", HELIOS_HEADER)
     with pytest.raises(InputError, match=r"vc\.csv: no data rows"):
         helios_load(path)
+
+
+def test_helios_demand_is_put_on_real_minutes(tmp_path: Path) -> None:
+    """Rows every 30 s keep the newest of each minute; a minute without a row holds the
+    one before; demand is running + pending GPUs, capacity the largest total."""
+    from autotune.envs.traces import helios_demand
+
+    csv = tmp_path / "vc.csv"
+    csv.write_text(
+        "time,running_gpu_num,pending_gpu_num,total_gpu_num\n"
+        "2020-05-01 00:00:00,1,0,8\n"
+        "2020-05-01 00:00:30,2,1,8\n"
+        "2020-05-01 00:01:00,2,2,8\n"
+        "2020-05-01 00:03:15,4,0,16\n"
+    )
+    series = helios_demand(csv)
+    assert series.demand.tolist() == [3.0, 4.0, 4.0, 4.0]
+    assert series.capacity == 16.0
+    assert series.time.tolist()[0] == "2020-05-01 00:00:30"
+    assert series.start == pd.Timestamp("2020-05-01 00:00:00", tz="UTC")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("time,running_gpu_num,pending_gpu_num,total_gpu_num\nx,1,0,8\n")
+    with pytest.raises(InputError, match="not a date"):
+        helios_demand(bad)
