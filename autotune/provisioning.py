@@ -86,29 +86,24 @@ class Provisioner:
             f"{self.level:.0%} quantile of the next {self.horizon_min} min peak "
             f"{peak:.1f} GPUs ({forecast.predictor}), demand now {demand:.1f}"
         )
+        woken: list[str] = []
+        park: list[str] = []
         if on < target:
-            woken: list[str] = []
             for node in parked:
                 if on >= target:
                     break
                 woken.append(node.node_id)
                 on += node.gpu_count
-            return ProvisioningPlan(
-                wake=tuple(woken),
-                target_gpus=target,
-                powered_gpus=on,
-                predictor=forecast.predictor,
-                reason=why,
-            )
-        held = snapshot.held_gpus()
-        park: list[str] = []
-        for node in reversed([n for n in snapshot.nodes if n.gpu_count > 0]):
-            if held.get(node.node_id, 0.0) > 0 or on - node.gpu_count < target:
-                continue
-            park.append(node.node_id)
-            on -= node.gpu_count
+        else:
+            held = snapshot.held_gpus()
+            for node in reversed([n for n in snapshot.nodes if n.gpu_count > 0]):
+                if held.get(node.node_id, 0.0) > 0 or on - node.gpu_count < target:
+                    continue
+                park.append(node.node_id)
+                on -= node.gpu_count
         return ProvisioningPlan(
             park=tuple(park),
+            wake=tuple(woken),
             target_gpus=target,
             powered_gpus=on,
             predictor=forecast.predictor,

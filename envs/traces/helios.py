@@ -31,16 +31,10 @@ class LoadSeries:
     values: npt.NDArray[np.float64]
 
 
-def helios_load(path: str | Path, column: str = "gpu_utilization") -> LoadSeries:
-    """One column of a Helios per-minute load file, against minutes since its first row."""
-    path = Path(path)
-    frame = read_csv(path, ("time",))
-    if column not in frame.columns:
-        raise InputError(
-            f"no such column; available: {', '.join(map(str, frame.columns))}",
-            path=str(path),
-            column=column,
-        )
+def _times(frame: pd.DataFrame, path: Path) -> tuple[pd.Series, pd.Series, npt.NDArray[np.float64]]:
+    """The ``time`` column as text, as UTC moments and as seconds since the first row;
+    an empty file, a cell that is no date and time, or a row not after the one before
+    raises."""
     if frame.empty:
         raise InputError("no data rows", path=str(path))
     text = frame["time"].astype(str).str.strip()
@@ -62,6 +56,20 @@ def helios_load(path: str | Path, column: str = "gpu_utilization") -> LoadSeries
             row=i + 2,
             column="time",
         )
+    return text, moments, seconds
+
+
+def helios_load(path: str | Path, column: str = "gpu_utilization") -> LoadSeries:
+    """One column of a Helios per-minute load file, against minutes since its first row."""
+    path = Path(path)
+    frame = read_csv(path, ("time",))
+    if column not in frame.columns:
+        raise InputError(
+            f"no such column; available: {', '.join(map(str, frame.columns))}",
+            path=str(path),
+            column=column,
+        )
+    _, _, seconds = _times(frame, path)
     values = floats(frame, column, path)
     if column == "gpu_utilization":
         outside = (values < 0) | (values > 1)
@@ -108,26 +116,7 @@ def helios_demand(path: str | Path) -> DemandSeries:
     ``total_gpu_num``) as GPU demand per real minute."""
     path = Path(path)
     frame = read_csv(path, ("time", "running_gpu_num", "pending_gpu_num", "total_gpu_num"))
-    if frame.empty:
-        raise InputError("no data rows", path=str(path))
-    text = frame["time"].astype(str).str.strip()
-    moments = pd.to_datetime(text, errors="coerce", format="ISO8601", utc=True)
-    bad = moments.isna().to_numpy()
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise InputError(
-            f"not a date and time: {text.iloc[i]!r}", path=str(path), row=i + 2, column="time"
-        )
-    seconds = (moments - moments.iloc[0]).dt.total_seconds().to_numpy(dtype=np.float64)
-    backwards = np.diff(seconds) <= 0
-    if backwards.any():
-        i = int(np.argmax(backwards)) + 1
-        raise InputError(
-            f"time {text.iloc[i]} is not after the previous row's {text.iloc[i - 1]}",
-            path=str(path),
-            row=i + 2,
-            column="time",
-        )
+    text, moments, _ = _times(frame, path)
     running = floats(frame, "running_gpu_num", path)
     pending = floats(frame, "pending_gpu_num", path)
     total = floats(frame, "total_gpu_num", path)
