@@ -13,10 +13,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.stride_tricks import sliding_window_view
 
 __all__ = [
     "DAY_MINUTES",
@@ -27,7 +28,9 @@ __all__ = [
     "DemandForecaster",
     "DemandHistory",
     "NoForecast",
+    "rises",
     "series_forecasts",
+    "targets",
     "week_minute",
 ]
 
@@ -42,10 +45,30 @@ F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
 
-def week_minute(minute: float) -> float:
+def week_minute(minute: Any) -> Any:
     """Minute of the week (Monday 00:00 = 0) of ``minute`` minutes since the Unix epoch
-    (a Thursday); a simulated clock starting at 0 starts on a Thursday too."""
+    (a Thursday), a number or an array; a simulated clock starting at 0 starts on a
+    Thursday too."""
     return (minute + 3 * DAY_MINUTES) % WEEK_MINUTES
+
+
+def rises(demand: F64) -> npt.NDArray[np.bool_]:
+    """``rises[k]``: D(k) > D(k-1) (the first minute never rises)."""
+    out = np.zeros(demand.size, dtype=bool)
+    out[1:] = demand[1:] > demand[:-1]
+    return out
+
+
+def targets(demand: F64, ends: I64, horizon: int) -> tuple[npt.NDArray[np.bool_], F64]:
+    """What a forecast made at each minute of ``ends`` is scored against: the **arrival**
+    (any minute k in (t, t+h] with D(k) > D(k-1)) and the **peak** (max D over (t, t+h]);
+    every ``end + horizon`` must be inside the series."""
+    if ends.size and int(ends.max()) + horizon >= demand.size:
+        raise ValueError("a target window runs past the series")
+    counts = np.concatenate([[0], np.cumsum(rises(demand))])
+    arrival = counts[ends + horizon + 1] - counts[ends + 1] > 0
+    peaks: F64 = sliding_window_view(demand[1:], horizon).max(axis=1)
+    return arrival, peaks[ends]
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,9 +58,10 @@ from autotune.demand import (
     HORIZONS,
     QUANTILES,
     WEEK_MINUTES,
-    DemandForecast,
-    DemandHistory,
     NoForecast,
+    rises,
+    targets,
+    week_minute,
 )
 from autotune.envs.traces import DemandSeries, helios_demand
 from autotune.errors import InputError
@@ -72,8 +73,6 @@ __all__ = [
     "QUANTILES",
     "TRAIN_SERIES",
     "Baselines",
-    "DemandForecast",
-    "DemandHistory",
     "DemandLSTM",
     "Forecaster",
     "ForecasterConfig",
@@ -86,7 +85,6 @@ __all__ = [
     "predictions_frame",
     "read_demand",
     "save_checkpoint",
-    "targets",
     "train",
 ]
 
@@ -115,27 +113,6 @@ B = npt.NDArray[np.bool_]
 def read_demand(path: str | Path) -> DemandSeries:
     """A Helios-style CSV as GPU demand per minute (``autotune.envs.traces.helios_demand``)."""
     return helios_demand(path)
-
-
-# -- targets ---------------------------------------------------------------------------
-
-
-def rises(demand: F64) -> B:
-    """``rises[k]``: D(k) > D(k-1) (the first minute never rises)."""
-    out = np.zeros(demand.size, dtype=bool)
-    out[1:] = demand[1:] > demand[:-1]
-    return out
-
-
-def targets(demand: F64, ends: I64, horizon: int) -> tuple[B, F64]:
-    """Arrival (any rise in (t, t+h]) and peak (max D over (t, t+h]) for forecasts made
-    at minutes ``ends``; every ``end + horizon`` must be inside the series."""
-    if ends.size and int(ends.max()) + horizon >= demand.size:
-        raise ValueError("a target window runs past the series")
-    counts = np.concatenate([[0], np.cumsum(rises(demand))])
-    arrival = counts[ends + horizon + 1] - counts[ends + 1] > 0
-    peaks = sliding_window_view(demand[1:], horizon).max(axis=1)
-    return arrival, peaks[ends]
 
 
 # -- features --------------------------------------------------------------------------
@@ -390,8 +367,7 @@ def _cum(values: F64) -> F64:
 
 def minute_of_week(start: pd.Timestamp, ends: I64) -> F64:
     """Minute of the week (Monday 00:00 = 0) of minutes ``ends`` after ``start``."""
-    first = start.day_of_week * DAY_MINUTES + start.hour * 60 + start.minute
-    out: F64 = ((first + ends) % WEEK_MINUTES).astype(np.float64)
+    out: F64 = week_minute(start.timestamp() / 60 + ends.astype(np.float64))
     return out
 
 

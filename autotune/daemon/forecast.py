@@ -26,6 +26,7 @@ from autotune.demand import (
     DemandHistory,
     NoForecast,
     series_forecasts,
+    targets,
 )
 
 __all__ = ["CAPACITY_METRIC", "DEMAND_METRIC", "ForecastWindow", "forecast_window"]
@@ -54,16 +55,14 @@ class ForecastWindow:
     def realised(self, horizon: int) -> list[tuple[bool, float] | None]:
         """What happened after each minute within ``horizon`` minutes: (arrival, peak), or
         ``None`` where the window has not passed yet."""
-        out: list[tuple[bool, float] | None] = []
-        d = self.demand
-        for i in range(len(d)):
-            if i + horizon >= len(d):
-                out.append(None)
-                continue
-            ahead = d[i + 1 : i + horizon + 1]
-            arrival = any(b > a for a, b in zip(d[i : i + horizon], ahead, strict=True))
-            out.append((arrival, max(ahead)))
-        return out
+        passed = max(0, len(self.demand) - horizon)
+        if not passed:
+            return [None] * len(self.demand)
+        arrival, peak = targets(
+            np.asarray(self.demand, dtype=np.float64), np.arange(passed, dtype=np.int64), horizon
+        )
+        done = [(bool(a), float(p)) for a, p in zip(arrival, peak, strict=True)]
+        return [*done, *[None] * (len(self.demand) - passed)]
 
     def coverage(self, horizon: int, level: float = 0.95) -> float | None:
         """Share of the minutes whose peak over the horizon stayed at or under the

@@ -220,8 +220,8 @@ class Daemon:
         """Parks idle nodes the demand forecast does not need (``autotune.provisioning``):
         on a backend that can (``park``/``wake``: the simulator) before the tick decides;
         elsewhere its plan is a recommendation, in the log and the metrics."""
-        self._provisioning: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
         self._provisioned: ProvisioningPlan | None = None
+        """The provisioner's newest plan."""
 
     @property
     def health(self) -> TickHealth:
@@ -434,7 +434,8 @@ class Daemon:
         plan = self.provisioner.plan(snapshot)
         park, wake = getattr(self.backend, "park", None), getattr(self.backend, "wake", None)
         applies = callable(park) and callable(wake) and hasattr(self.backend, "snapshot")
-        if (plan.park, plan.wake) != self._provisioning or plan.park or plan.wake:
+        last = self._provisioned
+        if plan.park or plan.wake or (last is not None and (last.park or last.wake)):
             event(
                 "provisioning",
                 applied=applies,
@@ -444,7 +445,6 @@ class Daemon:
                 powered_gpus=plan.powered_gpus,
                 reason=plan.reason,
             )
-        self._provisioning = (plan.park, plan.wake)
         self._provisioned = plan
         if not applies or not (plan.park or plan.wake):
             return snapshot

@@ -14,7 +14,14 @@ import pandas as pd
 import pytest
 from helpers import autotune_command, cli
 
-from autotune.demand import HORIZONS, QUANTILES, DemandHistory, NoForecast, series_forecasts
+from autotune.demand import (
+    HORIZONS,
+    QUANTILES,
+    DemandHistory,
+    NoForecast,
+    series_forecasts,
+    targets,
+)
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.spaces import GLOBAL
 from autotune.envs.traces import helios_demand
@@ -29,7 +36,6 @@ from autotune.policies.forecast import (
     features,
     load_checkpoint,
     minute_of_week,
-    targets,
 )
 
 UNSEEN = "earth_vccaA"
