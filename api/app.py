@@ -29,7 +29,7 @@ from autotune.daemon.auth import TokenCheck
 from autotune.daemon.lifecycle import PolicyLifecycle, PolicyLoader
 from autotune.daemon.loop import Daemon
 from autotune.daemon.telemetry import TelemetrySource
-from autotune.db import Database
+from autotune.db import Database, database_error
 from autotune.demand import DemandForecaster
 
 __all__ = ["API_PREFIX", "attach_daemon", "create_app"]
@@ -66,7 +66,7 @@ async def _database_unavailable(_request: Request, exc: Exception) -> JSONRespon
     elif isinstance(exc, DBAPIError) and exc.connection_invalidated:
         why = "the database connection was lost"
     else:
-        why = f"the database cannot answer now ({type(getattr(exc, 'orig', exc)).__name__})"
+        why = f"the database cannot answer now ({database_error(exc)})"
     return JSONResponse(
         status_code=503,
         content={"detail": f"{why}; retry in {RETRY_AFTER_S} s"},
@@ -150,9 +150,15 @@ def attach_daemon(app: FastAPI, daemon: Daemon) -> None:
     app.state.tick_health = lambda: daemon.health
     metrics: ServiceMetrics = app.state.metrics
     metrics.tick_health = app.state.tick_health
+    if daemon.leadership is not None:
+        metrics.leader_status = daemon.leadership.status
     daemon.tick_observers.append(metrics.observe_tick)
-    # What the busiest reads return changes once per tick: keep it until the next one.
-    cache = app.state.tick_cache = TickCache()
+    # What the busiest reads return changes once per tick: keep it until the next one;
+    # only while this daemon decides (a follower does not know when the leader ticks).
+    leadership = daemon.leadership
+    cache = app.state.tick_cache = TickCache(
+        serving=None if leadership is None else (lambda: daemon.term is not None)
+    )
     daemon.after_tick.append(cache.clear)
     # Registry changes are refused when the daemon would never act on them.
     lifecycle = daemon.lifecycle

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +50,11 @@ class TickCache:
     """Responses by request target, dropped at every tick and every write; at most
     ``max_entries`` of them (the oldest go first)."""
 
-    def __init__(self, max_entries: int = 256) -> None:
+    def __init__(self, max_entries: int = 256, serving: Callable[[], bool] | None = None) -> None:
+        """``serving``: whether the cache may be used now (``None``: always); while it
+        says no, every read goes to the database."""
         self.max_entries = max_entries
+        self.serving = serving
         self._lock = threading.Lock()
         self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
         self._generation = 0
@@ -113,6 +117,10 @@ class CachedReads:
             return
         cache: TickCache | None = getattr(scope["app"].state, "tick_cache", None)
         if cache is None:
+            await self.app(scope, receive, send)
+            return
+        if cache.serving is not None and not cache.serving():
+            cache.clear()  # nothing kept from an earlier time this process decided
             await self.app(scope, receive, send)
             return
         if scope["method"] not in ("GET", "HEAD"):

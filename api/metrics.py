@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from autotune.api.cache import JobCounts
+from autotune.daemon.leader import LeaderStatus
 from autotune.daemon.loop import TickHealth, TickReport
 from autotune.db import Database
 from autotune.db import repository as repo
@@ -95,6 +96,29 @@ class _TickHealthCollector(Collector):
         )
         fallback.add_metric([], 1.0 if health.fallback is not None else 0.0)
         yield fallback
+        paused = GaugeMetricFamily(
+            "autotune_tick_paused",
+            "1 while ticks are paused (the database cannot take them; /readyz says why), else 0",
+        )
+        paused.add_metric([], 1.0 if health.paused is not None else 0.0)
+        yield paused
+        status = self._metrics.leader_status() if self._metrics.leader_status else None
+        if status is None:
+            return
+        leader = GaugeMetricFamily(
+            "autotune_leader",
+            "1 while this daemon holds the leader lease and decides, else 0 (it serves the "
+            "API and takes over when the leader stops renewing)",
+            labels=["daemon"],
+        )
+        leader.add_metric([status.daemon], 1.0 if status.leading else 0.0)
+        yield leader
+        if status.leader_term is not None:
+            term = GaugeMetricFamily(
+                "autotune_leader_term", "The leader lease's term as this daemon last read it"
+            )
+            term.add_metric([], status.leader_term)
+            yield term
 
 
 class ServiceMetrics:
@@ -117,6 +141,8 @@ class ServiceMetrics:
         )
         self.tick_health: Callable[[], TickHealth] | None = None
         """The daemon's health, where one runs in this process (``attach_daemon``)."""
+        self.leader_status: Callable[[], LeaderStatus] | None = None
+        """The daemon's leadership, where it shares the database with others."""
         self.registry.register(_DatabaseCollector(db, job_counts or JobCounts()))
         self.registry.register(_TickHealthCollector(self))
 

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SHARED_DATA, free_port
+from helpers import REQUIRE_POSTGRES, SHARED_DATA, PostgresServer
 
 from autotune.db import Database, sqlite_url
 
@@ -83,80 +83,53 @@ def database(tmp_path: Path) -> Database:
 # The storage tests also run against PostgreSQL when one is at hand: the server named by
 # AUTOTUNE_TEST_POSTGRES_URL (a database the tests may create databases next to), or a
 # throwaway server started from the PostgreSQL binaries when initdb and pg_ctl are
-# found (Debian's postgresql package). Otherwise those tests skip, saying why.
+# found (Debian's postgresql package). Otherwise those tests skip, saying why, unless
+# AUTOTUNE_REQUIRE_POSTGRES is set (CI sets it): then they fail.
 
 
-def _postgres_bin() -> Path | None:
-    import shutil
+def no_postgres(why: str) -> None:
+    """Skip the test for want of PostgreSQL, or fail it where PostgreSQL is required."""
+    if os.environ.get(REQUIRE_POSTGRES):
+        pytest.fail(f"{why} ({REQUIRE_POSTGRES} is set)")
+    pytest.skip(why)
 
-    found = shutil.which("pg_ctl")
-    if found:
-        return Path(found).resolve().parent
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
-    return candidates[-1].parent if candidates else None
+
+def _postgres_server() -> PostgresServer:
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg") is None:
+        no_postgres("psycopg is not installed (pip install 'autotune[postgres]')")
+    try:
+        return PostgresServer()
+    except FileNotFoundError:
+        no_postgres("no PostgreSQL: set AUTOTUNE_TEST_POSTGRES_URL or install postgresql")
+    except KeyError:
+        no_postgres("running as root and there is no postgres user to run the server")
+    raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
     """A PostgreSQL admin URL (``.../postgres``) for the session."""
-    import importlib.util
-    import pwd
-    import subprocess
-
-    if importlib.util.find_spec("psycopg") is None:
-        pytest.skip("psycopg is not installed (pip install 'autotune[postgres]')")
     url = os.environ.get("AUTOTUNE_TEST_POSTGRES_URL")
     if url:
         yield url
         return
-    bin_dir = _postgres_bin()
-    if bin_dir is None or not (bin_dir / "initdb").exists():
-        pytest.skip("no PostgreSQL: set AUTOTUNE_TEST_POSTGRES_URL or install postgresql")
-    # initdb refuses to run as root: run the server as the postgres user then.
-    import shutil
-    import tempfile
-
-    prefix: list[str] = []
-    # Not under pytest's tmp dir: that one is private to the user running the tests.
-    root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
-    if os.geteuid() == 0:
-        try:
-            user = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no postgres user to run the server")
-        os.chown(root, user.pw_uid, user.pw_gid)
-        prefix = ["runuser", "-u", "postgres", "--"]
-    data, port = root / "data", free_port()
-    subprocess.run(
-        [*prefix, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "autotune"],
-        check=True,
-        capture_output=True,
-    )
-    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-    subprocess.run(
-        [
-            *prefix,
-            str(bin_dir / "pg_ctl"),
-            "-D",
-            str(data),
-            "-o",
-            options,
-            "-l",
-            str(root / "log"),
-            "-w",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-    )
+    server = _postgres_server()
     try:
-        yield f"postgresql+psycopg://autotune@127.0.0.1:{port}/postgres"
+        yield server.url
     finally:
-        subprocess.run(
-            [*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
-            capture_output=True,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+        server.close()
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL server of the test's own, which it may stop and start."""
+    server = _postgres_server()
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,3 +94,167 @@ def train(
 
     run = RunnerConfig(task=task, steps=steps, **kwargs)
     return JobRunner(run, cfg, on_step=on_step).run()
+
+
+REQUIRE_POSTGRES = "AUTOTUNE_REQUIRE_POSTGRES"
+"""Set (CI sets it) to make the tests that need a PostgreSQL server fail, not skip, when
+they cannot start one."""
+
+
+def postgres_bin() -> Path | None:
+    """Where ``pg_ctl`` and ``initdb`` are (Debian's postgresql package), if anywhere."""
+    import shutil
+
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return candidates[-1].parent if candidates else None
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL server from the installed binaries, on a free port, that a
+    test (or a benchmark) can stop and start again: ``url`` is its admin database.
+
+    Run as root, the server runs as the ``postgres`` user (initdb refuses root)."""
+
+    def __init__(self) -> None:
+        import os
+        import pwd
+        import subprocess
+        import tempfile
+
+        bin_dir = postgres_bin()
+        if bin_dir is None or not (bin_dir / "initdb").exists():
+            raise FileNotFoundError("no PostgreSQL binaries (initdb, pg_ctl): install postgresql")
+        self.bin_dir = bin_dir
+        self.prefix: list[str] = []
+        # Not under pytest's tmp dir: that one is private to the user running the tests.
+        self.root = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+        if os.geteuid() == 0:
+            user = pwd.getpwnam("postgres")  # KeyError: no user to run the server as
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+            self.prefix = ["runuser", "-u", "postgres", "--"]
+        self.data, self.port = self.root / "data", free_port()
+        initdb = [str(bin_dir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "autotune"]
+        subprocess.run(
+            [*self.prefix, *initdb],
+            check=True,
+            capture_output=True,
+        )
+        self.url = f"postgresql+psycopg://autotune@127.0.0.1:{self.port}/postgres"
+        self.start()
+
+    def _ctl(self, *args: str, check: bool = True) -> None:
+        import subprocess
+
+        subprocess.run(
+            [*self.prefix, str(self.bin_dir / "pg_ctl"), "-D", str(self.data), *args],
+            check=check,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._ctl("-o", options, "-l", str(self.root / "log"), "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """``fast``: clients are disconnected, committed work is kept (an outage);
+        ``immediate``: the server is killed."""
+        self._ctl("-m", mode, "-w", "stop")
+
+    def create_database(self) -> str:
+        """A fresh, empty database on it: its URL."""
+        import uuid
+
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.engine import make_url
+
+        name = f"autotune_test_{uuid.uuid4().hex[:12]}"
+        admin = create_engine(self.url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+        return make_url(self.url).set(database=name).render_as_string(False)
+
+    def close(self) -> None:
+        import shutil
+
+        self._ctl("-m", "immediate", "stop", check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class DaemonProcess:
+    """``autotune daemon`` in a child process on the built-in simulated cluster, with its
+    data in ``tmp_path / data_dir`` and its output in ``tmp_path / <name>.out|.err``."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        port: int,
+        name: str,
+        db_url: str | None = None,
+        *,
+        tick_s: float = 0.4,
+        jobs: tuple[int, int] = (0, 0),
+        data_dir: str = "data",
+        extra: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """``jobs``: the simulator's ``(initial, max)`` jobs of its own stream (``(0,
+        0)``: only those submitted through the API)."""
+        import os
+        import subprocess
+
+        self.port = port
+        # No exploration: tests count the decisions a job gets, and an explored `change`
+        # entry may reconfigure a running job's unpinned fields at any tick.
+        environ = {
+            **os.environ,
+            "AUTOTUNE_DATA_DIR": str(tmp_path / data_dir),
+            "AUTOTUNE_EXPLORATION_EPSILON": "0",
+        }
+        for key in ("AUTOTUNE_DB_URL", "AUTOTUNE_CONFIG", "AUTOTUNE_TOKEN"):
+            environ.pop(key, None)
+        if db_url is not None:
+            environ["AUTOTUNE_DB_URL"] = db_url
+        environ.update(env or {})
+        self.stdout_path = tmp_path / f"{name}.out"
+        self.stderr_path = tmp_path / f"{name}.err"
+        with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
+            self.process = subprocess.Popen(
+                [
+                    *autotune_command(),
+                    "daemon",
+                    "--port",
+                    str(port),
+                    "--tick-s",
+                    str(tick_s),
+                    "--sim-initial-jobs",
+                    str(jobs[0]),
+                    "--sim-max-jobs",
+                    str(jobs[1]),
+                    *extra,
+                ],
+                cwd=tmp_path,
+                env=environ,
+                stdout=out,
+                stderr=err,
+            )
+
+    def log_events(self) -> list[dict[str, Any]]:
+        """The JSON log lines it wrote to stderr so far."""
+        events = []
+        for line in self.stderr_path.read_text().splitlines():
+            if line.startswith("{"):
+                try:
+                    events.append(json.loads(line))
+                except ValueError:
+                    continue
+        return events
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)

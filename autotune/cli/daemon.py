@@ -136,6 +136,7 @@ def daemon(
     """
     from autotune.daemon.auth import ensure_token
     from autotune.daemon.backends import build_backend
+    from autotune.daemon.leader import Leadership
     from autotune.daemon.log import configure_logging
     from autotune.daemon.loop import Daemon, serve
     from autotune.daemon.settings import load_settings
@@ -174,7 +175,7 @@ def daemon(
     if settings.db_url is None:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     database = Database(settings.database_url)
-    database.upgrade()
+    database.prepare()  # migrated, reachable and writable, or exit 2 saying why
     api_db = Database(
         settings.database_url,
         pool_size=settings.api_pool_size,
@@ -196,7 +197,18 @@ def daemon(
     if chosen is None:
         chosen = _learned_policy(policy_checkpoint, settings)
     # The rules decide whenever the chosen policy fails after ticks failed in a row.
-    the_daemon = Daemon(db=database, backend=cluster, policy=chosen, fallback=RulesPolicy())
+    # Other daemons may share the database: the lease holder decides, the others serve
+    # the API and take over when it stops renewing.
+    the_daemon = Daemon(
+        db=database,
+        backend=cluster,
+        policy=chosen,
+        fallback=RulesPolicy(),
+        leadership=Leadership(
+            Database(settings.database_url, pool_size=1), lease_s=settings.leader_lease_s
+        ),
+        backend_factory=lambda: build_backend(settings),
+    )
     if policy == "ppo":  # it follows the policy registry: activate, shadow, roll back
         from autotune.daemon.lifecycle import PolicyLifecycle
 

@@ -11,6 +11,14 @@ decides with its fallback policy (``Daemon(fallback=...)``, the rules where the 
 line assembles it) whenever its own policy fails: each tick still asks its own policy
 first, and the first tick that its own policy decides and that completes ends the
 fallback. Decisions the fallback takes have ``source="fallback"`` and say why.
+
+A tick the database cannot take (unreachable, locked, full, read-only) is not a failure
+of the policy: the loop pauses, says why (log event ``tick.paused``, ``/readyz``) and
+resumes at the first tick the database takes; nothing is applied that was not committed.
+
+Several daemons may run on one database (``autotune.daemon.leader``): each serves the
+API, and only the one holding the leader lease ticks; every transaction that writes its
+decisions first checks that it still holds the lease for its term (fencing).
 """
 
 from __future__ import annotations
@@ -30,14 +38,18 @@ from types import FrameType
 from typing import Any, Protocol
 
 import uvicorn
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
 from autotune.core import Decision, utc_now
 from autotune.daemon.decide import DecisionRound, decide, placement_summary
+from autotune.daemon.leader import Leadership
 from autotune.daemon.log import event
 from autotune.daemon.performance import JobModel, JobModels
-from autotune.db import Database
+from autotune.db import Database, database_error
 from autotune.db import repository as repo
+from autotune.db.lease import LeaseLostError
 from autotune.db.retention import RetentionPolicy, run_retention
 from autotune.interfaces import (
     Backend,
@@ -58,6 +70,7 @@ __all__ = [
     "Recorder",
     "TickHealth",
     "TickReport",
+    "database_unavailable",
     "serve",
 ]
 
@@ -94,21 +107,37 @@ class TickHealth:
     fallback: str | None = None
     """The fallback policy's name while the daemon decides with it; ``None``: it does
     not."""
+    paused: str | None = None
+    """Why ticks are paused (the database cannot take them, or the leader lease could not
+    be renewed); ``None``: they are not."""
+    paused_since: datetime | None = None
 
     @property
     def ok(self) -> bool:
         """The last tick succeeded and the daemon's own policy decided it."""
-        return self.consecutive_failures == 0 and self.fallback is None
+        return self.consecutive_failures == 0 and self.fallback is None and self.paused is None
 
     def describe(self) -> str | None:
         """Why the loop is not ok, in words; ``None`` when it is."""
         if self.ok:
             return None
+        if self.paused is not None and self.consecutive_failures == 0:
+            return f"ticks paused since {self.paused_since:%H:%M:%S}: {self.paused}"
         text = f"{self.consecutive_failures} consecutive failed tick(s); last error: "
         text += str(self.last_error)
         if self.fallback is not None:
             text += f"; deciding with the fallback policy {self.fallback}"
+        if self.paused is not None:
+            text += f"; ticks paused: {self.paused}"
         return text
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """The database cannot take the work now (unreachable, connection lost, locked, full,
+    read-only, no connection free): the work may succeed later as it is."""
+    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 class Recorder(Protocol):
@@ -184,13 +213,29 @@ class Daemon:
         backend: Backend,
         policy: Policy,
         fallback: Policy | None = None,
+        leadership: Leadership | None = None,
+        backend_factory: Callable[[], Backend] | None = None,
     ) -> None:
         """``fallback`` decides when ``policy`` fails after ``FALLBACK_AFTER`` failed
-        ticks in a row (``None``: failed ticks are only counted)."""
+        ticks in a row (``None``: failed ticks are only counted).
+
+        ``leadership``: the leader lease, when several daemons may share the database
+        (``run`` ticks only while it leads, and fences its writes); ``None``: this
+        daemon decides alone. ``backend_factory`` builds a fresh backend after the lease
+        was lost to another daemon (the old one is closed: its jobs are checkpointed
+        and handed back)."""
         self.db = db
         self.backend = backend
         self.policy = policy
         self.fallback = fallback
+        self.leadership = leadership
+        self.backend_factory = backend_factory
+        self._term: int | None = None
+        """The leader term this daemon decides in; ``None`` without leadership or while
+        it follows."""
+        self._unmarked: list[int] = []
+        """Decisions applied whose ``applied_at`` is not committed yet (the database
+        failed right after the backend applied them): marked at the next tick."""
         # Replaced, never changed in place, by the decision loop's thread: other threads
         # (the API's) read it without a lock.
         self._health = TickHealth()
@@ -228,11 +273,19 @@ class Daemon:
         """How the decision loop is doing (safe to read from any thread)."""
         return self._health
 
-    def start(self) -> None:
-        """Record the active policy version (and the fallback's); resume the database's
-        active jobs on a backend that can (``JobControl``)."""
+    @property
+    def term(self) -> int | None:
+        """The leader term this daemon decides in (``None``: it follows, or decides
+        without leadership)."""
+        return self._term
+
+    def start(self, *, activate: bool = True) -> None:
+        """Record the policy version (and the fallback's), as the active one unless
+        ``activate`` is false (a daemon taking over from another follows the registry's
+        active version: ``Lifecycle.before_tick``); resume the database's active jobs on
+        a backend that can (``JobControl``)."""
         self._started_at = utc_now()
-        with self.db.session() as session:
+        with self._write_session() as session:
             if self.fallback is not None:
                 repo.register_policy_version(
                     session=session, version=self.fallback.version, kind=self.fallback.name
@@ -241,15 +294,60 @@ class Daemon:
                 session=session,
                 version=self.policy.version,
                 kind=self.policy.name,
-                activate=True,
+                activate=activate or repo.active_policy_version(session=session) is None,
             )
             resumed = self._restore(session)
             if self.transitions is not None:
                 # Rounds a stopped run logged but never measured end their episodes.
+                self.transitions.close(session)
                 repo.truncate_open_transitions(session=session)
         event(
-            "daemon.start", backend=self.backend.name, policy=self.policy.version, resumed=resumed
+            "daemon.start",
+            backend=self.backend.name,
+            policy=self.policy.version,
+            resumed=resumed,
+            term=self._term,
         )
+
+    @contextmanager
+    def _write_session(self) -> Iterator[Session]:
+        """A transaction of the decision loop's writes: with leadership, it first checks
+        that this daemon still leads in its term (``LeaseLostError`` otherwise, and nothing
+        of it is committed)."""
+        try:
+            with self.db.session() as session:
+                if self.leadership is not None and self._term is not None:
+                    self.leadership.fence(session, self._term)
+                yield session
+        except BaseException:
+            # Rolled back: what the rows were last written as is unknown again.
+            self._job_rows.clear()
+            self._nodes_written = None
+            raise
+
+    def take_over(self, term: int, *, activate: bool) -> None:
+        """Start deciding as the leader of ``term``: resume the database's jobs on this
+        daemon's backend (``start``)."""
+        self._term = term
+        self.start(activate=activate)
+        event("leader.took_over", term=term, backend=self.backend.name)
+
+    def demote(self, reason: str, *, timeout_s: float = 30.0) -> None:
+        """Stop deciding: another daemon leads now. The backend is closed (its running
+        jobs checkpointed, so the leader resumes them) and, where there is a
+        ``backend_factory``, a fresh one waits for this daemon's next term."""
+        term, self._term = self._term, None
+        event("leader.demoted", level=logging.WARNING, term=term, reason=reason)
+        try:
+            self.backend.close(timeout_s=timeout_s)
+        except Exception as exc:  # what it could not checkpoint, the leader restarts
+            event("daemon.backend_close_failed", level=logging.WARNING, error=_error(exc))
+        if self.backend_factory is not None:
+            self.backend = self.backend_factory()
+        self._known, self._honoured, self._job_rows = set(), {}, {}
+        self._nodes_written, self._reconciled, self._unmarked = None, False, []
+        self.models, self._models_now, self._provisioned = JobModels(), {}, None
+        self._health = TickHealth()
 
     def _restore(self, session: Session) -> int:
         active = repo.active_jobs(session=session)
@@ -303,7 +401,7 @@ class Daemon:
         for since the last tick."""
         if not isinstance(self.backend, JobControl):
             return
-        with self.db.session() as session:
+        with self._write_session() as session:
             new_ids = [
                 job_id
                 for job_id in repo.submitted_job_ids(session=session)
@@ -346,11 +444,17 @@ class Daemon:
             event("job.submitted", job=job_id, task=task["name"])
 
     def tick(self) -> TickReport:
-        """One decision round. A failure is counted in ``health`` and raised."""
+        """One decision round. A failure is counted in ``health`` and raised; a tick the
+        database could not take pauses the loop instead (``health.paused``)."""
         try:
             report = self._tick()
         except Exception as exc:
-            self._failed(exc)
+            if isinstance(exc, LeaseLostError):
+                self._pause(_error(exc))
+            elif database_unavailable(exc):
+                self._pause(f"the database cannot take the tick: {database_error(exc)}")
+            else:
+                self._failed(exc)
             raise
         finally:  # even a failed tick may have committed part of its work
             for hook in self.after_tick:
@@ -383,8 +487,22 @@ class Daemon:
             fallback=fallback,
         )
 
+    def _pause(self, why: str) -> None:
+        before = self._health
+        if before.paused is None:
+            event("tick.paused", level=logging.WARNING, reason=why, term=self._term)
+        self._health = replace(before, paused=why, paused_since=before.paused_since or utc_now())
+
     def _succeeded(self, report: TickReport) -> None:
         before = self._health
+        if before.paused is not None:
+            assert before.paused_since is not None
+            event(
+                "tick.resumed",
+                paused_s=round((utc_now() - before.paused_since).total_seconds(), 3),
+                reason=before.paused,
+            )
+            self._health = before = replace(before, paused=None, paused_since=None)
         if before.ok or report.fallback:
             return  # a tick the fallback decided leaves the loop degraded
         self._health = replace(before, consecutive_failures=0, fallback=None)
@@ -476,10 +594,10 @@ class Daemon:
         decisions, unplaced, why = round_.decisions, round_.unplaced, round_.why
         for job_id, reason in round_.skipped_overrides.items():
             event("override.skipped", job=job_id, reason=reason)
-        with self.db.session() as session:  # committed before anything is applied
-            if not self._reconciled:
+        reconciling = not self._reconciled
+        with self._write_session() as session:  # committed before anything is applied
+            if reconciling:
                 self._reconcile(session, snapshot)
-                self._reconciled = True
             self._write_cluster(session, snapshot, unplaced)
             for job_id in refitted:
                 summary = self.models.summary(job_id)
@@ -490,6 +608,7 @@ class Daemon:
                 decisions=[
                     (d, why[d.job_id].override_id, why[d.job_id].explanation) for d in decisions
                 ],
+                term=self._term,
             )
             if self.transitions is not None:
                 self.transitions.record(
@@ -501,13 +620,13 @@ class Daemon:
                     overrides=overrides,
                     stored=stored,
                 )
+        self._reconciled = True
         for decision in stored:
             self._honoured[decision.job_id] = why[decision.job_id].override_id
         self.backend.apply(stored)
-        with self.db.session() as session:
-            repo.mark_decision_applied(
-                session=session, decision_ids=[d.decision_id for d in stored if d.decision_id]
-            )
+        self._unmarked.extend(d.decision_id for d in stored if d.decision_id)
+        with self._write_session() as session:
+            repo.mark_decision_applied(session=session, decision_ids=self._unmarked)
             for decision in stored:
                 if decision.preempt:
                     repo.set_job_state(
@@ -540,6 +659,7 @@ class Daemon:
                 ],
                 labels={"backend": self.backend.name},
             )
+        self._unmarked.clear()  # committed
         for decision in stored:
             event(
                 "decision",
@@ -651,20 +771,56 @@ class Daemon:
         followed by the next one at once."""
         next_at = time.monotonic()
         while not stop.is_set():
+            if self.leadership is not None and not self._lead():
+                stop.wait(min(tick_s, 0.2))  # following, or the lease is not renewed
+                next_at = time.monotonic()
+                continue
             try:
                 self.tick()
-            except Exception:
-                health = self._health
-                logging.getLogger("autotune").exception(
-                    "tick.failed",
-                    extra={
-                        "error": health.last_error,
-                        "failures": health.consecutive_failures,
-                        "fallback": health.fallback,
-                    },
-                )
+            except LeaseLostError:
+                assert self.leadership is not None
+                assert self._term is not None
+                self.leadership.lost(self._term)
+            except Exception as exc:
+                if not database_unavailable(exc):  # a pause is logged once, when it starts
+                    health = self._health
+                    logging.getLogger("autotune").exception(
+                        "tick.failed",
+                        extra={
+                            "error": health.last_error,
+                            "failures": health.consecutive_failures,
+                            "fallback": health.fallback,
+                        },
+                    )
             next_at = max(next_at + tick_s, time.monotonic())
             stop.wait(next_at - time.monotonic())
+
+    def _lead(self) -> bool:
+        """Whether to tick now: this daemon leads, and has taken over if it just came to
+        (demoted first if it lost the lease since its last tick)."""
+        leadership = self.leadership
+        assert leadership is not None
+        if leadership.take_deposed() and self._term is not None:
+            self.demote("another daemon took the leader lease")
+        term = leadership.term
+        if term is None or not leadership.leading:
+            if self._term is not None:
+                error = leadership.status().error or "no answer from the database"
+                self._pause(
+                    f"the leader lease was not renewed within {leadership.lease_s:g} s: {error}"
+                )
+            return False
+        if term == self._term:
+            return True
+        if self._term is not None:
+            self.demote(f"this daemon leads in term {term} now")
+        try:
+            self.take_over(term, activate=False)
+        except Exception as exc:  # try again with a fresh backend at the next turn
+            self.demote(f"taking over failed: {_error(exc)}", timeout_s=5.0)
+            self._pause(f"taking over in term {term} failed: {_error(exc)}")
+            return False
+        return True
 
 
 def _measured(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
@@ -696,11 +852,16 @@ def retention_loop(
     every_s: float,
     stop: threading.Event,
     duty: float = 0.2,
+    leading: Callable[[], bool] | None = None,
 ) -> None:
     """Apply ``policy`` now and every ``every_s`` seconds until ``stop``: short
     transactions working ``duty`` of the time (``autotune.db.retention``), on ``db``'s
-    own connection, so ticks and reads never wait more than one of them."""
+    own connection, so ticks and reads never wait more than one of them. ``leading``:
+    whether this daemon leads (only the leader applies retention); ``None``: it does."""
     while not stop.is_set():
+        if leading is not None and not leading():
+            stop.wait(min(every_s, 1.0))
+            continue
         try:
             report = run_retention(
                 db, policy, utc_now(), pause_s=0.01, duty=duty, should_stop=stop.is_set
@@ -750,7 +911,11 @@ def serve(
     ``api_db``: the API's own connections to the daemon's database (default: a second
     ``Database`` on the same URL), so readers never hold the connection a tick needs.
     ``retention``: applied every ``retention_every_s`` seconds in a thread of its own, on
-    a third connection (``None``: history is kept forever).
+    a third connection (``None``: history is kept forever), by the leader only.
+
+    With ``daemon.leadership``, a fourth connection keeps the leader lease; the decision
+    loop ticks only while this daemon leads (taking over when it comes to lead), and the
+    lease is released once the backend has checkpointed its jobs at the stop.
 
     A signal stops everything within ``stop_timeout_s``: the API stops accepting and
     cuts requests still running after a third of it, the decision loop finishes its
@@ -798,17 +963,26 @@ def serve(
         target=daemon.run, args=(stop, tick_s), name="decision-loop", daemon=True
     )
 
+    leadership = daemon.leadership
     housekeeping = None
     if retention is not None:
         retention_db = Database(daemon.db.url, pool_size=1)
         housekeeping = threading.Thread(
             target=retention_loop,
             args=(retention_db, retention, retention_every_s, stop, retention_duty),
+            kwargs={"leading": None if leadership is None else (lambda: leadership.leading)},
             name="retention",
             daemon=True,
         )
+    lease_keeper = None
+    if leadership is not None:
+        lease_keeper = threading.Thread(
+            target=leadership.run, args=(stop,), name="leader-lease", daemon=True
+        )
 
     async def _main() -> None:
+        if lease_keeper is not None:
+            lease_keeper.start()
         loop.start()
         if housekeeping is not None:
             housekeeping.start()
@@ -820,7 +994,21 @@ def serve(
             if loop.is_alive():
                 event("daemon.stop_tick_cut", level=logging.WARNING)
 
-    daemon.start()
+    if leadership is None:
+        daemon.start()
+    else:
+        leadership.step()  # a daemon that finds the lease free decides from the start
+        if leadership.leading and leadership.term is not None:
+            daemon.take_over(leadership.term, activate=True)
+        else:
+            status = leadership.status()
+            event(
+                "leader.following",
+                leader=status.leader,
+                term=status.leader_term,
+                expires_in_s=status.lease_expires_in_s,
+                error=status.error,
+            )
     # What start-up built (the policy, the app, the simulator) lives as long as the
     # process: out of the collector's sight, full collections stop scanning it, and the
     # API's latency loses their pauses.
@@ -833,18 +1021,23 @@ def serve(
             runner.run(_main())
     finally:
         try:
-            if not loop.is_alive():  # a tick still running holds the log
+            deciding = leadership is None or daemon.term is not None
+            if not loop.is_alive() and deciding:  # a tick still running holds the log
                 try:
                     daemon.stop()
                 except Exception as exc:  # the backend's jobs are checkpointed regardless
                     event("daemon.stop_failed", level=logging.WARNING, error=_error(exc))
             daemon.backend.close(timeout_s=left())
+            if leadership is not None:  # after the checkpoints: the next leader resumes them
+                leadership.release()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             api_db.dispose()
             if housekeeping is not None:
                 retention_db.dispose()
+            if leadership is not None:
+                leadership.db.dispose()
             daemon.db.dispose()
             event("daemon.stop")
 

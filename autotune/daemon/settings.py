@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     api_pool_timeout_s: float = Field(default=2.0, gt=0, le=300)
     """How long a request waits for a free database connection before it gets 503 with
     ``Retry-After``."""
+    leader_lease_s: float = Field(default=5.0, ge=1, le=300)
+    """Several daemons may share one database: the one holding the leader lease decides,
+    renewing it every fifth of this; another takes over once it has gone unrenewed this
+    long (a leader that dies is replaced within about this plus a second)."""
     stop_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     """On SIGTERM or SIGINT the daemon exits within this many seconds: requests still
     running after a third of it are cut, the tick in progress finishes, running jobs

@@ -7,6 +7,7 @@ reads while the decision loop writes, with foreign keys enforced. Any SQLAlchemy
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,16 +15,42 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import InputError
 
-__all__ = ["Database", "make_engine", "sqlite_url"]
+__all__ = ["Database", "database_error", "make_engine", "sqlite_url"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+CONNECT_TIMEOUT_S = 5
+"""Seconds a new PostgreSQL connection may take."""
+MIN_FREE_BYTES = 64 * 2**20
+"""Free disk a SQLite database needs at start (``Database.check_writable``)."""
+_LOCK_KEY = 0x6175746F74756E65  # "autotune": PostgreSQL's advisory lock for migrations
+
+
+def database_error(exc: BaseException) -> str:
+    """``Type: message`` of a database error, from the driver's own exception where
+    there is one, first line only (no SQL, no parameters)."""
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return f"{type(orig).__name__}: {lines[0][:300]}" if lines else type(orig).__name__
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a file-backed SQLite URL (``None``: another database, or in memory)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    database = parsed.database
+    if database == ":memory:" or "mode=memory" in database:
+        return None
+    if database.startswith("file:"):  # a URI filename (?uri=true)
+        database = database[len("file:") :].split("?", 1)[0]
+    return Path(database).expanduser()
 
 
 def sqlite_url(path: Path) -> str:
@@ -46,16 +73,21 @@ def make_engine(
     kwargs: dict[str, Any] = {}
     file_backed = True
     if parsed.get_backend_name() == "sqlite":
-        database = parsed.database
-        file_backed = bool(database) and database != ":memory:"
-        if file_backed:
-            assert database is not None
-            parent = Path(database).expanduser().parent
+        file = _sqlite_file(url)
+        file_backed = file is not None
+        if file is not None:
+            parent = file.parent
             if not parent.is_dir():
                 raise InputError(f"directory of the database does not exist: {parent}")
         # The API serves requests from a thread pool; SQLite connections may cross threads
         # because every session is used by one thread at a time.
         kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    elif parsed.get_backend_name() == "postgresql":
+        # A server that is down or unreachable fails a connection in seconds (the API
+        # answers 503), and a connection the server dropped (restarted) is noticed and
+        # replaced before a request uses it.
+        kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+        kwargs["pool_pre_ping"] = True
     if file_backed and pool_size is not None:
         kwargs.update(pool_size=pool_size, max_overflow=0)
     if file_backed and pool_timeout_s is not None:
@@ -97,12 +129,65 @@ class Database:
             yield session
 
     def upgrade(self, revision: str = "head") -> None:
-        """Bring the schema to ``revision`` with the packaged Alembic migrations."""
+        """Bring the schema to ``revision`` with the packaged Alembic migrations; daemons
+        starting together on one database migrate it one at a time."""
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
-        with self.engine.begin() as connection:
+        with self._migration_lock(), self.engine.begin() as connection:
+            if connection.dialect.name == "postgresql":  # held until this transaction ends
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _LOCK_KEY})
             config.attributes["connection"] = connection
             command.upgrade(config, revision)
+
+    @contextmanager
+    def _migration_lock(self) -> Iterator[None]:
+        """On a SQLite file: an exclusive lock on ``<file>.migrate.lock``."""
+        path = _sqlite_file(self.url)
+        if path is None:
+            yield
+            return
+        import fcntl
+
+        with open(f"{path}.migrate.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def prepare(self) -> None:
+        """What a daemon does first: migrate to the newest schema and check that the
+        database takes writes; ``InputError`` with the reason when it cannot be reached,
+        migrated or written."""
+        try:
+            self.upgrade()
+        except DBAPIError as exc:
+            raise InputError(f"database {self._shown()}: {database_error(exc)}") from None
+        self.check_writable()
+
+    def _shown(self) -> str:
+        return make_url(self.url).render_as_string(hide_password=True)
+
+    def check_writable(self, min_free_bytes: int = MIN_FREE_BYTES) -> None:
+        """``InputError`` saying why when the database cannot take writes: unreachable,
+        read-only (file, mount or role), or, for a SQLite file, less than
+        ``min_free_bytes`` left on its disk. Writes nothing."""
+        shown = self._shown()
+        path = _sqlite_file(self.url)
+        if path is not None:
+            free = shutil.disk_usage(path.parent).free
+            if free < min_free_bytes:
+                raise InputError(
+                    f"database {shown}: only {free / 2**20:.0f} MiB free on its disk "
+                    f"(at least {min_free_bytes / 2**20:.0f} MiB needed); free some space"
+                )
+        try:
+            with self.engine.connect() as connection, connection.begin() as transaction:
+                # Rewrites one row as it is: any write the database refuses fails here.
+                connection.execute(text("UPDATE leader_lease SET term = term"))
+                transaction.rollback()
+        except DBAPIError as exc:
+            raise InputError(f"database {shown} cannot be written: {database_error(exc)}") from None
 
     def current_revision(self) -> str | None:
         from alembic.runtime.migration import MigrationContext

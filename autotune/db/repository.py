@@ -554,9 +554,11 @@ def create_decisions(
     *,
     session: Session,
     decisions: Sequence[tuple[Decision, int | None, dict[str, Any] | None]],
+    term: int | None = None,
 ) -> list[Decision]:
     """Store ``(decision, override_id, explanation)`` triples in one statement; returns
-    the decisions with their ``decision_id`` in the same order (not committed)."""
+    the decisions with their ``decision_id`` in the same order (not committed).
+    ``term``: the leader term of the daemon storing them (``autotune.db.lease``)."""
     if not decisions:
         return []
     ids = session.scalars(
@@ -574,6 +576,7 @@ def create_decisions(
                 "applied_at": None,
                 "explanation": explanation,
                 "preempt": decision.preempt,
+                "term": term,
             }
             for decision, override_id, explanation in decisions
         ],
@@ -592,7 +595,8 @@ def mark_decision_applied(
         row = session.get(DecisionRow, decision_id)
         if row is None:
             raise KeyError(f"no decision {decision_id}")
-        row.applied_at = when
+        if row.applied_at is None:  # the first time it was applied
+            row.applied_at = when
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,6 +29,8 @@ __all__ = [
     "Base",
     "DecisionRow",
     "JobRow",
+    "LeaderLeaseRow",
+    "LeaderTermRow",
     "MetricRow",
     "NodeRow",
     "OverrideRow",
@@ -151,6 +153,9 @@ class DecisionRow(Base):
     """Features that mattered, alternatives with predicted goodput, why this one won."""
     preempt: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     """The job was stopped to wait again (``Decision.preempt``)."""
+    term: Mapped[int | None] = mapped_column(Integer)
+    """The leader term (fencing token, ``autotune.db.lease``) of the daemon that stored it;
+    ``None``: stored without a lease (a decision loop run on its own, in tests or tools)."""
 
 
 class OverrideRow(Base):
@@ -277,3 +282,29 @@ class ApiTokenRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime]
+
+
+class LeaderLeaseRow(Base):
+    """Who runs the decision loop (``autotune.db.lease``): one row per lease, renewed by
+    its holder every second or so. ``term`` grows by one at every change of holder and is
+    the fencing token every decision write checks; ``expires_at_s`` is on the database's
+    clock, so daemons on different hosts agree on it."""
+
+    __tablename__ = "leader_lease"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(256))
+    """``host:pid:random`` of the daemon holding it; ``None``: never held."""
+    term: Mapped[int] = mapped_column(Integer)
+    expires_at_s: Mapped[float] = mapped_column(Float)
+    """Seconds since the epoch on the database's clock; 0 once released."""
+
+
+class LeaderTermRow(Base):
+    """Every term of the lease, oldest first: which daemon led from when."""
+
+    __tablename__ = "leader_terms"
+
+    term: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    holder: Mapped[str] = mapped_column(String(256))
+    started_at: Mapped[datetime]

@@ -4,61 +4,18 @@ expiring, a SIGKILL, and a restart that finds everything it had committed."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Api, autotune_command, free_port, wait_for
+from helpers import Api, DaemonProcess, free_port, wait_for
 
 pytestmark = pytest.mark.subprocess
 
 TICK_S = 0.4
-
-
-class DaemonProcess:
-    def __init__(self, tmp_path: Path, port: int, name: str, db_url: str | None = None) -> None:
-        # No exploration: these tests count the decisions a job gets, and an explored
-        # `change` entry may reconfigure a running job's unpinned fields at any tick.
-        env = {
-            **os.environ,
-            "AUTOTUNE_DATA_DIR": str(tmp_path / "data"),
-            "AUTOTUNE_EXPLORATION_EPSILON": "0",
-        }
-        for key in ("AUTOTUNE_DB_URL", "AUTOTUNE_CONFIG", "AUTOTUNE_TOKEN"):
-            env.pop(key, None)
-        if db_url is not None:
-            env["AUTOTUNE_DB_URL"] = db_url
-        self.stdout_path = tmp_path / f"{name}.out"
-        self.stderr_path = tmp_path / f"{name}.err"
-        with self.stdout_path.open("w") as out, self.stderr_path.open("w") as err:
-            self.process = subprocess.Popen(
-                [
-                    *autotune_command(),
-                    "daemon",
-                    "--port",
-                    str(port),
-                    "--tick-s",
-                    str(TICK_S),
-                    "--sim-initial-jobs",
-                    "0",
-                    "--sim-max-jobs",
-                    "0",
-                ],
-                cwd=tmp_path,
-                env=env,
-                stdout=out,
-                stderr=err,
-            )
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
 
 
 @pytest.fixture(params=["sqlite"])
@@ -75,7 +32,7 @@ def daemons(tmp_path: Path, db_url: str | None) -> Iterator[Callable[[int, str],
     started: list[DaemonProcess] = []
 
     def start(port: int, name: str) -> DaemonProcess:
-        daemon = DaemonProcess(tmp_path, port, name, db_url)
+        daemon = DaemonProcess(tmp_path, port, name, db_url, tick_s=TICK_S)
         started.append(daemon)
         return daemon
 

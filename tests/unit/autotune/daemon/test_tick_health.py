@@ -204,6 +204,8 @@ def test_a_policy_failing_every_tick_hands_over_to_the_fallback(
         "last_failure_at": body["tick"]["last_failure_at"],
         "fallback": True,
         "fallback_policy": "one-gpu",
+        "paused": None,
+        "paused_since": None,
     }
     assert body["reasons"] == [
         f"{FALLBACK_AFTER} consecutive failed tick(s); last error: KeyError: 'weights'; "
