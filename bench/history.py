@@ -60,7 +60,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -87,6 +87,7 @@ from autotune.daemon.decide import DecisionRound, decide, placement_summary
 from autotune.daemon.loop import FALLBACK_AFTER
 from autotune.db import Database, sqlite_url
 from autotune.db import repository as repo
+from autotune.db.retention import RetentionPolicy, RetentionReport, run_retention
 from autotune.db.tables import (
     DecisionRow,
     JobRow,
@@ -1029,9 +1030,15 @@ def build_history(
     progress: bool,
     job_metrics_every: int = DEFAULT_JOB_METRICS_EVERY,
     cluster_metrics_every: int = DEFAULT_CLUSTER_METRICS_EVERY,
+    retention: RetentionPolicy | None = None,
+    retention_every_s: float = 6 * 3600.0,
 ) -> dict[str, Any]:
     """Fill the database at ``url`` (migrated first; it must hold no job yet) with the
-    history of ``days`` ending at ``end`` (default now); returns the summary."""
+    history of ``days`` ending at ``end`` (default now); returns the summary.
+
+    ``retention``: applied as the daemon's leader does, every ``retention_every_s`` of
+    the history's time (at that time), so the database ends as a daemon that ran those
+    days leaves it; the summary then has the database's size at the end of every day."""
     if days <= 0 or tick_s <= 0 or decisions_per_day <= 0:
         raise ValueError("days, tick_s and decisions_per_day must be > 0")
     if job_metrics_every < 1 or cluster_metrics_every < 1:
@@ -1083,6 +1090,7 @@ def build_history(
             )
             session.commit()
             span = max(1, round(3_600 / tick_s))  # ticks of one transaction, about an hour
+            retained = _Retained(db, retention, start, retention_every_s)
             with progress_bar("[bold]history[/] ticks", enabled=progress) as bar:
                 task = bar.add_task("ticks", total=history.ticks)
                 for k in range(history.ticks):
@@ -1092,9 +1100,14 @@ def build_history(
                     if k % span == span - 1 or len(history.buffer) >= 5_000:
                         history.flush()
                         bar.update(task, completed=k + 1)
+                        if k % span == span - 1:
+                            retained.at(start + timedelta(seconds=(k + 1) * tick_s))
                 history.flush()
+                retained.at(end, last=True)
                 bar.update(task, completed=history.ticks)
             summary = _summary(session, history)
+            if retention is not None:
+                summary["retention"] = retained.summary()
     finally:
         db.dispose()  # SQLite: the last connection folds the WAL into the file
     path = _sqlite_path(url)
@@ -1125,6 +1138,57 @@ def build_history(
     }
 
 
+class _Retained:
+    """Retention applied during a build (``build_history(retention=...)``), and the
+    database's size at the end of each day."""
+
+    def __init__(
+        self, db: Database, policy: RetentionPolicy | None, start: datetime, every_s: float
+    ) -> None:
+        self.db, self.policy, self.start, self.every_s = db, policy, start, every_s
+        self.next_at = start + timedelta(seconds=every_s)
+        self.next_day = 1
+        self.sizes: list[int] = []
+        self.report = RetentionReport()
+        self.seconds = 0.0
+
+    def at(self, now: datetime, *, last: bool = False) -> None:
+        if self.policy is None:
+            return
+        if now >= self.next_at or last:
+            began = time.perf_counter()
+            self.report = self.report + run_retention(self.db, self.policy, now)
+            self.seconds += time.perf_counter() - began
+            self.next_at = now + timedelta(seconds=self.every_s)
+        if now >= self.start + timedelta(days=self.next_day) or last:
+            self.sizes.append(database_bytes(self.db))
+            self.next_day += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "every_s": self.every_s,
+            "policy": asdict(self.policy) if self.policy else None,
+            "deleted": self.report.deleted,
+            "metrics_downsampled": self.report.metrics_downsampled,
+            "seconds": round(self.seconds, 1),
+            "bytes_by_day": self.sizes,
+        }
+
+
+def database_bytes(db: Database) -> int:
+    """The database's size on disk: SQLite's file with its WAL, or PostgreSQL's
+    ``pg_database_size``."""
+    path = _sqlite_path(db.url)
+    if path is None:
+        with db.engine.connect() as connection:
+            return int(
+                connection.exec_driver_sql(
+                    "SELECT pg_database_size(current_database())"
+                ).scalar_one()
+            )
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
 def _summary(session: Session, history: History) -> dict[str, Any]:
     tables = {
         "jobs": JobRow,
@@ -1146,6 +1210,13 @@ def _summary(session: Session, history: History) -> dict[str, Any]:
         "jobs_by_state": repo.job_counts(session=session),
         "mean_gpu_utilization": round(counters.utilization_sum / max(1, counters.utilization_n), 3),
     }
+
+
+def _default_retention() -> RetentionPolicy:
+    """The retention the daemon applies at its default settings."""
+    from autotune.daemon.settings import Settings
+
+    return Settings.model_construct().retention()
 
 
 def _when(text: str) -> datetime:
@@ -1217,6 +1288,13 @@ def main(argv: list[str] | None = None) -> None:
         default=OUT / "history.json",
         help="where the summary is written (default: %(default)s)",
     )
+    parser.add_argument(
+        "--retention",
+        action="store_true",
+        help="apply the daemon's default retention settings as the history is built (every "
+        "6 hours of its time), as the daemon's leader would: the summary then gives the "
+        "database's size at the end of each day",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     url = args.db
@@ -1240,6 +1318,7 @@ def main(argv: list[str] | None = None) -> None:
         progress=not args.no_progress and sys.stderr.isatty(),
         job_metrics_every=args.job_metrics_every,
         cluster_metrics_every=args.cluster_metrics_every,
+        retention=_default_retention() if args.retention else None,
     )
     text = json.dumps(summary, indent=2)
     print(text)

@@ -41,7 +41,13 @@ def test_the_kubernetes_manifest_names_real_settings_and_routes() -> None:
 
     docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "autotune.yaml").read_text()))
     deployment = next(d for d in docs if d["kind"] == "Deployment")
-    assert deployment["spec"]["replicas"] == 1  # no leader lease: never two deciders
+    # Two daemons: the lease holder decides, the other serves and stands by; the data
+    # volume (checkpoints) is shared, so the next leader resumes the jobs.
+    assert deployment["spec"]["replicas"] == 2
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    claim = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
+    assert volumes[0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["autotune", "daemon"]
     names = [e["name"] for e in container["env"]]

@@ -214,6 +214,7 @@ def daemon(
 
         PolicyLifecycle(_policy_loader(settings)).attach(the_daemon)
     the_daemon.provisioner = _provisioner(settings)
+    the_daemon.job_metrics_every_s = settings.job_metrics_every_s
     if settings.log_transitions and policy == "ppo":
         the_daemon.transitions = TransitionLog(
             round_s=settings.round_period_s,

@@ -233,6 +233,11 @@ class Daemon:
         self._term: int | None = None
         """The leader term this daemon decides in; ``None`` without leadership or while
         it follows."""
+        self.job_metrics_every_s = 0.0
+        """Seconds between two ticks that record every running job's samples (goodput and
+        what the backend measured), the bulk of the metrics; 0: every tick. The cluster's
+        own samples are recorded every tick."""
+        self._job_metrics_at = -float("inf")
         self._unmarked: list[int] = []
         """Decisions applied whose ``applied_at`` is not committed yet (the database
         failed right after the backend applied them): marked at the next tick."""
@@ -644,6 +649,10 @@ class Daemon:
             stopped_now = sum(1 for d in stored if d.preempt)
             running = len(snapshot.by_state("running")) + started_now - stopped_now
             pending = len(pending_ids) - started_now + stopped_now
+            per_job: list[tuple[str, float, str | None]] = []
+            if started - self._job_metrics_at >= self.job_metrics_every_s:
+                per_job = [*_goodputs(snapshot), *_measured(snapshot)]
+                self._job_metrics_at = started
             repo.record_metrics(
                 session=session,
                 values=[
@@ -654,8 +663,7 @@ class Daemon:
                     ("gpu_demand", snapshot.demand_gpus(), None),
                     ("gpu_capacity", snapshot.capacity_gpus(), None),
                     *_provisioning_metrics(snapshot, self.provisioner, self._provisioned),
-                    *_goodputs(snapshot),
-                    *_measured(snapshot),
+                    *per_job,
                 ],
                 labels={"backend": self.backend.name},
             )

@@ -234,3 +234,37 @@ def test_a_leader_cut_off_from_the_database_pauses_then_renews_its_own_term(url:
     a.tick()
     assert a.health.paused is None
     assert a.term == 1
+
+
+def test_a_leader_cut_off_from_the_database_is_replaced_and_steps_down_when_back(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A partition between the leader and the database (the follower still reaches it):
+    the follower takes over once the lease expires; when the old leader reaches the
+    database again it finds the new term, hands its backend back and follows."""
+    a, b = _daemon(url, "a"), _daemon(url, "b")
+    assert a.leadership is not None
+    run_a, run_b = Running(a), Running(b)
+    try:
+        wait_for("decisions of term 1", lambda: _terms(b.db).get(1))
+
+        def refuse(*_args: Any, **_kwargs: Any) -> Any:
+            raise OperationalError("UPDATE", {}, TimeoutError("no route to host"))
+
+        cut = time.monotonic()
+        monkeypatch.setattr(a.db, "session", refuse)
+        monkeypatch.setattr(a.leadership.db, "session", refuse)
+        wait_for("b leads", lambda: b.term == 2, timeout_s=LEASE_S + 5)
+        assert time.monotonic() - cut < LEASE_S + 2
+        wait_for("a pauses", lambda: a.health.paused is not None)
+        monkeypatch.undo()  # a reaches the database again
+        wait_for("a steps down", lambda: a.term is None and not a.leadership.leading)
+        wait_for("decisions of term 2", lambda: _terms(b.db).get(2))
+        terms = _terms(b.db)
+        assert max(terms[1]) < min(terms[2])
+        assert a.term is None  # it follows: no decision of its own since
+        time.sleep(0.5)
+        assert max(_terms(b.db)[1]) == max(terms[1])
+    finally:
+        run_a.kill()
+        run_b.kill()
