@@ -2,48 +2,134 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, TypeVar
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, Field
 from sqlalchemy.orm import Session
 
+from autotune.core import ID_PATTERN
 from autotune.daemon.auth import TokenCheck
 from autotune.db import Database
 from autotune.db.repository import CursorError
 
 __all__ = [
+    "BODY_ERRORS",
     "MAX_OFFSET",
+    "MAX_ROW_ID",
+    "READ_ERRORS",
+    "WRITE_ERRORS",
     "CursorQuery",
+    "FieldProblem",
     "IdPath",
+    "Invalid",
+    "JobIdPath",
+    "JobQuery",
     "OffsetQuery",
+    "Problem",
     "SessionDep",
+    "SinceQuery",
     "TelemetryDep",
     "TokenDep",
     "bad_cursor",
     "in_session",
+    "problem",
     "unprocessable",
 ]
 
 T = TypeVar("T")
 
 
-def unprocessable(field: str, message: str) -> HTTPException:
-    """A 422 in FastAPI's own validation shape for the request body's ``field`` (dotted
-    for a nested one: ``constraints.gpu_milli``)."""
-    return HTTPException(
-        status_code=422,
-        detail=[{"loc": ["body", *field.split(".")], "msg": message, "type": "value_error"}],
+def unprocessable(field: str, message: str) -> RequestValidationError:
+    """A 422 for the request body's ``field`` (dotted for a nested one:
+    ``constraints.gpu_milli``), answered as every validation error is: a ``message`` line
+    naming the field, and FastAPI's ``detail`` list."""
+    return RequestValidationError(
+        [{"loc": ("body", *field.split(".")), "msg": message, "type": "value_error"}]
     )
+
+
+# --- what the answers other than 2xx look like, for the OpenAPI schema ----------------
+
+
+class Problem(BaseModel):
+    """The body of an error answer other than 422."""
+
+    detail: str | list[dict[str, Any]] = Field(
+        description="Why, in words (413: a list of {loc, msg, type})"
+    )
+
+
+class FieldProblem(BaseModel):
+    loc: list[str | int] = Field(description="Where: body, query or path, then the field")
+    msg: str = Field(description="What is wrong with it")
+    type: str
+
+
+class Invalid(BaseModel):
+    """A 422: a parameter or a field of the body is wrong."""
+
+    message: str = Field(
+        description="The first field that is wrong and why, e.g. 'body.min_gpus: Input should "
+        "be greater than or equal to 1'"
+    )
+    detail: list[FieldProblem]
+
+
+def problem(description: str, **headers: str) -> dict[str, Any]:
+    """One documented error answer (``responses=`` of a route), with ``Problem``'s body."""
+    answer: dict[str, Any] = {"model": Problem, "description": description}
+    if headers:
+        answer["headers"] = {
+            name: {"description": why, "schema": {"type": "string"}}
+            for name, why in headers.items()
+        }
+    return answer
+
+
+READ_ERRORS: dict[int | str, dict[str, Any]] = {
+    422: {"model": Invalid, "description": "A parameter is wrong (message names it)"},
+    503: problem(
+        "The database cannot answer now",
+        **{"Retry-After": "Seconds to wait before retrying"},
+    ),
+}
+"""Answers every route may give besides its own: a bad parameter, the database away."""
+WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **READ_ERRORS,
+    401: problem(
+        "No bearer token, or not the daemon's",
+        **{"WWW-Authenticate": "Bearer"},
+    ),
+}
+"""Those of a mutation: it needs the bearer token too."""
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    **WRITE_ERRORS,
+    400: problem("The body is not UTF-8 text"),
+    413: problem("The body is larger than the daemon's max_body_bytes"),
+    422: {
+        "model": Invalid,
+        "description": "A field of the body is wrong, or the body is not JSON (message "
+        "names the field)",
+    },
+}
+"""Those of a mutation with a JSON body."""
 
 
 MAX_OFFSET = 10_000
 """Deepest ``offset`` a listing takes; deeper pages go by ``cursor``."""
 _MAX_ID = 2**63 - 1
+MAX_ROW_ID = 2**31 - 1
+"""The largest id a row can have: the id columns are INTEGER, 32 bits on PostgreSQL, where
+a larger id in a query is an error, not a missing row. The routes answer 404 for one
+without asking the database."""
 
 OffsetQuery = Annotated[
     int,
@@ -58,10 +144,50 @@ CursorQuery = Annotated[
     Query(
         max_length=256,
         pattern=r"^[A-Za-z0-9_-]+$",
-        description="The previous page's next: the page right after it",
+        description="The previous page's next: the page right after it. Opaque: a value "
+        "this listing did not hand out is a 422",
     ),
 ]
 IdPath = Annotated[int, Path(ge=1, le=_MAX_ID)]
+JobIdPath = Annotated[
+    str, Path(pattern=ID_PATTERN, description="A job id: 1-128 characters of [A-Za-z0-9._:-]")
+]
+JobQuery = Annotated[
+    str | None, Query(pattern=ID_PATTERN, description="Only this job's (a job id)")
+]
+
+
+_RFC3339 = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"
+    r"(?:[Zz]|[+-][0-9]{2}:[0-9]{2})$"
+)
+
+
+def _rfc3339(value: object) -> object:
+    """Only what the schema's date-time is, RFC 3339 (pydantic alone would also read a
+    number as seconds since 1970, or a bare date)."""
+    if isinstance(value, str) and not _RFC3339.match(value):
+        raise ValueError("not an RFC 3339 time with a zone, e.g. 2026-01-01T00:00:00Z")
+    return value
+
+
+def _in_utc(value: datetime | None) -> datetime | None:
+    """``value`` in UTC, as the database compares times; 422 where it has no UTC
+    equivalent (year 1 at +01:00, year 9999 at -01:00)."""
+    if value is None:
+        return None
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range once converted to UTC") from None
+
+
+SinceQuery = Annotated[
+    AwareDatetime | None,
+    BeforeValidator(_rfc3339),
+    AfterValidator(_in_utc),
+    Query(description="Only those from this time on: ISO 8601 with a time zone, e.g. ...Z"),
+]
 
 
 @contextmanager

@@ -8,16 +8,40 @@ unknown fields, so a typo is a 422 naming the field instead of a silent default.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
-from autotune.core import ID_PATTERN, CompressionKind, DecisionSource, JobState, Precision
+from autotune.catalog.tasks import BUILTIN_TASKS
+from autotune.core import (
+    ID_PATTERN,
+    CompressionKind,
+    CompressionSpec,
+    DecisionSource,
+    JobState,
+    Layout,
+    NodeState,
+    Precision,
+)
 
 __all__ = [
+    "LINE_PATTERN",
     "ArrivalCheck",
     "ClusterPublic",
     "CompressionPin",
+    "DashboardCluster",
+    "DashboardDecision",
+    "DashboardGpuHold",
+    "DashboardJobConfig",
+    "DashboardNode",
+    "DashboardPublic",
     "DecisionExplanation",
     "DecisionPublic",
     "DecisionsPublic",
@@ -60,6 +84,12 @@ class Health(BaseModel):
     version: str
 
 
+_NODE_STATE = (
+    "alive: jobs run there; parked: provisioning powered it down; waking: powering up; "
+    "lost: the backend reports it gone (no job runs on a node that is not alive)"
+)
+
+
 class NodePublic(BaseModel):
     node_id: str = Field(description="The node's name (on Ray: its host, see backend_node_id)")
     backend_node_id: str | None = Field(
@@ -72,9 +102,7 @@ class NodePublic(BaseModel):
     gpu_memory_bytes: int
     cpu_milli: int
     memory_mib: int
-    state: Literal["alive", "lost"] = Field(
-        default="alive", description="lost: the backend reports the node gone; no job runs there"
-    )
+    state: NodeState = Field(default="alive", description=_NODE_STATE)
     lost_at: datetime | None = Field(default=None, description="When the daemon saw it lost")
 
 
@@ -147,28 +175,102 @@ class JobPublic(BaseModel):
     )
 
 
+LINE_PATTERN = r"^[^\x00-\x1f\x7f]*$"
+"""Text of one line: no control characters (PostgreSQL stores no NUL, a name has no
+newline)."""
+_GPUS = 4096
+
+
+def _whole(value: object) -> object:
+    """A float with no fraction as the integer it is: JSON Schema's integer (``4.0`` is
+    one); other floats, strings and booleans stay wrong for the strict int."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+_INTEGRAL = BeforeValidator(_whole)
+Whole = Annotated[int, _INTEGRAL]
+"""A JSON integer: ``4`` or ``4.0``, not ``4.5`` nor ``"4"``. Bounds of an optional one go
+before ``_INTEGRAL`` (``Annotated[int, Field(ge=1), _INTEGRAL] | None``): after it,
+pydantic writes them into the JSON schema as ``ge``/``le``, which no JSON Schema reads."""
+
+
 class JobConstraints(_Request):
-    gpu_types: Annotated[list[str], Field(min_length=1, max_length=32)] | None = Field(
-        default=None, description="GPU models the job may run on (default: any)"
+    gpu_types: (
+        Annotated[
+            list[Annotated[str, Field(min_length=1, max_length=64, pattern=LINE_PATTERN)]],
+            Field(min_length=1, max_length=32),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="GPU models the job may run on (default: any); a model no node has "
+        "leaves the job waiting",
     )
-    max_nodes: int | None = Field(default=None, ge=1, le=4096)
-    gpu_milli: int = Field(default=1000, ge=1, le=1000, description="Share of each GPU")
-    cpu_milli: int = Field(default=0, ge=0, le=10**9)
-    memory_mib: int = Field(default=0, ge=0, le=10**9)
+    max_nodes: Annotated[int, Field(ge=1, le=_GPUS), _INTEGRAL] | None = Field(
+        default=None, description="Most nodes it may span (default: any)"
+    )
+    gpu_milli: Whole = Field(
+        default=1000,
+        ge=1,
+        le=1000,
+        description="Share of each GPU a rank uses, in thousandths; below 1000 only for a "
+        "job of one GPU (min_gpus and max_gpus 1, else 422)",
+    )
+    cpu_milli: Whole = Field(
+        default=0, ge=0, le=10**9, description="Host CPU for the whole job, in milli-cores"
+    )
+    memory_mib: Whole = Field(
+        default=0, ge=0, le=10**9, description="Host memory for the whole job, in MiB"
+    )
 
 
 class JobCreate(_Request):
+    # The one rule between fields JSON Schema can state: a fraction of a GPU (gpu_milli
+    # below 1000) is for a one-GPU job only. The route checks it (JobSpec).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {
+                "required": ["constraints"],
+                "properties": {
+                    "constraints": {
+                        "required": ["gpu_milli"],
+                        "properties": {"gpu_milli": {"exclusiveMaximum": 1000}},
+                    }
+                },
+            },
+            "then": {"properties": {"min_gpus": {"const": 1}, "max_gpus": {"enum": [1, None]}}},
+        }
+    )
+
     task: str = Field(
         min_length=1,
         max_length=200,
-        description="A built-in task (gpt-char, gpt-125m, ...) or an allow-listed module:Name",
+        # Documents the built-in tasks only: module tasks exist where the daemon's settings
+        # allow-list their modules (empty by default), which a static schema cannot know.
+        json_schema_extra={"enum": list(BUILTIN_TASKS)},
+        description="A built-in task (the enum). A daemon that trains for real (--backend "
+        "ray) refuses, with 422, those it only simulates (gpt-7b and up, the Pollux "
+        "applications). Also package.module:Name where the daemon's setting task_modules "
+        "allow-lists the module (empty by default; any other module is a 422)",
     )
-    job_id: str | None = Field(default=None, pattern=ID_PATTERN, description="Default: generated")
-    steps: int = Field(default=1000, ge=1, le=10**9, description="Optimizer steps to train")
-    global_batch: int = Field(default=32, ge=1, le=1 << 20)
-    min_gpus: int = Field(default=1, ge=1, le=4096)
-    max_gpus: int = Field(default=1, ge=1, le=4096)
-    priority: int = Field(default=0, ge=-1000, le=1000, description="Higher goes first")
+    job_id: str | None = Field(
+        default=None,
+        pattern=ID_PATTERN,
+        description="Default: generated; an id that exists is a 409",
+    )
+    steps: Whole = Field(default=1000, ge=1, le=10**9, description="Optimizer steps to train")
+    global_batch: Whole = Field(
+        default=32, ge=1, le=1 << 20, description="Samples per step, over all ranks"
+    )
+    min_gpus: Whole = Field(default=1, ge=1, le=_GPUS, description="Fewest GPUs it runs on")
+    max_gpus: Annotated[int, Field(ge=1, le=_GPUS), _INTEGRAL] | None = Field(
+        default=None,
+        description="Most GPUs it may be given (default: min_gpus); less than min_gpus is "
+        "a 422. More than the cluster has leaves it waiting",
+    )
+    priority: Whole = Field(default=0, ge=-1000, le=1000, description="Higher goes first")
     constraints: JobConstraints = Field(default_factory=JobConstraints)
 
 
@@ -238,45 +340,184 @@ class DecisionExplanation(BaseModel):
 
 
 class LayoutPin(_Request):
-    world_size: int | None = Field(default=None, ge=1, le=4096)
-    dp: int | None = Field(default=None, ge=-1, le=4096)
-    tp: int | None = Field(default=None, ge=1, le=64)
-    pp: int | None = Field(default=None, ge=1, le=256)
-    micro_batches: int | None = Field(default=None, ge=1, le=4096)
+    """Layout fields to pin; those not pinned come from the job's current configuration.
+    Where world_size, tp and pp are all pinned, dp x tp x pp must equal world_size (dp -1
+    or unpinned: world_size / (tp x pp), which must divide). Against the job and the
+    cluster (422 with the Planner's reason): world_size within the job's
+    min_gpus..max_gpus, tp within a node, and a rank's share of the model in the memory of
+    a GPU the job may use."""
+
+    world_size: Annotated[int, Field(ge=1, le=_GPUS), _INTEGRAL] | None = Field(
+        default=None, description="Ranks (GPUs): dp x tp x pp"
+    )
+    dp: Annotated[int, Field(ge=-1, le=_GPUS), _INTEGRAL] | None = Field(
+        default=None,
+        json_schema_extra={"not": {"const": 0}},
+        description="Data-parallel degree; -1: the rest, world_size / (tp x pp)",
+    )
+    tp: Annotated[int, Field(ge=1, le=64), _INTEGRAL] | None = Field(
+        default=None, description="Tensor-parallel degree"
+    )
+    pp: Annotated[int, Field(ge=1, le=256), _INTEGRAL] | None = Field(
+        default=None, description="Pipeline stages"
+    )
+    micro_batches: Annotated[int, Field(ge=1, le=_GPUS), _INTEGRAL] | None = Field(
+        default=None,
+        description="Micro-batches per step (gradient accumulation when pp is 1)",
+    )
     activation_checkpointing: bool | None = None
+
+    @field_validator("dp")
+    @classmethod
+    def _dp_is_a_degree(cls, dp: int | None) -> int | None:
+        if dp == 0:
+            raise ValueError("dp is -1 (the rest) or a degree of 1 and up")
+        return dp
+
+    @model_validator(mode="after")
+    def _degrees_multiply_out(self) -> Self:
+        if self.world_size is not None and self.tp is not None and self.pp is not None:
+            dp = -1 if self.dp is None else self.dp
+            Layout(world_size=self.world_size, dp=dp, tp=self.tp, pp=self.pp)
+        return self
+
+
+_PRECISION = "Precision of this module class (default: the job's current one)"
 
 
 class PrecisionPin(_Request):
-    embedding: Precision | None = None
-    attention_qkv: Precision | None = None
-    attention_out: Precision | None = None
-    ffn: Precision | None = None
-    norm: Precision | None = None
-    head: Precision | None = None
-    optimizer_state: Precision | None = None
+    """Precisions to pin per module class. fp8 runs only on GPUs that have it (H100 and
+    later): with none the job may use, the pin is a 422."""
+
+    embedding: Precision | None = Field(default=None, description=_PRECISION)
+    attention_qkv: Precision | None = Field(default=None, description=_PRECISION)
+    attention_out: Precision | None = Field(default=None, description=_PRECISION)
+    ffn: Precision | None = Field(default=None, description=_PRECISION)
+    norm: Literal["fp32", "bf16", "fp16"] | None = Field(
+        default=None, description="Normalisation layers: not fp8"
+    )
+    head: Precision | None = Field(default=None, description=_PRECISION)
+    optimizer_state: Literal["fp32", "bf16"] | None = Field(
+        default=None, description="Optimizer moments: fp32 or bf16"
+    )
+
+    @field_validator("norm", mode="before")
+    @classmethod
+    def _norm_not_fp8(cls, value: object) -> object:
+        if value == "fp8":  # the likely mistake, said plainly
+            raise ValueError("normalisation cannot run in fp8")
+        return value
 
 
 class CompressionPin(_Request):
+    """A whole gradient compression: topk takes a ratio, powersgd a rank, the others
+    neither."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "properties": {
+                        "kind": {"enum": ["none", "int8", "fp8"]},
+                        "ratio": {"type": "null"},
+                        "rank": {"type": "null"},
+                    }
+                },
+                {
+                    "properties": {
+                        "kind": {"const": "topk"},
+                        "ratio": {"type": "number"},
+                        "rank": {"type": "null"},
+                    },
+                    "required": ["ratio"],
+                },
+                {
+                    "properties": {
+                        "kind": {"const": "powersgd"},
+                        "ratio": {"type": "null"},
+                        "rank": {"type": "integer"},
+                    },
+                    "required": ["rank"],
+                },
+            ]
+        }
+    )
+
     kind: CompressionKind
-    ratio: float | None = Field(default=None, gt=0, lt=1, description="topk only")
-    rank: int | None = Field(default=None, ge=1, le=1024, description="powersgd only")
+    ratio: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="Share of gradient entries top-k keeps: topk only, and required there",
+    )
+    rank: Annotated[int, Field(ge=1, le=1024), _INTEGRAL] | None = Field(
+        default=None,
+        description="Rank of the approximation: powersgd only, and required there",
+    )
+
+    @model_validator(mode="after")
+    def _fits_the_kind(self) -> Self:
+        CompressionSpec(kind=self.kind, ratio=self.ratio, rank=self.rank)
+        return self
 
 
 class RankPin(_Request):
-    node_id: str = Field(pattern=ID_PATTERN)
-    gpu_index: int = Field(ge=0, le=1024)
+    node_id: str = Field(pattern=ID_PATTERN, description="A node of the cluster (else 422)")
+    gpu_index: Whole = Field(ge=0, le=1024, description="A GPU of that node: below its gpu_count")
+
+
+_PIN_TYPES = {
+    "layout": "object",
+    "precision": "object",
+    "compression": "object",
+    "placement": "array",
+}
 
 
 class OverrideCreate(_Request):
-    job_id: str = Field(pattern=ID_PATTERN)
+    """Pin at least one of layout, precision, compression and placement (not null)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": [key], "properties": {key: {"type": kind}}}
+                for key, kind in _PIN_TYPES.items()
+            ]
+        }
+    )
+
+    job_id: str = Field(
+        pattern=ID_PATTERN,
+        description="A pending or running job (no such job: 404; one that ended: 409)",
+    )
     layout: LayoutPin | None = None
     precision: PrecisionPin | None = None
     compression: CompressionPin | None = None
-    placement: Annotated[list[RankPin], Field(min_length=1, max_length=4096)] | None = Field(
-        default=None, description="GPU of rank 0, 1, ... (pins the world size too)"
+    placement: Annotated[list[RankPin], Field(min_length=1, max_length=_GPUS)] | None = Field(
+        default=None,
+        json_schema_extra={"uniqueItems": True},
+        description="GPU of rank 0, 1, ..., one rank a GPU (pins the world size too: a "
+        "layout's world_size must agree); GPUs of the cluster's nodes, of a model the job "
+        "may use, with the memory for one rank",
     )
     ttl_s: float = Field(gt=0, le=30 * 86400, description="Seconds until it expires")
-    reason: str = Field(min_length=1, max_length=1000, description="Why, for the decision log")
+    reason: str = Field(
+        min_length=1,
+        max_length=1000,
+        pattern=r"^[^\x00]*$",
+        description="Why, for the decision log (no NUL character)",
+    )
+
+    @field_validator("placement")
+    @classmethod
+    def _one_rank_a_gpu(cls, placement: list[RankPin] | None) -> list[RankPin] | None:
+        seen: set[tuple[str, int]] = set()
+        for slot in placement or ():
+            gpu = (slot.node_id, slot.gpu_index)
+            if gpu in seen:
+                raise ValueError(f"two ranks on one GPU: {slot.node_id}:{slot.gpu_index}")
+            seen.add(gpu)
+        return placement
 
 
 class OverridePublic(BaseModel):
@@ -454,6 +695,108 @@ class ForecastPublic(BaseModel):
     arrivals: dict[int, ArrivalCheck] = Field(
         description="Keyed by horizon in minutes: how often new demand arrived within the "
         "passed horizons, next to the mean probability forecast for them"
+    )
+
+
+class DashboardGpuHold(BaseModel):
+    """One rank of a running job on one GPU (a shared GPU has several)."""
+
+    gpu_index: int
+    job_id: str
+    rank: int
+    gpu_milli: int = Field(description="Thousandths of the GPU the rank holds (1000: all of it)")
+
+
+class DashboardNode(BaseModel):
+    node_id: str
+    gpu_model: str
+    gpu_count: int
+    state: NodeState = Field(description=_NODE_STATE)
+    lost_at: datetime | None = Field(default=None, description="When the daemon saw it lost")
+    held: list[DashboardGpuHold] = Field(
+        description="The GPUs running jobs hold, by their newest decision's placement (a "
+        "GPU not listed is free)"
+    )
+
+
+class DashboardCluster(BaseModel):
+    """The cluster map: every node the daemon has seen, each GPU with the ranks on it, and
+    the newest tick's provisioning figures."""
+
+    nodes: list[DashboardNode]
+    gpus_total: int = Field(description="GPUs of the alive nodes the daemon recorded")
+    gpus_held: float = Field(description="GPUs running jobs hold (fractions count)")
+    at: datetime | None = Field(
+        description="The newest tick, which the figures below are from (null: no tick yet)"
+    )
+    capacity_gpus: float | None = Field(
+        description="The cluster's GPUs at that tick, parked and waking nodes included"
+    )
+    nodes_parked: int | None = Field(
+        description="Nodes powered down by provisioning or waking up at that tick (jobs "
+        "cannot use them; null: the tick recorded none)"
+    )
+    provisioning_target_gpus: float | None = Field(
+        description="GPUs the provisioner keeps powered (null: no provisioner)"
+    )
+    provisioning_recommended_park: int | None = Field(
+        description="Nodes the provisioner would park (on a backend that cannot park them, "
+        "only a recommendation; null: no provisioner)"
+    )
+
+
+class DashboardJobConfig(BaseModel):
+    """A job's configuration as its newest decision taken set it."""
+
+    decision_id: int
+    source: DecisionSource
+    policy_version: str
+    override_id: int | None = Field(description="The override that decision honours")
+    decided_at: datetime
+    preempt: bool = Field(description="That decision stopped the job to wait again")
+    gpus: float = Field(description="GPUs its placement holds (0: none, as when preempted)")
+    nodes: list[str] = Field(description="Nodes of its placement")
+    config: dict[str, Any] = Field(
+        description="layout, precision, compression, global_batch (null: the job's own)"
+    )
+
+
+class DashboardDecision(BaseModel):
+    id: int
+    at: str = Field(description="When decided (ISO 8601)")
+    job_id: str
+    source: DecisionSource
+    policy_version: str
+    override_id: int | None
+    reason: str = Field(description="Its reason, cut at 200 characters")
+
+
+class DashboardPublic(BaseModel):
+    """Everything the dashboard draws from one response (the page also reads
+    ``/jobs``, ``/policies`` and ``/overrides``)."""
+
+    generated_at: datetime = Field(description="When the daemon answered (ages count to it)")
+    predictor: str
+    demand: dict[str, Any] = Field(
+        description="GPU demand per minute, capacity, the 15-minute peak forecast band and "
+        "the arrival probabilities"
+    )
+    goodput: dict[str, dict[str, list[Any]]] = Field(
+        description="Per job: at, value (samples/s times statistical efficiency)"
+    )
+    throughput: dict[str, dict[str, dict[str, list[Any]]]] = Field(
+        description="samples_per_s and tokens_per_s measured per job: at, value"
+    )
+    decisions: list[DashboardDecision] = Field(
+        description="Decisions in the window, oldest first (a shadow policy's too)"
+    )
+    jobs: dict[str, int] = Field(description="Jobs per state")
+    shadow: dict[str, Any] = Field(
+        description="The shadow version, its agreement and both rounds' predicted goodput"
+    )
+    cluster: DashboardCluster
+    configs: dict[str, DashboardJobConfig] = Field(
+        description="By job: the running jobs' and the newest jobs' current configuration"
     )
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "ID_PATTERN",
     "JOB_STATES",
     "MODULE_CLASSES",
+    "NODE_STATES",
     "PRECISIONS",
     "CompressionKind",
     "CompressionSpec",
@@ -40,6 +41,7 @@ __all__ = [
     "Layout",
     "ModelProfile",
     "NodeInfo",
+    "NodeState",
     "Placement",
     "Precision",
     "PrecisionMap",
@@ -62,6 +64,10 @@ a job's current decision."""
 JobState = Literal["pending", "running", "finished", "failed", "cancelled"]
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 ACTIVE_STATES: tuple[JobState, ...] = ("pending", "running")
+NodeState = Literal["alive", "parked", "waking", "lost"]
+"""A node as the daemon last saw it: jobs run on alive ones; provisioning powered parked
+ones down and powers waking ones up; the backend reports lost ones gone."""
+NODE_STATES: tuple[NodeState, ...] = get_args(NodeState)
 """States of a job that holds or waits for GPUs; the others are final."""
 
 # Identifiers travel through URLs, logs and file names: keep them to a safe alphabet.

@@ -38,7 +38,7 @@ async def get_cluster(telemetry: TelemetryDep, request: Request) -> ClusterPubli
             gpu_memory_bytes=n.gpu_memory_bytes,
             cpu_milli=n.cpu_milli,
             memory_mib=n.memory_mib,
-            state="lost" if record.state == "lost" else "alive",
+            state=record.state,
             lost_at=record.lost_at,
         )
         for record in records

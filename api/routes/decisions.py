@@ -1,12 +1,27 @@
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
 
-from autotune.api.deps import CursorQuery, IdPath, OffsetQuery, bad_cursor, in_session
-from autotune.api.schemas import DecisionExplanation, DecisionPublic, DecisionsPublic
+from autotune.api.deps import (
+    MAX_ROW_ID,
+    READ_ERRORS,
+    CursorQuery,
+    IdPath,
+    JobQuery,
+    OffsetQuery,
+    SinceQuery,
+    bad_cursor,
+    in_session,
+    problem,
+)
+from autotune.api.schemas import (
+    LINE_PATTERN,
+    DecisionExplanation,
+    DecisionPublic,
+    DecisionsPublic,
+)
 from autotune.core import DecisionSource
 from autotune.db import repository as repo
 from autotune.serde import to_json
@@ -14,6 +29,7 @@ from autotune.serde import to_json
 router = APIRouter(prefix="/decisions", tags=["decisions"])
 
 SourceQuery = Annotated[DecisionSource | None, Query()]
+_ONE: dict[int | str, dict[str, Any]] = {**READ_ERRORS, 404: problem("No decision with that id")}
 
 
 def _public(record: repo.DecisionRecord) -> DecisionPublic:
@@ -37,23 +53,23 @@ def _public(record: repo.DecisionRecord) -> DecisionPublic:
 # The busiest read: its database work runs in one worker thread (``in_session``), and
 # the page is serialised once, here; returning the model would have FastAPI dump,
 # re-validate and dump it again (a third of a 50-decision page's time).
-@router.get("", response_model=DecisionsPublic)
+@router.get("", response_model=DecisionsPublic, responses=READ_ERRORS)
 async def list_decisions(
     request: Request,
-    job: str | None = None,
+    job: JobQuery = None,
     source: SourceQuery = None,
-    since: datetime | None = None,
+    since: SinceQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: OffsetQuery = 0,
     cursor: CursorQuery = None,
-    policy_version: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    policy_version: Annotated[
+        str | None, Query(min_length=1, max_length=128, pattern=LINE_PATTERN)
+    ] = None,
 ) -> Response:
     """Decisions, newest first; filter by job, source, policy version and time (ISO 8601
     with zone). Without ``source``, the decisions taken: a shadow policy's (never
     applied) are listed with ``source=shadow``. Page with ``cursor`` (the previous
     page's ``next``): any page costs the same."""
-    if since is not None and since.tzinfo is None:
-        raise HTTPException(status_code=422, detail="since needs a time zone, e.g. ...Z")
     with bad_cursor():
         page = await in_session(
             request,
@@ -77,26 +93,29 @@ async def list_decisions(
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-@router.get("/{decision_id}", response_model=DecisionPublic)
-async def get_decision(request: Request, decision_id: IdPath) -> DecisionPublic:
-    """One decision."""
-    record = await in_session(
-        request, lambda session: repo.get_decision(session=session, decision_id=decision_id)
-    )
+async def _decision(request: Request, decision_id: int) -> repo.DecisionRecord:
+    """The decision, or a 404 (without a query for an id no row can have)."""
+    record = None
+    if decision_id <= MAX_ROW_ID:
+        record = await in_session(
+            request, lambda session: repo.get_decision(session=session, decision_id=decision_id)
+        )
     if record is None:
         raise HTTPException(status_code=404, detail=f"no decision {decision_id}")
-    return _public(record)
+    return record
 
 
-@router.get("/{decision_id}/explain", response_model=DecisionExplanation)
+@router.get("/{decision_id}", response_model=DecisionPublic, responses=_ONE)
+async def get_decision(request: Request, decision_id: IdPath) -> DecisionPublic:
+    """One decision."""
+    return _public(await _decision(request, decision_id))
+
+
+@router.get("/{decision_id}/explain", response_model=DecisionExplanation, responses=_ONE)
 async def explain_decision(request: Request, decision_id: IdPath) -> DecisionExplanation:
     """Why: the observation features that mattered, the alternatives considered with
     their predicted goodput, and why this one won."""
-    record = await in_session(
-        request, lambda session: repo.get_decision(session=session, decision_id=decision_id)
-    )
-    if record is None:
-        raise HTTPException(status_code=404, detail=f"no decision {decision_id}")
+    record = await _decision(request, decision_id)
     explanation = record.explanation or {
         "features": {},
         "chosen": {},

@@ -1,22 +1,28 @@
 from __future__ import annotations
 
 import secrets
-from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy.orm import Session
 
 from autotune.api.deps import (
+    BODY_ERRORS,
+    READ_ERRORS,
+    WRITE_ERRORS,
     CursorQuery,
+    JobIdPath,
     OffsetQuery,
     SessionDep,
+    SinceQuery,
     TokenDep,
     bad_cursor,
     in_session,
+    problem,
     unprocessable,
 )
 from autotune.api.schemas import (
+    LINE_PATTERN,
     JobCreate,
     JobPublic,
     JobsPublic,
@@ -32,6 +38,7 @@ from autotune.serde import to_json
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 StateQuery = Annotated[JobState | None, Query()]
+_NO_JOB: dict[int | str, dict[str, Any]] = {404: problem("No job with that id")}
 
 
 def _public(record: repo.JobRecord) -> JobPublic:
@@ -55,7 +62,7 @@ def _public(record: repo.JobRecord) -> JobPublic:
     )
 
 
-@router.get("", response_model=JobsPublic)
+@router.get("", response_model=JobsPublic, responses=READ_ERRORS)
 async def list_jobs(
     request: Request,
     state: StateQuery = None,
@@ -79,16 +86,27 @@ async def list_jobs(
     )
 
 
-@router.post("", response_model=JobPublic, status_code=201, dependencies=[TokenDep])
+@router.post(
+    "",
+    response_model=JobPublic,
+    status_code=201,
+    dependencies=[TokenDep],
+    responses={**BODY_ERRORS, 409: problem("A job with that job_id exists")},
+)
 def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPublic:
-    """Submit a job; the daemon hands it to the cluster at its next tick."""
+    """Submit a job; the daemon hands it to the cluster at its next tick.
+
+    Besides what the schema says: max_gpus must be at least min_gpus, a fraction of a GPU
+    (constraints.gpu_milli below 1000) is for a one-GPU job only, and a module task must be
+    on the daemon's allow-list (422 naming the field)."""
     try:
         task = resolve_task(
             body.task, request.app.state.task_modules, trains=request.app.state.trains
         )
     except ValueError as exc:
         raise unprocessable("task", str(exc)) from None
-    if body.max_gpus < body.min_gpus:
+    max_gpus = body.min_gpus if body.max_gpus is None else body.max_gpus
+    if max_gpus < body.min_gpus:
         raise unprocessable("max_gpus", f"must be >= min_gpus={body.min_gpus}")
     constraints = body.constraints
     try:
@@ -97,7 +115,7 @@ def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPub
             model=task.model,
             global_batch=body.global_batch,
             min_gpus=body.min_gpus,
-            max_gpus=body.max_gpus,
+            max_gpus=max_gpus,
             gpu_milli=constraints.gpu_milli,
             gpu_types=None if constraints.gpu_types is None else tuple(constraints.gpu_types),
             max_nodes=constraints.max_nodes,
@@ -118,8 +136,8 @@ def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPub
     return _public(record)
 
 
-@router.get("/{job_id}", response_model=JobPublic)
-async def get_job(request: Request, job_id: str) -> JobPublic:
+@router.get("/{job_id}", response_model=JobPublic, responses={**READ_ERRORS, **_NO_JOB})
+async def get_job(request: Request, job_id: JobIdPath) -> JobPublic:
     """One job, with the newest value of each figure measured on its steps."""
 
     def read(session: Session) -> JobPublic | None:
@@ -136,19 +154,24 @@ async def get_job(request: Request, job_id: str) -> JobPublic:
     return public
 
 
-@router.get("/{job_id}/metrics", response_model=MetricSamplesPublic)
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricSamplesPublic,
+    responses={**READ_ERRORS, **_NO_JOB},
+)
 async def job_metric_samples(
     request: Request,
-    job_id: str,
-    name: Annotated[str | None, Query(max_length=128)] = None,
-    since: datetime | None = None,
+    job_id: JobIdPath,
+    name: Annotated[
+        str | None,
+        Query(max_length=128, pattern=LINE_PATTERN, description="Only this metric's"),
+    ] = None,
+    since: SinceQuery = None,
     limit: Annotated[int, Query(ge=1, le=5000)] = 500,
     cursor: CursorQuery = None,
 ) -> MetricSamplesPublic:
     """The job's recorded samples (goodput, and what the backend measured on its steps:
     ``job_*``), newest first; filter by metric name and time, page with ``cursor``."""
-    if since is not None and since.tzinfo is None:
-        raise HTTPException(status_code=422, detail="since needs a time zone, e.g. ...Z")
 
     def read(session: Session) -> repo.Page[repo.MetricSample] | None:
         if repo.get_job(session=session, job_id=job_id) is None:
@@ -179,8 +202,14 @@ async def job_metric_samples(
     )
 
 
-@router.delete("/{job_id}", response_model=JobPublic, status_code=202, dependencies=[TokenDep])
-def cancel_job(session: SessionDep, job_id: str) -> JobPublic:
+@router.delete(
+    "/{job_id}",
+    response_model=JobPublic,
+    status_code=202,
+    dependencies=[TokenDep],
+    responses={**WRITE_ERRORS, **_NO_JOB, 409: problem("The job has ended already")},
+)
+def cancel_job(session: SessionDep, job_id: JobIdPath) -> JobPublic:
     """Cancel a job: the daemon stops it and frees its GPUs at its next tick."""
     record = repo.get_job(session=session, job_id=job_id)
     if record is None:

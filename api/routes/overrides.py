@@ -5,7 +5,19 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from autotune.api.deps import IdPath, OffsetQuery, SessionDep, TokenDep, unprocessable
+from autotune.api.deps import (
+    BODY_ERRORS,
+    MAX_ROW_ID,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    IdPath,
+    JobQuery,
+    OffsetQuery,
+    SessionDep,
+    TokenDep,
+    problem,
+    unprocessable,
+)
 from autotune.api.schemas import OverrideCreate, OverridePublic, OverridesPublic
 from autotune.core import ACTIVE_STATES, JobConfig, utc_now
 from autotune.daemon.overrides import PIN_KEYS, check_override
@@ -13,6 +25,7 @@ from autotune.db import repository as repo
 from autotune.errors import FieldError
 
 router = APIRouter(prefix="/overrides", tags=["overrides"])
+_NO_OVERRIDE: dict[int | str, dict[str, Any]] = {404: problem("No override with that id")}
 
 
 def _public(record: repo.OverrideRecord) -> OverridePublic:
@@ -28,13 +41,25 @@ def _public(record: repo.OverrideRecord) -> OverridePublic:
     )
 
 
-@router.post("", response_model=OverridePublic, status_code=201, dependencies=[TokenDep])
+@router.post(
+    "",
+    response_model=OverridePublic,
+    status_code=201,
+    dependencies=[TokenDep],
+    responses={
+        **BODY_ERRORS,
+        404: problem("No job with that job_id"),
+        409: problem("The job has ended"),
+    },
+)
 def create_override(session: SessionDep, body: OverrideCreate) -> OverridePublic:
     """Pin part of a job's configuration or its placement until ``ttl_s`` passes.
 
-    Rejected with 422 and the reason when it cannot run: an invalid layout, a world
-    size outside the job's GPU range, out of memory, a GPU model the job may not use.
-    A newer override of the same job replaces the active one."""
+    Rejected with 422 and the reason when it cannot run on that job and cluster (what
+    the schema cannot say): a layout that does not divide, a world size outside the
+    job's GPU range, out of memory, a GPU model the job may not use or that lacks a
+    pinned precision, GPUs that do not exist. A newer override of the same job replaces
+    the active one."""
     pin: dict[str, Any] = body.model_dump(include=set(PIN_KEYS), exclude_none=True)
     if not pin:
         raise unprocessable("layout", f"pin at least one of {', '.join(PIN_KEYS)}")
@@ -65,10 +90,10 @@ def create_override(session: SessionDep, body: OverrideCreate) -> OverridePublic
     return _public(record)
 
 
-@router.get("", response_model=OverridesPublic)
+@router.get("", response_model=OverridesPublic, responses=READ_ERRORS)
 def list_overrides(
     session: SessionDep,
-    job: str | None = None,
+    job: JobQuery = None,
     active: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: OffsetQuery = 0,
@@ -87,19 +112,30 @@ def list_overrides(
     return OverridesPublic(data=[_public(r) for r in records], count=count)
 
 
-@router.get("/{override_id}", response_model=OverridePublic)
+@router.get(
+    "/{override_id}", response_model=OverridePublic, responses={**READ_ERRORS, **_NO_OVERRIDE}
+)
 def get_override(session: SessionDep, override_id: IdPath) -> OverridePublic:
     """One override."""
-    record = repo.get_override(session=session, override_id=override_id)
+    record = None
+    if override_id <= MAX_ROW_ID:  # none has a larger id (a query for one is an error)
+        record = repo.get_override(session=session, override_id=override_id)
     if record is None:
         raise HTTPException(status_code=404, detail=f"no override {override_id}")
     return _public(record)
 
 
-@router.delete("/{override_id}", response_model=OverridePublic, dependencies=[TokenDep])
+@router.delete(
+    "/{override_id}",
+    response_model=OverridePublic,
+    dependencies=[TokenDep],
+    responses={**WRITE_ERRORS, **_NO_OVERRIDE},
+)
 def delete_override(session: SessionDep, override_id: IdPath) -> OverridePublic:
     """End an override now; the policy takes the job over at the next tick."""
-    record = repo.delete_override(session=session, override_id=override_id)
+    record = None
+    if override_id <= MAX_ROW_ID:
+        record = repo.delete_override(session=session, override_id=override_id)
     if record is None:
         raise HTTPException(status_code=404, detail=f"no override {override_id}")
     return _public(record)

@@ -8,13 +8,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from sqlalchemy.orm import Session
 
-from autotune.api.deps import SessionDep, TokenDep, unprocessable
+from autotune.api.deps import (
+    BODY_ERRORS,
+    READ_ERRORS,
+    WRITE_ERRORS,
+    SessionDep,
+    TokenDep,
+    problem,
+    unprocessable,
+)
 from autotune.api.schemas import (
+    LINE_PATTERN,
     GoodputPair,
     PoliciesPublic,
     PolicyCreate,
@@ -32,7 +41,15 @@ router = APIRouter(prefix="/policies", tags=["policies"])
 
 T = TypeVar("T")
 
-VersionPath = Annotated[str, Path(min_length=1, max_length=128)]
+VersionPath = Annotated[str, Path(min_length=1, max_length=128, pattern=LINE_PATTERN)]
+
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: problem("No such policy version")}
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: problem(
+        "The registry's state does not allow it (nothing to roll back to, no checkpoint "
+        "to load), or this daemon does not switch policy versions"
+    )
+}
 
 RECENT_TICKS = 20
 """Ticks the ``*_recent`` figures of ``GET /policies/shadow`` cover."""
@@ -85,7 +102,7 @@ def _change(request: Request, work: Callable[[Session], T]) -> T:
         return work(session)
 
 
-@router.get("", response_model=PoliciesPublic)
+@router.get("", response_model=PoliciesPublic, responses=READ_ERRORS)
 def list_policies(session: SessionDep) -> PoliciesPublic:
     """Every registered policy version, newest first, with its name, content hash and
     state (active, shadow or registered), and why it last failed to load, if it did."""
@@ -93,7 +110,13 @@ def list_policies(session: SessionDep) -> PoliciesPublic:
     return PoliciesPublic(data=[_public(r) for r in records], count=len(records))
 
 
-@router.post("", response_model=PolicyPublic, status_code=201, dependencies=[TokenDep])
+@router.post(
+    "",
+    response_model=PolicyPublic,
+    status_code=201,
+    dependencies=[TokenDep],
+    responses={**BODY_ERRORS, **_CONFLICT, 200: {"model": PolicyPublic, "description": "Known"}},
+)
 def register_policy(request: Request, response: Response, body: PolicyCreate) -> PolicyPublic:
     """Register a checkpoint: a folder on the daemon's machine, loaded here as the
     daemon would load it (422 with the reason when it does not serve). Versions are
@@ -126,7 +149,11 @@ def register_policy(request: Request, response: Response, body: PolicyCreate) ->
     return _public(record)
 
 
-@router.get("/active", response_model=PolicyPublic)
+@router.get(
+    "/active",
+    response_model=PolicyPublic,
+    responses={**READ_ERRORS, 404: problem("No active policy: the daemon has not started")},
+)
 def active_policy(session: SessionDep) -> PolicyPublic:
     """The policy version that decides now."""
     active, _shadow = repo.policy_state(session=session)
@@ -135,10 +162,12 @@ def active_policy(session: SessionDep) -> PolicyPublic:
     return _public(active)
 
 
-@router.get("/events", response_model=PolicyEventsPublic)
+@router.get("/events", response_model=PolicyEventsPublic, responses=READ_ERRORS)
 def policy_events(
     session: SessionDep,
-    version: str | None = None,
+    version: Annotated[
+        str | None, Query(min_length=1, max_length=128, pattern=LINE_PATTERN)
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> PolicyEventsPublic:
     """What happened to policy versions, newest first: registered, activated (with the
@@ -155,7 +184,11 @@ def policy_events(
     )
 
 
-@router.get("/shadow", response_model=ShadowPublic)
+@router.get(
+    "/shadow",
+    response_model=ShadowPublic,
+    responses={**READ_ERRORS, 404: problem("No shadow policy")},
+)
 def shadow_policy(session: SessionDep) -> ShadowPublic:
     """The shadow version and how it compares with the active one since it became the
     shadow: ticks shadowed, agreement (overall and over the newest ticks), and the
@@ -201,7 +234,12 @@ def shadow_policy(session: SessionDep) -> ShadowPublic:
     )
 
 
-@router.delete("/shadow", response_model=PolicyPublic, dependencies=[TokenDep])
+@router.delete(
+    "/shadow",
+    response_model=PolicyPublic,
+    dependencies=[TokenDep],
+    responses={**WRITE_ERRORS, **_CONFLICT, 404: problem("No shadow policy")},
+)
 def stop_shadow(request: Request) -> PolicyPublic:
     """Stop shadowing (from the daemon's next tick); returns the version that was the
     shadow. Its stored decisions stay."""
@@ -211,14 +249,24 @@ def stop_shadow(request: Request) -> PolicyPublic:
     return _public(record)
 
 
-@router.post("/rollback", response_model=PolicyPublic, dependencies=[TokenDep])
+@router.post(
+    "/rollback",
+    response_model=PolicyPublic,
+    dependencies=[TokenDep],
+    responses={**WRITE_ERRORS, **_CONFLICT, **_NOT_FOUND},
+)
 def rollback(request: Request) -> PolicyPublic:
     """Make the version active before the current one active again (the daemon swaps
     at its next tick); again, it goes further back. 409 when there is none."""
     return _public(_change(request, lambda session: repo.rollback_policy(session=session)))
 
 
-@router.post("/{version}/activate", response_model=PolicyPublic, dependencies=[TokenDep])
+@router.post(
+    "/{version}/activate",
+    response_model=PolicyPublic,
+    dependencies=[TokenDep],
+    responses={**WRITE_ERRORS, **_CONFLICT, **_NOT_FOUND},
+)
 def activate(request: Request, version: VersionPath) -> PolicyPublic:
     """Make ``version`` the active one: the daemon loads it and decides with it from its
     next tick, without a restart. If it cannot load it, the daemon keeps its policy and
@@ -228,7 +276,12 @@ def activate(request: Request, version: VersionPath) -> PolicyPublic:
     )
 
 
-@router.post("/{version}/shadow", response_model=PolicyPublic, dependencies=[TokenDep])
+@router.post(
+    "/{version}/shadow",
+    response_model=PolicyPublic,
+    dependencies=[TokenDep],
+    responses={**WRITE_ERRORS, **_CONFLICT, **_NOT_FOUND},
+)
 def shadow(request: Request, version: VersionPath) -> PolicyPublic:
     """Make ``version`` the shadow (replacing the one there was): from the daemon's next
     tick it decides every round beside the active version, deterministically; its

@@ -129,7 +129,9 @@ def job_submit(
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 1000,
     global_batch: Annotated[int, typer.Option("--batch", min=1, help="Global batch.")] = 32,
     min_gpus: Annotated[int, typer.Option("--min-gpus", min=1)] = 1,
-    max_gpus: Annotated[int, typer.Option("--max-gpus", min=1)] = 1,
+    max_gpus: Annotated[
+        int | None, typer.Option("--max-gpus", min=1, help="Default: --min-gpus.")
+    ] = None,
     priority: Annotated[int, typer.Option(help="Higher goes first.")] = 0,
     gpu_type: Annotated[
         list[str] | None, typer.Option("--gpu-type", help="Allowed GPU model (repeatable).")
@@ -150,7 +152,7 @@ def job_submit(
         "steps": steps,
         "global_batch": global_batch,
         "min_gpus": min_gpus,
-        "max_gpus": max_gpus,
+        "max_gpus": max_gpus if max_gpus is not None else min_gpus,
         "priority": priority,
         "constraints": constraints,
     }

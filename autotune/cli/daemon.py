@@ -133,6 +133,10 @@ def daemon(
     before applying it. API: http://HOST:PORT/api/v1, OpenAPI docs at /docs, dashboard
     at /. Mutations need the token in $AUTOTUNE_TOKEN; without it, a token is generated
     at the first start and printed once.
+
+    Several daemons may share one database (--db, PostgreSQL): all serve the API, the
+    one holding the leader lease decides, and another takes over within
+    AUTOTUNE_LEADER_LEASE_S (5 s) plus a second when it dies.
     """
     from autotune.daemon.auth import ensure_token
     from autotune.daemon.backends import build_backend

@@ -719,10 +719,19 @@ class Daemon:
     def _write_cluster(
         self, session: Session, snapshot: ClusterSnapshot, unplaced: dict[str, str]
     ) -> None:
-        nodes = (tuple(snapshot.nodes), tuple(snapshot.lost_nodes))
+        nodes = (
+            tuple(snapshot.nodes),
+            tuple(snapshot.lost_nodes),
+            tuple(snapshot.parked_nodes),
+            tuple(snapshot.waking_nodes),
+        )
         if nodes != self._nodes_written:
             for name in repo.upsert_nodes(
-                session=session, nodes=snapshot.nodes, lost=snapshot.lost_nodes
+                session=session,
+                nodes=snapshot.nodes,
+                lost=snapshot.lost_nodes,
+                parked=snapshot.parked_nodes,
+                waking=snapshot.waking_nodes,
             ):
                 event("node.lost", level=logging.WARNING, node=name)
             self._nodes_written = nodes

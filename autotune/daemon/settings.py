@@ -135,7 +135,9 @@ class Settings(BaseSettings):
     retention_metrics_full_days: float = Field(default=1.0, ge=0)
     """Metric samples are kept at full resolution this long, then averaged per
     ``retention_metrics_downsample_s`` (0: never downsampled)."""
-    retention_metrics_downsample_s: float = Field(default=60.0, ge=1)
+    retention_metrics_downsample_s: float = Field(default=300.0, ge=1)
+    """Five minutes: a month of every job's samples at one per minute is most of a busy
+    database (bench/RESULTS.md, "Storage"); the newest day stays at full resolution."""
     retention_metrics_days: float = Field(default=30.0, ge=0)
     """Metric samples are deleted after this many days (0: kept forever)."""
     retention_decisions_days: float = Field(default=90.0, ge=0)

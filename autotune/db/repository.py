@@ -22,11 +22,13 @@ from sqlalchemy.orm import Session
 from autotune.core import (
     ACTIVE_STATES,
     JOB_STATES,
+    NODE_STATES,
     Decision,
     JobConfig,
     JobSpec,
     JobState,
     NodeInfo,
+    NodeState,
     Placement,
     utc_now,
 )
@@ -151,6 +153,9 @@ def encode_cursor(*values: str | int) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
+_MAX_KEY = 2**63 - 1
+
+
 def decode_cursor(cursor: str, *types: type) -> tuple[Any, ...]:
     """The sort key in ``cursor``, checked against ``types``; ``CursorError`` if it is not
     one this listing hands out."""
@@ -162,6 +167,10 @@ def decode_cursor(cursor: str, *types: type) -> tuple[Any, ...]:
         not isinstance(values, list)
         or len(values) != len(types)
         or not all(type(v) is t for v, t in zip(values, types, strict=True))
+        # what no listing hands out: ids beyond a 64-bit key, text with NUL (PostgreSQL
+        # refuses it) or longer than any key
+        or any(isinstance(v, int) and not 0 <= v <= _MAX_KEY for v in values)
+        or any(isinstance(v, str) and (len(v) > 256 or "\x00" in v) for v in values)
     ):
         raise CursorError(f"not a cursor of this listing: {cursor[:40]!r}")
     return tuple(values)
@@ -256,8 +265,7 @@ def _decision(row: DecisionRow) -> Decision:
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
     info: NodeInfo
-    state: str
-    """``alive`` or ``lost``."""
+    state: NodeState
     lost_at: datetime | None
 
 
@@ -266,13 +274,22 @@ def upsert_nodes(
     session: Session,
     nodes: Iterable[NodeInfo],
     lost: Iterable[NodeInfo] = (),
+    parked: Iterable[NodeInfo] = (),
+    waking: Iterable[NodeInfo] = (),
     at: datetime | None = None,
 ) -> list[str]:
-    """Record the backend's alive ``nodes`` and its ``lost`` ones; returns the names of
-    nodes that are newly lost. ``at``: when (default now)."""
+    """Record the backend's alive ``nodes``, its ``lost`` ones, and the ``parked`` and
+    ``waking`` ones of provisioning; returns the names of nodes that are newly lost.
+    ``at``: when (default now)."""
     now = at or utc_now()
     newly_lost: list[str] = []
-    for node, state in [*((n, "alive") for n in nodes), *((n, "lost") for n in lost)]:
+    states: list[tuple[NodeInfo, NodeState]] = [
+        *((n, "alive") for n in nodes),
+        *((n, "parked") for n in parked),
+        *((n, "waking") for n in waking),
+        *((n, "lost") for n in lost),
+    ]
+    for node, state in states:
         row = session.get(NodeRow, node.node_id)
         info = to_json(node)
         if row is None:
@@ -317,7 +334,11 @@ def node_records(*, session: Session) -> list[NodeRecord]:
     """Every node the daemon has seen, alive or lost."""
     rows = session.scalars(select(NodeRow).order_by(NodeRow.node_id))
     return [
-        NodeRecord(info=from_json(NodeInfo, row.info), state=row.state, lost_at=row.lost_at)
+        NodeRecord(
+            info=from_json(NodeInfo, row.info),
+            state=row.state if row.state in NODE_STATES else "alive",
+            lost_at=row.lost_at,
+        )
         for row in rows
     ]
 
@@ -491,6 +512,8 @@ def list_jobs(
             submitted = datetime.fromisoformat(at)
         except ValueError:
             raise CursorError(f"not a cursor of this listing: {cursor[:40]!r}") from None
+        if submitted.tzinfo is None:  # the listing hands out UTC times with their zone
+            raise CursorError(f"not a cursor of this listing: {cursor[:40]!r}")
         conditions.append(
             or_(
                 JobRow.submitted_at < submitted,

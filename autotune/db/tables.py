@@ -84,7 +84,8 @@ class NodeRow(Base):
     """The ``NodeInfo``, as ``autotune.serde.to_json`` writes it."""
     updated_at: Mapped[datetime]
     state: Mapped[str] = mapped_column(String(16), default="alive", server_default="alive")
-    """``alive``, or ``lost``: the backend reports the node gone (jobs are not placed on it)."""
+    """``alive``; ``parked`` or ``waking`` (provisioning powered it down, or powers it up);
+    ``lost``: the backend reports the node gone. Jobs are placed on alive nodes only."""
     lost_at: Mapped[datetime | None]
     """When the daemon first saw the node lost; ``None`` while it is alive."""
 

@@ -16,6 +16,7 @@ from autotune.core import Decision, JobConfig, JobSpec, utc_now
 from autotune.daemon.loop import Daemon
 from autotune.db import Database, sqlite_url
 from autotune.db import repository as repo
+from autotune.db.repository import encode_cursor
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.policies.rules import RulesPolicy
 
@@ -102,6 +103,18 @@ def test_bad_cursors_and_deep_offsets_are_422_and_huge_ids_404(
     assert client.get("/api/v1/jobs", params={"offset": 2**70}).status_code == 422
     assert client.get(f"/api/v1/decisions/{2**70}").status_code == 422
     assert client.get(f"/api/v1/decisions/{2**63 - 1}/explain").status_code == 404
+    # Cursors no listing hands out, well formed otherwise: a key beyond 64 bits, text with
+    # NUL, a time with no zone.
+    odd = [
+        ("/api/v1/decisions", encode_cursor(10**23)),
+        ("/api/v1/decisions", encode_cursor(2**64)),
+        ("/api/v1/jobs", encode_cursor("2026-01-01T00:00:00+00:00", "a\x00b")),
+        ("/api/v1/jobs", encode_cursor("0001-01-01T00:00:00", "")),
+    ]
+    for path, cursor in odd:
+        response = client.get(path, params={"cursor": cursor})
+        assert response.status_code == 422, (path, cursor, response.text)
+        assert "cursor" in response.json()["message"]
 
 
 def test_counts_stop_at_the_cap_and_say_so(
