@@ -49,7 +49,7 @@ class _DatabaseCollector(Collector):
         with self._db.session() as session:
             by_source = self._decisions(session)
             by_state = self._job_counts.read(session)
-            goodput = repo.list_metrics(session=session, names=["job_goodput"], limit=2000)
+            goodput = repo.latest_metric_samples(session=session, name="job_goodput")
         decisions = CounterMetricFamily(
             "autotune_decisions", "Decisions committed, per source", labels=["source"]
         )
@@ -63,7 +63,8 @@ class _DatabaseCollector(Collector):
         latest = max((s.recorded_at for s in goodput), default=None)
         family = GaugeMetricFamily(
             "autotune_job_goodput",
-            "Goodput of each running job at the last tick: samples/s times statistical efficiency",
+            "Goodput of each running job as last recorded (every job_metrics_every_s): samples/s "
+            "times statistical efficiency",
             labels=["job"],
         )
         for sample in goodput:

@@ -778,12 +778,23 @@ def decision_counts(*, session: Session, after_id: int = 0) -> tuple[dict[str, i
     """Decisions per source with an id above ``after_id``, and the highest id counted
     (``after_id`` when there is none): callers keep a running total and count only what
     is new, so the cost follows the new rows, not the history."""
-    rows = session.execute(
-        select(DecisionRow.source, func.count(), func.max(DecisionRow.id))
-        .where(DecisionRow.id > after_id)
-        .group_by(DecisionRow.source)
-    ).all()
-    return {source: n for source, n, _ in rows}, max((top for *_, top in rows), default=after_id)
+    if after_id == 0:  # the whole log: one pass over the (source, id) index
+        rows = session.execute(
+            select(DecisionRow.source, func.count(), func.max(DecisionRow.id)).group_by(
+                DecisionRow.source
+            )
+        ).all()
+        return {s: n for s, n, _ in rows}, max((top for *_, top in rows), default=after_id)
+    # Only the new rows, by the primary key (a GROUP BY here would walk the source index
+    # over the whole log).
+    counts: dict[str, int] = {}
+    top = after_id
+    for decision_id, source in session.execute(
+        select(DecisionRow.id, DecisionRow.source).where(DecisionRow.id > after_id)
+    ):
+        counts[source] = counts.get(source, 0) + 1
+        top = max(top, decision_id)
+    return counts, top
 
 
 def latest_decision_records(
@@ -1440,8 +1451,68 @@ def list_metrics(
     limit: int = 10_000,
 ) -> list[MetricSample]:
     """Samples of the named metrics, oldest first (the newest ``limit`` of them)."""
-    page = list_metric_samples(session=session, names=names, since=since, limit=limit)
-    return page.rows[::-1]
+    rows = _metric_rows(session, _metric_conditions(names, None, since), limit)
+    return [_sample(r) for r in rows[::-1]]
+
+
+def latest_metric_samples(*, session: Session, name: str) -> list[MetricSample]:
+    """The samples of ``name`` recorded at the newest time it was recorded (one tick's:
+    every job's goodput, say); two index lookups, whatever the history's length."""
+    newest = session.scalar(
+        select(MetricRow.recorded_at)
+        .where(MetricRow.name == name)
+        .order_by(MetricRow.id.desc())
+        .limit(1)
+    )
+    if newest is None:
+        return []
+    rows = session.execute(
+        select(*_METRIC_COLUMNS)
+        .where(MetricRow.recorded_at == newest, MetricRow.name == name)
+        .order_by(MetricRow.id)
+    )
+    return [_sample(r) for r in rows]
+
+
+_METRIC_COLUMNS = (
+    MetricRow.id,
+    MetricRow.name,
+    MetricRow.value,
+    MetricRow.job_id,
+    MetricRow.recorded_at,
+)
+
+
+def _sample(row: Any) -> MetricSample:
+    return MetricSample(
+        name=row.name, value=row.value, job_id=row.job_id, recorded_at=row.recorded_at
+    )
+
+
+def _metric_conditions(
+    names: Sequence[str], job_id: str | None, since: datetime | None
+) -> list[ColumnElement[bool]]:
+    conditions: list[ColumnElement[bool]] = []
+    if len(names) == 1:
+        conditions.append(MetricRow.name == names[0])
+    elif names:
+        conditions.append(MetricRow.name.in_(list(names)))
+    if job_id is not None:
+        conditions.append(MetricRow.job_id == job_id)
+    if since is not None:
+        conditions.append(MetricRow.recorded_at >= since)
+    return conditions
+
+
+def _metric_rows(
+    session: Session, conditions: Sequence[ColumnElement[bool]], limit: int
+) -> list[Any]:
+    """Up to ``limit`` rows matching ``conditions``, newest first."""
+    return list(
+        session.execute(
+            select(*_METRIC_COLUMNS).where(*conditions).order_by(MetricRow.id.desc()).limit(limit)
+        )
+    )
 
 
 def list_metric_samples(
@@ -1455,39 +1526,15 @@ def list_metric_samples(
 ) -> Page[MetricSample]:
     """Samples newest first, of the named metrics (all when ``names`` is empty) and of
     ``job_id`` (when given); ``cursor``: the page after the one that handed it out."""
-    conditions: list[ColumnElement[bool]] = []
-    if len(names) == 1:
-        conditions.append(MetricRow.name == names[0])
-    elif names:
-        conditions.append(MetricRow.name.in_(list(names)))
-    if job_id is not None:
-        conditions.append(MetricRow.job_id == job_id)
-    if since is not None:
-        conditions.append(MetricRow.recorded_at >= since)
+    conditions = _metric_conditions(names, job_id, since)
     count, exact = _bounded_count(session, MetricRow.id, conditions)
     if cursor is not None:
         (before,) = decode_cursor(cursor, int)
         conditions.append(MetricRow.id < before)
-    rows = list(
-        session.execute(
-            select(
-                MetricRow.id,
-                MetricRow.name,
-                MetricRow.value,
-                MetricRow.job_id,
-                MetricRow.recorded_at,
-            )
-            .where(*conditions)
-            .order_by(MetricRow.id.desc())
-            .limit(limit + 1)
-        )
-    )
+    rows = _metric_rows(session, conditions, limit + 1)
     more = len(rows) > limit
     rows = rows[:limit]
-    samples = [
-        MetricSample(name=r.name, value=r.value, job_id=r.job_id, recorded_at=r.recorded_at)
-        for r in rows
-    ]
+    samples = [_sample(r) for r in rows]
     return Page(samples, count, exact, encode_cursor(rows[-1].id) if more else None)
 
 
