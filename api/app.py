@@ -150,6 +150,7 @@ def attach_daemon(app: FastAPI, daemon: Daemon) -> None:
     app.state.tick_health = lambda: daemon.health
     metrics: ServiceMetrics = app.state.metrics
     metrics.tick_health = app.state.tick_health
+    metrics.job_metrics_every_s = daemon.job_metrics_every_s
     if daemon.leadership is not None:
         metrics.leader_status = daemon.leadership.status
     daemon.tick_observers.append(metrics.observe_tick)

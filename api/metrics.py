@@ -28,9 +28,10 @@ _TICK_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 
 
 
 class _DatabaseCollector(Collector):
-    def __init__(self, db: Database, job_counts: JobCounts) -> None:
+    def __init__(self, db: Database, job_counts: JobCounts, window: Callable[[], float]) -> None:
         self._db = db
         self._job_counts = job_counts
+        self._window = window
         # Decisions per source: counted once, then only the rows above the highest id
         # counted (ids grow with commits: the decision loop is their one writer), so a
         # scrape costs the same on a month of history as on a minute. Retention deleting
@@ -49,7 +50,9 @@ class _DatabaseCollector(Collector):
         with self._db.session() as session:
             by_source = self._decisions(session)
             by_state = self._job_counts.read(session)
-            goodput = repo.latest_metric_samples(session=session, name="job_goodput")
+            goodput = repo.latest_metric_samples(
+                session=session, name="job_goodput", within_s=self._window()
+            )
         decisions = CounterMetricFamily(
             "autotune_decisions", "Decisions committed, per source", labels=["source"]
         )
@@ -60,7 +63,6 @@ class _DatabaseCollector(Collector):
         for state, count in by_state.items():
             jobs.add_metric([state], count)
         yield jobs
-        latest = max((s.recorded_at for s in goodput), default=None)
         family = GaugeMetricFamily(
             "autotune_job_goodput",
             "Goodput of each running job as last recorded (every job_metrics_every_s): samples/s "
@@ -68,7 +70,7 @@ class _DatabaseCollector(Collector):
             labels=["job"],
         )
         for sample in goodput:
-            if sample.recorded_at == latest and sample.job_id is not None:
+            if sample.job_id is not None:
                 family.add_metric([sample.job_id], sample.value)
         yield family
 
@@ -144,7 +146,14 @@ class ServiceMetrics:
         """The daemon's health, where one runs in this process (``attach_daemon``)."""
         self.leader_status: Callable[[], LeaderStatus] | None = None
         """The daemon's leadership, where it shares the database with others."""
-        self.registry.register(_DatabaseCollector(db, job_counts or JobCounts()))
+        self.job_metrics_every_s = 0.0
+        """How often the daemon records every job's samples (``attach_daemon``): the
+        goodput gauge shows each job's newest within that (plus a tick)."""
+        self.registry.register(
+            _DatabaseCollector(
+                db, job_counts or JobCounts(), lambda: self.job_metrics_every_s + 5.0
+            )
+        )
         self.registry.register(_TickHealthCollector(self))
 
     def observe_tick(self, report: TickReport) -> None:

@@ -30,7 +30,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -235,9 +235,12 @@ class Daemon:
         it follows."""
         self.job_metrics_every_s = 0.0
         """Seconds between two ticks that record every running job's samples (goodput and
-        what the backend measured), the bulk of the metrics; 0: every tick. The cluster's
-        own samples are recorded every tick."""
+        what the backend measured), the bulk of the metrics; 0: every tick. A job's first
+        measured tick and the tick it ends are recorded too; the cluster's own samples
+        every tick."""
         self._job_metrics_at = -float("inf")
+        self._jobs_sampled: set[str] = set()
+        """Running jobs whose samples were recorded at least once."""
         self._unmarked: list[int] = []
         """Decisions applied whose ``applied_at`` is not committed yet (the database
         failed right after the backend applied them): marked at the next tick."""
@@ -352,6 +355,7 @@ class Daemon:
         self._known, self._honoured, self._job_rows = set(), {}, {}
         self._nodes_written, self._reconciled, self._unmarked = None, False, []
         self.models, self._models_now, self._provisioned = JobModels(), {}, None
+        self._jobs_sampled, self._job_metrics_at = set(), -float("inf")
         self._health = TickHealth()
 
     def _restore(self, session: Session) -> int:
@@ -649,10 +653,7 @@ class Daemon:
             stopped_now = sum(1 for d in stored if d.preempt)
             running = len(snapshot.by_state("running")) + started_now - stopped_now
             pending = len(pending_ids) - started_now + stopped_now
-            per_job: list[tuple[str, float, str | None]] = []
-            if started - self._job_metrics_at >= self.job_metrics_every_s:
-                per_job = [*_goodputs(snapshot), *_measured(snapshot)]
-                self._job_metrics_at = started
+            per_job = self._job_samples(snapshot, started)
             repo.record_metrics(
                 session=session,
                 values=[
@@ -693,6 +694,33 @@ class Daemon:
             fallback=used_fallback,
         )
         return report
+
+    def _job_samples(
+        self, snapshot: ClusterSnapshot, now: float
+    ) -> list[tuple[str, float, str | None]]:
+        """The jobs' samples this tick records: every running job's every
+        ``job_metrics_every_s``; between, those of a job measured for the first time and
+        the last ones of a job that ended since (so a short job's figures are kept)."""
+        running = snapshot.by_state("running")
+        running_ids = {j.spec.job_id for j in running}
+        ended = [
+            j
+            for j in snapshot.jobs
+            if j.spec.job_id in self._jobs_sampled and j.spec.job_id not in running_ids
+        ]
+        if now - self._job_metrics_at >= self.job_metrics_every_s:
+            self._job_metrics_at = now
+            chosen = running_ids
+        else:
+            chosen = running_ids - self._jobs_sampled
+        self._jobs_sampled = (self._jobs_sampled | chosen) & running_ids
+        if not chosen and not ended:
+            return []
+        return [
+            *(v for v in _goodputs(snapshot) if v[2] in chosen),
+            *_measured([j for j in running if j.spec.job_id in chosen]),
+            *_measured(ended),
+        ]
 
     def _reconcile(self, session: Session, snapshot: ClusterSnapshot) -> None:
         """At the first tick: a job the database holds as pending or running that the
@@ -840,12 +868,12 @@ class Daemon:
         return True
 
 
-def _measured(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
-    """What the backend measured on each running job's last step, as ``job_<name>``;
-    not a backend's own ``goodput``: the daemon's (``_goodputs``) is the one stored."""
+def _measured(jobs: Sequence[JobStatus]) -> list[tuple[str, float, str | None]]:
+    """What the backend measured on each job's last step, as ``job_<name>``; not a
+    backend's own ``goodput``: the daemon's (``_goodputs``) is the one stored."""
     return [
         (f"job_{name}", float(value), job.spec.job_id)
-        for job in snapshot.by_state("running")
+        for job in jobs
         for name, value in sorted(job.metrics.items())
         if name != "goodput"
     ]

@@ -145,9 +145,14 @@ class Settings(BaseSettings):
     deleted after this many days, never the newest decision of an active job (0: kept
     forever)."""
     retention_transitions_days: float = Field(default=30.0, ge=0)
-    """Logged transitions are deleted after this many days (0: kept forever). A round of
+    """Logged transitions an export covered are deleted after this many days (0: kept
+    forever; see ``retention_transitions_unexported_days``). A round of
     the learned policy takes about 0.1 KB plus 0.4 KB per job it acts on (a sixth of that
     once compacted)."""
+    retention_transitions_unexported_days: float = Field(default=90.0, ge=0)
+    """Logged transitions no ``autotune replay export`` covered yet are kept this many
+    days (at least ``retention_transitions_days``), so a replay window outlives the
+    export's usual schedule (0: kept until exported)."""
     retention_transitions_compact_days: float = Field(default=1.0, ge=0)
     """Logged transitions older than this many days are compacted: their per-job JSON
     rewritten as one compressed blob, about 6 times smaller, nothing lost (0: never)."""
@@ -190,6 +195,7 @@ class Settings(BaseSettings):
             metrics_days=days(self.retention_metrics_days),
             decisions_days=days(self.retention_decisions_days),
             transitions_days=days(self.retention_transitions_days),
+            transitions_unexported_days=days(self.retention_transitions_unexported_days),
             transitions_compact_days=days(self.retention_transitions_compact_days),
             jobs_days=days(self.retention_jobs_days),
             batch_rows=self.retention_batch_rows,

@@ -12,7 +12,7 @@ import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar, cast
 
 import numpy as np
@@ -41,6 +41,7 @@ from autotune.db.tables import (
     OverrideRow,
     PolicyEventRow,
     PolicyVersionRow,
+    TransitionExportRow,
     TransitionRow,
 )
 from autotune.serde import from_json, to_json
@@ -1455,9 +1456,12 @@ def list_metrics(
     return [_sample(r) for r in rows[::-1]]
 
 
-def latest_metric_samples(*, session: Session, name: str) -> list[MetricSample]:
-    """The samples of ``name`` recorded at the newest time it was recorded (one tick's:
-    every job's goodput, say); two index lookups, whatever the history's length."""
+def latest_metric_samples(
+    *, session: Session, name: str, within_s: float = 0.0
+) -> list[MetricSample]:
+    """The newest sample of ``name`` per job among those recorded at most ``within_s``
+    before its newest one (0: that tick's only); two index ranges, whatever the
+    history's length."""
     newest = session.scalar(
         select(MetricRow.recorded_at)
         .where(MetricRow.name == name)
@@ -1468,10 +1472,14 @@ def latest_metric_samples(*, session: Session, name: str) -> list[MetricSample]:
         return []
     rows = session.execute(
         select(*_METRIC_COLUMNS)
-        .where(MetricRow.recorded_at == newest, MetricRow.name == name)
+        .where(
+            MetricRow.recorded_at >= newest - timedelta(seconds=within_s),
+            MetricRow.name == name,
+        )
         .order_by(MetricRow.id)
     )
-    return [_sample(r) for r in rows]
+    by_job = {r.job_id: _sample(r) for r in rows}  # the newest wins
+    return list(by_job.values())
 
 
 _METRIC_COLUMNS = (
@@ -1536,6 +1544,17 @@ def list_metric_samples(
     rows = rows[:limit]
     samples = [_sample(r) for r in rows]
     return Page(samples, count, exact, encode_cursor(rows[-1].id) if more else None)
+
+
+def record_transition_export(
+    *, session: Session, first_id: int, last_id: int, rounds: int, path: str
+) -> None:
+    """An export read the transitions ``first_id`` to ``last_id`` (every one between)."""
+    session.add(
+        TransitionExportRow(
+            first_id=first_id, last_id=last_id, rounds=rounds, path=path, exported_at=utc_now()
+        )
+    )
 
 
 # --- overrides ------------------------------------------------------------------------

@@ -23,9 +23,11 @@ API's readers never wait long behind retention. The work of a step, in order:
    folded again. The averaging is done here in Python over a bounded slice of rows, the
    same on SQLite and PostgreSQL;
 2. metrics older than ``metrics_days`` deleted, downsampled or not;
-3. transitions older than ``transitions_days`` deleted (and, last in a step, those older
-   than ``transitions_compact_days`` compacted: their JSON columns rewritten as one
-   compressed blob, oldest first);
+3. transitions older than ``transitions_days`` deleted once an export covered them
+   (``transition_exports``), and every transition older than
+   ``transitions_unexported_days``; last in a step, those older than
+   ``transitions_compact_days`` compacted: their JSON columns rewritten as one
+   compressed blob, oldest first;
 4. decisions older than ``decisions_days`` deleted, except the newest decision taken
    for every pending or running job (a shadow policy's decisions are never that one);
 5. overrides that ended (``deleted_at`` or ``expires_at``) before ``decisions_days`` ago
@@ -73,7 +75,14 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 from autotune.core import ACTIVE_STATES, JOB_STATES
 from autotune.db import repository as repo
 from autotune.db.engine import Database
-from autotune.db.tables import DecisionRow, JobRow, MetricRow, OverrideRow, TransitionRow
+from autotune.db.tables import (
+    DecisionRow,
+    JobRow,
+    MetricRow,
+    OverrideRow,
+    TransitionExportRow,
+    TransitionRow,
+)
 from autotune.errors import InputError
 
 __all__ = [
@@ -122,6 +131,11 @@ class RetentionPolicy:
     """Decisions are deleted after this long (the newest of an active job never is);
     ended overrides too, once no decision refers to them."""
     transitions_days: float | None = 90.0
+    """Logged transitions an export covered are deleted after this long."""
+    transitions_unexported_days: float | None = 90.0
+    """Those no export covered are kept this long (at least ``transitions_days``), so a
+    replay window not exported yet outlives ``transitions_days``; ``None``: until
+    exported."""
     transitions_compact_days: float | None = 1.0
     """Logged transitions older than this are compacted: their JSON columns stored as one
     compressed blob (``TransitionRow.packed``; ``None``: never)."""
@@ -137,6 +151,7 @@ class RetentionPolicy:
             "metrics_days",
             "decisions_days",
             "transitions_days",
+            "transitions_unexported_days",
             "transitions_compact_days",
             "jobs_days",
         ):
@@ -346,11 +361,53 @@ def _old_metrics(session: Session, policy: RetentionPolicy, now: datetime, budge
 def _old_transitions(
     session: Session, policy: RetentionPolicy, now: datetime, budget: int
 ) -> _Phase:
-    if policy.transitions_days is None:
+    if policy.transitions_days is None:  # kept forever, exported or not
         return _Phase(0, {})
-    cutoff = _ago(now, policy.transitions_days)
-    n = _delete_oldest(session, TransitionRow.id, TransitionRow.created_at, cutoff, budget)
+    n = 0
+    if policy.transitions_unexported_days is not None:  # exported or not
+        cutoff = _ago(now, max(policy.transitions_unexported_days, policy.transitions_days))
+        n = _delete_oldest(session, TransitionRow.id, TransitionRow.created_at, cutoff, budget)
+    if n < budget:
+        n += _delete_exported(session, _ago(now, policy.transitions_days), budget - n)
     return _Phase(n, {"transitions_deleted": n})
+
+
+def _delete_exported(session: Session, cutoff: datetime, budget: int) -> int:
+    """Delete up to ``budget`` transitions logged before ``cutoff`` that an export
+    covered: per export, a primary-key range (ids grow with time, so the ones before
+    ``cutoff`` are those up to the newest such id)."""
+    old_top = session.scalar(
+        select(TransitionRow.id)
+        .where(TransitionRow.created_at < cutoff)
+        .order_by(TransitionRow.created_at.desc())
+        .limit(1)
+    )
+    if old_top is None:
+        return 0
+    n = 0
+    ranges = session.execute(
+        select(TransitionExportRow.first_id, TransitionExportRow.last_id)
+        .where(TransitionExportRow.first_id <= old_top)
+        .order_by(TransitionExportRow.first_id)
+    ).all()
+    for first_id, last_id in ranges:
+        if n >= budget:
+            break
+        ids = list(
+            session.scalars(
+                select(TransitionRow.id)
+                .where(
+                    TransitionRow.id >= first_id,
+                    TransitionRow.id <= min(last_id, old_top),
+                    TransitionRow.created_at < cutoff,
+                )
+                .order_by(TransitionRow.id)
+                .limit(budget - n)
+            )
+        )
+        _delete_by_key(session, TransitionRow.id, ids)
+        n += len(ids)
+    return n
 
 
 def _first_uncompacted(session: Session) -> int | None:

@@ -36,6 +36,7 @@ __all__ = [
     "OverrideRow",
     "PolicyEventRow",
     "PolicyVersionRow",
+    "TransitionExportRow",
     "TransitionRow",
 ]
 
@@ -215,6 +216,22 @@ class TransitionRow(Base):
     episode reached its length)."""
     created_at: Mapped[datetime] = mapped_column(index=True)
     """When the round was decided."""
+
+
+class TransitionExportRow(Base):
+    """A range of logged transitions written out by ``autotune replay export``:
+    retention deletes a transition past ``transitions_days`` only once an export covered
+    it (and any past ``transitions_unexported_days``)."""
+
+    __tablename__ = "transition_exports"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    first_id: Mapped[int] = mapped_column(Integer)
+    """The first and last transition ids the export read (every one in between)."""
+    last_id: Mapped[int] = mapped_column(Integer)
+    rounds: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(Text)
+    exported_at: Mapped[datetime]
 
 
 class MetricRow(Base):

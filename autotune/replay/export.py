@@ -273,6 +273,8 @@ def export(
         seen_jobs: set[str] = set()
         first: datetime | None = None
         last: datetime | None = None
+        first_id: int | None = None  # the first and the last transition read
+        last_id: int | None = None
         previous: _Round | None = None
         weights: dict[str, float] = {}
         speeds: dict[str, list[float]] = {}
@@ -295,6 +297,8 @@ def export(
             epsilons.add(current.epsilon)
             first = first or current.at
             last = current.at
+            first_id = current.id if first_id is None else first_id
+            last_id = current.id
         if previous is not None:
             _emit(previous, None, writer, counters, segments, versions, report, gap_s)
         writer.close()
@@ -305,6 +309,15 @@ def export(
         # The round period the log was taken with, as its reward says (else its clock).
         round_s = float(weights.get("round_s") or gap_s)
         _write_workload(db, out, seen_jobs, first, last, factors, round_s)
+        if first_id is not None and last_id is not None:  # retention may now delete them
+            with db.session() as session:
+                repo.record_transition_export(
+                    session=session,
+                    first_id=first_id,
+                    last_id=last_id,
+                    rounds=report.rounds,
+                    path=str(out.resolve()),
+                )
     finally:
         db.dispose()
     report.seconds = time.perf_counter() - started

@@ -21,7 +21,7 @@ from autotune.daemon.loop import Daemon
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.db.retention import RetentionPolicy, run_retention
-from autotune.db.tables import TransitionRow
+from autotune.db.tables import TransitionExportRow, TransitionRow
 from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT
 from autotune.errors import InputError
 from autotune.policies.serving import PolicyServer, entry_probabilities
@@ -225,6 +225,27 @@ def test_compacted_transitions_export_the_same_rows(tmp_path: Path) -> None:
     old = pq.read_table(tmp_path / "before" / before.files[0])
     new = pq.read_table(tmp_path / "after" / after.files[0])
     assert new.equals(old)
+
+
+def test_an_export_lets_retention_delete_what_it_covered(tmp_path: Path) -> None:
+    """Logged rounds past transitions_days stay until an export has read them (or until
+    transitions_unexported_days); the export records the ids it read."""
+    url = f"sqlite:///{tmp_path / 'd.db'}"
+    run_daemon(url, ticks=6)
+    db = Database(url)
+    policy = RetentionPolicy(transitions_days=1.0, transitions_unexported_days=90.0)
+    later = utc_now() + timedelta(days=2)
+    assert run_retention(db, policy, later).deleted["transitions"] == 0  # not exported
+    report = export(url, tmp_path / "out")
+    with db.session() as session:
+        exports = session.scalars(select(TransitionExportRow)).all()
+        ids = sorted(session.scalars(select(TransitionRow.id)))
+    assert [(e.first_id, e.last_id, e.rounds) for e in exports] == [
+        (ids[0], ids[-1], report.rounds)
+    ]
+    assert exports[0].path == str((tmp_path / "out").resolve())
+    assert run_retention(db, policy, later).deleted["transitions"] == len(ids)
+    db.dispose()
 
 
 def test_a_round_someone_else_decided_breaks_the_chain(tmp_path: Path) -> None:

@@ -468,6 +468,36 @@ def test_old_decisions_overrides_jobs_and_transitions_go(
         assert report.max_step_s > 0
 
 
+@pytest.mark.parametrize("batch_rows", [2000, 1])
+def test_transitions_an_export_covered_go_after_transitions_days_the_others_later(
+    any_database: Database, batch_rows: int
+) -> None:
+    database = any_database
+    t = {d: add_transition(database, ago(days=d)) for d in (100, 60, 50, 40, 35, 20, 1)}
+    with database.session() as session:  # two exports: days 60 to 40, and 20 to 1
+        repo.record_transition_export(
+            session=session, first_id=t[60], last_id=t[40], rounds=3, path="/e/1"
+        )
+        repo.record_transition_export(
+            session=session, first_id=t[20], last_id=t[1], rounds=2, path="/e/2"
+        )
+    policy = RetentionPolicy(
+        transitions_days=30, transitions_unexported_days=90, batch_rows=batch_rows
+    )
+    report = run_retention(database, policy, NOW)
+    assert report.done
+    left = remaining(database)["transitions"]
+    # 100 days: past the unexported limit; 60-40: exported and past 30 days. 35 days was
+    # never exported: it stays until 90; 20 and 1: exported but younger than 30 days.
+    assert left == {t[35], t[20], t[1]}
+    assert report.deleted["transitions"] == 4
+    later = run_retention(database, policy, NOW + timedelta(days=60))
+    assert later.deleted["transitions"] == 3  # 35 days + 60 > 90; 20 and 1 now past 30
+    forever = RetentionPolicy(transitions_days=None, transitions_unexported_days=90)
+    add_transition(database, ago(days=500))
+    assert run_retention(database, forever, NOW).deleted["transitions"] == 0
+
+
 def test_steps_stay_within_their_budget_on_every_table(any_database: Database) -> None:
     database = any_database
     add_samples(database, history())
