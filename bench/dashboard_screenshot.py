@@ -22,52 +22,16 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _autotune() -> list[str]:
-    script = Path(sys.executable).parent / "autotune"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "autotune.cli"]
-
-
-class _Api:
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}/api/v1"
-        self.token: str | None = None
-
-    def call(self, method: str, path: str, body: object | None = None) -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method=method)
-        request.add_header("Content-Type", "application/json")
-        if self.token is not None:
-            request.add_header("Authorization", f"Bearer {self.token}")
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"null")
-
-    def get(self, path: str) -> Any:
-        status, body = self.call("GET", path)
-        if status != 200:
-            raise RuntimeError(f"GET {path}: {status} {body}")
-        return body
+sys.path.insert(0, str(REPO / "tests"))
+from helpers import HEADLESS_CHROMIUM, Api, autotune_command, free_port  # noqa: E402
 
 
 def _wait(what: str, check: Any, timeout_s: float, daemon: subprocess.Popen[bytes]) -> Any:
@@ -77,7 +41,7 @@ def _wait(what: str, check: Any, timeout_s: float, daemon: subprocess.Popen[byte
             raise RuntimeError(f"the daemon exited ({daemon.returncode}) waiting for {what}")
         try:
             found = check()
-        except (OSError, RuntimeError, ValueError):
+        except (OSError, AssertionError, ValueError):  # not up yet: Api.get asserts 200
             found = None
         if found:
             return found
@@ -95,14 +59,7 @@ def screenshot(
         done = subprocess.run(
             [
                 browser,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *HEADLESS_CHROMIUM,
                 "--hide-scrollbars",
                 f"--user-data-dir={profile}",
                 f"--virtual-time-budget={budget_ms}",
@@ -181,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if browser is None:
         parser.error("chromium is not installed (Debian: apt-get install chromium)")
     root = Path(tempfile.mkdtemp(prefix="autotune-dashboard-"))
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "AUTOTUNE_DATA_DIR": str(root / "data"),
@@ -190,12 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     for key in ("AUTOTUNE_DB_URL", "AUTOTUNE_CONFIG", "AUTOTUNE_TOKEN"):
         env.pop(key, None)
     stdout, stderr = root / "daemon.out", root / "daemon.err"
-    api = _Api(port)
+    api = Api(port)
+    token: str | None = None
     started = time.monotonic()
     with stdout.open("w") as out, stderr.open("w") as err:
         daemon = subprocess.Popen(
             [
-                *_autotune(),
+                *autotune_command(),
                 "daemon",
                 "--port",
                 str(port),
@@ -221,9 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             30,
             daemon,
         )
-        api.token = line.rsplit(" ", 1)[1]
+        token = line.rsplit(" ", 1)[1]
         if args.shadow:
-            status, body = api.call("POST", f"/policies/{args.shadow}/shadow")
+            status, body = api.call("POST", f"/policies/{args.shadow}/shadow", token=token)
             if status != 200:
                 raise RuntimeError(f"shadowing {args.shadow}: {status} {body}")
         time.sleep(args.seconds / 2)
@@ -238,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ttl_s": 3600,
                 "reason": "keep the FFN in fp32 while the loss spikes are looked into",
             },
+            token=token,
         )
         if status != 201:
             raise RuntimeError(f"creating the override: {status} {override}")

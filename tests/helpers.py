@@ -258,3 +258,17 @@ class DaemonProcess:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
+
+
+HEADLESS_CHROMIUM = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+)
+"""Chromium's flags for a page rendered here: no sandbox (root in CI), no GPU, nothing
+fetched from outside."""

@@ -96,6 +96,11 @@ def renew(
 ) -> bool:
     """Extend the lease by ``lease_s`` from now if ``holder`` still holds it for ``term``
     (even after it expired, as long as nobody took it since); whether it did."""
+    return _set_expiry(session, holder, term, name, db_epoch() + lease_s)
+
+
+def _set_expiry(session: Session, holder: str, term: int, name: str, expires: Any) -> bool:
+    """Set the lease's expiry if ``holder`` holds it for ``term``; whether it did."""
     result = session.execute(
         update(LeaderLeaseRow)
         .where(
@@ -103,7 +108,7 @@ def renew(
             LeaderLeaseRow.holder == holder,
             LeaderLeaseRow.term == term,
         )
-        .values(expires_at_s=db_epoch() + lease_s)
+        .values(expires_at_s=expires)
         .execution_options(synchronize_session=False)
     )
     return int(getattr(result, "rowcount", 0)) == 1
@@ -145,17 +150,7 @@ def fence(
 
 def release(session: Session, *, holder: str, term: int, name: str = DECISION_LOOP) -> bool:
     """Let the lease expire now (a clean stop): another daemon takes over at once."""
-    result = session.execute(
-        update(LeaderLeaseRow)
-        .where(
-            LeaderLeaseRow.name == name,
-            LeaderLeaseRow.holder == holder,
-            LeaderLeaseRow.term == term,
-        )
-        .values(expires_at_s=0.0)
-        .execution_options(synchronize_session=False)
-    )
-    return int(getattr(result, "rowcount", 0)) == 1
+    return _set_expiry(session, holder, term, name, 0.0)
 
 
 def terms(session: Session) -> list[tuple[int, str, int, int | None, int | None]]:

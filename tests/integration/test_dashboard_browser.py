@@ -26,7 +26,7 @@ from html.parser import HTMLParser
 from typing import Any, ClassVar
 
 import pytest
-from helpers import Api, DaemonProcess, free_port, wait_for
+from helpers import HEADLESS_CHROMIUM, Api, DaemonProcess, free_port, wait_for
 
 pytestmark = pytest.mark.subprocess
 
@@ -189,14 +189,7 @@ def render(browser: str, url: str) -> str:
         done = subprocess.run(
             [
                 browser,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *HEADLESS_CHROMIUM,
                 f"--user-data-dir={profile}",
                 "--window-size=1400,1800",
                 "--virtual-time-budget=6000",
@@ -404,13 +397,7 @@ def test_clicking_a_decision_opens_its_explanation(live: Live, browser: str) -> 
         chromium = subprocess.Popen(
             [
                 browser,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *HEADLESS_CHROMIUM,
                 f"--user-data-dir={profile}",
                 f"--remote-debugging-port={debug_port}",
                 "--window-size=1400,1800",

@@ -99,9 +99,9 @@ def test_the_follower_takes_over_a_dead_leader_and_the_old_one_stores_nothing_mo
         assert b.term is None
         run_a.kill()  # no release: b waits for the lease to expire
         killed = time.monotonic()
-        wait_for("b leads", lambda: b.term == 2, timeout_s=LEASE_S + 5)
+        wait_for("b leads", lambda: b.term == 2, timeout_s=LEASE_S + 10)
         took_over_s = time.monotonic() - killed
-        assert took_over_s < LEASE_S + 2
+        assert took_over_s < LEASE_S + 4  # the lease, a try a fifth of it later, a busy CI
         wait_for("decisions of term 2", lambda: _terms(a.db).get(2))
         # b resumed a's jobs from the database, on its own backend
         resumed = {j.spec.job_id for j in b.backend.observe().jobs}
@@ -254,8 +254,8 @@ def test_a_leader_cut_off_from_the_database_is_replaced_and_steps_down_when_back
         cut = time.monotonic()
         monkeypatch.setattr(a.db, "session", refuse)
         monkeypatch.setattr(a.leadership.db, "session", refuse)
-        wait_for("b leads", lambda: b.term == 2, timeout_s=LEASE_S + 5)
-        assert time.monotonic() - cut < LEASE_S + 2
+        wait_for("b leads", lambda: b.term == 2, timeout_s=LEASE_S + 10)
+        assert time.monotonic() - cut < LEASE_S + 4
         wait_for("a pauses", lambda: a.health.paused is not None)
         monkeypatch.undo()  # a reaches the database again
         wait_for("a steps down", lambda: a.term is None and not a.leadership.leading)
