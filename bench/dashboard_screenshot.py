@@ -55,7 +55,7 @@ def screenshot(
     """What headless ``browser`` draws of ``url`` once ``budget_ms`` of virtual time passed
     (the page's reads answered and its plots drawn), saved as the PNG ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         done = subprocess.run(
             [
                 browser,

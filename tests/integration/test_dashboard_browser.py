@@ -185,7 +185,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, browser: str) -> Iterator[Liv
 
 
 def render(browser: str, url: str) -> str:
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         done = subprocess.run(
             [
                 browser,
@@ -393,7 +393,7 @@ OPENED = """(() => {
 
 def test_clicking_a_decision_opens_its_explanation(live: Live, browser: str) -> None:
     debug_port = free_port()
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         chromium = subprocess.Popen(
             [
                 browser,
