@@ -85,7 +85,7 @@ from autotune.core import (
 )
 from autotune.daemon.decide import DecisionRound, decide, placement_summary
 from autotune.daemon.loop import FALLBACK_AFTER
-from autotune.db import Database, sqlite_url
+from autotune.db import Database, sqlite_file, sqlite_url
 from autotune.db import repository as repo
 from autotune.db.retention import RetentionPolicy, RetentionReport, run_retention
 from autotune.db.tables import (
@@ -1011,13 +1011,6 @@ def _count(session: Session, table: Any) -> int:
     return int(session.scalar(select(func.count()).select_from(table)) or 0)
 
 
-def _sqlite_path(url: str) -> Path | None:
-    parsed = make_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    return Path(str(parsed.database)).expanduser()
-
-
 def build_history(
     url: str,
     *,
@@ -1110,7 +1103,7 @@ def build_history(
                 summary["retention"] = retained.summary()
     finally:
         db.dispose()  # SQLite: the last connection folds the WAL into the file
-    path = _sqlite_path(url)
+    path = sqlite_file(url)
     size = None
     if path is not None:
         size = sum(
@@ -1178,7 +1171,7 @@ class _Retained:
 def database_bytes(db: Database) -> int:
     """The database's size on disk: SQLite's file with its WAL, or PostgreSQL's
     ``pg_database_size``."""
-    path = _sqlite_path(db.url)
+    path = sqlite_file(db.url)
     if path is None:
         with db.engine.connect() as connection:
             return int(

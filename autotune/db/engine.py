@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.errors import InputError
 
-__all__ = ["Database", "database_error", "make_engine", "sqlite_url"]
+__all__ = ["Database", "database_error", "make_engine", "sqlite_file", "sqlite_url"]
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 CONNECT_TIMEOUT_S = 5
@@ -40,7 +40,7 @@ def database_error(exc: BaseException) -> str:
     return f"{type(orig).__name__}: {lines[0][:300]}" if lines else type(orig).__name__
 
 
-def _sqlite_file(url: str) -> Path | None:
+def sqlite_file(url: str) -> Path | None:
     """The file of a file-backed SQLite URL (``None``: another database, or in memory)."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite" or not parsed.database:
@@ -73,7 +73,7 @@ def make_engine(
     kwargs: dict[str, Any] = {}
     file_backed = True
     if parsed.get_backend_name() == "sqlite":
-        file = _sqlite_file(url)
+        file = sqlite_file(url)
         file_backed = file is not None
         if file is not None:
             parent = file.parent
@@ -142,7 +142,7 @@ class Database:
     @contextmanager
     def _migration_lock(self) -> Iterator[None]:
         """On a SQLite file: an exclusive lock on ``<file>.migrate.lock``."""
-        path = _sqlite_file(self.url)
+        path = sqlite_file(self.url)
         if path is None:
             yield
             return
@@ -173,7 +173,7 @@ class Database:
         read-only (file, mount or role), or, for a SQLite file, less than
         ``min_free_bytes`` left on its disk. Writes nothing."""
         shown = self._shown()
-        path = _sqlite_file(self.url)
+        path = sqlite_file(self.url)
         if path is not None:
             free = shutil.disk_usage(path.parent).free
             if free < min_free_bytes:
