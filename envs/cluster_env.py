@@ -27,6 +27,11 @@ jobs in queue order):
 An entry out of its range raises ``InvalidActionError``. Waiting jobs beyond the slots
 wait in queue order.
 
+With ``knobs="pollux"`` (Pollux's knobs only) the action is instead
+``Box(-6, 6, (slots,))``: per slot, log2 of the job's weight in a Pollux-style goodput
+allocation (``allocator``: ``autotune.policies.goodput.GoodputPolicy``, whose
+``allocate`` sets every job's GPU count and batch size); jobs beyond the slots weigh 1.
+
 ## Observation space
 
 ``Box(0, 1, (36 + 20 * slots,), float32)``; every entry is bounded as listed
@@ -79,6 +84,11 @@ configuration ran out of memory, ``nan_penalty`` per divergence event,
 ``energy_weight`` per kWh the cluster drew (running jobs' power from the performance
 model, idle GPUs at their idle share).
 
+With ``objective="jct"`` the reward is instead minus the job-hours of the round: the
+active (waiting or running) jobs at its start times ``round_s`` / 3600, so an episode's
+return is minus the jobs' summed completion time in hours (Little's law), the average
+JCT that the Pollux-compatible mode measures.
+
 ## Starting state
 
 An empty cluster; jobs from ``jobs`` (a trace), or drawn from ``self.np_random``: with
@@ -116,6 +126,8 @@ from autotune.envs.spaces import (
     ObservationEncoder,
     action_space,
     decode_action,
+    decode_weights,
+    pollux_action_space,
 )
 from autotune.envs.workloads import job_stream, synthetic_jobs
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
@@ -138,6 +150,9 @@ class ChoicesPolicy:
         return self.choices
 
 
+OBJECTIVES: Final = ("goodput", "jct")
+"""What the reward pays: the cluster's normalized goodput less penalties, or minus the
+round's job-hours (the average completion time)."""
 KNOBS: Final = ("all", "pollux")
 """What a policy may choose in the environment: ``all`` (our default world: precision
 maps, gradient compression, data/tensor/pipeline layouts, GPU count, batch scale,
@@ -251,10 +266,15 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         knobs: str = "all",
         provisioner: Provisioner | None = None,
         wake_s: float = 120.0,
+        objective: str = "goodput",
+        allocator: Callable[[ClusterEnv], Any] | None = None,
     ) -> None:
         if knobs not in KNOBS:
             raise ValueError(f"knobs={knobs!r}: one of {KNOBS}")
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective={objective!r}: one of {OBJECTIVES}")
         self.knobs = knobs
+        self.objective = objective
         if nodes is not None:
             self.nodes = list(nodes)
         else:
@@ -287,7 +307,14 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
             "energy_weight": energy_weight,
         }
         self.encoder = ObservationEncoder(slots, round_s=round_s, forecaster=forecaster)
-        self.action_space = action_space(slots)
+        self.action_space: Any = (
+            pollux_action_space(slots) if knobs == "pollux" else action_space(slots)
+        )
+        self.make_allocator = allocator
+        """``knobs="pollux"``: builds, every episode, the allocation that turns the
+        action (job weights) into choices; ``autotune.policies.goodput.GoodputPolicy``
+        (passed in: the environment does not import policies)."""
+        self.allocator: Any = None
         self.observation_space = self.encoder.space
         self.sim: SimulatedCluster | None = None
         self.snapshot: ClusterSnapshot | None = None
@@ -330,6 +357,8 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
                 )
             )
         self.sim = SimulatedCluster(self.sim_config, arrivals=jobs, rng=self.np_random)
+        if self.make_allocator is not None:
+            self.allocator = self.make_allocator(self)
         self.sim.skip_idle()
         self.steps = 0
         self.encoder.reset()
@@ -341,6 +370,16 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
     def choices(self, action: np.ndarray) -> dict[str, PolicyChoice]:
         """What ``action`` means for the current state (``InvalidActionError`` if out of
         range)."""
+        if self.knobs == "pollux":
+            snapshot = self._snapshot()
+            weights = decode_weights(action, snapshot, self.slots)
+            if self.allocator is None:
+                raise RuntimeError(
+                    "the Pollux-compatible mode's action needs an allocation: "
+                    "ClusterEnv(allocator=autotune.policies.goodput.GoodputPolicy)"
+                )
+            allocated: dict[str, PolicyChoice] = self.allocator.allocate(snapshot, weights)
+            return allocated
         return decode_action(action, self._snapshot(), self.slots, source="action")
 
     def step(
@@ -357,6 +396,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         snapshot = self._snapshot()
         if self.knobs == "pollux":
             choices = pollux_knobs(choices)
+        active = sum(1 for j in snapshot.jobs if j.state in ("pending", "running"))
         round_ = decide(snapshot, ChoicesPolicy(choices), {}, honoured={}, explain=False)
         sim.apply(round_.decisions)
         outcome = sim.advance()
@@ -364,7 +404,11 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
             sim.skip_idle()
         self.steps += 1
         self.snapshot = self._provisioned(sim)
-        value, parts = reward(outcome, round_s=self.round_s, **self.weights)
+        if self.objective == "jct":
+            parts = {"jct": -active * self.round_s / 3600.0}
+            value = parts["jct"]
+        else:
+            value, parts = reward(outcome, round_s=self.round_s, **self.weights)
         terminated = sim.done
         truncated = not terminated and self.steps >= self.max_steps
         obs = self.encoder.encode(self.snapshot)

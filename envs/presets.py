@@ -51,6 +51,12 @@ def small_nodes() -> list[NodeInfo]:
     ]
 
 
+POLLUX_ROUND_S = 60.0
+"""Pollux's simulator: a scheduling round every 60 s (``--interval``) ..."""
+POLLUX_RESTART_S = 30.0
+"""... and 30 s without progress at every start and restart (``Job.reallocate``)."""
+
+
 def pollux_nodes(gpus: int) -> list[NodeInfo]:
     """Pollux's testbed (Qiao et al., OSDI 2021): nodes of 4 T4 GPUs, ``gpus`` in all, on the
     inter-node bandwidth its measurements imply."""

@@ -15,6 +15,11 @@ window as jobs ahead of it finish.
 feature has declared bounds; ``FEATURES`` lists them (index, name, range, meaning) and the
 environment's docstring prints the same table.
 
+**Action in the Pollux-compatible mode** (``knobs="pollux"``): one number per slot,
+log2 of the job's weight in the goodput allocation (``POLLUX_WEIGHT_RANGE``;
+``pollux_action_space``, ``decode_weights``), which turns weights into each job's GPU
+count and batch size (``autotune.policies.goodput``).
+
 **Action.** Per slot, ``ACTION_FIELDS`` in order: reconfigure a running job now (1) or
 keep its configuration (0; a waiting job is always configured), compression, precision
 map, GPU count, layout mode, batch scale, activation checkpointing. An entry out of its
@@ -60,6 +65,7 @@ __all__ = [
     "GPU_OPTIONS",
     "LAYOUT_MODES",
     "MAX_GPU_MODELS",
+    "POLLUX_WEIGHT_RANGE",
     "PRECISION_MAPS",
     "Feature",
     "InvalidActionError",
@@ -67,8 +73,11 @@ __all__ = [
     "action_space",
     "decode_action",
     "decode_slot",
+    "decode_weights",
     "encode_config",
+    "encode_weights",
     "gpu_models",
+    "pollux_action_space",
     "queue_order",
     "slot_config",
     "slot_jobs",
@@ -113,6 +122,9 @@ ACTION_FIELDS: Final = (
 )
 ACTION_DIMS: Final = tuple(n for _, n in ACTION_FIELDS)
 MAX_GPU_MODELS: Final = 4
+POLLUX_WEIGHT_RANGE: Final = (-6.0, 6.0)
+"""Bounds of the Pollux-compatible mode's action entry: log2 of a job's weight in the
+goodput allocation (a weight of 1/64 to 64; beyond is clipped)."""
 _UNIT_BATCH: Final = BATCH_SCALES.index(1.0)
 _LARGEST_GPU_BYTES: Final = 192 * (1 << 30)
 
@@ -533,3 +545,39 @@ def decode_action(
             choices[job.spec.job_id] = choice
     choices.update(wait_choices(active, slots))
     return choices
+
+
+# -- the Pollux-compatible mode's action ---------------------------------------------
+
+
+def pollux_action_space(slots: int) -> spaces.Box:
+    """One entry per slot: log2 of the job's weight in the goodput allocation."""
+    low, high = POLLUX_WEIGHT_RANGE
+    return spaces.Box(low, high, (slots,), dtype=np.float32)
+
+
+def decode_weights(action: np.ndarray, snapshot: ClusterSnapshot, slots: int) -> dict[str, float]:
+    """The slot jobs' weights an action of ``pollux_action_space`` means (entries beyond
+    ``POLLUX_WEIGHT_RANGE`` clipped, as for any bounded continuous action). Raises
+    ``InvalidActionError`` for a wrong length or a value that is not a number; jobs
+    beyond the slots keep weight 1."""
+    flat = np.asarray(action, dtype=np.float64).reshape(-1)
+    if flat.shape != (slots,):
+        raise InvalidActionError(f"action has {flat.size} entries; expected {slots}")
+    if not np.isfinite(flat).all():
+        raise InvalidActionError("action has an entry that is not a finite number")
+    low, high = POLLUX_WEIGHT_RANGE
+    return {
+        job.spec.job_id: float(2.0 ** np.clip(flat[slot], low, high))
+        for slot, job in enumerate(slot_jobs(snapshot, slots))
+    }
+
+
+def encode_weights(weights: dict[str, float], snapshot: ClusterSnapshot, slots: int) -> np.ndarray:
+    """The action that decodes to (about) ``weights`` (a slot whose job has none: 1)."""
+    low, high = POLLUX_WEIGHT_RANGE
+    out = np.zeros(slots, dtype=np.float32)
+    for slot, job in enumerate(slot_jobs(snapshot, slots)):
+        weight = weights.get(job.spec.job_id, 1.0)
+        out[slot] = float(np.clip(math.log2(weight), low, high))
+    return out

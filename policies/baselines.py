@@ -51,7 +51,7 @@ from autotune.envs.spaces import (
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import Estimate, Shape, shape_of
-from autotune.policies.goodput import GoodputPolicy
+from autotune.policies.goodput import GoodputPolicy, SizedGoodputPolicy
 from autotune.policies.optimus import OptimusPolicy
 from autotune.policies.rules import (
     RulesPolicy,
@@ -189,6 +189,8 @@ class OraclePolicy:
             )
         )
         self._best: dict[tuple[str, int, Shape], tuple[float, JobConfig | None]] = {}
+        self._tables: GoodputPolicy | None = None
+        """The Pollux-compatible mode's goodput tables (measured physics)."""
 
     def _at_risk(self, value: float, est: Estimate) -> float:
         """``value`` less the expected loss to divergence in a round (half a round per
@@ -218,6 +220,8 @@ class OraclePolicy:
         return best
 
     def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        if self.env.knobs == "pollux":
+            return self._measured(snapshot)
         nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
         jobs = slot_jobs(snapshot, self.slots)
         free = free_gpus(snapshot)
@@ -265,6 +269,63 @@ class OraclePolicy:
             choices[job.spec.job_id] = PolicyChoice(
                 config=config, reason=f"oracle: {value:.2f} normalized goodput"
             )
+        for job in snapshot.by_state("pending"):
+            choices.setdefault(
+                job.spec.job_id, PolicyChoice(config=None, reason="oracle: outside the window")
+            )
+        return choices
+
+    def _measured(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        """The Pollux-compatible mode: the same objective (the slot jobs' summed
+        normalized goodput, here each job's speed-up over its best on one GPU) from the
+        measured physics the jobs run on, on Pollux's knobs: per job and GPU count the
+        best batch (``GoodputPolicy.goodput_tables``), GPUs shared by the same dynamic
+        programming. Only counts faster than every smaller one are considered."""
+        if self._tables is None:
+            self._tables = GoodputPolicy(self.env)
+        tables = self._tables.goodput_tables(snapshot)
+        jobs = slot_jobs(snapshot, self.slots)
+        lost = self.env.sim_config.restart_s / self.env.round_s
+        options: list[dict[int, tuple[float, JobConfig | None]]] = []
+        for job in jobs:
+            table = tables.get(job.spec.job_id, [])
+            one = table[1][0] if len(table) > 1 else 0.0
+            best: dict[int, tuple[float, JobConfig | None]] = {}
+            fastest = 0.0
+            for n in range(1, len(table)):
+                rate, batch = table[n]
+                if one > 0 and rate > fastest:
+                    fastest = rate
+                    layout = JobConfig.data_parallel(n).layout
+                    best[n] = (rate / one, JobConfig(layout=layout, global_batch=batch))
+            if job.state == "running" and job.config is not None and one > 0:
+                best = {g: (v * (1 - lost), c) for g, (v, c) in best.items()}
+                held = job.config.world_size
+                current = table[held][0] / one if held < len(table) else 0.0
+                if best.get(held, (0.0, None))[0] <= current * (1 + self.gain_margin):
+                    best[held] = (current, None)
+            options.append(best)
+        capacity = sum(n.gpu_count for n in snapshot.nodes if n.gpu_count > 0) - sum(
+            j.placement.world_size
+            for j in snapshot.by_state("running")
+            if j.placement is not None and j not in jobs
+        )
+        running = [j.state == "running" and bool(o) for j, o in zip(jobs, options, strict=True)]
+        chosen = _share(options, capacity, running)
+        choices: dict[str, PolicyChoice] = {}
+        for job, opts, gpus in zip(jobs, options, chosen, strict=True):
+            if gpus == 0:
+                choices[job.spec.job_id] = PolicyChoice(
+                    config=None,
+                    reason="oracle: not worth GPUs this round",
+                    preempt=job.state == "running",
+                )
+                continue
+            value, config = opts[gpus]
+            if config is not None:
+                choices[job.spec.job_id] = PolicyChoice(
+                    config=config, reason=f"oracle: speed-up {value:.2f} (measured physics)"
+                )
         for job in snapshot.by_state("pending"):
             choices.setdefault(
                 job.spec.job_id, PolicyChoice(config=None, reason="oracle: outside the window")
@@ -321,6 +382,7 @@ BASELINES: Final[dict[str, Callable[[ClusterEnv, int], Policy]]] = {
     "oracle": lambda env, seed: OraclePolicy(env, slots=env.slots),
     "tiresias": lambda env, seed: TiresiasPolicy(),
     "goodput": lambda env, seed: GoodputPolicy(env),
+    "goodput-size": lambda env, seed: SizedGoodputPolicy(env),
     "optimus": lambda env, seed: OptimusPolicy(env),
 }
 

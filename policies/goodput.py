@@ -26,11 +26,21 @@ Every round:
 
 Jobs without measured physics (the default world) get their requested GPUs, as
 ``static`` gives them.
+
+**Weights.** ``allocate(snapshot, weights)`` weighs job j's term by w_j (sum_j w_j
+SPEEDUP_j^p; 1 when not given): a heavier job gets GPUs sooner. ``SizedGoodputPolicy``
+(``goodput-size``) sets w_j = (remaining_j / 1 h)^-0.5 from the job's remaining time on
+one GPU at its best batch (remaining progress to its last epoch / that rate): a job
+near its end is worth finishing, which lowers the average completion time (the
+remaining work is known from the epochs a job declares; Pollux's scheduler does not
+use it). The learned policy of the Pollux-compatible mode chooses these weights
+(``autotune.envs.spaces.POLLUX_WEIGHT_RANGE``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
 from autotune import __version__
@@ -41,11 +51,13 @@ from autotune.perf.pollux_trace import TraceApp, packed
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
 
-__all__ = ["GoodputPolicy"]
+__all__ = ["SIZE_EXPONENT", "GoodputPolicy", "SizedGoodputPolicy", "size_weight"]
 
 FAIRNESS_P: Final = -1.0
 """Pollux's p: the objective sum SPEEDUP^p; -1 weighs a job's speed-up inversely, so no
 job is starved for another's gain."""
+SIZE_EXPONENT: Final = 0.5
+"""``goodput-size``'s weight is (remaining time / 1 h) to the power -SIZE_EXPONENT."""
 BATCH_CANDIDATES: Final = 12
 """Batch sizes tried per GPU count: geometric between the smallest and largest validated."""
 
@@ -107,19 +119,49 @@ class GoodputPolicy:
 
     # -- the round ------------------------------------------------------------------
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def goodput_tables(self, snapshot: ClusterSnapshot) -> dict[str, list[tuple[float, int]]]:
+        """Goodput tables of the active jobs with measured physics, by job id."""
         sim = self.env.sim
         assert sim is not None
         total = sum(n.gpu_count for n in snapshot.nodes)
         per_node = max((n.gpu_count for n in snapshot.nodes), default=1)
-        active = [j for j in snapshot.jobs if j.state in ("pending", "running")]
         tables: dict[str, list[tuple[float, int]]] = {}
-        for job in active:
+        for job in snapshot.jobs:
+            if job.state not in ("pending", "running"):
+                continue
             trace = sim.jobs[job.spec.job_id].arrival.trace
             if trace is None:
                 continue
             cap = min(total, job.spec.max_gpus, trace.max_batch // trace.min_local)
             tables[job.spec.job_id] = self._table(job, trace, cap, per_node)
+        return tables
+
+    def remaining_s(self, snapshot: ClusterSnapshot) -> dict[str, float]:
+        """Each active job's remaining time on one GPU at its best batch for its current
+        epoch (jobs with measured physics only)."""
+        sim = self.env.sim
+        assert sim is not None
+        out: dict[str, float] = {}
+        for job_id, table in self.goodput_tables(snapshot).items():
+            state = sim.jobs[job_id]
+            trace = state.arrival.trace
+            assert trace is not None
+            left = max(trace.target_progress - state.done, 0.0)
+            out[job_id] = left / table[1][0] if len(table) > 1 and table[1][0] > 0 else math.inf
+        return out
+
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        return self.allocate(snapshot)
+
+    def allocate(
+        self, snapshot: ClusterSnapshot, weights: Mapping[str, float] | None = None
+    ) -> dict[str, PolicyChoice]:
+        """The round's choices with job j's term weighted by ``weights[j]`` (1 if not
+        given; must be > 0)."""
+        weights = weights or {}
+        total = sum(n.gpu_count for n in snapshot.nodes)
+        active = [j for j in snapshot.jobs if j.state in ("pending", "running")]
+        tables = self.goodput_tables(snapshot)
         alloc = {j.spec.job_id: 0 for j in active}
         free = total
         # Jobs without measured physics: their requested GPUs, first come first served.
@@ -144,11 +186,12 @@ class GoodputPolicy:
                 n = alloc[job_id]
                 if n == 0:
                     continue
-                here = self._term(table, n)
+                weight = weights.get(job_id, 1.0)
+                here = weight * self._term(table, n)
                 for m in range(n + 1, min(len(table), n + free + 1)):
                     if table[m][0] <= 0:
                         continue
-                    gain = (here - self._term(table, m)) / (m - n)
+                    gain = (here - weight * self._term(table, m)) / (m - n)
                     if gain > best_gain:
                         best_gain, best_move = gain, (job_id, m)
             if best_move is None:
@@ -207,3 +250,27 @@ class GoodputPolicy:
                 features=features,
             )
         return choices
+
+
+def size_weight(remaining_s: float) -> float:
+    """``goodput-size``'s weight of a job with ``remaining_s`` seconds left on one GPU:
+    (remaining / 1 h)^-SIZE_EXPONENT, the remaining time taken as at least a minute."""
+    return float((max(remaining_s, 60.0) / 3600.0) ** -SIZE_EXPONENT)
+
+
+class SizedGoodputPolicy(GoodputPolicy):
+    """``goodput`` with each job weighted by ``size_weight`` of its remaining time (see
+    the module docstring); ``last_weights`` keeps the newest round's weights."""
+
+    name = "goodput-size"
+
+    def __init__(self, env: ClusterEnv, **kwargs: float) -> None:
+        super().__init__(env, **kwargs)
+        self.version = f"goodput-size-{__version__}"
+        self.last_weights: dict[str, float] = {}
+
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        self.last_weights = {
+            job_id: size_weight(left) for job_id, left in self.remaining_s(snapshot).items()
+        }
+        return self.allocate(snapshot, self.last_weights)

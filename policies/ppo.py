@@ -59,17 +59,28 @@ MODULE_PATH: Final = Path("learner_group") / "learner" / "rl_module" / "default_
 N_LOGITS: Final = sum(ACTION_DIMS)
 
 
+LOG_STD_INIT: Final = -1.0
+"""Initial log standard deviation of a continuous action (the Pollux-compatible mode's
+log2 weights): exploration of about 0.37 around the mean."""
+
+
 class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
-    """Per-slot shared policy; ``model_config``: ``hidden`` (width, default 64)."""
+    """Per-slot shared policy; ``model_config``: ``hidden`` (width, default 64).
+
+    With a ``MultiDiscrete`` action space (``ACTION_DIMS`` per slot) each slot gets
+    categorical logits; with a ``Box`` of one entry per slot (the Pollux-compatible
+    mode's job weights, ``autotune.envs.spaces.pollux_action_space``) each slot gets a
+    Gaussian's mean and log standard deviation."""
 
     def setup(self) -> None:
         config: Any = self.model_config or {}
         hidden = int(config.get("hidden", 64))
+        self.continuous = isinstance(self.action_space, gym.spaces.Box)
         n_in = GLOBAL_FEATURES + SLOT_FEATURES
         self.encoder = nn.Sequential(
             nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
         )
-        self.logits = nn.Linear(hidden, N_LOGITS)
+        self.logits = nn.Linear(hidden, 2 if self.continuous else N_LOGITS)
         # The critic has its own encoder: value-loss gradients must not move the
         # features the policy (possibly imitated from a teacher) acts on.
         self.value_encoder = nn.Sequential(
@@ -78,13 +89,21 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
         self.value = nn.Sequential(
             nn.Linear(hidden + GLOBAL_FEATURES, hidden), nn.Tanh(), nn.Linear(hidden, 1)
         )
-        from ray.rllib.core.distribution.torch.torch_distribution import TorchMultiCategorical
+        from ray.rllib.core.distribution.torch.torch_distribution import (
+            TorchDiagGaussian,
+            TorchMultiCategorical,
+        )
 
-        nvec = [int(n) for n in getattr(self.action_space, "nvec", ())]
-        dist: Any = TorchMultiCategorical
-        self.action_dist_cls = dist.get_partial_dist_cls(input_lens=nvec)
         nn.init.normal_(self.logits.weight, std=0.01)
         nn.init.zeros_(self.logits.bias)
+        if self.continuous:
+            self.action_dist_cls: Any = TorchDiagGaussian
+            with torch.no_grad():
+                self.logits.bias[1] = LOG_STD_INIT
+        else:
+            nvec = [int(n) for n in getattr(self.action_space, "nvec", ())]
+            dist: Any = TorchMultiCategorical
+            self.action_dist_cls = dist.get_partial_dist_cls(input_lens=nvec)
 
     @staticmethod
     def _split(obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -97,7 +116,11 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         joined, _, _ = self._split(batch[Columns.OBS])
         emb = self.encoder(joined)
-        logits = self.logits(emb).reshape(emb.shape[0], -1)
+        out = self.logits(emb)
+        if self.continuous:  # (B, S, 2) -> means of every slot, then log-stds
+            logits = torch.cat([out[..., 0], out[..., 1]], dim=-1)
+        else:
+            logits = out.reshape(emb.shape[0], -1)
         return {Columns.ACTION_DIST_INPUTS: logits}
 
     def compute_values(self, batch: dict[str, Any], embeddings: Any | None = None) -> torch.Tensor:
@@ -109,8 +132,12 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
         return values
 
     def greedy(self, obs: torch.Tensor) -> torch.Tensor:
-        """Deterministic actions (B, slots * entries): the most likely value of each entry."""
+        """Deterministic actions (B, slots * entries): the most likely value of each
+        entry (a continuous action's mean)."""
         logits = self.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
+        if self.continuous:
+            means: torch.Tensor = logits[:, : logits.shape[1] // 2]
+            return means
         return greedy_actions(logits.reshape(obs.shape[0], -1, N_LOGITS))
 
 
@@ -131,7 +158,14 @@ class TraceSource:
     per node) as the Pollux testbed. ``kind="stream"``: the daemon's default world (its
     cluster and built-in job stream), ``window`` jobs per episode; ``jobs`` is unused.
     ``kind="replay"``: ``jobs`` is a replay export folder (``autotune replay export``):
-    its cluster and the jobs its log saw (``autotune.replay.workload.load_workload``)."""
+    its cluster and the jobs its log saw (``autotune.replay.workload.load_workload``).
+
+    ``kind="pollux-compat"``: ``jobs`` is a Pollux workload CSV played whole in the
+    Pollux-compatible mode (``traces``: Pollux's traces folder): measured physics,
+    Pollux's clock (``round_s`` 60 s, 30 s per start and restart, no noise), Pollux's
+    knobs (the action is every slot job's weight in the goodput allocation) and the
+    average-JCT reward (``objective="jct"``). Every source of one training must then be
+    of this kind: the action space differs from the default world's."""
 
     jobs: str
     kind: str = "alibaba"
@@ -142,6 +176,8 @@ class TraceSource:
     window: int = 60
     round_s: float = 300.0
     trace_seed: int = 0
+    traces: str | None = None
+    """``kind="pollux-compat"``: Pollux's traces folder (measured physics)."""
     weight: float = 1.0
     """Share of episodes drawn from this source, relative to the others."""
 
@@ -199,7 +235,9 @@ def _trace(source: TraceSource) -> tuple[list[Any], list[Arrival]]:
 
         nodes, arrivals, _ = load_workload(source.jobs)
         return list(nodes), sorted(arrivals, key=lambda a: a.spec.submitted_at)
-    raise ValueError(f"source kind {source.kind!r}: alibaba, pollux, replay or stream")
+    raise ValueError(
+        f"source kind {source.kind!r}: alibaba, pollux, pollux-compat, replay or stream"
+    )
 
 
 def _retimed(arrivals: Sequence[Arrival]) -> list[Arrival]:
@@ -261,8 +299,17 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
     if not settings.sources:
         env = ClusterEnv(n_jobs=60, round_s=settings.round_s, **common)
         return _Mixture([env], [1.0], settings.reward_scale, settings.seed + worker)
+    compat = [s.kind == "pollux-compat" for s in settings.sources]
+    if any(compat) and not all(compat):
+        raise ValueError(
+            "pollux-compat sources cannot be mixed with others: the Pollux-compatible "
+            "mode's action (job weights) is not the default world's"
+        )
     envs: list[ClusterEnv] = []
     for k, source in enumerate(settings.sources):
+        if source.kind == "pollux-compat":
+            envs.append(pollux_compat_env(source, **common))
+            continue
         if source.kind == "stream":
             # The daemon's own world: its default cluster and built-in job stream, a
             # queue of half a window at the start.
@@ -302,6 +349,31 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
     )
 
 
+def pollux_compat_env(source: TraceSource, **kwargs: Any) -> ClusterEnv:
+    """The Pollux-compatible mode's environment for a ``pollux-compat`` source: the
+    whole workload on ``source.gpus`` T4 GPUs; ``kwargs`` go to ``ClusterEnv`` (slots,
+    forecaster, ``max_steps``...)."""
+    from autotune.envs.presets import POLLUX_RESTART_S, POLLUX_ROUND_S, pollux_nodes
+    from autotune.envs.workloads import pollux_arrivals
+    from autotune.policies.goodput import GoodputPolicy
+
+    if source.traces is None:
+        raise ValueError(f"{source.jobs}: a pollux-compat source needs the traces folder")
+    kwargs.pop("energy_weight", None)
+    return ClusterEnv(
+        nodes=pollux_nodes(source.gpus),
+        jobs=pollux_arrivals(source.jobs, traces=source.traces),
+        round_s=POLLUX_ROUND_S,
+        restart_s=POLLUX_RESTART_S,
+        start_s=POLLUX_RESTART_S,
+        noise=False,
+        knobs="pollux",
+        objective="jct",
+        allocator=GoodputPolicy,
+        **kwargs,
+    )
+
+
 def _settings_from(config: dict[str, Any]) -> PPOSettings:
     data = {k: config[k] for k in PPOSettings.__dataclass_fields__ if k in config}
     data["sources"] = tuple(
@@ -330,6 +402,12 @@ def _demonstrations(
     from autotune.policies.baselines import make_policy
 
     env = make_train_env({**asdict(settings), "reward_scale": 1.0})
+    if env.current.knobs == "pollux":
+        if teacher_name != "goodput-size":
+            raise ValueError(
+                f"warm start {teacher_name!r}: the Pollux-compatible mode imitates goodput-size"
+            )
+        return _weight_demonstrations(settings, env, episodes)
     obs_list: list[np.ndarray] = []
     act_list: list[np.ndarray] = []
     set_list: list[np.ndarray] = []
@@ -378,6 +456,51 @@ def _demonstrations(
     )
 
 
+def _weight_demonstrations(
+    settings: PPOSettings, env: _Mixture, episodes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``_demonstrations`` in the Pollux-compatible mode: the teacher is ``goodput-size``
+    (``autotune.policies.goodput.SizedGoodputPolicy``) and its action every slot job's
+    log2 weight; each of the mixture's workloads is played ``episodes`` times at most
+    (the mode has no noise: one play of a workload is all there is)."""
+    from autotune.envs.spaces import encode_weights
+    from autotune.policies.goodput import SizedGoodputPolicy
+
+    obs_list: list[np.ndarray] = []
+    act_list: list[np.ndarray] = []
+    set_list: list[np.ndarray] = []
+    ret_list: list[float] = []
+    for inner in env.envs[: max(1, episodes)]:
+        obs, _ = inner.reset(seed=settings.seed)
+        teacher = SizedGoodputPolicy(inner)
+        rewards: list[float] = []
+        while True:
+            snapshot = inner.snapshot
+            assert snapshot is not None
+            choices = teacher.decide(snapshot)
+            obs_list.append(obs)
+            act_list.append(encode_weights(teacher.last_weights, snapshot, settings.slots))
+            occupied = np.zeros(settings.slots, dtype=np.float32)
+            occupied[: len(slot_jobs(snapshot, settings.slots))] = 1.0
+            set_list.append(occupied)
+            obs, reward, terminated, truncated, _ = inner.step_choices(choices)
+            rewards.append(float(reward) * settings.reward_scale)
+            if terminated or truncated:
+                break
+        future = 0.0
+        returns = []
+        for r in reversed(rewards):
+            future = r + settings.gamma * future
+            returns.append(future)
+        ret_list.extend(reversed(returns))
+    return (
+        np.stack(obs_list),
+        np.stack(act_list),
+        np.stack(set_list),
+        np.asarray(ret_list, dtype=np.float32),
+    )
+
+
 def behaviour_clone(
     module: SlotPolicyModule,
     demos: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
@@ -391,6 +514,8 @@ def behaviour_clone(
     set one), and the critic to the teacher's discounted returns (squared error). Returns the
     final loss."""
     obs = torch.from_numpy(demos[0]).float()
+    if module.continuous:
+        return _clone_means(module, demos, epochs=epochs, seed=seed, lr=lr)
     actions = torch.from_numpy(demos[1]).long().reshape(len(obs), -1, len(ACTION_DIMS))
     decided = torch.from_numpy(demos[2]).float()
     returns = torch.from_numpy(demos[3]).float()
@@ -422,6 +547,43 @@ def behaviour_clone(
             loss.backward()  # type: ignore[no-untyped-call]
             optimizer.step()
             loss_value = float(loss.detach())
+    return loss_value
+
+
+def _clone_means(
+    module: SlotPolicyModule,
+    demos: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    *,
+    epochs: int,
+    seed: int,
+    lr: float,
+) -> float:
+    """``behaviour_clone`` for a continuous action: the Gaussian's mean fitted to the
+    teacher's action on occupied slots (squared error), the log-std left as it is, the
+    critic as in the discrete case."""
+    obs = torch.from_numpy(demos[0]).float()
+    target = torch.from_numpy(demos[1]).float()
+    occupied = torch.from_numpy(demos[2]).float()
+    returns = torch.from_numpy(demos[3]).float()
+    scale = float(returns.var()) + 1e-6 if len(returns) > 1 else 1.0
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    loss_value = math.nan
+    slots = target.shape[1]
+    for _ in range(epochs):
+        order = torch.randperm(len(obs), generator=generator)
+        for start in range(0, len(obs), 256):
+            idx = order[start : start + 256]
+            out = module._forward({Columns.OBS: obs[idx]})[Columns.ACTION_DIST_INPUTS]
+            means = out[:, :slots]
+            values = module.compute_values({Columns.OBS: obs[idx]})
+            mask = occupied[idx]
+            fit = (((means - target[idx]) ** 2) * mask).sum() / mask.sum().clamp(min=1.0)
+            loss = fit + nn.functional.mse_loss(values, returns[idx]) / scale
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            loss_value = float(fit.detach())
     return loss_value
 
 

@@ -32,6 +32,7 @@ from autotune.envs.spaces import (
     SLOT,
     ObservationEncoder,
     decode_slot,
+    decode_weights,
     observation_size,
     queue_order,
     wait_choices,
@@ -44,6 +45,7 @@ __all__ = [
     "IncompatiblePolicyError",
     "LearnedPolicy",
     "PolicyServer",
+    "PolluxLearnedPolicy",
     "action_mask",
     "checkpoint_hash",
     "default_policy_checkpoint",
@@ -149,9 +151,13 @@ class ActedStep:
 
 
 class PolicyServer:
-    """A loaded RLModule that acts for ``slots`` job slots."""
+    """A loaded RLModule that acts for ``slots`` job slots. ``knobs`` is the action
+    space it must have been trained for: ``all`` (``ACTION_DIMS`` per slot) or
+    ``pollux`` (the Pollux-compatible mode's job weights, one number per slot)."""
 
-    def __init__(self, checkpoint: str | Path | None = None, *, slots: int = 32) -> None:
+    def __init__(
+        self, checkpoint: str | Path | None = None, *, slots: int = 32, knobs: str = "all"
+    ) -> None:
         import torch
 
         from autotune.policies.ppo import SlotPolicyModule, module_dir
@@ -176,7 +182,24 @@ class PolicyServer:
         act_space = getattr(module, "action_space", None)
         obs_shape = tuple(getattr(obs_space, "shape", ()) or ())
         nvec = [int(n) for n in getattr(act_space, "nvec", ())]
-        if isinstance(module, SlotPolicyModule):
+        continuous = bool(getattr(module, "continuous", False))
+        if (knobs == "pollux") != continuous:
+            trained = "the Pollux-compatible mode" if continuous else "the default world"
+            wanted = "the Pollux-compatible mode" if knobs == "pollux" else "the default world"
+            how = "the shipped one"
+            if knobs == "pollux":
+                how = "autotune train-policy --pollux-compat"
+            raise IncompatiblePolicyError(
+                f"this policy was trained for {trained}; {wanted} needs one trained there ({how})",
+                path=str(path),
+            )
+        if continuous:
+            ok = (
+                len(obs_shape) == 1
+                and obs_shape[0] > HEADER
+                and (obs_shape[0] - HEADER) % len(SLOT) == 0
+            )
+        elif isinstance(module, SlotPolicyModule):
             # Shared across slots: any slot count, but the same per-slot layout.
             ok = (
                 len(obs_shape) == 1
@@ -200,6 +223,7 @@ class PolicyServer:
                     f"the checkpoint lacks the policy's weights {missing[:3]}", path=str(path)
                 )
         self.module = module
+        self.knobs = knobs
         self.shared = isinstance(module, SlotPolicyModule)
         self._torch = torch
 
@@ -225,6 +249,10 @@ class PolicyServer:
         torch = self._torch
         with torch.inference_mode():
             obs = torch.from_numpy(np.asarray(observation, dtype=np.float32)[None, :])
+            if self.knobs == "pollux":  # the Gaussian's mean per slot
+                module: Any = self.module  # a SlotPolicyModule
+                means: np.ndarray = module.greedy(obs)[0].numpy().astype(np.float64)
+                return means
             logits = self.module.forward_inference({Columns.OBS: obs})[Columns.ACTION_DIST_INPUTS]
             action = greedy_actions(logits.reshape(1, -1, N_LOGITS))
         out: np.ndarray = action[0].numpy().astype(np.int64)
@@ -409,6 +437,37 @@ class LearnedPolicy:
             fallback = self._fallback(snapshot, {job_id}, why)
             choices.update(fallback)
         return choices
+
+
+class PolluxLearnedPolicy:
+    """The learned policy of the Pollux-compatible mode: each round it encodes the
+    snapshot with the environment's ``ObservationEncoder``, takes the module's mean log2
+    weight for every slot job (``decode_weights``) and lets the goodput allocation
+    (``GoodputPolicy.allocate``) turn the weights into GPU counts and batch sizes: what
+    the training environment's decoder does with its action. Version:
+    ``ppo-pollux-<checkpoint hash>``."""
+
+    name = "ppo"
+
+    def __init__(self, env: Any, server: PolicyServer, *, forecast: str = "lstm") -> None:
+        from autotune.policies.forecast import demand_forecaster
+
+        if server.knobs != "pollux":
+            raise IncompatiblePolicyError("a Pollux-compatible policy needs knobs='pollux'")
+        from autotune.policies.goodput import GoodputPolicy
+
+        self.env = env
+        self.server = server
+        self.allocator = GoodputPolicy(env)
+        self.version = f"ppo-pollux-{checkpoint_hash(server.path)[:12]}"
+        self.encoder = ObservationEncoder(
+            env.slots, round_s=env.round_s, forecaster=demand_forecaster(forecast)
+        )
+
+    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+        obs = self.encoder.encode(snapshot)
+        weights = decode_weights(self.server.act(obs), snapshot, self.encoder.slots)
+        return self.allocator.allocate(snapshot, weights)
 
 
 def _split_logits(logits: np.ndarray) -> list[np.ndarray]:

@@ -16,15 +16,21 @@ from autotune.errors import InputError
 
 __all__ = ["POLLUX_COMPAT_POLICIES", "eval_policies"]
 
-POLLUX_COMPAT_POLICIES = ("static", "rules", "random", "tiresias", "optimus", "goodput", "ppo")
+POLLUX_COMPAT_POLICIES = (
+    "static",
+    "rules",
+    "random",
+    "tiresias",
+    "optimus",
+    "oracle",
+    "goodput",
+    "goodput-size",
+    "ppo",
+)
 """Policies the Pollux-compatible mode runs, their choices kept to Pollux's knobs (GPU
-count and batch size; ``envs.cluster_env.pollux_knobs``). ``oracle`` and ``tune`` are not:
-they judge configurations by the performance model, not the measured physics the jobs
-run on (``goodput`` is the mode's oracle)."""
-POLLUX_ROUND_S = 60.0
-"""Pollux's simulator: a scheduling round every 60 s (``--interval``) ..."""
-POLLUX_RESTART_S = 30.0
-"""... and 30 s without progress at every start and restart (``Job.reallocate``)."""
+count and batch size; ``envs.cluster_env.pollux_knobs``). ``oracle`` there reads the
+measured physics the jobs run on; ``tune`` is not run: its trials judge configurations
+by the performance model."""
 
 
 @user_errors
@@ -120,7 +126,12 @@ def eval_policies(
     completion time, makespan, goodput, GPU utilisation and energy. --provisioning
     compares parking idle nodes by a demand forecast; --forecast ablates the forecast."""
     from autotune.envs import traces
-    from autotune.envs.presets import philly_nodes, pollux_nodes
+    from autotune.envs.presets import (
+        POLLUX_RESTART_S,
+        POLLUX_ROUND_S,
+        philly_nodes,
+        pollux_nodes,
+    )
     from autotune.envs.traces import load_nodes
     from autotune.envs.workloads import jobs_from_trace, measured_physics
     from autotune.policies.baselines import BASELINES
@@ -200,6 +211,7 @@ def eval_policies(
         round_s=round_s,
         budget_s=tune_budget_s,
         charge=tune_charge,
+        knobs="pollux" if pollux_compat else "all",
     )
     if "ppo" in names:
         info["policy_checkpoint"] = str(policy_checkpoint or "shipped")

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from autotune.cli.common import JsonOption, err, fail, progress_bar
+from autotune.errors import InputError
 
 __all__ = ["learned_policies", "train_policy", "tune_policy"]
 
@@ -46,6 +47,22 @@ def train_policy(
         typer.Option(help="Pollux workload CSV(s) to train on as well; repeat the option."),
     ] = None,
     pollux_gpus: Annotated[int, typer.Option(min=4, help="T4 GPUs for Pollux episodes.")] = 64,
+    pollux_compat: Annotated[
+        bool,
+        typer.Option(
+            help="Train in the Pollux-compatible mode on the --pollux-workload files, each "
+            "played whole (measured physics, Pollux's clock and knobs; the action is every "
+            "job's weight in the goodput allocation, the reward minus job-hours). Serve it "
+            "with autotune eval --pollux-compat --policy-checkpoint."
+        ),
+    ] = False,
+    pollux_traces: Annotated[
+        Path | None,
+        typer.Option(
+            help="Pollux traces folder for --pollux-compat (default: traces/ beside the "
+            "workloads' folder)."
+        ),
+    ] = None,
     stream: Annotated[
         bool,
         typer.Option(
@@ -53,16 +70,27 @@ def train_policy(
             "built-in job stream."
         ),
     ] = False,
-    slots: Annotated[int, typer.Option(min=1, help="Job slots of the training env.")] = 16,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Job slots of the training env [default: 16; 32 --pollux-compat]."
+        ),
+    ] = None,
     round_s: Annotated[
         float,
         typer.Option(
             "--round-s",
             min=1.0,
-            help="Decision round period (simulated s); serve the policy with the same --round-s.",
+            help="Decision round period (simulated s); serve the policy with the same "
+            "--round-s (--pollux-compat: Pollux's 60 s).",
         ),
     ] = 300.0,
-    max_steps: Annotated[int, typer.Option(min=1, help="Rounds per episode at most.")] = 128,
+    max_steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Rounds per episode at most [default: 128; 5000 --pollux-compat]."
+        ),
+    ] = None,
     energy_weight: Annotated[
         float | None,
         typer.Option(
@@ -71,8 +99,12 @@ def train_policy(
         ),
     ] = None,
     warm_start: Annotated[
-        str, typer.Option(help="Imitate this baseline before PPO: oracle, rules or none.")
-    ] = "oracle",
+        str | None,
+        typer.Option(
+            help="Imitate this baseline before PPO: oracle, rules or none (--pollux-compat: "
+            "goodput-size or none) [default: oracle; goodput-size --pollux-compat]."
+        ),
+    ] = None,
     warm_start_episodes: Annotated[
         int, typer.Option(min=1, help="Teacher episodes for imitation.")
     ] = 12,
@@ -99,13 +131,26 @@ def train_policy(
         fail(f"--algo {algo!r}: only ppo is supported")
     if (trace is None) != (nodes is None):
         fail("--trace and --nodes go together")
-    if warm_start not in ("oracle", "rules", "none"):
-        fail(f"--warm-start {warm_start!r}: oracle, rules or none")
+    teachers = ("goodput-size", "none") if pollux_compat else ("oracle", "rules", "none")
+    warm_start = warm_start or teachers[0]
+    if warm_start not in teachers:
+        mode = " with --pollux-compat" if pollux_compat else ""
+        fail(f"--warm-start {warm_start!r}{mode}: {', '.join(teachers)}")
+    if pollux_compat:
+        if not pollux_workload:
+            fail("--pollux-compat needs at least one --pollux-workload")
+        if trace is not None or stream:
+            fail("--pollux-compat trains on Pollux workloads only (not --trace or --stream)")
+    elif pollux_traces is not None:
+        fail("--pollux-traces is for --pollux-compat")
+    slots = slots or (32 if pollux_compat else 16)
+    max_steps = max_steps or (5000 if pollux_compat else 128)
     if pollux_gpus % 4:
         fail(f"--pollux-gpus {pollux_gpus}: Pollux nodes have 4 GPUs each")
     for path in (trace, nodes, *(pollux_workload or [])):
         if path is not None and not path.is_file():
             fail(f"{path}: no such file")
+    from autotune.envs.presets import POLLUX_ROUND_S
     from autotune.policies.ppo import PPOSettings, TraceSource, train_ppo
 
     sources: list[TraceSource] = []
@@ -123,6 +168,21 @@ def train_policy(
             )
         )
     for workload in pollux_workload or []:
+        if pollux_compat:
+            folder = pollux_traces or workload.resolve().parent.parent / "traces"
+            if not folder.is_dir():
+                fail(f"{folder}: no Pollux traces folder (--pollux-traces)")
+            sources.append(
+                TraceSource(
+                    kind="pollux-compat",
+                    jobs=str(workload.resolve()),
+                    gpus=pollux_gpus,
+                    traces=str(folder.resolve()),
+                    round_s=POLLUX_ROUND_S,
+                    weight=1.0 / len(pollux_workload or [1]),
+                )
+            )
+            continue
         sources.append(
             TraceSource(
                 kind="pollux",
@@ -150,7 +210,7 @@ def train_policy(
     settings = PPOSettings(
         iterations=iterations,
         slots=slots,
-        round_s=round_s,
+        round_s=POLLUX_ROUND_S if pollux_compat else round_s,
         max_steps=max_steps,
         energy_weight=energy_weight,
         forecast=forecast,
@@ -199,20 +259,29 @@ def learned_policies(
     round_s: float,
     budget_s: float,
     charge: bool = True,
+    knobs: str = "all",
 ) -> dict[str, Any]:
     """Factories ``(env, seed) -> Policy`` for the ``eval`` policies that are not
-    baselines. The checkpoint is loaded at the first episode of each seed; a bad one is an
-    ``InputError`` before any episode runs."""
+    baselines. The checkpoint is loaded at the first episode of each seed; a bad one (or
+    one trained for the other ``knobs``) is an ``InputError`` before any episode runs."""
     factories: dict[str, Any] = {}
     if "ppo" in names:
         import torch
 
-        from autotune.policies.serving import LearnedPolicy, PolicyServer
+        from autotune.policies.serving import LearnedPolicy, PolicyServer, PolluxLearnedPolicy
 
         torch.set_num_threads(1)
-        server = PolicyServer(checkpoint, slots=slots)  # raises on a bad checkpoint
+        if knobs == "pollux" and checkpoint is None:
+            raise InputError(
+                "ppo in the Pollux-compatible mode needs --policy-checkpoint: a policy "
+                "trained there (autotune train-policy --pollux-compat); the shipped one "
+                "acts in the default world"
+            )
+        server = PolicyServer(checkpoint, slots=slots, knobs=knobs)  # raises if it does not fit
 
         def ppo(env: Any, seed: int, forecast: str = "lstm") -> Any:
+            if knobs == "pollux":
+                return PolluxLearnedPolicy(env, server, forecast=forecast)
             return LearnedPolicy(slots=slots, round_s=round_s, server=server, forecast=forecast)
 
         factories["ppo"] = ppo

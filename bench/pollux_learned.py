@@ -1,0 +1,266 @@
+"""The learned policy against Pollux in the Pollux-compatible mode, each workload held
+out of its own training.
+
+For every held-out workload W and training seed S: train the learned policy
+(``autotune.policies.ppo.train_ppo``) on the other seven workloads in the
+Pollux-compatible mode (imitation of ``goodput-size``, then PPO on the average-JCT
+reward), pick between the imitation and the PPO checkpoint by their mean average JCT
+on those seven training workloads (never on W), and play W with it. The baselines
+(Tiresias, rules, the oracle, ``goodput``, ``goodput-size``, static) play W in the same
+mode. Every run reports the average JCT with a 95% bootstrap interval over the
+workload's jobs, and per application the jobs' average wait before their first start,
+their GPUs while running and their JCT (where a policy loses time, and to which jobs).
+
+Each fold is written to ``OUT/fold-W-seed-S.json`` as it ends (a rerun skips folds
+already there) and the baselines to ``OUT/baselines-W.json``; ``--table`` prints the
+Markdown table of whatever is in ``OUT``.
+
+    python bench/pollux_learned.py --pollux ../shared/data/pollux --held-out 6 --seeds 0,1,2
+    python bench/pollux_learned.py --pollux ../shared/data/pollux --held-out 1-8 --seeds 0
+    python bench/pollux_learned.py --out bench/out/pollux_learned --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from autotune.policies.baselines import make_policy
+from autotune.policies.evaluate import run_episode
+from autotune.policies.forecast import demand_forecaster
+from autotune.policies.ppo import PPOSettings, TraceSource, pollux_compat_env, train_ppo
+from autotune.policies.serving import PolicyServer, PolluxLearnedPolicy
+
+# Average JCT (s) in the artifact's results-jobload/{pollux,tiresias}-1.0/summary.json.
+POLLUX = {1: 2089, 2: 3323, 3: 2188, 4: 2721, 5: 2674, 6: 2446, 7: 3616, 8: 2952}
+POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
+BASELINES = ("tiresias", "rules", "oracle", "goodput", "goodput-size", "static")
+SLOTS = 32
+MAX_STEPS = 1_000_000
+
+
+def _source(pollux: Path, workload: int) -> TraceSource:
+    return TraceSource(
+        jobs=str(pollux / "workloads" / f"workload-{workload}.csv"),
+        kind="pollux-compat",
+        traces=str(pollux / "traces"),
+    )
+
+
+def _play(pollux: Path, workload: int, make: Any) -> dict[str, Any]:
+    """One run of ``workload``; ``make(env)`` builds the policy."""
+    env = pollux_compat_env(
+        _source(pollux, workload),
+        slots=SLOTS,
+        max_steps=MAX_STEPS,
+        forecaster=demand_forecaster("lstm"),
+    )
+    began = time.perf_counter()
+    result: dict[str, Any] = run_episode(make(env), env, seed=0)
+    assert env.sim is not None
+    jobs = sorted(env.sim.jobs.values(), key=lambda j: j.status.spec.submitted_at)
+    jct = np.array(
+        [
+            (j.status.finished_s or math.nan) - j.status.spec.submitted_at
+            for j in jobs
+            if j.status.finished_s is not None
+        ]
+    )
+    draws = np.random.default_rng(0).choice(jct, size=(2000, jct.size)).mean(axis=1)
+    result["avg_jct_ci95"] = [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
+    per_app: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for j in jobs:
+        status = j.status
+        if status.finished_s is None or status.started_s is None:
+            continue
+        app = j.arrival.trace.name if j.arrival.trace is not None else "?"
+        running = max(status.finished_s - status.started_s, 1e-9)
+        per_app[app]["jct_s"].append(status.finished_s - status.spec.submitted_at)
+        per_app[app]["wait_s"].append(status.started_s - status.spec.submitted_at)
+        per_app[app]["gpus"].append(j.attained_gpu_s / running)
+    result["per_app"] = {
+        app: {"jobs": len(v["jct_s"]), **{k: float(np.mean(x)) for k, x in v.items()}}
+        for app, v in sorted(per_app.items())
+    }
+    result["restarts"] = sum(j.restarts for j in jobs)
+    result["wall_s"] = round(time.perf_counter() - began, 2)
+    return result
+
+
+def _learned(pollux: Path, workload: int, checkpoint: Path) -> dict[str, Any]:
+    server = PolicyServer(checkpoint, slots=SLOTS, knobs="pollux")
+    return _play(pollux, workload, lambda env: PolluxLearnedPolicy(env, server))
+
+
+def fold(
+    pollux: Path, held_out: int, seed: int, out: Path, *, iterations: int, train_batch: int
+) -> dict[str, Any]:
+    """Train without ``held_out``, select on the training workloads, test on it."""
+    train = [w for w in range(1, 9) if w != held_out]
+    settings = PPOSettings(
+        iterations=iterations,
+        slots=SLOTS,
+        round_s=60.0,
+        max_steps=5000,
+        train_batch=train_batch,
+        minibatch=256,
+        gamma=0.99,
+        warm_start="goodput-size",
+        warm_start_episodes=len(train),
+        warm_start_epochs=60,
+        seed=seed,
+        sources=tuple(_source(pollux, w) for w in train),
+    )
+    folder = out / f"fold-{held_out}-seed-{seed}"
+    report = train_ppo(settings, folder, checkpoint_every=10**6)
+    candidates = {"imitation": folder / "warm_start", "ppo": Path(report["checkpoint"])}
+    selection: dict[str, dict[str, float]] = {}
+    for name, path in candidates.items():
+        runs = {w: _learned(pollux, w, path)["avg_jct_s"] for w in train}
+        mean = float(np.mean(list(runs.values())))
+        selection[name] = {**{str(w): v for w, v in runs.items()}, "mean": mean}
+        print(f"  fold {held_out} seed {seed}: {name}, training workloads {mean:.0f} s", flush=True)
+    chosen = min(selection, key=lambda n: selection[n]["mean"])
+    tested = {name: _learned(pollux, held_out, path) for name, path in candidates.items()}
+    last = report["history"][-1] if report["history"] else {}
+    return {
+        "held_out": held_out,
+        "seed": seed,
+        "train_workloads": train,
+        "chosen": chosen,
+        "learned": tested[chosen],
+        "candidates": tested,
+        "selection": selection,
+        "training": {
+            "imitation_samples": report.get("warm_start", {}).get("samples"),
+            "imitation_loss": report.get("warm_start", {}).get("loss"),
+            "ppo_iterations": iterations,
+            "ppo_env_steps": last.get("env_steps"),
+            "wall_s": round(report["time_s"], 1),
+        },
+        "pollux_s": POLLUX[held_out],
+    }
+
+
+def baselines(pollux: Path, workload: int) -> dict[str, Any]:
+    rows = {}
+    for name in BASELINES:
+        rows[name] = _play(pollux, workload, lambda env, name=name: make_policy(name, env, 0))
+        print(f"  workload {workload}: {name} {rows[name]['avg_jct_s']:.0f} s", flush=True)
+    return {"workload": workload, "pollux_s": POLLUX[workload], "policies": rows}
+
+
+def _span(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def table(out: Path) -> str:
+    """The Markdown table of the folds and baselines in ``out``."""
+    folds: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for path in sorted(out.glob("fold-*-seed-*.json")):
+        row = json.loads(path.read_text())
+        folds[row["held_out"]].append(row)
+    base = {
+        int(p.stem.split("-")[1]): json.loads(p.read_text())
+        for p in sorted(out.glob("baselines-*.json"))
+    }
+    workloads = sorted(set(folds) | set(base))
+    names = ["learned (held out)", *BASELINES]
+    lines = [
+        "| workload | Pollux (published) | " + " | ".join(f"`{n}`" for n in names) + " |",
+        "|---" * (len(names) + 2) + "|",
+    ]
+    means: dict[str, list[float]] = defaultdict(list)
+    wins = 0
+    for w in workloads:
+        cells = [str(w), f"{POLLUX[w]:,}"]
+        runs = folds.get(w, [])
+        if runs:
+            values = [r["learned"]["avg_jct_s"] for r in runs]
+            mean = float(np.mean(values))
+            means["learned (held out)"].append(mean)
+            wins += mean < POLLUX[w]
+            if len(values) > 1:
+                half = 1.96 * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+                cells.append(f"**{mean:,.0f}** ± {half:,.0f} ({len(values)} seeds)")
+            else:
+                lo, hi = runs[0]["learned"]["avg_jct_ci95"]
+                cells.append(f"**{mean:,.0f}** [{lo:,.0f}, {hi:,.0f}]")
+        else:
+            cells.append("")
+        for name in BASELINES:
+            row = base.get(w, {}).get("policies", {}).get(name)
+            if row is None:
+                cells.append("")
+                continue
+            means[name].append(row["avg_jct_s"])
+            lo, hi = row["avg_jct_ci95"]
+            cells.append(f"{row['avg_jct_s']:,.0f} [{lo:,.0f}, {hi:,.0f}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    full = [n for n in names if len(means[n]) == len(workloads)]
+    if len(workloads) > 1:
+        mean_cells = ["mean", f"{np.mean([POLLUX[w] for w in workloads]):,.0f}"]
+        mean_cells += [f"{np.mean(means[n]):,.0f}" if n in full else "" for n in names]
+        lines.append("| " + " | ".join(mean_cells) + " |")
+    lines.append(f"\nlearned policy below Pollux on {wins} of {len(folds)} held-out workloads")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pollux", type=Path, help="the Pollux data folder")
+    parser.add_argument("--held-out", default="6", help="workloads to hold out, e.g. 1-8")
+    parser.add_argument("--seeds", default="0", help="training seeds, e.g. 0,1,2")
+    parser.add_argument("--iterations", type=int, default=10, help="PPO iterations per fold")
+    parser.add_argument("--train-batch", type=int, default=2048, help="env steps per iteration")
+    parser.add_argument("--out", type=Path, default=Path("bench/out/pollux_learned"))
+    parser.add_argument("--table", action="store_true", help="only print the table of OUT")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.table:
+        print(table(args.out))
+        return 0
+    if args.pollux is None:
+        parser.error("--pollux is required (or --table)")
+    pollux = args.pollux.resolve()
+    for w in _span(args.held_out):
+        path = args.out / f"baselines-{w}.json"
+        if not path.exists():
+            path.write_text(json.dumps(baselines(pollux, w), indent=1) + "\n")
+        for seed in _span(args.seeds):
+            path = args.out / f"fold-{w}-seed-{seed}.json"
+            if path.exists():
+                continue
+            row = fold(
+                pollux,
+                w,
+                seed,
+                args.out,
+                iterations=args.iterations,
+                train_batch=args.train_batch,
+            )
+            path.write_text(json.dumps(row, indent=1) + "\n")
+            print(
+                f"workload {w} held out, seed {seed}: learned ({row['chosen']}) "
+                f"{row['learned']['avg_jct_s']:.0f} s, Pollux {POLLUX[w]} s; training "
+                f"{row['training']['wall_s']:.0f} s",
+                flush=True,
+            )
+    print(table(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
