@@ -1,7 +1,9 @@
 """The learned policy against Pollux in the Pollux-compatible mode, each workload held
 out of its own training.
 
-For every held-out workload W and training seed S: train the learned policy
+For every held-out workload W: choose ``goodput-size``'s exponent (the teacher's one
+hyperparameter) among ``EXPONENTS`` by its mean average JCT on the other seven
+workloads. For every training seed S: train the learned policy
 (``autotune.policies.ppo.train_ppo``) on the other seven workloads in the
 Pollux-compatible mode (imitation of ``goodput-size``, then PPO on the average-JCT
 reward), pick between the imitation and the PPO checkpoint by their mean average JCT
@@ -32,17 +34,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pollux_compat import POLLUX_POLLUX, _span
 
 from autotune.policies.baselines import make_policy
 from autotune.policies.evaluate import run_episode
 from autotune.policies.forecast import demand_forecaster
+from autotune.policies.goodput import SizedGoodputPolicy
 from autotune.policies.ppo import PPOSettings, TraceSource, pollux_compat_env, train_ppo
 from autotune.policies.serving import PolicyServer, PolluxLearnedPolicy
 
-# Average JCT (s) in the artifact's results-jobload/{pollux,tiresias}-1.0/summary.json.
-POLLUX = {1: 2089, 2: 3323, 3: 2188, 4: 2721, 5: 2674, 6: 2446, 7: 3616, 8: 2952}
-POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
+POLLUX = POLLUX_POLLUX
 BASELINES = ("tiresias", "rules", "oracle", "goodput", "goodput-size", "static")
+EXPONENTS = (0.0, 0.5, 1.0)
+"""``goodput-size``'s exponents the teacher is chosen from (0: plain ``goodput``)."""
 SLOTS = 32
 MAX_STEPS = 1_000_000
 
@@ -100,8 +104,41 @@ def _learned(pollux: Path, workload: int, checkpoint: Path) -> dict[str, Any]:
     return _play(pollux, workload, lambda env: PolluxLearnedPolicy(env, server))
 
 
+def teacher(pollux: Path, held_out: int, out: Path) -> dict[str, Any]:
+    """``goodput-size``'s exponent for the fold of ``held_out``, chosen on the other
+    workloads (cached in ``OUT/teacher-W.json``)."""
+    path = out / f"teacher-{held_out}.json"
+    if path.exists():
+        cached: dict[str, Any] = json.loads(path.read_text())
+        return cached
+    train = [w for w in range(1, 9) if w != held_out]
+    grid = {}
+    for exponent in EXPONENTS:
+        runs = [
+            _play(pollux, w, lambda env, e=exponent: SizedGoodputPolicy(env, exponent=e))
+            for w in train
+        ]
+        grid[str(exponent)] = float(np.mean([r["avg_jct_s"] for r in runs]))
+        print(
+            f"  fold {held_out}: goodput-size exponent {exponent}, training workloads "
+            f"{grid[str(exponent)]:.0f} s",
+            flush=True,
+        )
+    best = float(min(grid, key=grid.__getitem__))
+    chosen = {"held_out": held_out, "grid": grid, "exponent": best}
+    path.write_text(json.dumps(chosen, indent=1) + "\n")
+    return chosen
+
+
 def fold(
-    pollux: Path, held_out: int, seed: int, out: Path, *, iterations: int, train_batch: int
+    pollux: Path,
+    held_out: int,
+    seed: int,
+    out: Path,
+    *,
+    iterations: int,
+    train_batch: int,
+    exponent: float,
 ) -> dict[str, Any]:
     """Train without ``held_out``, select on the training workloads, test on it."""
     train = [w for w in range(1, 9) if w != held_out]
@@ -116,6 +153,7 @@ def fold(
         warm_start="goodput-size",
         warm_start_episodes=len(train),
         warm_start_epochs=60,
+        size_exponent=exponent,
         seed=seed,
         sources=tuple(_source(pollux, w) for w in train),
     )
@@ -135,6 +173,7 @@ def fold(
         "held_out": held_out,
         "seed": seed,
         "train_workloads": train,
+        "teacher_exponent": exponent,
         "chosen": chosen,
         "learned": tested[chosen],
         "candidates": tested,
@@ -156,14 +195,6 @@ def baselines(pollux: Path, workload: int) -> dict[str, Any]:
         rows[name] = _play(pollux, workload, lambda env, name=name: make_policy(name, env, 0))
         print(f"  workload {workload}: {name} {rows[name]['avg_jct_s']:.0f} s", flush=True)
     return {"workload": workload, "pollux_s": POLLUX[workload], "policies": rows}
-
-
-def _span(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def table(out: Path) -> str:
@@ -215,7 +246,39 @@ def table(out: Path) -> str:
         mean_cells += [f"{np.mean(means[n]):,.0f}" if n in full else "" for n in names]
         lines.append("| " + " | ".join(mean_cells) + " |")
     lines.append(f"\nlearned policy below Pollux on {wins} of {len(folds)} held-out workloads")
+    lines.extend(_attribution(folds, base))
     return "\n".join(lines)
+
+
+def _attribution(
+    folds: dict[int, list[dict[str, Any]]], base: dict[int, dict[str, Any]]
+) -> list[str]:
+    """Where the learned policy is above Pollux: per application, its jobs' JCT, wait
+    before their first start and GPUs while running, beside goodput's and the oracle's."""
+    lines: list[str] = []
+    for w, runs in sorted(folds.items()):
+        mean = float(np.mean([r["learned"]["avg_jct_s"] for r in runs]))
+        if mean < POLLUX[w] or w not in base:
+            continue
+        policies = base[w]["policies"]
+        lines.append(
+            f"\nworkload {w}: learned {mean:,.0f} s, {mean / POLLUX[w] - 1:+.1%} vs Pollux "
+            f"{POLLUX[w]:,}; goodput {policies['goodput']['avg_jct_s']:,.0f} s, goodput-size "
+            f"{policies['goodput-size']['avg_jct_s']:,.0f} s, oracle "
+            f"{policies['oracle']['avg_jct_s']:,.0f} s"
+        )
+        lines.append("| application | jobs | learned JCT / wait / GPUs | goodput | oracle |")
+        lines.append("|---|---|---|---|---|")
+        learned = runs[0]["learned"]["per_app"]
+        for app, row in learned.items():
+            cells = [app, str(row["jobs"])]
+            for per in (learned, policies["goodput"]["per_app"], policies["oracle"]["per_app"]):
+                r = per.get(app)
+                cells.append(
+                    f"{r['jct_s']:,.0f} / {r['wait_s']:,.0f} / {r['gpus']:.1f}" if r else ""
+                )
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
 
 
 def main() -> int:
@@ -227,6 +290,9 @@ def main() -> int:
     parser.add_argument("--train-batch", type=int, default=2048, help="env steps per iteration")
     parser.add_argument("--out", type=Path, default=Path("bench/out/pollux_learned"))
     parser.add_argument("--table", action="store_true", help="only print the table of OUT")
+    parser.add_argument(
+        "--teachers-only", action="store_true", help="only choose the folds' teacher exponents"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.table:
@@ -237,12 +303,18 @@ def main() -> int:
     pollux = args.pollux.resolve()
     for w in _span(args.held_out):
         path = args.out / f"baselines-{w}.json"
-        if not path.exists():
+        if not path.exists() and not args.teachers_only:
             path.write_text(json.dumps(baselines(pollux, w), indent=1) + "\n")
+        exponent = teacher(pollux, w, args.out)["exponent"]
+        if args.teachers_only:
+            continue
         for seed in _span(args.seeds):
             path = args.out / f"fold-{w}-seed-{seed}.json"
             if path.exists():
-                continue
+                # Folds written before the exponent was chosen per fold used 0.5.
+                if json.loads(path.read_text()).get("teacher_exponent", 0.5) == exponent:
+                    continue
+                print(f"  fold {w} seed {seed}: redone with exponent {exponent}", flush=True)
             row = fold(
                 pollux,
                 w,
@@ -250,6 +322,7 @@ def main() -> int:
                 args.out,
                 iterations=args.iterations,
                 train_batch=args.train_batch,
+                exponent=exponent,
             )
             path.write_text(json.dumps(row, indent=1) + "\n")
             print(

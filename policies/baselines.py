@@ -255,25 +255,9 @@ class OraclePolicy:
         )
         running = [j.state == "running" and j.placement is not None for j in jobs]
         chosen = _share(options, capacity, running)
-        choices: dict[str, PolicyChoice] = {}
-        for job, opts, gpus in zip(jobs, options, chosen, strict=True):
-            if gpus == 0:
-                if job.state == "pending":
-                    choices[job.spec.job_id] = PolicyChoice(
-                        config=None, reason="oracle: not worth GPUs this round"
-                    )
-                continue
-            value, config = opts[gpus]
-            if config is None:
-                continue  # keeps its configuration
-            choices[job.spec.job_id] = PolicyChoice(
-                config=config, reason=f"oracle: {value:.2f} normalized goodput"
-            )
-        for job in snapshot.by_state("pending"):
-            choices.setdefault(
-                job.spec.job_id, PolicyChoice(config=None, reason="oracle: outside the window")
-            )
-        return choices
+        return _oracle_choices(
+            snapshot, jobs, options, chosen, lambda v: f"oracle: {v:.2f} normalized goodput"
+        )
 
     def _measured(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
         """The Pollux-compatible mode: the same objective (the slot jobs' summed
@@ -312,25 +296,13 @@ class OraclePolicy:
         )
         running = [j.state == "running" and bool(o) for j, o in zip(jobs, options, strict=True)]
         chosen = _share(options, capacity, running)
-        choices: dict[str, PolicyChoice] = {}
-        for job, opts, gpus in zip(jobs, options, chosen, strict=True):
-            if gpus == 0:
-                choices[job.spec.job_id] = PolicyChoice(
-                    config=None,
-                    reason="oracle: not worth GPUs this round",
-                    preempt=job.state == "running",
-                )
-                continue
-            value, config = opts[gpus]
-            if config is not None:
-                choices[job.spec.job_id] = PolicyChoice(
-                    config=config, reason=f"oracle: speed-up {value:.2f} (measured physics)"
-                )
-        for job in snapshot.by_state("pending"):
-            choices.setdefault(
-                job.spec.job_id, PolicyChoice(config=None, reason="oracle: outside the window")
-            )
-        return choices
+        return _oracle_choices(
+            snapshot,
+            jobs,
+            options,
+            chosen,
+            lambda v: f"oracle: speed-up {v:.2f} (measured physics)",
+        )
 
     def _current(self, job: JobStatus, nodes: Sequence[NodeInfo]) -> float:
         assert job.config is not None
@@ -340,6 +312,35 @@ class OraclePolicy:
         assert sim is not None
         est = sim.estimate_for(job.spec.job_id, job.config, shape)
         return self._at_risk(est.goodput / sim.reference_goodput(job.spec.job_id), est)
+
+
+def _oracle_choices(
+    snapshot: ClusterSnapshot,
+    jobs: Sequence[JobStatus],
+    options: Sequence[dict[int, tuple[float, JobConfig | None]]],
+    chosen: Sequence[int],
+    describe: Callable[[float], str],
+) -> dict[str, PolicyChoice]:
+    """The oracle's choices from the GPUs ``_share`` chose per slot job: its config at
+    that count (none where it keeps its own), a wait (a preemption for a running job) at
+    0, and a wait for every job outside the slots."""
+    choices: dict[str, PolicyChoice] = {}
+    for job, opts, gpus in zip(jobs, options, chosen, strict=True):
+        if gpus == 0:
+            choices[job.spec.job_id] = PolicyChoice(
+                config=None,
+                reason="oracle: not worth GPUs this round",
+                preempt=job.state == "running",
+            )
+            continue
+        value, config = opts[gpus]
+        if config is not None:  # None: it keeps its configuration
+            choices[job.spec.job_id] = PolicyChoice(config=config, reason=describe(value))
+    for job in snapshot.by_state("pending"):
+        choices.setdefault(
+            job.spec.job_id, PolicyChoice(config=None, reason="oracle: outside the window")
+        )
+    return choices
 
 
 def _share(

@@ -57,7 +57,8 @@ FAIRNESS_P: Final = -1.0
 """Pollux's p: the objective sum SPEEDUP^p; -1 weighs a job's speed-up inversely, so no
 job is starved for another's gain."""
 SIZE_EXPONENT: Final = 0.5
-"""``goodput-size``'s weight is (remaining time / 1 h) to the power -SIZE_EXPONENT."""
+"""``goodput-size``'s weight is (remaining time / 1 h) to the power -SIZE_EXPONENT (its
+default; ``SizedGoodputPolicy(exponent=...)``)."""
 BATCH_CANDIDATES: Final = 12
 """Batch sizes tried per GPU count: geometric between the smallest and largest validated."""
 
@@ -252,10 +253,10 @@ class GoodputPolicy:
         return choices
 
 
-def size_weight(remaining_s: float) -> float:
+def size_weight(remaining_s: float, exponent: float = SIZE_EXPONENT) -> float:
     """``goodput-size``'s weight of a job with ``remaining_s`` seconds left on one GPU:
-    (remaining / 1 h)^-SIZE_EXPONENT, the remaining time taken as at least a minute."""
-    return float((max(remaining_s, 60.0) / 3600.0) ** -SIZE_EXPONENT)
+    (remaining / 1 h)^-exponent, the remaining time taken as at least a minute."""
+    return float((max(remaining_s, 60.0) / 3600.0) ** -exponent)
 
 
 class SizedGoodputPolicy(GoodputPolicy):
@@ -264,13 +265,19 @@ class SizedGoodputPolicy(GoodputPolicy):
 
     name = "goodput-size"
 
-    def __init__(self, env: ClusterEnv, **kwargs: float) -> None:
+    def __init__(
+        self, env: ClusterEnv, *, exponent: float = SIZE_EXPONENT, **kwargs: float
+    ) -> None:
         super().__init__(env, **kwargs)
+        if exponent < 0:
+            raise ValueError(f"exponent={exponent!r}: must be >= 0 (0: every job weighs 1)")
+        self.exponent = exponent
         self.version = f"goodput-size-{__version__}"
         self.last_weights: dict[str, float] = {}
 
     def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
         self.last_weights = {
-            job_id: size_weight(left) for job_id, left in self.remaining_s(snapshot).items()
+            job_id: size_weight(left, self.exponent)
+            for job_id, left in self.remaining_s(snapshot).items()
         }
         return self.allocate(snapshot, self.last_weights)

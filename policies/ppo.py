@@ -205,6 +205,9 @@ class PPOSettings:
     """Teacher baseline for behaviour cloning before PPO (``None``: from scratch)."""
     warm_start_episodes: int = 12
     warm_start_epochs: int = 60
+    size_exponent: float = 0.5
+    """The teacher ``goodput-size``'s exponent in the Pollux-compatible mode
+    (``autotune.policies.goodput.size_weight``)."""
     init_module: str | None = None
     """An RLModule (or algorithm) checkpoint of a ``SlotPolicyModule`` with ``hidden``
     units that PPO starts from instead of a fresh module; with ``warm_start`` too, the
@@ -442,18 +445,23 @@ def _demonstrations(
             rewards.append(float(reward) * settings.reward_scale)
             if terminated or truncated:
                 break
-        future = 0.0
-        returns = []
-        for r in reversed(rewards):
-            future = r + settings.gamma * future
-            returns.append(future)
-        ret_list.extend(reversed(returns))
+        ret_list.extend(_discounted(rewards, settings.gamma))
     return (
         np.stack(obs_list),
         np.stack(act_list),
         np.stack(set_list),
         np.asarray(ret_list, dtype=np.float32),
     )
+
+
+def _discounted(rewards: Sequence[float], gamma: float) -> list[float]:
+    """The discounted return from each step of an episode on."""
+    future = 0.0
+    returns = []
+    for r in reversed(rewards):
+        future = r + gamma * future
+        returns.append(future)
+    return returns[::-1]
 
 
 def _weight_demonstrations(
@@ -472,7 +480,7 @@ def _weight_demonstrations(
     ret_list: list[float] = []
     for inner in env.envs[: max(1, episodes)]:
         obs, _ = inner.reset(seed=settings.seed)
-        teacher = SizedGoodputPolicy(inner)
+        teacher = SizedGoodputPolicy(inner, exponent=settings.size_exponent)
         rewards: list[float] = []
         while True:
             snapshot = inner.snapshot
@@ -487,12 +495,7 @@ def _weight_demonstrations(
             rewards.append(float(reward) * settings.reward_scale)
             if terminated or truncated:
                 break
-        future = 0.0
-        returns = []
-        for r in reversed(rewards):
-            future = r + settings.gamma * future
-            returns.append(future)
-        ret_list.extend(reversed(returns))
+        ret_list.extend(_discounted(rewards, settings.gamma))
     return (
         np.stack(obs_list),
         np.stack(act_list),

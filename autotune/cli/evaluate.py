@@ -79,7 +79,10 @@ def eval_policies(
     ] = "static,rules,oracle",
     policy_checkpoint: Annotated[
         Path | None,
-        typer.Option(help="RLModule checkpoint for ppo (default: the one shipped)."),
+        typer.Option(
+            help="RLModule checkpoint for ppo (default: the one shipped; with "
+            "--pollux-compat, required: one trained with train-policy --pollux-compat)."
+        ),
     ] = None,
     tune_budget_s: Annotated[
         float, typer.Option(min=0.0, help="Simulated trial time per job for tune (s).")

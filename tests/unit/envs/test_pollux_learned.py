@@ -162,6 +162,8 @@ def test_goodput_size_weighs_jobs_by_their_remaining_time(pollux_dir: Path) -> N
     assert size_weight(3600.0) == 1.0
     assert size_weight(900.0) == 2.0
     assert size_weight(1.0) == size_weight(60.0)  # at least a minute
+    assert size_weight(900.0, exponent=1.0) == 4.0
+    assert size_weight(900.0, exponent=0.0) == 1.0  # plain goodput
     env = _env(_together(_jobs(pollux_dir, 6)))
     env.reset(seed=0)
     assert env.snapshot is not None
@@ -171,6 +173,8 @@ def test_goodput_size_weighs_jobs_by_their_remaining_time(pollux_dir: Path) -> N
     assert len(left) == 6
     assert set(policy.last_weights) == set(left)
     assert all(policy.last_weights[k] == size_weight(v) for k, v in left.items())
+    with pytest.raises(ValueError, match="exponent"):
+        SizedGoodputPolicy(env, exponent=-1.0)
 
 
 def test_goodput_size_beats_goodput_and_pollux_on_workload_6(pollux_dir: Path) -> None:
