@@ -1,10 +1,10 @@
 """The learned policy against Pollux in the Pollux-compatible mode, each workload held
 out of its own training.
 
-For every held-out workload W: choose ``goodput-size``'s exponent (the teacher's one
-hyperparameter) among ``EXPONENTS`` by its mean average JCT on the other seven
-workloads. For every training seed S: train the learned policy
-(``autotune.policies.ppo.train_ppo``) on the other seven workloads in the
+For every held-out workload W: choose ``goodput-size``'s exponent and the allocation's
+fairness p (the teacher's two hyperparameters) among ``EXPONENTS`` x ``FAIRNESS`` by
+their mean average JCT on the other seven workloads. For every training seed S: train
+the learned policy (``autotune.policies.ppo.train_ppo``) on the other seven workloads in the
 Pollux-compatible mode (imitation of ``goodput-size``, then PPO on the average-JCT
 reward), pick between the imitation and the PPO checkpoint by their mean average JCT
 on those seven training workloads (never on W), and play W with it. The baselines
@@ -38,7 +38,6 @@ from pollux_compat import POLLUX_POLLUX, _span
 
 from autotune.policies.baselines import make_policy
 from autotune.policies.evaluate import run_episode
-from autotune.policies.forecast import demand_forecaster
 from autotune.policies.goodput import SizedGoodputPolicy
 from autotune.policies.ppo import PPOSettings, TraceSource, pollux_compat_env, train_ppo
 from autotune.policies.serving import PolicyServer, PolluxLearnedPolicy
@@ -46,7 +45,10 @@ from autotune.policies.serving import PolicyServer, PolluxLearnedPolicy
 POLLUX = POLLUX_POLLUX
 BASELINES = ("tiresias", "rules", "oracle", "goodput", "goodput-size", "static")
 EXPONENTS = (0.0, 0.5, 1.0)
-"""``goodput-size``'s exponents the teacher is chosen from (0: plain ``goodput``)."""
+"""``goodput-size``'s exponents the teacher is chosen from (0: plain ``goodput``)..."""
+FAIRNESS = (-1.0, -0.5, -0.25)
+"""... and the allocation's p (Pollux's default -1; nearer 0 is less fair, more
+throughput)."""
 SLOTS = 32
 MAX_STEPS = 1_000_000
 
@@ -60,13 +62,9 @@ def _source(pollux: Path, workload: int) -> TraceSource:
 
 
 def _play(pollux: Path, workload: int, make: Any) -> dict[str, Any]:
-    """One run of ``workload``; ``make(env)`` builds the policy."""
-    env = pollux_compat_env(
-        _source(pollux, workload),
-        slots=SLOTS,
-        max_steps=MAX_STEPS,
-        forecaster=demand_forecaster("lstm"),
-    )
+    """One run of ``workload``; ``make(env)`` builds the policy (the learned one encodes
+    its observations itself, with the demand forecaster it was trained with)."""
+    env = pollux_compat_env(_source(pollux, workload), slots=SLOTS, max_steps=MAX_STEPS)
     began = time.perf_counter()
     result: dict[str, Any] = run_episode(make(env), env, seed=0)
     assert env.sim is not None
@@ -104,30 +102,38 @@ def _learned(pollux: Path, workload: int, checkpoint: Path) -> dict[str, Any]:
     return _play(pollux, workload, lambda env: PolluxLearnedPolicy(env, server))
 
 
-def teacher(pollux: Path, held_out: int, out: Path) -> dict[str, Any]:
-    """``goodput-size``'s exponent for the fold of ``held_out``, chosen on the other
-    workloads (cached in ``OUT/teacher-W.json``)."""
-    path = out / f"teacher-{held_out}.json"
-    if path.exists():
-        cached: dict[str, Any] = json.loads(path.read_text())
-        return cached
-    train = [w for w in range(1, 9) if w != held_out]
-    grid = {}
+def teacher_grid(pollux: Path, out: Path) -> dict[str, dict[str, float]]:
+    """``goodput-size``'s average JCT on every workload for every (exponent, p) of the
+    grid, ``"exponent,p" -> {workload: s}`` (cached in ``OUT/teacher-grid.json``)."""
+    path = out / "teacher-grid.json"
+    grid: dict[str, dict[str, float]] = json.loads(path.read_text()) if path.exists() else {}
     for exponent in EXPONENTS:
-        runs = [
-            _play(pollux, w, lambda env, e=exponent: SizedGoodputPolicy(env, exponent=e))
-            for w in train
-        ]
-        grid[str(exponent)] = float(np.mean([r["avg_jct_s"] for r in runs]))
-        print(
-            f"  fold {held_out}: goodput-size exponent {exponent}, training workloads "
-            f"{grid[str(exponent)]:.0f} s",
-            flush=True,
-        )
-    best = float(min(grid, key=grid.__getitem__))
-    chosen = {"held_out": held_out, "grid": grid, "exponent": best}
-    path.write_text(json.dumps(chosen, indent=1) + "\n")
-    return chosen
+        for p in FAIRNESS:
+            key = f"{exponent},{p}"
+            if key in grid:
+                continue
+            grid[key] = {
+                str(w): _play(
+                    pollux,
+                    w,
+                    lambda env, e=exponent, f=p: SizedGoodputPolicy(env, exponent=e, p=f),
+                )["avg_jct_s"]
+                for w in range(1, 9)
+            }
+            print(f"  goodput-size exponent {exponent}, p {p}: {grid[key]}", flush=True)
+            path.write_text(json.dumps(grid, indent=1) + "\n")
+    return grid
+
+
+def teacher(pollux: Path, held_out: int, out: Path) -> dict[str, Any]:
+    """The teacher's (exponent, p) for the fold of ``held_out``: the lowest mean average
+    JCT over the other seven workloads."""
+    grid = teacher_grid(pollux, out)
+    train = [str(w) for w in range(1, 9) if w != held_out]
+    means = {key: float(np.mean([runs[w] for w in train])) for key, runs in grid.items()}
+    best = min(means, key=means.__getitem__)
+    exponent, p = (float(x) for x in best.split(","))
+    return {"held_out": held_out, "training_means": means, "exponent": exponent, "p": p}
 
 
 def fold(
@@ -139,6 +145,7 @@ def fold(
     iterations: int,
     train_batch: int,
     exponent: float,
+    p: float,
 ) -> dict[str, Any]:
     """Train without ``held_out``, select on the training workloads, test on it."""
     train = [w for w in range(1, 9) if w != held_out]
@@ -154,6 +161,7 @@ def fold(
         warm_start_episodes=len(train),
         warm_start_epochs=60,
         size_exponent=exponent,
+        fairness_p=p,
         seed=seed,
         sources=tuple(_source(pollux, w) for w in train),
     )
@@ -174,6 +182,7 @@ def fold(
         "seed": seed,
         "train_workloads": train,
         "teacher_exponent": exponent,
+        "fairness_p": p,
         "chosen": chosen,
         "learned": tested[chosen],
         "candidates": tested,
@@ -208,7 +217,9 @@ def table(out: Path) -> str:
         for p in sorted(out.glob("baselines-*.json"))
     }
     workloads = sorted(set(folds) | set(base))
-    names = ["learned (held out)", *BASELINES]
+    grid_path = out / "teacher-grid.json"
+    grid = json.loads(grid_path.read_text()) if grid_path.exists() else {}
+    names = ["learned (held out)", "its teacher", *BASELINES]
     lines = [
         "| workload | Pollux (published) | " + " | ".join(f"`{n}`" for n in names) + " |",
         "|---" * (len(names) + 2) + "|",
@@ -224,11 +235,22 @@ def table(out: Path) -> str:
             means["learned (held out)"].append(mean)
             wins += mean < POLLUX[w]
             if len(values) > 1:
-                half = 1.96 * float(np.std(values, ddof=1)) / math.sqrt(len(values))
+                from scipy.stats import t
+
+                spread = float(np.std(values, ddof=1)) / math.sqrt(len(values))
+                half = float(t.ppf(0.975, len(values) - 1)) * spread
                 cells.append(f"**{mean:,.0f}** ± {half:,.0f} ({len(values)} seeds)")
             else:
                 lo, hi = runs[0]["learned"]["avg_jct_ci95"]
                 cells.append(f"**{mean:,.0f}** [{lo:,.0f}, {hi:,.0f}]")
+        else:
+            cells.append("")
+        chosen_path = out / f"teacher-{w}.json"
+        if chosen_path.exists() and grid:
+            chosen = json.loads(chosen_path.read_text())
+            value = grid[f"{chosen['exponent']},{chosen['p']}"][str(w)]
+            means["its teacher"].append(value)
+            cells.append(f"{value:,.0f} ({chosen['exponent']:g}, {chosen['p']:g})")
         else:
             cells.append("")
         for name in BASELINES:
@@ -305,16 +327,18 @@ def main() -> int:
         path = args.out / f"baselines-{w}.json"
         if not path.exists() and not args.teachers_only:
             path.write_text(json.dumps(baselines(pollux, w), indent=1) + "\n")
-        exponent = teacher(pollux, w, args.out)["exponent"]
+        chosen = teacher(pollux, w, args.out)
+        (args.out / f"teacher-{w}.json").write_text(json.dumps(chosen, indent=1) + "\n")
+        exponent, p = chosen["exponent"], chosen["p"]
         if args.teachers_only:
             continue
         for seed in _span(args.seeds):
             path = args.out / f"fold-{w}-seed-{seed}.json"
             if path.exists():
-                # Folds written before the exponent was chosen per fold used 0.5.
-                if json.loads(path.read_text()).get("teacher_exponent", 0.5) == exponent:
+                done = json.loads(path.read_text())
+                if (done.get("teacher_exponent"), done.get("fairness_p")) == (exponent, p):
                     continue
-                print(f"  fold {w} seed {seed}: redone with exponent {exponent}", flush=True)
+                print(f"  fold {w} seed {seed}: redone with exponent {exponent}, p {p}")
             row = fold(
                 pollux,
                 w,
@@ -323,6 +347,7 @@ def main() -> int:
                 iterations=args.iterations,
                 train_batch=args.train_batch,
                 exponent=exponent,
+                p=p,
             )
             path.write_text(json.dumps(row, indent=1) + "\n")
             print(

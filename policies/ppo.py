@@ -208,6 +208,10 @@ class PPOSettings:
     size_exponent: float = 0.5
     """The teacher ``goodput-size``'s exponent in the Pollux-compatible mode
     (``autotune.policies.goodput.size_weight``)."""
+    fairness_p: float = -1.0
+    """The Pollux-compatible mode's goodput allocation's p (the teacher's and the one
+    the policy's weights act through; Pollux's default -1). Saved beside the module
+    (``ALLOCATION_FILE``), so serving allocates as training did."""
     init_module: str | None = None
     """An RLModule (or algorithm) checkpoint of a ``SlotPolicyModule`` with ``hidden``
     units that PPO starts from instead of a fresh module; with ``warm_start`` too, the
@@ -311,7 +315,7 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
     envs: list[ClusterEnv] = []
     for k, source in enumerate(settings.sources):
         if source.kind == "pollux-compat":
-            envs.append(pollux_compat_env(source, **common))
+            envs.append(pollux_compat_env(source, p=settings.fairness_p, **common))
             continue
         if source.kind == "stream":
             # The daemon's own world: its default cluster and built-in job stream, a
@@ -352,10 +356,11 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
     )
 
 
-def pollux_compat_env(source: TraceSource, **kwargs: Any) -> ClusterEnv:
+def pollux_compat_env(source: TraceSource, *, p: float = -1.0, **kwargs: Any) -> ClusterEnv:
     """The Pollux-compatible mode's environment for a ``pollux-compat`` source: the
-    whole workload on ``source.gpus`` T4 GPUs; ``kwargs`` go to ``ClusterEnv`` (slots,
-    forecaster, ``max_steps``...)."""
+    whole workload on ``source.gpus`` T4 GPUs, its action decoded by the goodput
+    allocation with fairness ``p``; ``kwargs`` go to ``ClusterEnv`` (slots, forecaster,
+    ``max_steps``...)."""
     from autotune.envs.presets import POLLUX_RESTART_S, POLLUX_ROUND_S, pollux_nodes
     from autotune.envs.workloads import pollux_arrivals
     from autotune.policies.goodput import GoodputPolicy
@@ -372,7 +377,7 @@ def pollux_compat_env(source: TraceSource, **kwargs: Any) -> ClusterEnv:
         noise=False,
         knobs="pollux",
         objective="jct",
-        allocator=GoodputPolicy,
+        allocator=lambda env: GoodputPolicy(env, p=p),
         **kwargs,
     )
 
@@ -480,7 +485,7 @@ def _weight_demonstrations(
     ret_list: list[float] = []
     for inner in env.envs[: max(1, episodes)]:
         obs, _ = inner.reset(seed=settings.seed)
-        teacher = SizedGoodputPolicy(inner, exponent=settings.size_exponent)
+        teacher = SizedGoodputPolicy(inner, exponent=settings.size_exponent, p=settings.fairness_p)
         rewards: list[float] = []
         while True:
             snapshot = inner.snapshot
@@ -624,6 +629,16 @@ def build_config(settings: PPOSettings) -> Any:
     )
 
 
+ALLOCATION_FILE: Final = "allocation.json"
+"""Beside a Pollux-compatible module: the goodput allocation its weights act through
+(``{"fairness_p": p}``)."""
+
+
+def _save_allocation(module: Path, settings: PPOSettings) -> None:
+    if any(s.kind == "pollux-compat" for s in settings.sources):
+        (module / ALLOCATION_FILE).write_text(json.dumps({"fairness_p": settings.fairness_p}))
+
+
 def train_ppo(
     settings: PPOSettings,
     out: str | Path,
@@ -665,6 +680,7 @@ def train_ppo(
             )
             warm = out / "warm_start"
             module.save_to_path(warm)
+            _save_allocation(warm, settings)
             algo.restore_from_path(warm, component=str(MODULE_PATH))
             report["warm_start"] = {
                 "teacher": settings.warm_start,
@@ -686,10 +702,12 @@ def train_ppo(
                 progress(i, settings.iterations, row)
             if i % checkpoint_every == 0 and i < settings.iterations:
                 algo.save_to_path(out / f"iter_{i:04d}")
+                _save_allocation(out / f"iter_{i:04d}" / MODULE_PATH, settings)
         final = out / "final"
         if final.exists():
             shutil.rmtree(final)
         algo.save_to_path(final)
+        _save_allocation(final / MODULE_PATH, settings)
         algo.stop()
     finally:
         ray.shutdown()

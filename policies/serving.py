@@ -444,7 +444,8 @@ class PolluxLearnedPolicy:
     snapshot with the environment's ``ObservationEncoder``, takes the module's mean log2
     weight for every slot job (``decode_weights``) and lets the goodput allocation
     (``GoodputPolicy.allocate``) turn the weights into GPU counts and batch sizes: what
-    the training environment's decoder does with its action. Version:
+    the training environment's decoder does with its action, with the fairness p saved
+    beside the module (``ALLOCATION_FILE``; Pollux's -1 if none). Version:
     ``ppo-pollux-<checkpoint hash>``."""
 
     name = "ppo"
@@ -454,11 +455,18 @@ class PolluxLearnedPolicy:
 
         if server.knobs != "pollux":
             raise IncompatiblePolicyError("a Pollux-compatible policy needs knobs='pollux'")
-        from autotune.policies.goodput import GoodputPolicy
+        import json
+
+        from autotune.policies.goodput import FAIRNESS_P, GoodputPolicy
+        from autotune.policies.ppo import ALLOCATION_FILE
 
         self.env = env
         self.server = server
-        self.allocator = GoodputPolicy(env)
+        saved = server.path / ALLOCATION_FILE
+        self.fairness_p = (
+            float(json.loads(saved.read_text())["fairness_p"]) if saved.is_file() else FAIRNESS_P
+        )
+        self.allocator = GoodputPolicy(env, p=self.fairness_p)
         self.version = f"ppo-pollux-{checkpoint_hash(server.path)[:12]}"
         self.encoder = ObservationEncoder(
             env.slots, round_s=env.round_s, forecaster=demand_forecaster(forecast)

@@ -63,6 +63,22 @@ def train_policy(
             "workloads' folder)."
         ),
     ] = None,
+    size_exponent: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="--pollux-compat: the teacher goodput-size's exponent (a job's weight is "
+            "(remaining time / 1 h)^-exponent).",
+        ),
+    ] = 0.5,
+    fairness_p: Annotated[
+        float,
+        typer.Option(
+            max=-1e-9,
+            help="--pollux-compat: the goodput allocation's p (Pollux's -1), for the teacher "
+            "and the policy; saved beside the module.",
+        ),
+    ] = -1.0,
     stream: Annotated[
         bool,
         typer.Option(
@@ -221,6 +237,8 @@ def train_policy(
         hidden=hidden,
         warm_start=None if warm_start == "none" else warm_start,
         warm_start_episodes=warm_start_episodes,
+        size_exponent=size_exponent,
+        fairness_p=fairness_p,
         seed=seed,
         sources=tuple(sources),
     )

@@ -29,6 +29,7 @@ from autotune.envs.workloads import pollux_arrivals
 from autotune.policies.evaluate import run_episode
 from autotune.policies.goodput import GoodputPolicy, SizedGoodputPolicy, size_weight
 from autotune.policies.ppo import (
+    ALLOCATION_FILE,
     PPOSettings,
     SlotPolicyModule,
     TraceSource,
@@ -268,6 +269,9 @@ def test_the_served_policy_acts_through_the_allocation(pollux_dir: Path, tmp_pat
     env = _env(_jobs(pollux_dir, 10))
     policy = PolluxLearnedPolicy(env, server, forecast="none")
     assert policy.version.startswith("ppo-pollux-")
+    assert policy.fairness_p == -1.0  # no allocation file: Pollux's
+    (tmp_path / "module" / ALLOCATION_FILE).write_text(json.dumps({"fairness_p": -0.25}))
+    assert PolluxLearnedPolicy(env, server, forecast="none").allocator.p == -0.25
     result = run_episode(policy, env, seed=0)
     assert result["n_jobs_done"] == 10
     # A module of one world is refused in the other, with the way out in the message.
@@ -319,10 +323,15 @@ def test_train_in_compat_mode_then_evaluate(tmp_path: Path, pollux_dir: Path) ->
         "train-policy", "--out", str(out), "--pollux-compat",
         "--pollux-workload", str(pollux_dir / "workloads" / "workload-1.csv"),
         "--iterations", "1", "--train-batch", "64", "--no-forecast", "--json",
+        "--size-exponent", "1", "--fairness-p", "-0.5",
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr[-2000:]
     report = json.loads(run.stdout)
     assert report["warm_start"]["teacher"] == "goodput-size"
+    assert report["settings"]["size_exponent"] == 1.0
+    saved = json.loads((Path(report["module"]) / ALLOCATION_FILE).read_text())
+    assert saved == {"fairness_p": -0.5}
+    assert (out / "warm_start" / ALLOCATION_FILE).is_file()
     assert report["settings"]["sources"][0]["kind"] == "pollux-compat"
     run = cli(
         "eval", "--pollux-workload", str(pollux_dir / "workloads" / "workload-6.csv"),
