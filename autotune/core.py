@@ -508,6 +508,21 @@ class JobConfig:
         """The global batch this config trains ``spec`` with."""
         return self.global_batch if self.global_batch is not None else spec.global_batch
 
+    def rebatches(self, other: JobConfig | None) -> bool:
+        """Whether ``other`` differs from this config at most in its batch (and the
+        micro-batches and activation checkpointing the memory rule sets for a batch): the
+        same ranks on the same GPUs, so a running job changes from one to the other where
+        it runs."""
+        if other is None:
+            return False
+        mine, theirs = self.layout, other.layout
+        return (
+            (mine.world_size, mine.dp, mine.tp, mine.pp)
+            == (theirs.world_size, theirs.dp, theirs.tp, theirs.pp)
+            and self.precision == other.precision
+            and self.compression == other.compression
+        )
+
     @classmethod
     def data_parallel(cls, world_size: int) -> JobConfig:
         """Plain data parallelism in fp32 without compression."""

@@ -18,7 +18,8 @@ Events, all drawn from the generator given:
 
 - **reconfiguration**: a running job whose configuration or placement changes pays
   ``restart_s`` of downtime (checkpoint, tear down, restore and the steps lost since the
-  last checkpoint) before it makes progress again;
+  last checkpoint) before it makes progress again; a job on Pollux's measured physics
+  changes only its batch on the same GPUs in place, as Pollux's agent does;
 - **divergence**: low-precision maps diverge (NaN/Inf) as a Poisson process at
   ``divergence_rate_per_hour``; the job rolls back to its last checkpoint (half a round
   lost on average) and moves to a safer map (bf16 where the GPU has it, else fp32, with
@@ -451,7 +452,8 @@ class SimulatedCluster:
         for job, config, placement in changed:
             status = job.status
             if status.state == "running" and (
-                status.config != config or status.placement != placement
+                status.placement != placement
+                or (status.config != config and not _in_place(job, status.config, config))
             ):
                 job.downtime_s = self.config.restart_s
                 job.restarts += 1
@@ -766,6 +768,15 @@ def _measured_batch(trace: TraceApp, ranks: tuple[int, ...], batch: int) -> int:
             continue
         return batch if atomic == local else max(batch, gpus * atomic)
     raise ValueError(f"{trace.name}: no measured local batch on placement {ranks}")
+
+
+def _in_place(job: SimJob, old: JobConfig | None, new: JobConfig) -> bool:
+    """Whether a running job on measured physics changes from ``old`` to ``new`` without
+    a restart: only its batch changes (on the same GPUs), as Pollux's agent re-chooses a
+    job's batch size in place (the artifact's ``Job.step`` re-optimises it at every epoch
+    and charges its 30 s only for a new allocation). Jobs on our performance model
+    restart for any change: the executor restarts them from a checkpoint."""
+    return job.arrival.trace is not None and new.rebatches(old)
 
 
 def _is_plain(config: JobConfig) -> bool:

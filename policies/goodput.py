@@ -21,7 +21,8 @@ Every round:
   third; the paper searches the allocations with a genetic algorithm). A running job
   keeps its allocation unless the new one raises its speedup by more than the restart
   costs over ``horizon_s`` (Pollux's re-allocation penalty), and a job left without a
-  GPU is preempted.
+  GPU is preempted. A job that keeps its GPU count takes its best batch for it in place
+  (no restart, as Pollux's agent re-chooses the batch every epoch).
 - **Placement** is the decision step's Planner's, not Pollux's.
 
 Jobs without measured physics (the default world) get their requested GPUs, as
@@ -243,7 +244,11 @@ class GoodputPolicy:
                 # A move pays the restart: worth it only if the gain over the horizon
                 # exceeds what the downtime loses.
                 keep = have * self.horizon_s >= rate * (self.horizon_s - self.restart_s)
-                if (now == n and current.batch(job.spec) == batch) or (keep and now <= n):
+                if now == n and current.batch(job.spec) == batch:
+                    continue
+                # On the same GPUs only the batch changes, in place (no restart): as
+                # Pollux's agent re-chooses it.
+                if keep and now < n:
                     continue
             choices[job_id] = PolicyChoice(
                 config=JobConfig(layout=JobConfig.data_parallel(n).layout, global_batch=batch),

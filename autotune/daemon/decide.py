@@ -18,8 +18,8 @@ One round:
    no longer composes with the configuration, or whose pinned GPUs are not free, is
    skipped with the reason and the job is planned as if it had none;
 5. the Planner places the jobs (pinned placements first, current placements kept where
-   the configuration did not change); a running job whose new configuration cannot be
-   placed keeps its current one;
+   the configuration did not change or changed only its batch); a running job whose new
+   configuration cannot be placed keeps its current one;
 6. a decision is made for every job placed anew, with its source (``policy``,
    ``override``, ``fallback``), its reason and its explanation, and for every running
    job the policy preempts (``PolicyChoice.preempt``: it stops after a checkpoint and
@@ -270,7 +270,12 @@ def decide(
             continue
         override = overrides.get(job_id)
         fresh_override = override is not None and honoured.get(job_id) != override.override_id
-        if job_id in result.kept and not fresh_override and job_id not in released:
+        if (
+            job_id in result.kept
+            and configs[job_id] == job.config
+            and not fresh_override
+            and job_id not in released
+        ):
             continue
         choice = choices.get(job_id)
         source: DecisionSource
@@ -365,9 +370,11 @@ def _pinned_configs(
                 if placement is not None:
                     pinned[job_id] = current[job_id] = placement
                     continue
+        chosen = configs.get(job_id)
         if (
             job.placement is not None
-            and configs.get(job_id) == job.config
+            and chosen is not None
+            and chosen.rebatches(job.config)
             and (job_id not in released or choice is None or choice.config is None)
         ):
             current[job_id] = job.placement

@@ -179,7 +179,7 @@ def test_goodput_size_weighs_jobs_by_their_remaining_time(pollux_dir: Path) -> N
 
 
 def test_goodput_size_beats_goodput_and_pollux_on_workload_6(pollux_dir: Path) -> None:
-    """Measured: 2,386 s against goodput's 2,571 s; Pollux's published 2,446 s."""
+    """Measured: 2,346 s against goodput's 2,433 s; Pollux's published 2,446 s."""
     env = _env(_jobs(pollux_dir, 160))
     sized = run_episode(SizedGoodputPolicy(env), env, seed=0)["avg_jct_s"]
     env = _env(_jobs(pollux_dir, 160))
