@@ -10,8 +10,12 @@ reward), pick between the imitation and the PPO checkpoint by their mean average
 on those seven training workloads (never on W), and play W with it. The baselines
 (Tiresias, rules, the oracle, ``goodput``, ``goodput-size``, static) play W in the same
 mode. Every run reports the average JCT with a 95% bootstrap interval over the
-workload's jobs, and per application the jobs' average wait before their first start,
-their GPUs while running and their JCT (where a policy loses time, and to which jobs).
+workload's jobs, every job's JCT, and per application the jobs' average wait before
+their first start, their GPUs while running and their JCT (where a policy loses time,
+and to which jobs). Pollux's own per-job JCTs (``data/pollux_jcts.json``, from the
+artifact's ``results-jobload/pollux-1.0/summary.json``) set every policy against Pollux
+job by job: the mean difference on the same 160 jobs, with a paired bootstrap interval,
+which says far more than two averages' overlapping intervals over jobs.
 
 Each fold is written to ``OUT/fold-W-seed-S.json`` as it ends (a rerun skips folds
 already there) and the baselines to ``OUT/baselines-W.json``; ``--table`` prints the
@@ -43,6 +47,10 @@ from autotune.policies.ppo import PPOSettings, TraceSource, pollux_compat_env, t
 from autotune.policies.serving import PolicyServer, PolluxLearnedPolicy
 
 POLLUX = POLLUX_POLLUX
+POLLUX_JCTS = Path(__file__).resolve().parent / "data" / "pollux_jcts.json"
+"""Pollux's own per-job JCTs on the eight workloads (the artifact's
+``results-jobload/pollux-1.0/summary.json``): the same 160 jobs, so a policy's average
+JCT can be set against Pollux's job by job."""
 BASELINES = ("tiresias", "rules", "oracle", "goodput", "goodput-size", "static")
 EXPONENTS = (0.0, 0.5, 1.0)
 """``goodput-size``'s exponents the teacher is chosen from (0: plain ``goodput``)..."""
@@ -78,6 +86,11 @@ def _play(pollux: Path, workload: int, make: Any) -> dict[str, Any]:
     )
     draws = np.random.default_rng(0).choice(jct, size=(2000, jct.size)).mean(axis=1)
     result["avg_jct_ci95"] = [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
+    result["jct_by_job"] = {
+        j.job_id: (j.status.finished_s or math.nan) - j.status.spec.submitted_at
+        for j in jobs
+        if j.status.finished_s is not None
+    }
     per_app: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for j in jobs:
         status = j.status
@@ -167,7 +180,7 @@ def fold(
     )
     folder = out / f"fold-{held_out}-seed-{seed}"
     report = train_ppo(settings, folder, checkpoint_every=10**6)
-    candidates = {"imitation": folder / "warm_start", "ppo": Path(report["checkpoint"])}
+    candidates = _candidates(folder)
     selection: dict[str, dict[str, float]] = {}
     for name, path in candidates.items():
         runs = {w: _learned(pollux, w, path)["avg_jct_s"] for w in train}
@@ -198,12 +211,67 @@ def fold(
     }
 
 
+def _candidates(folder: Path) -> dict[str, Path]:
+    """A fold's two checkpoints: the imitation's and PPO's last."""
+    return {"imitation": folder / "warm_start", "ppo": folder / "final"}
+
+
+def _complete(path: Path, pollux: Path, held_out: int) -> None:
+    """A fold written before runs recorded their jobs: the held-out workload played again
+    by both candidates (serving is deterministic, so the average JCT comes back the
+    same), now with every job's JCT."""
+    row = json.loads(path.read_text())
+    if "jct_by_job" in row["learned"]:
+        return
+    folder = path.with_suffix("")
+    row["candidates"] = {
+        name: _learned(pollux, held_out, checkpoint)
+        for name, checkpoint in _candidates(folder).items()
+    }
+    replayed = row["candidates"][row["chosen"]]
+    if not math.isclose(replayed["avg_jct_s"], row["learned"]["avg_jct_s"], rel_tol=1e-9):
+        raise RuntimeError(
+            f"{path}: the replayed policy's average JCT {replayed['avg_jct_s']} differs "
+            f"from the recorded {row['learned']['avg_jct_s']}"
+        )
+    row["learned"] = replayed
+    path.write_text(json.dumps(row, indent=1) + "\n")
+
+
 def baselines(pollux: Path, workload: int) -> dict[str, Any]:
     rows = {}
     for name in BASELINES:
         rows[name] = _play(pollux, workload, lambda env, name=name: make_policy(name, env, 0))
         print(f"  workload {workload}: {name} {rows[name]['avg_jct_s']:.0f} s", flush=True)
     return {"workload": workload, "pollux_s": POLLUX[workload], "policies": rows}
+
+
+def pollux_jcts() -> dict[int, dict[str, float]]:
+    """Pollux's JCT of every job, by workload (``POLLUX_JCTS``)."""
+    data = json.loads(POLLUX_JCTS.read_text())
+    return {int(w): {k: float(v) for k, v in jobs.items()} for w, jobs in data["jcts"].items()}
+
+
+def paired_difference(
+    ours: dict[str, float], theirs: dict[str, float], *, draws: int = 4000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Mean over the same jobs of (ours - theirs), as a share of their average JCT, with
+    a 95% bootstrap interval over jobs: (mean, low, high). Every job of ``theirs`` must
+    be in ``ours`` (a policy that did not finish a job has no average to compare)."""
+    missing = sorted(set(theirs) - set(ours))
+    if missing:
+        raise ValueError(f"{len(missing)} job(s) not finished: {', '.join(missing[:3])} ...")
+    names = sorted(theirs)
+    a = np.array([ours[n] for n in names])
+    b = np.array([theirs[n] for n in names])
+    base = float(b.mean())
+    index = np.random.default_rng(seed).integers(0, len(names), size=(draws, len(names)))
+    boot = (a[index] - b[index]).mean(axis=1) / base
+    return (
+        float((a - b).mean() / base),
+        float(np.percentile(boot, 2.5)),
+        float(np.percentile(boot, 97.5)),
+    )
 
 
 def table(out: Path) -> str:
@@ -259,8 +327,7 @@ def table(out: Path) -> str:
                 cells.append("")
                 continue
             means[name].append(row["avg_jct_s"])
-            lo, hi = row["avg_jct_ci95"]
-            cells.append(f"{row['avg_jct_s']:,.0f} [{lo:,.0f}, {hi:,.0f}]")
+            cells.append(f"{row['avg_jct_s']:,.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     full = [n for n in names if len(means[n]) == len(workloads)]
     if len(workloads) > 1:
@@ -268,8 +335,115 @@ def table(out: Path) -> str:
         mean_cells += [f"{np.mean(means[n]):,.0f}" if n in full else "" for n in names]
         lines.append("| " + " | ".join(mean_cells) + " |")
     lines.append(f"\nlearned policy below Pollux on {wins} of {len(folds)} held-out workloads")
+    lines.extend(_against_pollux(folds, base, workloads))
+    lines.extend(_training(folds))
     lines.extend(_attribution(folds, base))
     return "\n".join(lines)
+
+
+PAIRED = ("learned (held out)", "goodput-size", "goodput", "tiresias")
+"""The policies the job-by-job table sets against Pollux."""
+
+
+def _job_jcts(
+    folds: dict[int, list[dict[str, Any]]], base: dict[int, dict[str, Any]], w: int, name: str
+) -> dict[str, float] | None:
+    """Per job of workload ``w``: its JCT under ``name`` (the learned policy: averaged
+    over its training seeds); ``None`` where the runs did not record jobs."""
+    if name == "learned (held out)":
+        runs = [r["learned"].get("jct_by_job") for r in folds.get(w, [])]
+        if not runs or any(r is None for r in runs):
+            return None
+        return {job: float(np.mean([r[job] for r in runs])) for job in runs[0]}
+    row = base.get(w, {}).get("policies", {}).get(name)
+    return None if row is None else row.get("jct_by_job")
+
+
+def _against_pollux(
+    folds: dict[int, list[dict[str, Any]]], base: dict[int, dict[str, Any]], workloads: list[int]
+) -> list[str]:
+    """Each policy against Pollux on the same jobs: the mean of (its JCT - Pollux's) over
+    a workload's jobs as a share of Pollux's average JCT, with a 95% bootstrap interval
+    over jobs; "all" pools the workloads (each resampled within itself) against Pollux's
+    mean of the eight averages."""
+    theirs = pollux_jcts()
+    lines = [
+        "",
+        "Against Pollux on the same jobs (mean of our JCT - Pollux's JCT, over Pollux's "
+        "average JCT; 95% bootstrap interval over jobs):",
+        "",
+        "| workload | " + " | ".join(f"`{n}`" for n in PAIRED) + " |",
+        "|---" * (len(PAIRED) + 1) + "|",
+    ]
+    pooled: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = defaultdict(list)
+    for w in workloads:
+        cells = [str(w)]
+        for name in PAIRED:
+            ours = _job_jcts(folds, base, w, name)
+            if ours is None:
+                cells.append("")
+                continue
+            mean, lo, hi = paired_difference(ours, theirs[w])
+            pooled[name].append((ours, theirs[w]))
+            cells.append(f"{mean:+.1%} [{lo:+.1%}, {hi:+.1%}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    if len(workloads) > 1:
+        cells = ["all"]
+        for name in PAIRED:
+            pairs = pooled.get(name, [])
+            if len(pairs) != len(workloads):
+                cells.append("")
+                continue
+            mean, lo, hi = pooled_difference(pairs)
+            cells.append(f"{mean:+.1%} [{lo:+.1%}, {hi:+.1%}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def pooled_difference(
+    pairs: list[tuple[dict[str, float], dict[str, float]]], *, draws: int = 4000, seed: int = 0
+) -> tuple[float, float, float]:
+    """``paired_difference`` over several workloads: the mean over workloads of each one's
+    mean difference, over the mean of Pollux's averages, each workload's jobs resampled
+    within it."""
+    rng = np.random.default_rng(seed)
+    diffs, bases, boots = [], [], []
+    for ours, theirs in pairs:
+        names = sorted(theirs)
+        d = np.array([ours[n] - theirs[n] for n in names])
+        diffs.append(d.mean())
+        bases.append(np.mean([theirs[n] for n in names]))
+        boots.append(d[rng.integers(0, len(d), size=(draws, len(d)))].mean(axis=1))
+    base = float(np.mean(bases))
+    boot = np.mean(boots, axis=0) / base
+    return (
+        float(np.mean(diffs) / base),
+        float(np.percentile(boot, 2.5)),
+        float(np.percentile(boot, 97.5)),
+    )
+
+
+def _training(folds: dict[int, list[dict[str, Any]]]) -> list[str]:
+    """Per fold: what training took and which checkpoint the training workloads chose."""
+    if not folds:
+        return []
+    lines = [
+        "",
+        "| held out | seed | imitation samples | PPO iterations | PPO env steps | wall (s) "
+        "| training workloads: imitation / PPO (s) | chosen |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for w, runs in sorted(folds.items()):
+        for r in sorted(runs, key=lambda r: r["seed"]):
+            t, sel = r["training"], r["selection"]
+            steps = t.get("ppo_env_steps")
+            lines.append(
+                f"| {w} | {r['seed']} | {t.get('imitation_samples') or 0:,} | "
+                f"{t['ppo_iterations']} | {f'{steps:,.0f}' if steps else ''} | "
+                f"{t['wall_s']:,.0f} | {sel['imitation']['mean']:,.0f} / "
+                f"{sel['ppo']['mean']:,.0f} | {r['chosen']} |"
+            )
+    return lines
 
 
 def _attribution(
@@ -325,7 +499,10 @@ def main() -> int:
     pollux = args.pollux.resolve()
     for w in _span(args.held_out):
         path = args.out / f"baselines-{w}.json"
-        if not path.exists() and not args.teachers_only:
+        recorded = path.exists() and all(
+            "jct_by_job" in row for row in json.loads(path.read_text())["policies"].values()
+        )
+        if not recorded and not args.teachers_only:
             path.write_text(json.dumps(baselines(pollux, w), indent=1) + "\n")
         chosen = teacher(pollux, w, args.out)
         (args.out / f"teacher-{w}.json").write_text(json.dumps(chosen, indent=1) + "\n")
@@ -337,6 +514,7 @@ def main() -> int:
             if path.exists():
                 done = json.loads(path.read_text())
                 if (done.get("teacher_exponent"), done.get("fairness_p")) == (exponent, p):
+                    _complete(path, pollux, w)
                     continue
                 print(f"  fold {w} seed {seed}: redone with exponent {exponent}, p {p}")
             row = fold(
