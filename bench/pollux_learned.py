@@ -450,8 +450,12 @@ def _attribution(
     folds: dict[int, list[dict[str, Any]]], base: dict[int, dict[str, Any]]
 ) -> list[str]:
     """Where the learned policy is above Pollux: per application, its jobs' JCT, wait
-    before their first start and GPUs while running, beside goodput's and the oracle's."""
+    before their first start and GPUs while running, beside goodput's and the oracle's,
+    Pollux's JCT of the same jobs, and the application's share of the gap (the sum of
+    its jobs' JCT differences over the workload's jobs: the parts add up to the
+    difference of the average JCTs)."""
     lines: list[str] = []
+    theirs = pollux_jcts()
     for w, runs in sorted(folds.items()):
         mean = float(np.mean([r["learned"]["avg_jct_s"] for r in runs]))
         if mean < POLLUX[w] or w not in base:
@@ -463,9 +467,14 @@ def _attribution(
             f"{policies['goodput-size']['avg_jct_s']:,.0f} s, oracle "
             f"{policies['oracle']['avg_jct_s']:,.0f} s"
         )
-        lines.append("| application | jobs | learned JCT / wait / GPUs | goodput | oracle |")
-        lines.append("|---|---|---|---|---|")
+        lines.append(
+            "| application | jobs | learned JCT / wait / GPUs | goodput | oracle | Pollux JCT "
+            "| share of the gap (s) |"
+        )
+        lines.append("|---|---|---|---|---|---|---|")
         learned = runs[0]["learned"]["per_app"]
+        ours = _job_jcts(folds, base, w, "learned (held out)")
+        pollux = theirs[w]
         for app, row in learned.items():
             cells = [app, str(row["jobs"])]
             for per in (learned, policies["goodput"]["per_app"], policies["oracle"]["per_app"]):
@@ -473,6 +482,13 @@ def _attribution(
                 cells.append(
                     f"{r['jct_s']:,.0f} / {r['wait_s']:,.0f} / {r['gpus']:.1f}" if r else ""
                 )
+            mine = [job for job in pollux if job.rsplit("-", 1)[0] == app]
+            cells.append(f"{np.mean([pollux[j] for j in mine]):,.0f}" if mine else "")
+            if ours is not None and mine:
+                gap = sum(ours[j] - pollux[j] for j in mine) / len(pollux)
+                cells.append(f"{gap:+,.0f}")
+            else:
+                cells.append("")
             lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -110,3 +110,32 @@ def test_the_table_sets_every_policy_beside_pollux(tmp_path: Path) -> None:
     assert len(paired) == 1
     assert "-5.0%" in paired[0]
     assert "| 6 | 0 | 7,000 | 10 | 20,480 | 231 | 2,600 / 2,700 | imitation |" in text
+
+
+def test_a_workload_above_pollux_is_attributed_to_its_applications(tmp_path: Path) -> None:
+    """The learned policy 10% slower than Pollux on cifar10's jobs only: the whole gap is
+    cifar10's, its share is the average JCT's difference."""
+    bench = _bench()
+    theirs = bench.pollux_jcts()[6]
+    jobs = {k: v * 1.1 if k.startswith("cifar10") else v for k, v in theirs.items()}
+    per_app = {
+        app: {"jobs": 1, "jct_s": 1.0, "wait_s": 0.0, "gpus": 1.0}
+        for app in {k.rsplit("-", 1)[0] for k in theirs}
+    }
+    run = {
+        "avg_jct_s": float(np.mean(list(jobs.values()))),
+        "avg_jct_ci95": [0.0, 0.0],
+        "jct_by_job": jobs,
+        "per_app": per_app,
+    }
+    base = {"goodput": run, "goodput-size": run, "oracle": run}
+    text = "\n".join(bench._attribution({6: [{"learned": run}]}, {6: {"policies": base}}))
+    gap = run["avg_jct_s"] - float(np.mean(list(theirs.values())))
+    rows = {
+        line.split(" | ")[0].strip("| "): line
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith(("| application", "|---"))
+    }
+    assert len(rows) == 6
+    assert rows["cifar10"].endswith(f"| {gap:+,.0f} |")
+    assert all(line.endswith("| +0 |") for app, line in rows.items() if app != "cifar10")
