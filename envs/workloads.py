@@ -142,8 +142,11 @@ def measured_physics(arrivals: Sequence[Arrival], traces: str | Path) -> list[Ar
             )
         trace = measured[model.name]
         # Elastic up to what the traces measured: the largest batch at the smallest
-        # local batch (Pollux's bound on a job's replicas), at most MAX_GPUS.
+        # local batch (Pollux's bound on a job's replicas), at most MAX_GPUS; ncf on the
+        # one GPU Pollux's artifact gives it.
         top = max(arrival.spec.min_gpus, min(MAX_GPUS, trace.max_batch // trace.min_local))
+        if trace.fixed is not None:
+            top = trace.fixed[0]
         spec = replace(arrival.spec, max_gpus=max(top, arrival.spec.requested_gpus or 1))
         out.append(replace(arrival, spec=spec, trace=trace))
     return out

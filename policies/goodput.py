@@ -9,7 +9,8 @@ Every round:
   job's goodput on n GPUs packed onto the fewest nodes: progress per second =
   statistical efficiency of the batch (its gradient noise, this epoch) / time per
   optimizer step (with gradient accumulation past the largest local batch), over the
-  batch sizes between the application's smallest and largest validated ones. Pollux's
+  batch sizes between the application's smallest and largest validated ones (ncf at
+  the one GPU and batch Pollux's artifact gives it, ``POLLUX_FIXED_JOBS``). Pollux's
   agent fits this model online from the job's steps; here it reads the measured
   physics the job runs on (``Arrival.trace``), an upper bound on what the fit knows.
 - **Across jobs (Pollux's scheduler).** SPEEDUP_j(n) = goodput_j(n) / goodput_j(1);
@@ -103,6 +104,8 @@ class GoodputPolicy:
         low, high = trace.init_batch, trace.max_batch
         ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
         batches = sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
+        if trace.fixed is not None:  # ncf: at Pollux's one size
+            cap, batches = min(cap, trace.fixed[0]), [trace.fixed[1]]
         table: list[tuple[float, int]] = [(0.0, 0)]
         for n in range(1, cap + 1):
             best = (0.0, 0)

@@ -99,7 +99,7 @@ class OptimusPolicy:
                 if epoch >= last
                 else trace.iterations(batch, last) - trace.iterations(batch, epoch)
             )
-            cap = 1 if trace.name == "ncf" else batch // trace.min_local
+            cap = trace.fixed[0] if trace.fixed is not None else batch // trace.min_local
             info[job_id] = (trace, batch, remaining, cap)
             if free < 1:
                 alloc[job_id], gain[job_id] = 0, 0.0

@@ -49,6 +49,7 @@ from autotune.csvfile import floats, integers, read_csv
 from autotune.errors import InputError
 
 __all__ = [
+    "POLLUX_FIXED_JOBS",
     "POLLUX_MAX_EPOCHS",
     "BatchSplit",
     "TraceApp",
@@ -61,6 +62,12 @@ POLLUX_MAX_EPOCHS: Final[Mapping[str, int]] = MappingProxyType(
     {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspeech2": 80, "yolov3": 50}
 )
 """Epochs each application trains for (``simulator/applications.py`` L231-238)."""
+
+POLLUX_FIXED_JOBS: Final[Mapping[str, tuple[int, int]]] = MappingProxyType({"ncf": (1, 32768)})
+"""Applications Pollux's artifact does not scale, as (GPUs, global batch): under its
+elastic schedulers ncf trains on one GPU at batch 32,768 (``simulator.py`` L191: its
+target batch under Pollux; L332 and L350: one replica at most under Pollux and
+Optimus), as every workload also asks."""
 
 # applications.py overrides yolov3's largest local batch (its placements go up to 16).
 _MAX_LOCAL_OVERRIDE: Final[Mapping[str, int]] = MappingProxyType({"yolov3": 8})
@@ -115,6 +122,7 @@ class TraceApp:
         "_scalability",
         "_splits",
         "_times",
+        "fixed",
         "init_batch",
         "max_batch",
         "max_epochs",
@@ -138,6 +146,9 @@ class TraceApp:
         if not validation or not placements.ranks:
             raise ValueError(f"{name}: need validation runs and placements")
         self.name = name
+        self.fixed: tuple[int, int] | None = POLLUX_FIXED_JOBS.get(name)
+        """(GPUs, global batch) where Pollux's artifact keeps the application at one size
+        (``POLLUX_FIXED_JOBS``), else ``None``: elastic."""
         self.max_epochs = max_epochs
         self._batches = sorted(validation)
         self.init_batch = self._batches[0]

@@ -298,6 +298,28 @@ def test_goodput_looks_past_the_two_node_dip(pollux_dir: Path) -> None:
     assert choice.config.world_size >= 12
 
 
+def test_goodput_keeps_ncf_at_pollux_one_size(pollux_dir: Path) -> None:
+    """Pollux's artifact trains ncf on one GPU at batch 32,768 under its elastic
+    schedulers; so does the compat mode, alone on 64 GPUs."""
+    from autotune.policies.goodput import GoodputPolicy
+
+    ncf = next(
+        replace(j, spec=replace(j.spec, submitted_at=0.0))
+        for j in _workload(pollux_dir, 6)
+        if j.spec.job_id.startswith("ncf")
+    )
+    assert ncf.trace is not None
+    assert ncf.trace.fixed == (1, 32768)
+    assert ncf.spec.max_gpus == 1
+    env = _compat_env([ncf])
+    env.reset(seed=0)
+    assert env.snapshot is not None
+    choice = GoodputPolicy(env).decide(env.snapshot)[ncf.spec.job_id]
+    assert choice.config is not None
+    assert choice.config.world_size == 1
+    assert choice.config.global_batch == 32768
+
+
 def test_goodput_beats_tiresias_on_workload_6(pollux_dir: Path) -> None:
     """Measured: 2,433 s against Tiresias's 3,478 s (Pollux's published 2,446 s)."""
     from autotune.policies.goodput import GoodputPolicy
