@@ -77,20 +77,14 @@ def _play(pollux: Path, workload: int, make: Any) -> dict[str, Any]:
     result: dict[str, Any] = run_episode(make(env), env, seed=0)
     assert env.sim is not None
     jobs = sorted(env.sim.jobs.values(), key=lambda j: j.status.spec.submitted_at)
-    jct = np.array(
-        [
-            (j.status.finished_s or math.nan) - j.status.spec.submitted_at
-            for j in jobs
-            if j.status.finished_s is not None
-        ]
-    )
-    draws = np.random.default_rng(0).choice(jct, size=(2000, jct.size)).mean(axis=1)
-    result["avg_jct_ci95"] = [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
     result["jct_by_job"] = {
-        j.job_id: (j.status.finished_s or math.nan) - j.status.spec.submitted_at
+        j.job_id: j.status.finished_s - j.status.spec.submitted_at
         for j in jobs
         if j.status.finished_s is not None
     }
+    jct = np.array(list(result["jct_by_job"].values()))
+    draws = np.random.default_rng(0).choice(jct, size=(2000, jct.size)).mean(axis=1)
+    result["avg_jct_ci95"] = [float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))]
     per_app: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for j in jobs:
         status = j.status
@@ -180,7 +174,7 @@ def fold(
     )
     folder = out / f"fold-{held_out}-seed-{seed}"
     report = train_ppo(settings, folder, checkpoint_every=10**6)
-    candidates = _candidates(folder)
+    candidates = {"imitation": folder / "warm_start", "ppo": Path(report["checkpoint"])}
     selection: dict[str, dict[str, float]] = {}
     for name, path in candidates.items():
         runs = {w: _learned(pollux, w, path)["avg_jct_s"] for w in train}
@@ -211,33 +205,6 @@ def fold(
     }
 
 
-def _candidates(folder: Path) -> dict[str, Path]:
-    """A fold's two checkpoints: the imitation's and PPO's last."""
-    return {"imitation": folder / "warm_start", "ppo": folder / "final"}
-
-
-def _complete(path: Path, pollux: Path, held_out: int) -> None:
-    """A fold written before runs recorded their jobs: the held-out workload played again
-    by both candidates (serving is deterministic, so the average JCT comes back the
-    same), now with every job's JCT."""
-    row = json.loads(path.read_text())
-    if "jct_by_job" in row["learned"]:
-        return
-    folder = path.with_suffix("")
-    row["candidates"] = {
-        name: _learned(pollux, held_out, checkpoint)
-        for name, checkpoint in _candidates(folder).items()
-    }
-    replayed = row["candidates"][row["chosen"]]
-    if not math.isclose(replayed["avg_jct_s"], row["learned"]["avg_jct_s"], rel_tol=1e-9):
-        raise RuntimeError(
-            f"{path}: the replayed policy's average JCT {replayed['avg_jct_s']} differs "
-            f"from the recorded {row['learned']['avg_jct_s']}"
-        )
-    row["learned"] = replayed
-    path.write_text(json.dumps(row, indent=1) + "\n")
-
-
 def baselines(pollux: Path, workload: int) -> dict[str, Any]:
     rows = {}
     for name in BASELINES:
@@ -258,20 +225,7 @@ def paired_difference(
     """Mean over the same jobs of (ours - theirs), as a share of their average JCT, with
     a 95% bootstrap interval over jobs: (mean, low, high). Every job of ``theirs`` must
     be in ``ours`` (a policy that did not finish a job has no average to compare)."""
-    missing = sorted(set(theirs) - set(ours))
-    if missing:
-        raise ValueError(f"{len(missing)} job(s) not finished: {', '.join(missing[:3])} ...")
-    names = sorted(theirs)
-    a = np.array([ours[n] for n in names])
-    b = np.array([theirs[n] for n in names])
-    base = float(b.mean())
-    index = np.random.default_rng(seed).integers(0, len(names), size=(draws, len(names)))
-    boot = (a[index] - b[index]).mean(axis=1) / base
-    return (
-        float((a - b).mean() / base),
-        float(np.percentile(boot, 2.5)),
-        float(np.percentile(boot, 97.5)),
-    )
+    return pooled_difference([(ours, theirs)], draws=draws, seed=seed)
 
 
 def table(out: Path) -> str:
@@ -409,6 +363,9 @@ def pooled_difference(
     rng = np.random.default_rng(seed)
     diffs, bases, boots = [], [], []
     for ours, theirs in pairs:
+        missing = sorted(set(theirs) - set(ours))
+        if missing:
+            raise ValueError(f"{len(missing)} job(s) not finished: {', '.join(missing[:3])} ...")
         names = sorted(theirs)
         d = np.array([ours[n] - theirs[n] for n in names])
         diffs.append(d.mean())
@@ -515,10 +472,7 @@ def main() -> int:
     pollux = args.pollux.resolve()
     for w in _span(args.held_out):
         path = args.out / f"baselines-{w}.json"
-        recorded = path.exists() and all(
-            "jct_by_job" in row for row in json.loads(path.read_text())["policies"].values()
-        )
-        if not recorded and not args.teachers_only:
+        if not path.exists() and not args.teachers_only:
             path.write_text(json.dumps(baselines(pollux, w), indent=1) + "\n")
         chosen = teacher(pollux, w, args.out)
         (args.out / f"teacher-{w}.json").write_text(json.dumps(chosen, indent=1) + "\n")
@@ -530,7 +484,6 @@ def main() -> int:
             if path.exists():
                 done = json.loads(path.read_text())
                 if (done.get("teacher_exponent"), done.get("fairness_p")) == (exponent, p):
-                    _complete(path, pollux, w)
                     continue
                 print(f"  fold {w} seed {seed}: redone with exponent {exponent}, p {p}")
             row = fold(

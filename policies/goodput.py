@@ -104,8 +104,8 @@ class GoodputPolicy:
         low, high = trace.init_batch, trace.max_batch
         ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
         batches = sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
-        if trace.fixed is not None:  # ncf: at Pollux's one size
-            cap, batches = min(cap, trace.fixed[0]), [trace.fixed[1]]
+        if trace.fixed is not None:  # ncf: Pollux's one batch (its one GPU is max_gpus)
+            batches = [trace.fixed[1]]
         table: list[tuple[float, int]] = [(0.0, 0)]
         for n in range(1, cap + 1):
             best = (0.0, 0)
@@ -249,8 +249,8 @@ class GoodputPolicy:
                 keep = have * self.horizon_s >= rate * (self.horizon_s - self.restart_s)
                 if now == n and current.batch(job.spec) == batch:
                     continue
-                # On the same GPUs only the batch changes, in place (no restart): as
-                # Pollux's agent re-chooses it.
+                # Growing must pay its restart; a new batch on the same GPUs does not
+                # (it changes in place, as Pollux's agent re-chooses it).
                 if keep and now < n:
                     continue
             choices[job_id] = PolicyChoice(
