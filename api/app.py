@@ -27,8 +27,8 @@ from autotune.api.routes import (
 )
 from autotune.daemon.auth import TokenCheck
 from autotune.daemon.lifecycle import PolicyLifecycle, PolicyLoader
-from autotune.daemon.loop import Daemon
 from autotune.daemon.telemetry import TelemetrySource
+from autotune.daemon.tick import Daemon
 from autotune.db import Database, database_error
 from autotune.demand import DemandForecaster
 
@@ -153,14 +153,14 @@ def attach_daemon(app: FastAPI, daemon: Daemon) -> None:
     metrics.job_metrics_every_s = daemon.job_metrics_every_s
     if daemon.leadership is not None:
         metrics.leader_status = daemon.leadership.status
-    daemon.tick_observers.append(metrics.observe_tick)
+    daemon.add_tick_observer(metrics.observe_tick)
     # What the busiest reads return changes once per tick: keep it until the next one;
     # only while this daemon decides (a follower does not know when the leader ticks).
     leadership = daemon.leadership
     cache = app.state.tick_cache = TickCache(
         serving=None if leadership is None else (lambda: daemon.term is not None)
     )
-    daemon.after_tick.append(cache.clear)
+    daemon.add_after_tick(cache.clear)
     # Registry changes are refused when the daemon would never act on them.
     lifecycle = daemon.lifecycle
     app.state.policy_lifecycle = lifecycle is not None

@@ -15,8 +15,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session
 
 from autotune.api.cache import JobCounts
+from autotune.daemon.health import TickHealth, TickReport
 from autotune.daemon.leader import LeaderStatus
-from autotune.daemon.loop import TickHealth, TickReport
 from autotune.db import Database
 from autotune.db import repository as repo
 

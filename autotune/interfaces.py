@@ -1,16 +1,27 @@
 """The small interfaces the daemon is assembled from at start-up.
 
 A ``Backend`` is the cluster: it reports state and applies decisions (the simulated
-cluster in ``autotune.envs``; Ray actors in ``autotune.executor``). A ``Policy`` chooses
-each job's configuration (``autotune.policies``). The daemon knows only these (and the
-demand forecast's ``autotune.demand.DemandForecaster``).
+cluster in ``autotune.envs``; Ray actors in ``autotune.executor``). What a backend offers
+beyond that, it says by the protocols it implements, each checked with ``isinstance``:
+
+- ``JobControl``: it takes jobs users submit, cancels them and resumes them after a
+  restart;
+- ``SimulatedTime``: its time passes only when told, one decision round at a time, and
+  it reports each round's outcome (the simulated cluster);
+- ``Provisionable``: it can park idle nodes and wake them (the simulated cluster);
+- ``Replayable``: it can say what a job is beyond its spec, so that replay can simulate
+  the job again (the simulated cluster).
+
+A ``Policy`` chooses each job's configuration (``autotune.policies``) and answers with a
+``PolicyRound``. The daemon knows only these (and the demand forecast's
+``autotune.demand.DemandForecaster``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from autotune.core import (
     ACTIVE_STATES,
@@ -24,6 +35,10 @@ from autotune.core import (
     Placement,
 )
 
+if TYPE_CHECKING:
+    from autotune.rl.acting import ActedStep
+    from autotune.rl.reward import RoundOutcome
+
 __all__ = [
     "Backend",
     "ClusterSnapshot",
@@ -33,6 +48,11 @@ __all__ = [
     "JobSubmission",
     "Policy",
     "PolicyChoice",
+    "PolicyRound",
+    "Provisionable",
+    "ReplayInfo",
+    "Replayable",
+    "SimulatedTime",
 ]
 
 
@@ -136,7 +156,8 @@ class Backend(Protocol):
     name: str
 
     def observe(self) -> ClusterSnapshot:
-        """The cluster now (advancing a simulated clock by one tick)."""
+        """The cluster now. Observing changes nothing: on a backend with
+        ``SimulatedTime``, time passes only in ``run_round``."""
         ...
 
     def apply(self, decisions: Sequence[Decision]) -> None:
@@ -174,6 +195,52 @@ class JobControl(Protocol):
         ...
 
 
+@runtime_checkable
+class SimulatedTime(Protocol):
+    """A backend whose time passes only when told: the daemon runs one round of it at the
+    start of every tick, before it observes."""
+
+    def run_round(self) -> RoundOutcome | None:
+        """Let one decision round of simulated time pass, and say what the cluster did in
+        it (``None`` for the first call, which starts the cluster: the jobs present at
+        the start arrive)."""
+        ...
+
+
+@runtime_checkable
+class Provisionable(Protocol):
+    """A backend that can power idle nodes down and up (``autotune.provisioning``)."""
+
+    def park(self, node_ids: Iterable[str]) -> None:
+        """Power down idle nodes; ``ValueError`` if a job holds a GPU on one."""
+        ...
+
+    def wake(self, node_ids: Iterable[str]) -> None:
+        """Power parked nodes up; each becomes usable after its boot time."""
+        ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReplayInfo:
+    """What replaying a job in another simulation needs beyond its spec."""
+
+    work: float
+    """Samples at statistical efficiency 1 to finish."""
+    reference_gpus: int
+    """GPUs of its reference configuration (data parallel, fp32, its batch)."""
+    coeffs_app: str | None
+    """The application whose calibrated coefficients it runs with
+    (``autotune.catalog.applications``); ``None``: the literature defaults."""
+
+
+@runtime_checkable
+class Replayable(Protocol):
+    """A backend that can say what each of its jobs is, so that replay can simulate it
+    again (stored once with the job)."""
+
+    def replay_info(self, job_id: str) -> ReplayInfo: ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PolicyChoice:
     config: JobConfig | None
@@ -195,13 +262,26 @@ class PolicyChoice:
             raise ValueError("PolicyChoice: a preemption has no configuration")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyRound:
+    """A policy's answer for one round: what it chose, and what it observed and did."""
+
+    choices: Mapping[str, PolicyChoice]
+    """A choice for every job to (re)configure; running jobs left out keep their
+    configuration, pending jobs left out are planned as plain data parallelism over their
+    ``min_gpus`` (a ``PolicyChoice`` with ``config=None`` keeps a job waiting)."""
+    acted: ActedStep | None = None
+    """What a learned policy saw (its encoded observation) and did (the action entries of
+    each slot, with their log-probabilities), for the transition log; ``None`` for a
+    policy that does not act through the reinforcement-learning contract, or a round in
+    which it fell back for every job."""
+
+
 @runtime_checkable
 class Policy(Protocol):
     name: str
     version: str
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        """A configuration for every job to (re)configure; running jobs left out keep
-        theirs, pending jobs left out are planned as plain data parallelism over their
-        ``min_gpus`` (a ``PolicyChoice`` with ``config=None`` keeps a job waiting)."""
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        """This round's choices (``PolicyRound.choices``)."""
         ...

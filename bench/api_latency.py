@@ -112,7 +112,7 @@ def periods(times: list[float], durations: list[float]) -> dict[str, float]:
 
 def prefill(db: Path, ticks: int, seed: int, *, round_s: float, mean_interarrival_s: float) -> None:
     """A decision log to page through: ``ticks`` ticks of the loop, in process."""
-    from autotune.daemon.loop import Daemon
+    from autotune.daemon.tick import Daemon, DaemonParts
     from autotune.db import Database, sqlite_url
     from autotune.envs.simulator import SimConfig, SimulatedCluster
     from autotune.policies.rules import RulesPolicy
@@ -122,7 +122,7 @@ def prefill(db: Path, ticks: int, seed: int, *, round_s: float, mean_interarriva
     cluster = SimulatedCluster(
         SimConfig(seed=seed, round_s=round_s, mean_interarrival_s=mean_interarrival_s)
     )
-    daemon = Daemon(db=database, backend=cluster, policy=RulesPolicy())
+    daemon = Daemon(DaemonParts(db=database, backend=cluster, policy=RulesPolicy()))
     daemon.start()
     for _ in range(ticks):
         daemon.tick()

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from autotune.daemon.backends import build_backend
-from autotune.daemon.loop import Daemon
 from autotune.daemon.settings import load_settings
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.envs.simulator import SimulatedCluster
@@ -49,7 +49,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             policy: Any = RulesPolicy()
         else:
             policy = LearnedPolicy(args.checkpoint, round_s=settings.round_period_s)
-        daemon = Daemon(db=database, backend=backend, policy=policy, fallback=RulesPolicy())
+        daemon = Daemon(
+            DaemonParts(db=database, backend=backend, policy=policy, fallback=RulesPolicy())
+        )
         daemon.start()
         sources: Counter[str] = Counter()
         failed = ticks = 0

@@ -23,7 +23,7 @@ the history's own times:
   resized now and then, and ends finished (92 %), failed (3 %) or cancelled (5 %).
   Jobs still active when the history ends are cancelled then: a daemon started on the
   database afterwards resumes nothing;
-- **decisions** are the decision step's own output (``autotune.daemon.decide.decide``:
+- **decisions** are the decision step's own output (``autotune.decision.step.decide``:
   memory rule, Planner, ``explain_decision``), computed once at start for every
   (model, GPU count) of the stream and reused as templates with each decision's job,
   placement, live features and reason. ``policy``: the learned policy's wording
@@ -83,8 +83,7 @@ from autotune.core import (
     PrecisionMap,
     RankSlot,
 )
-from autotune.daemon.decide import DecisionRound, decide, placement_summary
-from autotune.daemon.loop import FALLBACK_AFTER
+from autotune.daemon.tick import FALLBACK_AFTER
 from autotune.db import Database, sqlite_file, sqlite_url
 from autotune.db import repository as repo
 from autotune.db.retention import RetentionPolicy, RetentionReport, run_retention
@@ -97,13 +96,15 @@ from autotune.db.tables import (
     PolicyVersionRow,
     TransitionRow,
 )
+from autotune.decision.step import DecisionRound, decide_for, placement_summary
 from autotune.envs.presets import default_nodes
 from autotune.envs.simulator import SimConfig, SimulatedCluster
-from autotune.envs.spaces import ACTION_DIMS, ACTION_FIELDS, GPU_OPTIONS, HEADER, SLOT, decode_slot
 from autotune.envs.workloads import STREAM_BATCH, STREAM_MIX, job_stream
-from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice, PolicyRound
 from autotune.perf.model import estimate, shape_of
 from autotune.policies.rules import RulesPolicy
+from autotune.rl.action import ACTION_DIMS, ACTION_FIELDS, GPU_OPTIONS, decode_slot
+from autotune.rl.observation import HEADER, SLOT
 
 OUT = Path(__file__).parent / "out"
 
@@ -197,7 +198,7 @@ class _SampledPolicy:
         self.version = f"ppo-{__version__}"
         self.entries = entries
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         choices: dict[str, PolicyChoice] = {}
         for job in snapshot.by_state("pending", "running"):
             if job.spec.job_id not in self.entries:
@@ -207,7 +208,7 @@ class _SampledPolicy:
             if choice is not None:
                 features = {**choice.features, "forecast": snapshot.gpu_utilization}
                 choices[job.spec.job_id] = replace(choice, features=features)
-        return choices
+        return PolicyRound(choices=choices)
 
 
 @dataclass(slots=True)
@@ -329,7 +330,7 @@ def build_templates(rng: random.Random, *, variants: int = 3) -> Templates:
                 telemetry=BACKEND,
                 gpu_utilization=blocked / (2 * NODE_GPUS),
             )
-            base = _template(spec, decide(snapshot, rules, {}, honoured={}), by_id)
+            base = _template(spec, decide_for(snapshot, rules, {}, honoured={}), by_id)
             if base is None:
                 continue
             out.rules[key] = base
@@ -352,7 +353,7 @@ def build_templates(rng: random.Random, *, variants: int = 3) -> Templates:
                     if len(found) == variants:
                         break
                     policy = _SampledPolicy({job_id: (_action(rng, gpus), rng.randrange(SLOTS))})
-                    made = _template(spec, decide(view, policy, {}, honoured=honoured), by_id)
+                    made = _template(spec, decide_for(view, policy, {}, honoured=honoured), by_id)
                     # A learned policy keeps no configuration far slower than the rules'.
                     if made is not None and made.goodput >= 0.3 * base.goodput:
                         found.append(made)
@@ -360,7 +361,7 @@ def build_templates(rng: random.Random, *, variants: int = 3) -> Templates:
                     table[key] = found
             for index, (pin, reason) in enumerate(PINS):
                 record = _Pin(override_id=_PLACEHOLDER_OVERRIDE, pin=pin, reason=reason)
-                round_ = decide(busy, _SampledPolicy({}), {job_id: record}, honoured={})
+                round_ = decide_for(busy, _SampledPolicy({}), {job_id: record}, honoured={})
                 made = _template(spec, round_, by_id)
                 if made is not None and not round_.skipped_overrides:
                     out.override.setdefault(key, []).append((index, made))

@@ -87,7 +87,7 @@ class _Harness:
 
         from autotune.api.app import attach_daemon, create_app
         from autotune.daemon.auth import TokenCheck, hash_token
-        from autotune.daemon.loop import Daemon
+        from autotune.daemon.tick import Daemon, DaemonParts
         from autotune.db import Database, sqlite_url
         from autotune.executor.ray_backend import RayBackend
         from autotune.policies.rules import RulesPolicy
@@ -104,7 +104,7 @@ class _Harness:
             device="cpu",
             on_step=self._on_step,
         )
-        self.daemon = Daemon(db=self.db, backend=self.backend, policy=RulesPolicy())
+        self.daemon = Daemon(DaemonParts(db=self.db, backend=self.backend, policy=RulesPolicy()))
         self.daemon.start()
         app = create_app(db=self.db, telemetry="ray", token_check=TokenCheck([hash_token(TOKEN)]))
         attach_daemon(app, self.daemon)

@@ -27,9 +27,10 @@ from autotune.core import utc_now
 from autotune.db import Database, sqlite_url
 from autotune.db import repository as repo
 from autotune.db.tables import TransitionRow
-from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT
-from autotune.policies.serving import action_mask
 from autotune.replay.export import export
+from autotune.rl.acting import action_mask
+from autotune.rl.action import ACTION_DIMS
+from autotune.rl.observation import HEADER, SLOT
 
 
 def build(db: Database, rounds: int, jobs: int, seed: int = 0) -> None:

@@ -97,7 +97,7 @@ def bench_env(server: PolicyServer, rounds: int, warmup: int, slots: int) -> dic
         assert env.snapshot is not None
         assert env.sim is not None
         start = time.perf_counter()
-        choices = policy.decide(env.snapshot)
+        choices = policy.decide(env.snapshot).choices
         decided = time.perf_counter()
         server.act(obs)
         forwarded = time.perf_counter()

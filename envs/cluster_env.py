@@ -4,10 +4,10 @@
 
 A thin shell over the simulated cluster that ``autotune daemon --backend sim`` runs
 (``autotune.envs.simulator``). Each step is one decision round, exactly as a daemon tick:
-the action is decoded into per-job choices (``autotune.envs.spaces.decode_action``), the
-daemon's decision step (``autotune.daemon.decide.decide``: memory rule, Hungarian
-Planner) turns them into decisions, the simulated cluster applies them and runs
-``round_s`` simulated seconds. Jobs arrive, queue, train and finish.
+the action is decoded into per-job choices (``autotune.rl.action.decode_action``), the
+decision step (``autotune.decision.step.decide``: memory rule, Hungarian Planner) turns
+them into decisions, the simulated cluster applies them and runs ``round_s`` simulated
+seconds. Jobs arrive, queue, train and finish.
 
 ## Action space
 
@@ -35,7 +35,7 @@ allocation (``allocator``: ``autotune.policies.goodput.GoodputPolicy``, whose
 ## Observation space
 
 ``Box(0, 1, (36 + 20 * slots,), float32)``; every entry is bounded as listed
-(``autotune.envs.spaces.FEATURES`` is the same table):
+(``autotune.rl.observation.FEATURES`` is the same table):
 
 | index | feature | range | meaning |
 |---|---|---|---|
@@ -118,36 +118,24 @@ import gymnasium as gym
 import numpy as np
 
 from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, JobConfig, Layout, NodeInfo
-from autotune.daemon.decide import decide
+from autotune.decision.step import decide
 from autotune.demand import DemandForecaster
 from autotune.envs.presets import default_nodes, small_nodes
-from autotune.envs.simulator import Arrival, RoundOutcome, SimConfig, SimulatedCluster
+from autotune.envs.simulator import Arrival, SimConfig, SimulatedCluster
 from autotune.envs.spaces import (
-    ObservationEncoder,
     action_space,
-    decode_action,
     decode_weights,
+    observation_space,
     pollux_action_space,
 )
 from autotune.envs.workloads import job_stream, synthetic_jobs
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
 from autotune.provisioning import Provisioner
+from autotune.rl.action import decode_action
+from autotune.rl.observation import ObservationEncoder
+from autotune.rl.reward import RoundOutcome, reward
 
-__all__ = ["ChoicesPolicy", "ClusterEnv", "job_rewards", "reward"]
-
-
-class ChoicesPolicy:
-    """A ``Policy`` that returns choices made beforehand: how the environment passes
-    its decoded action to the decision step."""
-
-    name = "env"
-    version = "env"
-
-    def __init__(self, choices: dict[str, PolicyChoice]) -> None:
-        self.choices = choices
-
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        return self.choices
+__all__ = ["ClusterEnv"]
 
 
 OBJECTIVES: Final = ("goodput", "jct")
@@ -179,63 +167,6 @@ def pollux_knobs(choices: Mapping[str, PolicyChoice]) -> dict[str, PolicyChoice]
                 choice = replace(choice, config=plain, reason=f"{choice.reason} (Pollux's knobs)")
         out[job_id] = choice
     return out
-
-
-def reward(
-    outcome: RoundOutcome,
-    *,
-    round_s: float,
-    oom_penalty: float = 1.0,
-    nan_penalty: float = 0.5,
-    restart_penalty: float = 1.0,
-    energy_weight: float = DEFAULT_ENERGY_WEIGHT,
-) -> tuple[float, dict[str, float]]:
-    """The reward of one round and its parts (the same for training and replay)."""
-    parts = {
-        "goodput": outcome.normalized_goodput,
-        "oom": -oom_penalty * outcome.ooms,
-        "nan": -nan_penalty * outcome.nan_events,
-        "restart": -restart_penalty * outcome.restart_s / round_s,
-        "energy": -energy_weight * outcome.energy_kwh,
-    }
-    return float(sum(parts.values())), parts
-
-
-def job_rewards(
-    outcome: RoundOutcome,
-    *,
-    round_s: float,
-    oom_penalty: float = 1.0,
-    nan_penalty: float = 0.5,
-    restart_penalty: float = 1.0,
-    energy_weight: float = DEFAULT_ENERGY_WEIGHT,
-) -> dict[str, tuple[float, dict[str, float]]]:
-    """Each running job's own reward in the round and its parts, by job id: ``reward``
-    applied to what the job alone did (``RoundOutcome.jobs``). The round's reward is
-    their sum plus the idle GPUs' energy, which belongs to no job."""
-    weights = {
-        "round_s": round_s,
-        "oom_penalty": oom_penalty,
-        "nan_penalty": nan_penalty,
-        "restart_penalty": restart_penalty,
-        "energy_weight": energy_weight,
-    }
-    return {
-        job_id: reward(
-            RoundOutcome(
-                normalized_goodput=mine.normalized_goodput,
-                ooms=mine.ooms,
-                nan_events=mine.nan_events,
-                restarts=0,
-                restart_s=mine.restart_s,
-                energy_kwh=mine.energy_kwh,
-                finished=0,
-                busy_gpus=0.0,
-            ),
-            **weights,
-        )
-        for job_id, mine in outcome.jobs.items()
-    }
 
 
 class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -315,7 +246,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         action (job weights) into choices; ``autotune.policies.goodput.GoodputPolicy``
         (passed in: the environment does not import policies)."""
         self.allocator: Any = None
-        self.observation_space = self.encoder.space
+        self.observation_space = observation_space(slots)
         self.sim: SimulatedCluster | None = None
         self.snapshot: ClusterSnapshot | None = None
         self.steps = 0
@@ -388,7 +319,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         return self.step_choices(self.choices(action))
 
     def step_choices(
-        self, choices: dict[str, PolicyChoice]
+        self, choices: Mapping[str, PolicyChoice]
     ) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         """One round with choices made directly (how baselines that are daemon
         ``Policy`` objects run in the environment)."""
@@ -397,7 +328,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         if self.knobs == "pollux":
             choices = pollux_knobs(choices)
         active = sum(1 for j in snapshot.jobs if j.state in ("pending", "running"))
-        round_ = decide(snapshot, ChoicesPolicy(choices), {}, honoured={}, explain=False)
+        round_ = decide(snapshot, choices, {}, honoured={}, policy_version="env", explain=False)
         sim.apply(round_.decisions)
         outcome = sim.advance()
         if self.provisioner is None:

@@ -1,9 +1,11 @@
 """The simulated cluster: the one cluster model that ``autotune daemon --backend sim``
 runs and that the Gymnasium environment wraps.
 
-It is a ``Backend`` with ``JobControl``: ``observe()`` advances the clock by one round
-(``round_s`` simulated seconds) and reports a ``ClusterSnapshot``; ``apply()`` starts or
-reconfigures jobs exactly as the decision step placed them. Jobs arrive from a list (a
+It is a ``Backend`` with ``JobControl``, ``SimulatedTime``, ``Provisionable`` and
+``Replayable`` (``autotune.interfaces``): ``run_round()`` lets one round (``round_s``
+simulated seconds) pass and reports its ``RoundOutcome``; ``observe()`` reports the
+cluster as a ``ClusterSnapshot`` and changes nothing; ``apply()`` starts or reconfigures
+jobs exactly as the decision step placed them. Jobs arrive from a list (a
 trace) or from the built-in job stream (``autotune.envs.workloads.job_stream``), and
 users' jobs can be submitted through the API.
 
@@ -41,7 +43,7 @@ fits each job's throughput model online from these reports.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -60,7 +62,7 @@ from autotune.core import (
     PrecisionMap,
 )
 from autotune.envs.presets import default_nodes
-from autotune.interfaces import ClusterSnapshot, JobStatus, JobSubmission
+from autotune.interfaces import ClusterSnapshot, JobStatus, JobSubmission, ReplayInfo
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import (
     DEFAULT_COEFFICIENTS,
@@ -73,12 +75,11 @@ from autotune.perf.model import (
 )
 from autotune.perf.pollux_trace import TraceApp, packed
 from autotune.perf.stragglers import median_cv, sample_cv
+from autotune.rl.reward import JobRound, RoundOutcome
 
 __all__ = [
     "MEASUREMENT_NOISE",
     "Arrival",
-    "JobRound",
-    "RoundOutcome",
     "SimConfig",
     "SimJob",
     "SimulatedCluster",
@@ -174,35 +175,6 @@ class SimConfig:
             raise ValueError("the cluster has no GPU node")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RoundOutcome:
-    normalized_goodput: float
-    """Sum over running jobs of goodput / reference goodput, averaged over the round."""
-    ooms: int
-    nan_events: int
-    restarts: int
-    restart_s: float
-    """Job-seconds of downtime served this round."""
-    energy_kwh: float
-    idle_energy_kwh: float = 0.0
-    """The part of ``energy_kwh`` idle GPUs drew (powered, waking or parked)."""
-    finished: int
-    busy_gpus: float
-    jobs: Mapping[str, JobRound] = field(default_factory=dict)
-    """Each running job's share of the round (the cluster's totals add idle GPUs' energy)."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobRound:
-    """What one job did in a round: the parts of the round's outcome that are its own."""
-
-    normalized_goodput: float = 0.0
-    ooms: int = 0
-    nan_events: int = 0
-    restart_s: float = 0.0
-    energy_kwh: float = 0.0
-
-
 @dataclass(slots=True, kw_only=True)
 class SimJob:
     """One job: what arrived, its status as the daemon sees it, and its run state."""
@@ -266,9 +238,6 @@ class SimulatedCluster:
         """Reconfigurations applied since the last round."""
         self.parked: dict[str, float] = {}
         """Nodes out of service: parked (``inf``) or waking (the time they are usable)."""
-        self.last_outcome: RoundOutcome | None = None
-        """What the round before the newest ``observe()`` produced (``None`` before it):
-        the reward the daemon logs for the decisions of the tick before."""
 
     # -- the job stream ---------------------------------------------------------------
 
@@ -352,16 +321,16 @@ class SimulatedCluster:
     def reference_goodput(self, job_id: str) -> float:
         return self.jobs[job_id].reference_goodput
 
-    def replay_info(self, job_id: str) -> dict[str, Any]:
+    def replay_info(self, job_id: str) -> ReplayInfo:
         """What replaying this job in another simulation needs beyond its spec: its work
         in samples, the GPUs of its reference configuration, the application whose
         calibrated coefficients it runs with (``None``: the defaults)."""
         job = self.jobs[job_id]
-        return {
-            "work": job.work,
-            "reference_gpus": job.arrival.reference_gpus,
-            "coeffs_app": job.arrival.coeffs_app,
-        }
+        return ReplayInfo(
+            work=job.work,
+            reference_gpus=job.arrival.reference_gpus,
+            coeffs_app=job.arrival.coeffs_app,
+        )
 
     def snapshot(self) -> ClusterSnapshot:
         held = sum(
@@ -419,14 +388,22 @@ class SimulatedCluster:
     # -- Backend ------------------------------------------------------------------------
 
     def observe(self) -> ClusterSnapshot:
-        if self._observed:
-            self.last_outcome = self.advance()
-        else:
-            self.start()
+        """The cluster now (the first call starts it: the jobs present at the start
+        arrive)."""
+        self.start()
         return self.snapshot()
 
+    def run_round(self) -> RoundOutcome | None:
+        """One round of ``round_s`` simulated seconds and what the cluster did in it
+        (``advance``); the first call only starts the cluster (``None``)."""
+        if not self._observed:
+            self.start()
+            return None
+        return self.advance()
+
     def start(self) -> None:
-        """Admit the jobs present at the start (the first ``observe()`` does this)."""
+        """Admit the jobs present at the start (the first ``observe()`` or
+        ``run_round()`` does this)."""
         if not self._observed:
             self._observed = True
             self._start_stream()

@@ -18,13 +18,13 @@ from typing import Final
 
 import numpy as np
 
+from autotune.catalog.applications import APPLICATIONS, coefficients, target_samples
 from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import ELASTIC_FACTOR, JobSpec
 from autotune.envs.simulator import Arrival
 from autotune.envs.traces import TraceJob
 from autotune.errors import InputError
 from autotune.perf.model import DEFAULT_COEFFICIENTS
-from autotune.perf.pollux import APPS, coefficients, target_samples
 
 __all__ = [
     "ELASTIC_FACTOR",
@@ -62,7 +62,7 @@ def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Arrival]:
     jobs: list[Arrival] = []
     for t in trace:
         model = MODEL_CATALOG[t.model]
-        if t.model in APPS:
+        if t.model in APPLICATIONS:
             coeffs = coefficients(t.model)
             work = target_samples(t.model)
         else:

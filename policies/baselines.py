@@ -36,19 +36,7 @@ import numpy as np
 from autotune import __version__
 from autotune.catalog.devices import device
 from autotune.core import JobConfig, JobSpec, NodeInfo, PrecisionMap
-from autotune.envs.spaces import (
-    ACTION_DIMS,
-    BATCH_SCALES,
-    COMPRESSIONS,
-    GPU_OPTIONS,
-    LAYOUT_MODES,
-    PRECISION_MAPS,
-    decode_action,
-    gpu_models,
-    slot_config,
-    slot_jobs,
-)
-from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice, PolicyRound
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import Estimate, Shape, shape_of
 from autotune.policies.goodput import GoodputPolicy, SizedGoodputPolicy
@@ -60,6 +48,17 @@ from autotune.policies.rules import (
     free_gpus,
 )
 from autotune.policies.tiresias import TiresiasPolicy
+from autotune.rl.action import (
+    ACTION_DIMS,
+    BATCH_SCALES,
+    COMPRESSIONS,
+    GPU_OPTIONS,
+    LAYOUT_MODES,
+    PRECISION_MAPS,
+    decode_action,
+    slot_config,
+)
+from autotune.rl.observation import gpu_models, slot_jobs
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
@@ -84,7 +83,7 @@ class StaticPolicy:
     def __init__(self) -> None:
         self.version = f"static-{__version__}"
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         free = free_gpus(snapshot)
         choices: dict[str, PolicyChoice] = {}
         for job in snapshot.by_state("pending"):
@@ -99,7 +98,7 @@ class StaticPolicy:
                 reason=f"static: the requested GPUs in fp32; {why}",
                 source="static",
             )
-        return choices
+        return PolicyRound(choices=choices)
 
 
 class RandomPolicy:
@@ -110,10 +109,10 @@ class RandomPolicy:
         self.slots = slots
         self.version = f"random-{__version__}"
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         nvec = np.array(ACTION_DIMS * self.slots, dtype=np.int64)
         action = (self.rng.random(nvec.shape) * nvec).astype(np.int64)
-        return decode_action(action, snapshot, self.slots, source="random")
+        return PolicyRound(choices=decode_action(action, snapshot, self.slots, source="random"))
 
 
 def shape_for(
@@ -219,9 +218,9 @@ class OraclePolicy:
         self._best[key] = best
         return best
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         if self.env.knobs == "pollux":
-            return self._measured(snapshot)
+            return PolicyRound(choices=self._measured(snapshot))
         nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
         jobs = slot_jobs(snapshot, self.slots)
         free = free_gpus(snapshot)
@@ -255,8 +254,10 @@ class OraclePolicy:
         )
         running = [j.state == "running" and j.placement is not None for j in jobs]
         chosen = _share(options, capacity, running)
-        return _oracle_choices(
-            snapshot, jobs, options, chosen, lambda v: f"oracle: {v:.2f} normalized goodput"
+        return PolicyRound(
+            choices=_oracle_choices(
+                snapshot, jobs, options, chosen, lambda v: f"oracle: {v:.2f} normalized goodput"
+            )
         )
 
     def _measured(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:

@@ -57,7 +57,7 @@ def run_episode(policy: Policy, env: ClusterEnv, seed: int) -> dict[str, float]:
     interval = env.round_s
     goodput_s = busy_gpu_s = energy = idle = 0.0
     while True:
-        _, _, terminated, truncated, info = env.step_choices(policy.decide(env.snapshot))
+        _, _, terminated, truncated, info = env.step_choices(policy.decide(env.snapshot).choices)
         goodput_s += info["normalized_goodput"] * interval
         busy_gpu_s += info["busy_gpus"] * interval
         energy += info["energy_kwh"]

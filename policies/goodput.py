@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Final
 
 from autotune import __version__
 from autotune.core import JobConfig
-from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice, PolicyRound
 from autotune.perf.pollux_trace import TraceApp, packed
 
 if TYPE_CHECKING:
@@ -155,8 +155,8 @@ class GoodputPolicy:
             out[job_id] = left / table[1][0] if len(table) > 1 and table[1][0] > 0 else math.inf
         return out
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        return self.allocate(snapshot)
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        return PolicyRound(choices=self.allocate(snapshot))
 
     def allocate(
         self, snapshot: ClusterSnapshot, weights: Mapping[str, float] | None = None
@@ -283,9 +283,9 @@ class SizedGoodputPolicy(GoodputPolicy):
         self.version = f"goodput-size-{__version__}"
         self.last_weights: dict[str, float] = {}
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         self.last_weights = {
             job_id: size_weight(left, self.exponent)
             for job_id, left in self.remaining_s(snapshot).items()
         }
-        return self.allocate(snapshot, self.last_weights)
+        return PolicyRound(choices=self.allocate(snapshot, self.last_weights))

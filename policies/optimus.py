@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from autotune import __version__
 from autotune.core import JobConfig
-from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice, PolicyRound
 from autotune.perf.pollux_trace import TraceApp, packed
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class OptimusPolicy:
         self._step[key] = value
         return value
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         sim = self.env.sim
         assert sim is not None
         per_node = max((n.gpu_count for n in snapshot.nodes), default=1)
@@ -112,7 +112,7 @@ class OptimusPolicy:
             alloc[job_id] += 1
             free -= 1
             gain[job_id] = self._gain(job_id, alloc[job_id], info, per_node, free)
-        return self._choices(active, alloc, {j.spec.job_id for j in measured})
+        return PolicyRound(choices=self._choices(active, alloc, {j.spec.job_id for j in measured}))
 
     def _gain(
         self,

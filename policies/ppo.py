@@ -37,7 +37,8 @@ from torch import nn
 from autotune.core import DEFAULT_ENERGY_WEIGHT
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import Arrival
-from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT, encode_config, slot_jobs
+from autotune.rl.action import ACTION_DIMS, encode_config
+from autotune.rl.observation import HEADER, SLOT, slot_jobs
 
 GLOBAL_FEATURES: Final = HEADER
 SLOT_FEATURES: Final = len(SLOT)
@@ -429,7 +430,7 @@ def _demonstrations(
         while True:
             snapshot = inner.snapshot
             assert snapshot is not None
-            choices = teacher.decide(snapshot)
+            choices = teacher.decide(snapshot).choices
             action = np.zeros(width * settings.slots, dtype=np.int64)
             decided = np.zeros(settings.slots, dtype=np.float32)
             for slot, job in enumerate(slot_jobs(snapshot, settings.slots)):
@@ -490,7 +491,7 @@ def _weight_demonstrations(
         while True:
             snapshot = inner.snapshot
             assert snapshot is not None
-            choices = teacher.decide(snapshot)
+            choices = teacher.decide(snapshot).choices
             obs_list.append(obs)
             act_list.append(encode_weights(teacher.last_weights, snapshot, settings.slots))
             occupied = np.zeros(settings.slots, dtype=np.float32)

@@ -38,7 +38,7 @@ from autotune.core import (
     Precision,
     PrecisionMap,
 )
-from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.perf.memory import fit_memory
 
 __all__ = ["RulesPolicy", "candidate_nodes", "first_fitting_layout", "free_gpus"]
@@ -74,7 +74,7 @@ class RulesPolicy:
     def __init__(self) -> None:
         self.version = f"rules-{__version__}"
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         free = free_gpus(snapshot)
         pending = sorted(
             snapshot.by_state("pending"), key=lambda j: (-j.spec.priority, j.spec.submitted_at)
@@ -90,7 +90,7 @@ class RulesPolicy:
                 if any(other.spec.allows(n.gpu_model) for n in candidates.nodes)
             )
             choices[status.spec.job_id] = _choose(status.spec, candidates, waiting)
-        return choices
+        return PolicyRound(choices=choices)
 
 
 def free_gpus(snapshot: ClusterSnapshot) -> dict[str, int]:

@@ -16,7 +16,6 @@ Ray is imported (for ``RLModule.from_checkpoint``) only when a checkpoint is loa
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,31 +25,27 @@ import numpy as np
 from autotune import __version__
 from autotune.core import DEFAULT_ROUND_S
 from autotune.daemon.log import event
-from autotune.envs.spaces import (
-    ACTION_DIMS,
-    HEADER,
-    SLOT,
-    ObservationEncoder,
-    decode_slot,
-    decode_weights,
-    observation_size,
-    queue_order,
-    wait_choices,
-)
+from autotune.decision.fallback import fallback_choices
+from autotune.envs.spaces import decode_weights
 from autotune.errors import InputError
-from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
+from autotune.rl.acting import (
+    ActedStep,
+    action_mask,
+    entry_probabilities,
+    logged_logp,
+    split_logits,
+)
+from autotune.rl.action import ACTION_DIMS, decode_slot, wait_choices
+from autotune.rl.observation import HEADER, SLOT, ObservationEncoder, observation_size
 
 __all__ = [
-    "ActedStep",
     "IncompatiblePolicyError",
     "LearnedPolicy",
     "PolicyServer",
     "PolluxLearnedPolicy",
-    "action_mask",
     "checkpoint_hash",
     "default_policy_checkpoint",
-    "entry_probabilities",
-    "logged_logp",
 ]
 
 
@@ -77,77 +72,6 @@ def checkpoint_hash(path: str | Path) -> str:
                 digest.update(block)
         digest.update(b"\0")
     return digest.hexdigest()
-
-
-def entry_probabilities(logits: np.ndarray, epsilon: float | np.ndarray) -> list[np.ndarray]:
-    """The acting distribution of each action entry: epsilon-greedy over the module's
-    most likely value, ``(1 - eps) * [v == argmax] + eps / n``.
-
-    ``logits``: ``(N, sum(ACTION_DIMS))``, one slot per row; ``epsilon``: a float or one
-    per row. Returns one ``(N, n_d)`` array per entry, each row summing to 1. Every value
-    keeps probability at least ``eps / n``, so the importance weights of off-policy
-    estimates stay bounded."""
-    logits = np.asarray(logits, dtype=np.float64)
-    if logits.ndim != 2 or logits.shape[1] != sum(ACTION_DIMS):
-        raise ValueError(f"logits of shape {logits.shape}: expected (N, {sum(ACTION_DIMS)})")
-    eps = np.broadcast_to(np.asarray(epsilon, dtype=np.float64), (logits.shape[0],))
-    if np.any((eps < 0) | (eps > 1)):
-        raise ValueError("epsilon must be in [0, 1]")
-    out: list[np.ndarray] = []
-    start = 0
-    for n in ACTION_DIMS:
-        part = logits[:, start : start + n]
-        start += n
-        probs = np.repeat((eps / n)[:, None], n, axis=1)
-        probs[np.arange(len(part)), part.argmax(1)] += 1.0 - eps
-        out.append(probs)
-    return out
-
-
-def action_mask(entries: np.ndarray, running: np.ndarray) -> np.ndarray:
-    """Which entries of each slot's action mattered: a running job that keeps its
-    configuration (``change`` 0) used only ``change``; one that changes, every entry; a
-    waiting job (always configured) every entry but ``change``. ``entries``: ``(N, 7)``;
-    ``running``: ``(N,)`` bools. Returns ``(N, 7)`` bools."""
-    entries = np.asarray(entries)
-    running = np.asarray(running, dtype=bool)
-    mask = np.ones(entries.shape, dtype=bool)
-    keep = running & (entries[:, 0] == 0)
-    mask[keep, 1:] = False
-    mask[~running, 0] = False
-    return mask
-
-
-def logged_logp(
-    probabilities: list[np.ndarray], entries: np.ndarray, mask: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Log-probability of the taken ``entries`` ``(N, 7)`` under ``probabilities``
-    (``entry_probabilities``): per entry ``(N, 7)`` (0 where ``mask`` is off) and joint
-    ``(N,)`` over the entries that mattered."""
-    entries = np.asarray(entries, dtype=np.int64)
-    rows = np.arange(entries.shape[0])
-    per = np.stack([np.log(p[rows, entries[:, d]]) for d, p in enumerate(probabilities)], axis=1)
-    per = np.where(mask, per, 0.0)
-    return per, per.sum(1)
-
-
-@dataclass(frozen=True, slots=True)
-class ActedStep:
-    """What a ``LearnedPolicy`` saw and did in one round, for the transition log:
-    the encoded observation, the job in each acted slot, the entries taken, which
-    mattered, and their log-probabilities under the acting (epsilon-greedy) policy."""
-
-    observation: np.ndarray
-    job_ids: tuple[str, ...]
-    """The job in slot k (slots beyond these were empty)."""
-    running: np.ndarray
-    entries: np.ndarray
-    """``(len(job_ids), 7)``"""
-    mask: np.ndarray
-    logp: np.ndarray
-    """Per entry ``(len(job_ids), 7)``, 0 where masked out."""
-    epsilon: float
-    policy_version: str
 
 
 class PolicyServer:
@@ -337,9 +261,6 @@ class LearnedPolicy:
             self.version = f"{kind}-{__version__}"
         else:
             self.version = f"{kind}-fallback-rules-{__version__}"
-        self.last_step: ActedStep | None = None
-        """What the policy saw and did in its newest round (``None`` when it fell back
-        for every job)."""
         from autotune.policies.forecast import demand_forecaster
 
         kind = forecast if isinstance(forecast, str) else "lstm" if forecast else "none"
@@ -348,32 +269,25 @@ class LearnedPolicy:
         self.encoder = ObservationEncoder(slots, round_s=round_s, forecaster=forecaster)
 
     def _fallback(
-        self, snapshot: ClusterSnapshot, job_ids: set[str] | None, why: str
+        self, snapshot: ClusterSnapshot, why: str, job_ids: set[str] | None = None
     ) -> dict[str, PolicyChoice]:
-        return {
-            job_id: PolicyChoice(
-                config=choice.config,
-                reason=f"fallback to rules ({why}): {choice.reason}",
-                features=choice.features,
-                source="fallback",
-            )
-            for job_id, choice in self.rules.decide(snapshot).items()
-            if job_ids is None or job_id in job_ids
-        }
+        return fallback_choices(self.rules, snapshot, f"fallback to rules ({why})", job_ids=job_ids)
 
-    def _act(self, obs: np.ndarray, active: list[Any]) -> np.ndarray:
+    def _act(self, obs: np.ndarray, active: list[Any]) -> tuple[np.ndarray, ActedStep | None]:
         """The round's action: the module's most likely entries, each replaced by a
-        uniform draw with probability ``epsilon``; records ``last_step``."""
+        uniform draw with probability ``epsilon``; and what the policy saw and did in
+        its slots (``None`` when no job is in them)."""
         assert self.server is not None
         if self.epsilon == 0.0:
             action = self.server.act(obs)
         else:
             logits = self.server.logits(obs[None, :]).reshape(-1, sum(ACTION_DIMS))
-            greedy = np.stack([p.argmax(1) for p in _split_logits(logits)], axis=1)  # (slots, 7)
+            greedy = np.stack([p.argmax(1) for p in split_logits(logits)], axis=1)  # (slots, 7)
             explore = self._rng.random(greedy.shape) < self.epsilon
             uniform = np.floor(self._rng.random(greedy.shape) * np.array(ACTION_DIMS))
             action = np.where(explore, uniform.astype(np.int64), greedy).reshape(-1)
         acted = active[: self.slots]
+        step: ActedStep | None = None
         if acted:
             width = len(ACTION_DIMS)
             entries = action.reshape(-1, width)[: len(acted)]
@@ -385,7 +299,7 @@ class LearnedPolicy:
             else:
                 slot_logits = logits[:n]
                 per, _ = logged_logp(entry_probabilities(slot_logits, self.epsilon), entries, mask)
-            self.last_step = ActedStep(
+            step = ActedStep(
                 observation=obs,
                 job_ids=tuple(j.spec.job_id for j in acted),
                 running=running,
@@ -395,12 +309,13 @@ class LearnedPolicy:
                 epsilon=self.epsilon,
                 policy_version=self.version,
             )
-        return action
+        return action, step
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         if self.server is None:
-            return self._fallback(snapshot, None, self.fallback_reason or "no policy")
-        self.last_step = None
+            return PolicyRound(
+                choices=self._fallback(snapshot, self.fallback_reason or "no policy")
+            )
         obs = self.encoder.encode(snapshot)
         forecast = self.encoder.forecast
         assert forecast is not None
@@ -409,13 +324,13 @@ class LearnedPolicy:
             "arrival_60": forecast.p_arrival[60],
             "headroom": forecast.headroom(60, 0.95),
         }
-        active = queue_order(snapshot)
+        active = snapshot.queue_order()
         try:
-            action = self._act(obs, active)
+            action, acted = self._act(obs, active)
         except Exception as exc:  # the module itself failed: every job falls back
             why = f"the policy failed: {type(exc).__name__}: {exc}"
             event("policy.error", level=40, policy=self.version, error=why)
-            return self._fallback(snapshot, None, why)
+            return PolicyRound(choices=self._fallback(snapshot, why))
         width = len(ACTION_DIMS)
         choices: dict[str, PolicyChoice] = {}
         failed: dict[str, str] = {}
@@ -434,9 +349,8 @@ class LearnedPolicy:
         choices.update(wait_choices(active, self.slots))
         for job_id, why in failed.items():
             event("policy.error", level=30, policy=self.version, job=job_id, error=why)
-            fallback = self._fallback(snapshot, {job_id}, why)
-            choices.update(fallback)
-        return choices
+            choices.update(self._fallback(snapshot, why, {job_id}))
+        return PolicyRound(choices=choices, acted=acted)
 
 
 class PolluxLearnedPolicy:
@@ -472,13 +386,7 @@ class PolluxLearnedPolicy:
             env.slots, round_s=env.round_s, forecaster=demand_forecaster(forecast)
         )
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         obs = self.encoder.encode(snapshot)
         weights = decode_weights(self.server.act(obs), snapshot, self.encoder.slots)
-        return self.allocator.allocate(snapshot, weights)
-
-
-def _split_logits(logits: np.ndarray) -> list[np.ndarray]:
-    """``(N, sum(ACTION_DIMS))`` -> one ``(N, n_d)`` block per action entry."""
-    bounds = np.cumsum(ACTION_DIMS)[:-1]
-    return list(np.split(logits, bounds, axis=1))
+        return PolicyRound(choices=self.allocator.allocate(snapshot, weights))

@@ -26,7 +26,7 @@ from typing import Final
 
 from autotune import __version__
 from autotune.core import JobConfig
-from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 
 __all__ = ["TIRESIAS_THRESHOLD_GPU_S", "TiresiasPolicy"]
 
@@ -59,7 +59,7 @@ class TiresiasPolicy:
                 return level
         return None
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         now = snapshot.time_s
         jobs = {j.spec.job_id: j for j in snapshot.jobs if j.state in ("pending", "running")}
         first, second = self._queues
@@ -104,4 +104,4 @@ class TiresiasPolicy:
                 choices[job_id] = PolicyChoice(
                     config=None, reason=why, features=features, preempt=job.state == "running"
                 )
-        return choices
+        return PolicyRound(choices=choices)

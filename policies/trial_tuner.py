@@ -39,20 +39,19 @@ import numpy as np
 from autotune import __version__
 from autotune.core import MILLI_PER_GPU, JobConfig, JobSpec, NodeInfo
 from autotune.envs.simulator import SimulatedCluster
-from autotune.envs.spaces import (
+from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice, PolicyRound
+from autotune.perf.model import Shape
+from autotune.policies.baselines import modelled_value, shape_for
+from autotune.policies.rules import free_gpus
+from autotune.rl.action import (
     BATCH_SCALES,
     COMPRESSIONS,
     GPU_OPTIONS,
     LAYOUT_MODES,
     PRECISION_MAPS,
-    queue_order,
     slot_config,
     wait_choices,
 )
-from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
-from autotune.perf.model import Shape
-from autotune.policies.baselines import modelled_value, shape_for
-from autotune.policies.rules import free_gpus
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
@@ -127,7 +126,7 @@ class TrialTunerPolicy:
 
     # -- Policy -------------------------------------------------------------------------
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         sim = self.env.sim
         if sim is None:
             raise RuntimeError("reset the environment first")
@@ -138,7 +137,7 @@ class TrialTunerPolicy:
             self.scores.clear()
         nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
         free = free_gpus(snapshot)
-        active = queue_order(snapshot)
+        active = snapshot.queue_order()
         choices: dict[str, PolicyChoice] = {}
         for job in active[: self.env.slots]:
             if job.state != "pending":
@@ -167,7 +166,7 @@ class TrialTunerPolicy:
                     features={"trials": float(self.trials[job_id])},
                 )
         choices.update(wait_choices(active, self.env.slots))
-        return choices
+        return PolicyRound(choices=choices)
 
     # -- tuning -------------------------------------------------------------------------
 

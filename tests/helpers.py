@@ -272,3 +272,10 @@ HEADLESS_CHROMIUM = (
 )
 """Chromium's flags for a page rendered here: no sandbox (root in CI), no GPU, nothing
 fetched from outside."""
+
+
+def next_snapshot(cluster: Any) -> Any:
+    """What a daemon's tick observes of a simulated cluster: one round of simulated time
+    passes (the first call only starts the cluster), then the snapshot."""
+    cluster.run_round()
+    return cluster.observe()

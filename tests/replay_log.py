@@ -8,8 +8,8 @@ import logging
 
 from autotune.cli.daemon import _learned_policy
 from autotune.daemon.backends import build_backend
-from autotune.daemon.loop import Daemon
 from autotune.daemon.settings import load_settings
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.policies.rules import RulesPolicy
 from autotune.replay.log import TransitionLog
@@ -36,15 +36,17 @@ def run_daemon(
     db = Database(settings.database_url)
     db.upgrade()
     daemon = Daemon(
-        db=db,
-        backend=build_backend(settings),
-        policy=_learned_policy(None, settings),
-        fallback=RulesPolicy(),
-    )
-    daemon.transitions = TransitionLog(
-        round_s=settings.round_period_s,
-        energy_weight=settings.energy_weight,
-        episode_rounds=episode_rounds,
+        DaemonParts(
+            db=db,
+            backend=build_backend(settings),
+            policy=_learned_policy(None, settings),
+            fallback=RulesPolicy(),
+            transitions=TransitionLog(
+                round_s=settings.round_period_s,
+                energy_weight=settings.energy_weight,
+                episode_rounds=episode_rounds,
+            ),
+        )
     )
     daemon.start()
     previous = logging.root.manager.disable

@@ -75,8 +75,8 @@ def test_kernels_import_nothing_of_the_project() -> None:
 
 
 def test_envs_never_import_the_executor_the_api_the_daemon_or_policies() -> None:
-    """Except the daemon's pure decision step, which the environment runs every step (one
-    decision step for the environment, the daemon and replay)."""
+    """The environment runs the core's decision step (``autotune.decision``), never the
+    daemon's."""
     forbidden = (
         "autotune.executor",
         "autotune.api",
@@ -87,19 +87,19 @@ def test_envs_never_import_the_executor_the_api_the_daemon_or_policies() -> None
     )
 
     def allowed(_path: Path, module: str) -> bool:
-        return module == "autotune.daemon.decide" or not module.startswith(forbidden)
+        return module == "autotune.decision.step" or not module.startswith(forbidden)
 
     assert _violations("envs", allowed) == []
 
 
 def test_the_decision_step_stays_pure() -> None:
-    """What the environment imports of the daemon must not reach storage or the loop."""
-    pure = ("decide.py", "explain.py", "overrides.py")
-    forbidden = ("autotune.db", "autotune.api", "autotune.cli", "autotune.daemon.loop")
+    """The decision step and the reinforcement-learning contract, which the environment,
+    the daemon and replay share, reach no storage, daemon or command line."""
+    forbidden = ("autotune.db", "autotune.api", "autotune.cli", "autotune.daemon")
     found = [
         v
         for v in _violations("autotune", lambda _p, m: not m.startswith(forbidden))
-        if v.split(":")[0].endswith(tuple(f"daemon/{name}" for name in pure))
+        if v.startswith(("autotune/decision/", "autotune/rl/"))
     ]
     assert found == []
 
@@ -154,6 +154,8 @@ def test_the_core_imports_no_daemon_storage_or_command_line() -> None:
         "csvfile.py",
         "catalog",
         "perf",
+        "decision",
+        "rl",
     ]
     forbidden = ("autotune.daemon", "autotune.db", "autotune.cli", "autotune.api")
     found = [

@@ -8,8 +8,8 @@ from fastapi.responses import JSONResponse
 
 from autotune import __version__
 from autotune.api.schemas import Health, LeaderPublic, Readiness, TickHealthPublic
+from autotune.daemon.health import TickHealth
 from autotune.daemon.leader import LeaderStatus
-from autotune.daemon.loop import TickHealth
 from autotune.db import Database
 from autotune.db import repository as repo
 

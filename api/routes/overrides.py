@@ -20,8 +20,8 @@ from autotune.api.deps import (
 )
 from autotune.api.schemas import OverrideCreate, OverridePublic, OverridesPublic
 from autotune.core import ACTIVE_STATES, JobConfig, utc_now
-from autotune.daemon.overrides import PIN_KEYS, check_override
 from autotune.db import repository as repo
+from autotune.decision.overrides import PIN_KEYS, check_override
 from autotune.errors import FieldError
 
 router = APIRouter(prefix="/overrides", tags=["overrides"])

@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from autotune.catalog.applications import APPLICATION_PROFILES
 from autotune.core import ModelProfile
-from autotune.perf.pollux import POLLUX_APPS
 
 __all__ = [
     "MODEL_CATALOG",
@@ -378,7 +378,7 @@ MODEL_CATALOG: Final[MappingProxyType[str, ModelProfile]] = MappingProxyType(
             name: profile_of(name, shape, **_STATISTICS[name])
             for name, shape in MODEL_SHAPES.items()
         },
-        **POLLUX_APPS,
+        **APPLICATION_PROFILES,
     }
 )
 """Every model the simulator knows: the architectures of ``MODEL_SHAPES`` and the

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from autotune.catalog.applications import APPLICATIONS
 from autotune.catalog.profiles import (
     MODEL_CATALOG,
     MODEL_SHAPES,
@@ -37,7 +38,6 @@ from autotune.catalog.profiles import (
     gpt_profile,
 )
 from autotune.core import ModelProfile
-from autotune.perf.pollux import APPS
 
 __all__ = [
     "BUILTIN_TASKS",
@@ -124,7 +124,7 @@ _TRAINED_SHAPES: Final = (
 
 
 def _simulated_only(name: str, profile: ModelProfile) -> str:
-    if name in APPS:
+    if name in APPLICATIONS:
         alias = (
             " (imagenet is ResNet-50: submit resnet-50 to train that)" if name == "imagenet" else ""
         )

@@ -140,11 +140,12 @@ def daemon(
     """
     from autotune.daemon.auth import ensure_token
     from autotune.daemon.backends import build_backend
+    from autotune.daemon.hosting import serve
     from autotune.daemon.leader import Leadership
     from autotune.daemon.log import configure_logging
-    from autotune.daemon.loop import Daemon, serve
     from autotune.daemon.settings import load_settings
     from autotune.daemon.telemetry import host_sources
+    from autotune.daemon.tick import Daemon, DaemonParts
     from autotune.db import Database
     from autotune.policies.rules import RulesPolicy
     from autotune.replay.log import TransitionLog
@@ -203,28 +204,34 @@ def daemon(
     # The rules decide whenever the chosen policy fails after ticks failed in a row.
     # Other daemons may share the database: the lease holder decides, the others serve
     # the API and take over when it stops renewing.
-    the_daemon = Daemon(
-        db=database,
-        backend=cluster,
-        policy=chosen,
-        fallback=RulesPolicy(),
-        leadership=Leadership(
-            Database(settings.database_url, pool_size=1), lease_s=settings.leader_lease_s
-        ),
-        backend_factory=lambda: build_backend(settings),
-    )
+    lifecycle = None
     if policy == "ppo":  # it follows the policy registry: activate, shadow, roll back
         from autotune.daemon.lifecycle import PolicyLifecycle
 
-        PolicyLifecycle(_policy_loader(settings)).attach(the_daemon)
-    the_daemon.provisioner = _provisioner(settings)
-    the_daemon.job_metrics_every_s = settings.job_metrics_every_s
+        lifecycle = PolicyLifecycle(_policy_loader(settings), database)
+    transitions = None
     if settings.log_transitions and policy == "ppo":
-        the_daemon.transitions = TransitionLog(
+        transitions = TransitionLog(
             round_s=settings.round_period_s,
             energy_weight=settings.energy_weight,
             episode_rounds=settings.transition_episode_rounds,
         )
+    the_daemon = Daemon(
+        DaemonParts(
+            db=database,
+            backend=cluster,
+            policy=chosen,
+            fallback=RulesPolicy(),
+            leadership=Leadership(
+                Database(settings.database_url, pool_size=1), lease_s=settings.leader_lease_s
+            ),
+            backend_factory=lambda: build_backend(settings),
+            lifecycle=lifecycle,
+            transitions=transitions,
+            provisioner=_provisioner(settings),
+            job_metrics_every_s=settings.job_metrics_every_s,
+        )
+    )
     serve(
         the_daemon,
         host=settings.host,

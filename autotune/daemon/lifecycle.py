@@ -4,11 +4,11 @@ Policy versions live in the database (``policy_versions``, with what happened to
 ``policy_events``): a checkpoint is registered by its content hash and a name, then
 activated, shadowed, or rolled back to (``autotune.db.repository``, the API's
 ``/policies`` routes, ``autotune policy``). ``PolicyLifecycle`` is the decision loop's
-side of it (``Daemon.lifecycle``):
+side of it (``autotune.daemon.tick.Lifecycle``, ``DaemonParts.lifecycle``):
 
 - before every tick it reads the active and the shadow version (a read of a table of a
   few rows). When the active version is not the one deciding, it loads that version
-  and swaps ``Daemon.policy`` for this tick, carrying over what the old policy
+  and has the daemon decide with it from this tick on, carrying over what the old policy
   remembered of the cluster (the demand history behind the forecast features): no
   restart.
   A checkpoint that does not load is logged (``policy.activate_failed``), recorded with
@@ -34,18 +34,18 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from autotune.catalog.applications import catalog_coefficients
 from autotune.core import Decision, JobConfig, Placement
-from autotune.daemon.decide import DecisionRound, decide
 from autotune.daemon.log import event
-from autotune.daemon.performance import JobModel, catalog_coefficients
+from autotune.daemon.tick import RoundInput
+from autotune.db import Database
 from autotune.db import repository as repo
-from autotune.interfaces import ClusterSnapshot, JobStatus, Policy
+from autotune.decision.step import DecisionRound, decide_for
+from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyRound
 from autotune.perf.model import Coefficients, estimate, shape_of
-
-if TYPE_CHECKING:
-    from autotune.daemon.loop import Daemon
+from autotune.perf.online import JobModel
 
 __all__ = [
     "SHADOW_METRICS",
@@ -112,11 +112,15 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def _slot_jobs(snapshot: ClusterSnapshot, slots: int | None) -> list[JobStatus]:
-    """The active jobs in queue order (priority, submission, id: as the Planner and the
-    learned policy's slots take them), the first ``slots`` of them."""
+def _acted_jobs(snapshot: ClusterSnapshot, active: PolicyRound) -> list[JobStatus]:
+    """The jobs the active policy acted on: those in its slots where it acts through
+    slots (``PolicyRound.acted``), else every active job, in queue order (priority,
+    submission, id: as the Planner takes them)."""
     ordered = snapshot.queue_order()
-    return ordered if slots is None else ordered[:slots]
+    if active.acted is None:
+        return ordered
+    acted = set(active.acted.job_ids)
+    return [j for j in ordered if j.spec.job_id in acted]
 
 
 def round_agreement(
@@ -135,48 +139,48 @@ def round_agreement(
 
 
 class PolicyLifecycle:
-    """The decision loop's hand on the policy registry (``Daemon.lifecycle``); build it
-    with the loader of policies and ``attach`` it to the daemon."""
+    """The decision loop's hand on the policy registry (``DaemonParts.lifecycle``): built
+    with the loader of policies and the daemon's database."""
 
-    def __init__(self, loader: PolicyLoader) -> None:
+    def __init__(self, loader: PolicyLoader, db: Database) -> None:
         self.loader = loader
+        self.db = db
         self.shadow: Policy | None = None
         """The shadow policy while one is set (loaded once, kept while it stays)."""
         self._pending: _ShadowRound | None = None
-        self._failures_before = 0
+        self._active_version = ""
+        """The version of the policy deciding this tick (``before_tick``'s)."""
         # Predicted goodput of running jobs kept as they are: (config, placement) ->
         # goodput, per job; rebuilt from the jobs of each tick.
         self._kept_goodput: dict[str, tuple[JobConfig, Placement, float, Coefficients]] = {}
 
-    def attach(self, daemon: Daemon) -> None:
-        """Become ``daemon``'s lifecycle, and record the daemon's policy in the registry
-        with its checkpoint, so it can be rolled back to once another is active."""
-        daemon.lifecycle = self
-        # Before the API's cache is cleared: what the tick stored is in the next read.
-        daemon.after_tick.insert(0, lambda: self._store(daemon))
-        info = self.loader.describe(daemon.policy)
-        with daemon.db.session() as session:
+    def register(self, policy: Policy) -> None:
+        """Record ``policy`` in the registry with its checkpoint, so it can be rolled back
+        to once another is active."""
+        info = self.loader.describe(policy)
+        with self.db.session() as session:
             repo.register_policy_version(
                 session=session,
-                version=daemon.policy.version,
-                kind=info.kind if info is not None else daemon.policy.name,
+                version=policy.version,
+                kind=info.kind if info is not None else policy.name,
                 checkpoint_path=info.path if info is not None else None,
                 content_hash=info.content_hash if info is not None else None,
             )
 
     # --- before the tick ------------------------------------------------------------
 
-    def before_tick(self, daemon: Daemon) -> None:
-        """Swap ``daemon.policy`` when another version was activated; load the shadow
-        when one was set (drop it when none is). A checkpoint that fails to load is
-        logged and recorded, never raised."""
+    def before_tick(self, policy: Policy) -> Policy:
+        """The policy to decide with: ``policy``, or the version activated since; load
+        the shadow when one was set (drop it when none is). A checkpoint that fails to
+        load is logged and recorded, never raised."""
         self._pending = None
-        self._failures_before = daemon.health.failures_total
-        with daemon.db.session() as session:
+        with self.db.session() as session:
             active, shadow = repo.policy_state(session=session)
-        if active is not None and active.version != daemon.policy.version:
-            self._activate(daemon, active)
-        self._sync_shadow(daemon, shadow)
+        if active is not None and active.version != policy.version:
+            policy = self._activate(policy, active)
+        self._sync_shadow(policy, shadow)
+        self._active_version = policy.version
+        return policy
 
     def _load(
         self, record: repo.PolicyVersionRecord, *, shadow: bool, follow: Policy | None
@@ -191,8 +195,7 @@ class PolicyLifecycle:
             )
         return policy
 
-    def _activate(self, daemon: Daemon, record: repo.PolicyVersionRecord) -> None:
-        previous = daemon.policy
+    def _activate(self, previous: Policy, record: repo.PolicyVersionRecord) -> Policy:
         started = time.perf_counter()
         try:
             policy = self._load(record, shadow=False, follow=previous)
@@ -206,7 +209,7 @@ class PolicyLifecycle:
                 reason=reason,
                 kept=previous.version,
             )
-            with daemon.db.session() as session:
+            with self.db.session() as session:
                 repo.record_policy_failure(
                     session=session,
                     version=record.version,
@@ -214,8 +217,7 @@ class PolicyLifecycle:
                     reason=reason,
                     kept=previous.version,
                 )
-            return
-        daemon.policy = policy
+            return previous
         event(
             "policy.activated",
             version=policy.version,
@@ -223,8 +225,9 @@ class PolicyLifecycle:
             previous=previous.version,
             load_s=round(time.perf_counter() - started, 3),
         )
+        return policy
 
-    def _sync_shadow(self, daemon: Daemon, record: repo.PolicyVersionRecord | None) -> None:
+    def _sync_shadow(self, active: Policy, record: repo.PolicyVersionRecord | None) -> None:
         if record is None:
             if self.shadow is not None:
                 event("policy.shadow_stopped", version=self.shadow.version)
@@ -233,7 +236,7 @@ class PolicyLifecycle:
         if self.shadow is not None and self.shadow.version == record.version:
             return
         try:
-            self.shadow = self._load(record, shadow=True, follow=daemon.policy)
+            self.shadow = self._load(record, shadow=True, follow=active)
         except Exception as exc:
             self.shadow = None
             reason = _error(exc)
@@ -244,45 +247,40 @@ class PolicyLifecycle:
                 policy_name=record.name,
                 reason=reason,
             )
-            with daemon.db.session() as session:
+            with self.db.session() as session:
                 repo.record_policy_failure(
                     session=session,
                     version=record.version,
                     action="shadow_failed",
                     reason=reason,
-                    kept=daemon.policy.version,
+                    kept=active.version,
                 )
             return
         event("policy.shadow_started", version=record.version, policy_name=record.name)
 
     # --- after the round is decided -------------------------------------------------
 
-    def after_decide(
-        self,
-        daemon: Daemon,
-        snapshot: ClusterSnapshot,
-        overrides: Mapping[str, repo.OverrideRecord],
-        round_: DecisionRound,
-    ) -> None:
+    def after_decide(self, inputs: RoundInput, active: PolicyRound, round_: DecisionRound) -> None:
         """The shadow decides the same round; kept until the tick has committed (then
         stored, never applied). A failure is logged, never raised."""
         self._pending = None
         shadow = self.shadow
         if shadow is None:
             return
+        snapshot = inputs.snapshot
         try:
-            shadow_round = decide(
+            shadow_round = decide_for(
                 snapshot,
                 shadow,
-                overrides,
-                honoured=daemon._honoured,
-                models=daemon.models.current(),
+                inputs.overrides,
+                honoured=inputs.honoured,
+                models=inputs.models,
             )
-            jobs = _slot_jobs(snapshot, getattr(daemon.policy, "slots", None))
-            kept = self._kept(snapshot, daemon.models.current())
+            jobs = _acted_jobs(snapshot, active)
+            kept = self._kept(snapshot, inputs.models)
             self._pending = _ShadowRound(
                 shadow_version=shadow.version,
-                active_version=daemon.policy.version,
+                active_version=self._active_version,
                 round_=shadow_round,
                 agreement=round_agreement(jobs, round_, shadow_round),
                 jobs=len(jobs),
@@ -335,11 +333,11 @@ class PolicyLifecycle:
         self._kept_goodput = known
         return out
 
-    def _store(self, daemon: Daemon) -> None:
+    def after_tick(self, *, succeeded: bool) -> None:
         """After a tick: store what the shadow decided in it, unless the tick failed
         (nothing of a failed tick's round was applied). Never raises."""
         pending, self._pending = self._pending, None
-        if pending is None or daemon.health.failures_total != self._failures_before:
+        if pending is None or not succeeded:
             return
         labels = {"shadow": pending.shadow_version, "active": pending.active_version}
         values: list[tuple[str, float, str | None]] = [
@@ -350,7 +348,7 @@ class PolicyLifecycle:
             values.insert(0, ("shadow_agreement", pending.agreement, None))
         why = pending.round_.why
         try:
-            with daemon.db.session() as session:
+            with self.db.session() as session:
                 repo.create_decisions(
                     session=session,
                     decisions=[

@@ -14,40 +14,15 @@ until then with the catalog's, saying that.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from autotune.core import ModelProfile, NodeInfo
+from autotune.catalog.applications import catalog_coefficients
+from autotune.core import NodeInfo
 from autotune.interfaces import ClusterSnapshot
-from autotune.perf.model import DEFAULT_COEFFICIENTS, Coefficients, shape_of
-from autotune.perf.online import MIN_POINTS, OnlineFit, StepSample
+from autotune.perf.model import shape_of
+from autotune.perf.online import MIN_POINTS, JobModel, OnlineFit, StepSample
 
-__all__ = ["JobModel", "JobModels", "catalog_coefficients"]
-
-
-def catalog_coefficients(model: ModelProfile) -> Coefficients:
-    """The catalog's coefficients for a model: fitted to Pollux's measurements for its
-    six applications, the literature defaults for every other model."""
-    from autotune.perf.pollux import APPS, coefficients
-
-    return coefficients(model.name) if model.name in APPS else DEFAULT_COEFFICIENTS
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobModel:
-    """The coefficients to predict a job with, and where they come from."""
-
-    coefficients: Coefficients
-    source: str
-    """``online`` (fitted to the job's own steps) or ``catalog``."""
-    points: int = 0
-    fit_error: float | None = None
-
-    def describe(self) -> str:
-        if self.source == "online":
-            error = "" if self.fit_error is None else f", fit error {self.fit_error:.1%}"
-            return f"online fit of its own steps ({self.points} points{error})"
-        return "the catalog's coefficients for its model (too few measured points yet)"
+__all__ = ["JobModels"]
 
 
 class JobModels:

@@ -63,17 +63,15 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from autotune.catalog.applications import APPLICATION_PROFILES, APPLICATIONS, coefficients
 from autotune.core import JobConfig, Layout, ModelProfile
 from autotune.errors import InputError
 from autotune.perf.fit import Parameter, fit_bounded, mape
 from autotune.perf.model import Coefficients, Shape, StepTime, step_time
 from autotune.perf.pollux import (
-    APPS,
-    POLLUX_APPS,
     POLLUX_GPU,
     POLLUX_INTER_NODE_GBPS,
     AppMeasurements,
-    coefficients,
     load_app,
     load_scalability,
 )
@@ -83,11 +81,30 @@ __all__ = [
     "PRIOR_WEIGHT",
     "SEQUENCE",
     "VARIANTS",
+    "JobModel",
     "OnlineFit",
     "StepSample",
     "evaluate_pollux",
     "pooled_prior",
 ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobModel:
+    """The coefficients to predict a job with, and where they come from."""
+
+    coefficients: Coefficients
+    source: str
+    """``online`` (fitted to the job's own steps) or ``catalog``."""
+    points: int = 0
+    fit_error: float | None = None
+
+    def describe(self) -> str:
+        if self.source == "online":
+            error = "" if self.fit_error is None else f", fit error {self.fit_error:.1%}"
+            return f"online fit of its own steps ({self.points} points{error})"
+        return "the catalog's coefficients for its model (too few measured points yet)"
+
 
 # name -> (low, high, floor): the physical bounds of each coefficient the online fit may
 # move (those of ``autotune.perf.pollux``'s offline fit), and the value below which its
@@ -464,7 +481,7 @@ def evaluate_pollux(
     directory: str | Path,
     *,
     placements: int = 3,
-    apps: Sequence[str] = APPS,
+    apps: Sequence[str] = APPLICATIONS,
     sequence: Sequence[str] = SEQUENCE,
     prior_weight: float = PRIOR_WEIGHT,
     free: Sequence[str] = FREE,
@@ -492,13 +509,13 @@ def evaluate_pollux(
         "apps": {},
     }
     for app in apps:
-        profile = POLLUX_APPS[app]
+        profile = APPLICATION_PROFILES[app]
         data = load_app(directory, app)
         scale = load_scalability(directory, app)
         test = _samples(data, (i for i, r in enumerate(data.ranks_per_node) if r not in observed))
         test += _samples(scale, range(len(scale.local_batch)))
         priors = {
-            "loo": pooled_prior([coefficients(a) for a in APPS if a != app], how=pool),
+            "loo": pooled_prior([coefficients(a) for a in APPLICATIONS if a != app], how=pool),
             "defaults": Coefficients(),
         }
         row: dict[str, Any] = {

@@ -24,18 +24,15 @@ traces; ``calibrate`` regenerates it.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
-from functools import cache
-from importlib import resources
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Final
 
 import numpy as np
 
+from autotune.catalog.applications import APPLICATIONS, application_profile
 from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
 from autotune.csvfile import floats, read_csv
 from autotune.errors import InputError
@@ -43,88 +40,19 @@ from autotune.perf.fit import Parameter, fit_bounded, mape
 from autotune.perf.model import Coefficients, Shape, step_time
 
 __all__ = [
-    "APPS",
-    "POLLUX_APPS",
     "POLLUX_GPU",
     "POLLUX_INTER_NODE_GBPS",
     "AppMeasurements",
     "calibrate",
-    "coefficients",
     "load_app",
     "load_scalability",
     "naive_baseline",
-    "target_samples",
     "validate",
 ]
 
-APPS: Final = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 POLLUX_GPU: Final = "T4"
 # g4dn.12xlarge: "up to 50 Gbps" networking (AWS instance type page) = 6.25 GB/s.
 POLLUX_INTER_NODE_GBPS: Final = 6.25
-
-# Architecture figures (parameters; training FLOPs per sample = 3 x forward):
-# bert: BERT-base fine-tuned on SQuAD, 110 M parameters, sequences of 384 tokens:
-#   6 x 110e6 x 384 FLOPs (Devlin et al. 2019; Kaplan et al. 2020).
-# cifar10: ResNet-18 for 32x32 inputs, 11.2 M parameters, 0.56 GFLOPs forward.
-# deepspeech2: DeepSpeech2 (Amodei et al. 2016) as in AdaptDL's example, about 38 M
-#   parameters; assumed 20 GFLOPs forward per utterance (GRU layers over ~400 frames).
-# imagenet: ResNet-50, 25.6 M parameters, 4.1 GFLOPs forward (He et al. 2016).
-# ncf: NeuMF on MovieLens (He et al. 2017), assumed 15 M parameters (embeddings),
-#   0.1 MFLOPs forward per sample (a 4-layer MLP).
-# yolov3: YOLOv3 at 416x416, 61.9 M parameters, 65.9 GFLOPs forward (Redmon & Farhadi
-#   2018).
-# Activation bytes per sample (16-bit) are assumed from the architectures' layer outputs;
-# they only bound the local batch on a 16 GB T4, which the measurements already do.
-_ARCH: Final[dict[str, dict[str, Any]]] = {
-    "bert": {
-        "parameters": 110_000_000,
-        "flops": 6 * 110e6 * 384,
-        "act": 350e6,
-        "layers": 12,
-        "hidden": 768,
-        "seq": 384,
-    },
-    "cifar10": {
-        "parameters": 11_200_000,
-        "flops": 3 * 0.56e9,
-        "act": 5e6,
-        "layers": 8,
-        "hidden": 0,
-        "seq": 1,
-    },
-    "deepspeech2": {
-        "parameters": 38_000_000,
-        "flops": 3 * 20e9,
-        "act": 200e6,
-        "layers": 7,
-        "hidden": 0,
-        "seq": 1,
-    },
-    "imagenet": {
-        "parameters": 25_557_032,
-        "flops": 3 * 4.1e9,
-        "act": 54e6,
-        "layers": 16,
-        "hidden": 0,
-        "seq": 1,
-    },
-    "ncf": {
-        "parameters": 15_000_000,
-        "flops": 3 * 0.1e6,
-        "act": 0.1e6,
-        "layers": 4,
-        "hidden": 0,
-        "seq": 1,
-    },
-    "yolov3": {
-        "parameters": 61_949_149,
-        "flops": 3 * 65.9e9,
-        "act": 400e6,
-        "layers": 75,
-        "hidden": 0,
-        "seq": 1,
-    },
-}
 
 # Coefficients the fit may change, with the bounds that keep them physical. The ring's
 # per-step latency between nodes stays at its literature value: fitted on 1-4 nodes, a
@@ -176,70 +104,6 @@ class AppMeasurements:
             step_time=self.step_time[mask],
             sync_time=self.sync_time[mask],
         )
-
-
-def _profile(
-    app: str, reference_batch: int, noise_scale: float, max_local: int | None = None
-) -> ModelProfile:
-    arch = _ARCH[app]
-    activations = float(arch["act"])
-    if max_local:
-        # The measurements ran up to ``max_local`` samples per T4 in fp32: activations
-        # can take at most what the 16 GiB left after weights, gradients, Adam's moments
-        # and 1 GiB of runtime (``memory.rank_memory``), in 16-bit units as profiles count.
-        free = 16 * (1 << 30) - arch["parameters"] * 16 - (1 << 30)
-        activations = min(activations, free / max_local / 2)
-    return ModelProfile(
-        name=app,
-        parameters=arch["parameters"],
-        flops_per_sample=arch["flops"],
-        activation_bytes_per_sample=activations,
-        num_layers=arch["layers"],
-        hidden_size=arch["hidden"],
-        seq_len=arch["seq"],
-        reference_batch=reference_batch,
-        noise_scale=noise_scale,
-    )
-
-
-@cache
-def _shipped() -> dict[str, Any]:
-    text = resources.files("autotune").joinpath("data/pollux_apps.json").read_text()
-    data: dict[str, Any] = json.loads(text)
-    return data
-
-
-def _load_profiles() -> MappingProxyType[str, ModelProfile]:
-    apps = _shipped()["apps"]
-    return MappingProxyType(
-        {
-            app: _profile(
-                app,
-                int(apps[app]["reference_batch"]),
-                float(apps[app]["noise_scale"]),
-                int(apps[app]["max_local_batch"]),
-            )
-            for app in APPS
-        }
-    )
-
-
-POLLUX_APPS: Final = _load_profiles()
-
-
-def coefficients(app: str) -> Coefficients:
-    """The shipped coefficients of ``app``, fitted on all its measured placements."""
-    return Coefficients(**_shipped()["apps"][app]["coefficients"])
-
-
-def target_samples(app: str) -> float:
-    """Samples at the reference batch (statistical efficiency 1) to finish training."""
-    return float(_shipped()["apps"][app]["target_samples"])
-
-
-def max_local_batch(app: str) -> int:
-    """The largest per-GPU batch measured on a T4 (what fits its memory)."""
-    return int(_shipped()["apps"][app]["max_local_batch"])
 
 
 # --------------------------------------------------------------------------------------
@@ -432,7 +296,7 @@ def _split(
 def validate(
     directory: str | Path,
     *,
-    apps: tuple[str, ...] = APPS,
+    apps: tuple[str, ...] = APPLICATIONS,
     split: str = "scale",
     max_fit_nodes: int = 2,
     progress: Callable[[str], None] | None = None,
@@ -455,7 +319,7 @@ def validate(
             progress(app)
         train, test = _split(directory, app, split, max_fit_nodes)
         stats = _statistics(directory, app)
-        profile = _profile(app, int(stats["reference_batch"]), stats["noise_scale"])
+        profile = application_profile(app, int(stats["reference_batch"]), stats["noise_scale"])
         coeffs = fit(profile, train)
         steps, syncs = _predict(profile, test, coeffs)
         baseline = naive_baseline(train, test)
@@ -493,11 +357,11 @@ def calibrate(directory: str | Path) -> dict[str, Any]:
         "inter_node_gbps": POLLUX_INTER_NODE_GBPS,
         "apps": {},
     }
-    for app in APPS:
+    for app in APPLICATIONS:
         data = load_app(directory, app)
         scale = load_scalability(directory, app)
         stats = _statistics(directory, app)
-        profile = _profile(app, int(stats["reference_batch"]), stats["noise_scale"])
+        profile = application_profile(app, int(stats["reference_batch"]), stats["noise_scale"])
         coeffs = fit(profile, data.concat(scale))
         out["apps"][app] = {
             **stats,

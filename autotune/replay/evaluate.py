@@ -161,8 +161,9 @@ def off_policy(
     """Each candidate's off-policy estimates against the logging policy (the first of
     ``policies``, a checkpoint: its epsilon-greedy probabilities must reproduce the logged
     ones, ``logging_mismatch_share`` says how far they do)."""
-    from autotune.policies.serving import PolicyServer, entry_probabilities
+    from autotune.policies.serving import PolicyServer
     from autotune.replay.ope import LoggedDecisions, compare
+    from autotune.rl.acting import entry_probabilities
 
     if policies[0].checkpoint is None:
         raise InputError(

@@ -36,9 +36,10 @@ from autotune.core import JobSpec, NodeInfo
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.db.tables import JobRow, NodeRow, TransitionRow
-from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT
 from autotune.errors import InputError
 from autotune.replay.workload import WORKLOAD_FILE, workload_job, write_workload
+from autotune.rl.action import ACTION_DIMS
+from autotune.rl.observation import HEADER, SLOT
 from autotune.serde import from_json
 
 __all__ = ["FORMAT", "MAX_FILES", "ExportReport", "export"]

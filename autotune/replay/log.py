@@ -12,8 +12,8 @@ has run the round, fills in the reward: the environment's reward of the round
 jobs ended. Rounds are grouped into episodes of ``episode_rounds`` consecutive rounds of
 one daemon run; a daemon that stops leaves its last round truncated.
 
-Backends that do not report a round's outcome (``last_outcome``, the simulated cluster
-does) leave the reward empty; such rounds are not exported.
+Backends that do not report a round's outcome (``SimulatedTime.run_round``: the simulated
+cluster does) leave the reward empty; such rounds are not exported.
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from autotune.catalog.applications import catalog_coefficients
 from autotune.core import ACTIVE_STATES, DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, Decision, utc_now
-from autotune.daemon.decide import DecisionRound
 from autotune.daemon.log import event
 from autotune.db import repository as repo
-from autotune.envs.cluster_env import job_rewards, reward
-from autotune.envs.spaces import HEADER, SLOT
-from autotune.interfaces import Backend, ClusterSnapshot
-from autotune.perf.model import DEFAULT_COEFFICIENTS, estimate, shape_of, statistical_efficiency
-from autotune.perf.pollux import APPS, coefficients
+from autotune.decision.step import DecisionRound
+from autotune.interfaces import ClusterSnapshot
+from autotune.perf.model import estimate, shape_of, statistical_efficiency
 from autotune.perf.stragglers import median_cv
+from autotune.rl.acting import ActedStep
+from autotune.rl.observation import HEADER, SLOT
+from autotune.rl.reward import RoundOutcome, job_rewards, reward
 
 __all__ = ["DEFAULT_EPISODE_ROUNDS", "TransitionLog"]
 
@@ -84,24 +85,25 @@ class TransitionLog:
         self,
         session: Session,
         *,
-        policy: Any,
-        backend: Backend,
+        acted: ActedStep | None,
+        outcome: RoundOutcome | None,
         snapshot: ClusterSnapshot,
         round_: DecisionRound,
         overrides: Mapping[str, object],
         stored: list[Decision],
     ) -> None:
-        """Measure the previous round (the backend ran it before ``snapshot``), then log
-        this one if the acting policy decided it (``policy.last_step``).
+        """Measure the previous round with ``outcome`` (what the backend reported of the
+        round it ran before ``snapshot``), then log this one if the acting policy decided
+        it (``acted``: what it saw and did).
 
         A round the policy does not log (the fallback decided it, the module failed,
         nothing was in its slots) ends the chain: the round before it is truncated, so no
         transition links across a round someone else decided. A job whose new
         configuration the Planner declined (no room) counts as the policy's: the
         environment declines it the same way, and the outcome is the action's."""
-        step = getattr(policy, "last_step", None)
+        step = acted
         logs = step is not None and bool(step.job_ids)
-        self._close(session, backend, snapshot, continues=logs)
+        self._close(session, outcome, snapshot, continues=logs)
         if not logs:
             return
         assert step is not None
@@ -139,14 +141,18 @@ class TransitionLog:
             self._step = 0
 
     def _close(
-        self, session: Session, backend: Backend, snapshot: ClusterSnapshot, *, continues: bool
+        self,
+        session: Session,
+        outcome: RoundOutcome | None,
+        snapshot: ClusterSnapshot,
+        *,
+        continues: bool,
     ) -> None:
         """Fill in the open row's reward from the round the backend just ran;
         ``continues``: this tick logs a round that follows it."""
         open_, self._open = self._open, None
         if open_ is None:
             return
-        outcome = getattr(backend, "last_outcome", None)
         # Ticks failed in between: the backend's last round is not the one decided then.
         stale = snapshot.time_s - open_.time_s > 1.5 * self.round_s
         if outcome is None or stale:
@@ -228,7 +234,7 @@ def _speeds(snapshot: ClusterSnapshot, job_ids: set[str]) -> dict[str, list[floa
         ):
             continue
         batch = job.config.batch(spec)
-        coeffs = coefficients(spec.model.name) if spec.model.name in APPS else DEFAULT_COEFFICIENTS
+        coeffs = catalog_coefficients(spec.model)
         predicted = estimate(
             spec.model,
             job.config,

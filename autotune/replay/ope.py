@@ -47,9 +47,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from autotune.envs.spaces import ACTION_DIMS
 from autotune.errors import InputError
-from autotune.policies.serving import action_mask
+from autotune.rl.acting import action_mask
+from autotune.rl.action import ACTION_DIMS
 
 __all__ = [
     "EXPORT_COLUMNS",

@@ -71,8 +71,9 @@ from typing import Any, Final
 import numpy as np
 
 from autotune.core import DEFAULT_ENERGY_WEIGHT
-from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT
 from autotune.errors import InputError
+from autotune.rl.action import ACTION_DIMS
+from autotune.rl.observation import HEADER, SLOT
 
 __all__ = [
     "ALGOS",

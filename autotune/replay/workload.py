@@ -18,11 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autotune.catalog.applications import APPLICATIONS, coefficients
 from autotune.core import JobSpec, NodeInfo
 from autotune.envs.simulator import Arrival
 from autotune.errors import InputError
 from autotune.perf.model import DEFAULT_COEFFICIENTS
-from autotune.perf.pollux import APPS, coefficients
 from autotune.serde import from_json, to_json
 
 __all__ = ["WORKLOAD_FILE", "load_workload", "workload_job", "write_workload"]
@@ -48,7 +48,7 @@ def workload_job(
         work = float(steps) * spec.global_batch
     app = info.get("coeffs_app")
     if app is None and "replay" not in task and spec.model is not None:
-        app = spec.model.name if spec.model.name in APPS else None
+        app = spec.model.name if spec.model.name in APPLICATIONS else None
     return {
         "spec": to_json(replace(spec, submitted_at=submitted_s)),
         "task": task.get("name"),

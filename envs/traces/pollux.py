@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.catalog.applications import APPLICATIONS as POLLUX_APPLICATIONS
 from autotune.csvfile import floats, integers, job_ids, read_csv
 from autotune.envs.traces.jobs import TraceJob
 from autotune.errors import InputError
-from autotune.perf.pollux import APPS as POLLUX_APPLICATIONS
 
 __all__ = ["POLLUX_APPLICATIONS", "pollux_workload"]
 

@@ -22,7 +22,7 @@ from autotune.daemon.auth import (
     hash_token,
     rotate_token,
 )
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.envs.simulator import SimConfig, SimulatedCluster
@@ -35,9 +35,11 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 class Service:
     def __init__(self, database: Database) -> None:
         self.daemon = Daemon(
-            db=database,
-            backend=SimulatedCluster(SimConfig(seed=1, initial_jobs=6, max_jobs=6)),
-            policy=RulesPolicy(),
+            DaemonParts(
+                db=database,
+                backend=SimulatedCluster(SimConfig(seed=1, initial_jobs=6, max_jobs=6)),
+                policy=RulesPolicy(),
+            )
         )
         self.daemon.start()
         self.app = create_app(

@@ -16,13 +16,14 @@ import pytest
 from helpers import autotune_command
 
 from autotune.core import Decision
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.interfaces import ClusterSnapshot
 from autotune.planner import verify_placements
 from autotune.policies.rules import RulesPolicy
+from autotune.rl.reward import RoundOutcome
 
 
 class RecordingCluster(SimulatedCluster):
@@ -53,7 +54,7 @@ class RecordingCluster(SimulatedCluster):
 
 def run_ticks(database: Database, ticks: int, seed: int = 0) -> RecordingCluster:
     backend = RecordingCluster(database, SimConfig(seed=seed))
-    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=RulesPolicy()))
     daemon.start()
     for _ in range(ticks):
         daemon.tick()
@@ -110,6 +111,9 @@ class ObserveOnlyCluster:
     def observe(self) -> ClusterSnapshot:
         return self._cluster.observe()
 
+    def run_round(self) -> RoundOutcome | None:
+        return self._cluster.run_round()
+
     def apply(self, decisions: Sequence[Decision]) -> None:
         self._cluster.apply(decisions)
 
@@ -134,7 +138,7 @@ def test_restart_resumes_the_database_jobs_where_they_were(database: Database) -
         latest = repo.latest_decisions(session=session)
     assert any(r.state == "running" for r in before.values())
     backend = SimulatedCluster(SimConfig(seed=0))
-    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=RulesPolicy()))
     daemon.start()
     snapshot = backend.observe()
     resumed = {j.spec.job_id: j for j in snapshot.jobs}
@@ -154,7 +158,7 @@ def test_restart_fails_jobs_a_backend_cannot_resume(database: Database) -> None:
     active = set(active_jobs(database))
     assert active
     backend = ObserveOnlyCluster(SimConfig(seed=0, initial_jobs=0, max_jobs=0))
-    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=RulesPolicy()))
     daemon.start()
     daemon.tick()
     with database.session() as session:
@@ -267,7 +271,9 @@ def test_a_crash_between_commit_and_apply_leaves_decisions_marked_unapplied(
     database: Database,
 ) -> None:
     config = SimConfig(seed=0, mean_interarrival_s=60)
-    daemon = Daemon(db=database, backend=CrashingCluster(config, crash_at=2), policy=RulesPolicy())
+    daemon = Daemon(
+        DaemonParts(db=database, backend=CrashingCluster(config, crash_at=2), policy=RulesPolicy())
+    )
     daemon.start()
     with pytest.raises(SystemExit):
         run_until_killed(daemon)
@@ -280,7 +286,9 @@ def test_a_crash_between_commit_and_apply_leaves_decisions_marked_unapplied(
     # what was true: a job whose start was not applied is still pending.
     for decision in unapplied:
         assert states[decision.job_id] == "pending"
-    restarted = Daemon(db=database, backend=SimulatedCluster(config), policy=RulesPolicy())
+    restarted = Daemon(
+        DaemonParts(db=database, backend=SimulatedCluster(config), policy=RulesPolicy())
+    )
     restarted.start()
     report = restarted.tick()
     with database.session() as session:

@@ -16,7 +16,6 @@ from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import SimConfig, SimulatedCluster
-from autotune.envs.spaces import ACTION_DIMS
 from autotune.planner import verify_placements
 from autotune.policies.evaluate import run_episode
 from autotune.policies.ppo import MODULE_PATH, SlotPolicyModule
@@ -27,6 +26,7 @@ from autotune.policies.serving import (
     default_policy_checkpoint,
 )
 from autotune.policies.trial_tuner import TrialTunerPolicy
+from autotune.rl.action import ACTION_DIMS
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +119,10 @@ def _incompatible_module(path: Path) -> Path:
 
 
 def _fallback_ticks(database: Database, policy: LearnedPolicy, ticks: int = 3) -> list:  # type: ignore[type-arg]
-    from autotune.daemon.loop import Daemon
+    from autotune.daemon.tick import Daemon, DaemonParts
 
     backend = SimulatedCluster(SimConfig(seed=0))
-    daemon = Daemon(db=database, backend=backend, policy=policy)
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=policy))
     daemon.start()
     decisions = []
     for _ in range(ticks):
@@ -186,9 +186,9 @@ def test_daemon_decides_with_the_learned_policy(trained: Path, database: Databas
     policy = LearnedPolicy(trained)
     assert policy.server is not None
     backend = SimulatedCluster(SimConfig(seed=0))
-    from autotune.daemon.loop import Daemon
+    from autotune.daemon.tick import Daemon, DaemonParts
 
-    daemon = Daemon(db=database, backend=backend, policy=policy)
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=policy))
     daemon.start()
     decisions = []
     for _ in range(3):
@@ -211,7 +211,7 @@ def test_trial_tuner_sets_each_job_once() -> None:
     env.reset(seed=0)
     assert env.snapshot is not None
     assert env.sim is not None
-    choices = policy.decide(env.snapshot)
+    choices = policy.decide(env.snapshot).choices
     # Tuned on arrival, charged the trial budget as downtime served once it starts.
     assert policy.chosen
     for job_id, config in policy.chosen.items():

@@ -10,8 +10,8 @@ import pytest
 
 from autotune.catalog.tasks import BUILTIN_TASKS
 from autotune.core import JobConfig, JobSpec
-from autotune.daemon.decide import decide
-from autotune.interfaces import ClusterSnapshot, JobSubmission, PolicyChoice
+from autotune.decision.step import decide_for
+from autotune.interfaces import ClusterSnapshot, JobSubmission, PolicyChoice, PolicyRound
 
 pytestmark = pytest.mark.ray
 
@@ -24,7 +24,7 @@ class _Turns:
     def __init__(self, run: str, stop: str | None, gpus: int) -> None:
         self.run, self.stop, self.gpus = run, stop, gpus
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         choices = {
             j.spec.job_id: PolicyChoice(config=None, reason="waits")
             for j in snapshot.by_state("pending")
@@ -34,7 +34,7 @@ class _Turns:
         choices[self.run] = PolicyChoice(
             config=JobConfig.data_parallel(self.gpus), reason="its turn"
         )
-        return choices
+        return PolicyRound(choices=choices)
 
 
 def _wait(what: str, check, timeout_s: float = 180.0):  # type: ignore[no-untyped-def]
@@ -68,7 +68,7 @@ def test_a_preempted_job_stops_before_another_takes_its_ranks_and_resumes(
         snapshot = backend.observe()
         slots = max(n.gpu_count for n in snapshot.nodes)
         gpus = min(2, slots)
-        backend.apply(decide(snapshot, _Turns("first", None, gpus), {}, honoured={}).decisions)
+        backend.apply(decide_for(snapshot, _Turns("first", None, gpus), {}, honoured={}).decisions)
 
         def stepped() -> bool:
             status = {j.spec.job_id: j for j in backend.observe().jobs}["first"]
@@ -78,7 +78,7 @@ def test_a_preempted_job_stops_before_another_takes_its_ranks_and_resumes(
         snapshot = backend.observe()
         # The first job's ranks are all the second one can have when gpus == slots; in any
         # case the round preempts it and starts the second.
-        round_ = decide(snapshot, _Turns("second", "first", gpus), {}, honoured={})
+        round_ = decide_for(snapshot, _Turns("second", "first", gpus), {}, honoured={})
         assert [d.job_id for d in round_.decisions if d.preempt] == ["first"]
         backend.apply(round_.decisions)  # returns once "first" has stopped
         jobs = {j.spec.job_id: j for j in backend.observe().jobs}
@@ -89,7 +89,7 @@ def test_a_preempted_job_stops_before_another_takes_its_ranks_and_resumes(
         assert stopped_at >= 8
         assert jobs["second"].state == "running"
         # Its turn again: it resumes from the checkpoint written when it stopped.
-        round_ = decide(backend.observe(), _Turns("first", "second", gpus), {}, honoured={})
+        round_ = decide_for(backend.observe(), _Turns("first", "second", gpus), {}, honoured={})
         backend.apply(round_.decisions)
         events = _wait(
             "the first job to resume",

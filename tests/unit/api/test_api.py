@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from autotune.api.app import create_app
 from autotune.core import utc_now
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.policies.rules import RulesPolicy
@@ -18,7 +18,9 @@ from autotune.policies.rules import RulesPolicy
 
 @pytest.fixture
 def client(database: Database) -> Iterator[TestClient]:
-    daemon = Daemon(db=database, backend=SimulatedCluster(SimConfig(seed=1)), policy=RulesPolicy())
+    daemon = Daemon(
+        DaemonParts(db=database, backend=SimulatedCluster(SimConfig(seed=1)), policy=RulesPolicy())
+    )
     daemon.start()
     for _ in range(8):
         daemon.tick()

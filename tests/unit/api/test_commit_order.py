@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from autotune.api.app import attach_daemon, create_app
 from autotune.daemon.auth import TokenCheck, hash_token
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.policies.rules import RulesPolicy
@@ -39,7 +39,7 @@ def slow_commit_api(database: Database, request: pytest.FixtureRequest) -> Itera
     )
     if request.param == "with-daemon":
         cluster = SimulatedCluster(SimConfig(seed=0, initial_jobs=0, max_jobs=0))
-        daemon = Daemon(db=database, backend=cluster, policy=RulesPolicy())
+        daemon = Daemon(DaemonParts(db=database, backend=cluster, policy=RulesPolicy()))
         daemon.start()
         attach_daemon(app, daemon)
     event.listen(Session, "before_commit", slow)

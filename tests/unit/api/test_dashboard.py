@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from autotune.api.app import attach_daemon, create_app
 from autotune.api.routes.dashboard import JOBS_SHOWN
 from autotune.daemon.auth import TokenCheck, hash_token
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.demand import NoForecast
@@ -31,10 +31,14 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 class Cluster:
     """A daemon on the simulated cluster, with its API in the same process."""
 
-    def __init__(self, database: Database, sim: SimulatedCluster) -> None:
+    def __init__(
+        self, database: Database, sim: SimulatedCluster, provisioner: Provisioner | None = None
+    ) -> None:
         self.db = database
         self.sim = sim
-        self.daemon = Daemon(db=database, backend=sim, policy=RulesPolicy())
+        self.daemon = Daemon(
+            DaemonParts(db=database, backend=sim, policy=RulesPolicy(), provisioner=provisioner)
+        )
 
     def start(self, ticks: int) -> TestClient:
         self.daemon.start()
@@ -134,8 +138,7 @@ def test_a_lost_node_is_on_the_map_as_lost(cluster: tuple[Cluster, TestClient]) 
 
 def test_parked_nodes_are_on_the_map_with_the_provisioners_target(database: Database) -> None:
     sim = SimulatedCluster(SimConfig(nodes=tuple(small_nodes()), initial_jobs=1, max_jobs=1))
-    lab = Cluster(database, sim)
-    lab.daemon.provisioner = Provisioner(NoForecast())
+    lab = Cluster(database, sim, Provisioner(NoForecast()))
     with lab.start(ticks=3) as client:
         data = dashboard(client)
         listed = {n["node_id"]: n["state"] for n in client.get("/api/v1/cluster").json()["nodes"]}

@@ -14,7 +14,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from autotune.api.app import attach_daemon, create_app
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database, sqlite_url
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.policies.rules import RulesPolicy
@@ -59,10 +59,12 @@ def service(tmp_path: Path) -> Iterator[tuple[Daemon, TestClient, Quota]]:
     database.upgrade()
     api_db = Database(url)
     daemon = Daemon(
-        db=database,
-        backend=SimulatedCluster(SimConfig(seed=0, initial_jobs=4, max_jobs=40)),
-        policy=RulesPolicy(),
-        fallback=RulesPolicy(),
+        DaemonParts(
+            db=database,
+            backend=SimulatedCluster(SimConfig(seed=0, initial_jobs=4, max_jobs=40)),
+            policy=RulesPolicy(),
+            fallback=RulesPolicy(),
+        )
     )
     daemon.start()
     app = create_app(db=api_db, telemetry="simulator", token_check=lambda t: t == TOKEN)

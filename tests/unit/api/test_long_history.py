@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from autotune.api.app import attach_daemon, create_app
 from autotune.core import Decision, JobConfig, JobSpec, utc_now
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database, sqlite_url
 from autotune.db import repository as repo
 from autotune.db.repository import encode_cursor
@@ -23,7 +23,9 @@ from autotune.policies.rules import RulesPolicy
 
 @pytest.fixture
 def ticked(database: Database) -> Iterator[tuple[Daemon, TestClient]]:
-    daemon = Daemon(db=database, backend=SimulatedCluster(SimConfig(seed=3)), policy=RulesPolicy())
+    daemon = Daemon(
+        DaemonParts(db=database, backend=SimulatedCluster(SimConfig(seed=3)), policy=RulesPolicy())
+    )
     daemon.start()
     for _ in range(10):
         daemon.tick()
@@ -184,7 +186,9 @@ def test_no_free_connection_in_time_is_503_with_retry_after(tmp_path: Path) -> N
 
 
 def test_busy_reads_are_kept_until_the_next_tick(database: Database) -> None:
-    daemon = Daemon(db=database, backend=SimulatedCluster(SimConfig(seed=4)), policy=RulesPolicy())
+    daemon = Daemon(
+        DaemonParts(db=database, backend=SimulatedCluster(SimConfig(seed=4)), policy=RulesPolicy())
+    )
     daemon.start()
     daemon.tick()
     app = create_app(db=database, telemetry="simulator")

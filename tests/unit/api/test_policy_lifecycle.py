@@ -25,7 +25,7 @@ from helpers import cli, free_port
 from autotune.api.app import attach_daemon, create_app
 from autotune.daemon.auth import TokenCheck, hash_token
 from autotune.daemon.lifecycle import PolicyLifecycle
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.envs.simulator import SimConfig, SimulatedCluster
@@ -68,12 +68,14 @@ class Lab:
         )
         self.shipped = policy.version
         self.daemon = Daemon(
-            db=database,
-            backend=SimulatedCluster(SimConfig(seed=1, initial_jobs=6, max_jobs=10)),
-            policy=policy,
-            fallback=RulesPolicy(),
+            DaemonParts(
+                db=database,
+                backend=SimulatedCluster(SimConfig(seed=1, initial_jobs=6, max_jobs=10)),
+                policy=policy,
+                fallback=RulesPolicy(),
+                lifecycle=PolicyLifecycle(self.loader, database),
+            )
         )
-        PolicyLifecycle(self.loader).attach(self.daemon)
         self.daemon.start()
         self.app = create_app(
             db=database, telemetry="simulator", token_check=TokenCheck([hash_token(TOKEN)])
@@ -274,9 +276,11 @@ def test_shadow_decisions_are_stored_never_applied_nor_taken_as_the_jobs(
     assert lab.get("/cluster")["gpus_allocated"] == pytest.approx(held / 1000)
 
     restarted = Daemon(
-        db=lab.db,
-        backend=(again := SimulatedCluster(SimConfig(seed=1, initial_jobs=6, max_jobs=10))),
-        policy=RulesPolicy(),
+        DaemonParts(
+            db=lab.db,
+            backend=(again := SimulatedCluster(SimConfig(seed=1, initial_jobs=6, max_jobs=10))),
+            policy=RulesPolicy(),
+        )
     )
     restarted.start()
     resumed = {j.spec.job_id: j for j in again.observe().jobs}
@@ -297,7 +301,9 @@ def test_shadow_decisions_are_stored_never_applied_nor_taken_as_the_jobs(
 
 
 def test_a_daemon_on_the_rules_refuses_registry_changes(database: Database) -> None:
-    daemon = Daemon(db=database, backend=SimulatedCluster(SimConfig(seed=1)), policy=RulesPolicy())
+    daemon = Daemon(
+        DaemonParts(db=database, backend=SimulatedCluster(SimConfig(seed=1)), policy=RulesPolicy())
+    )
     daemon.start()
     app = create_app(
         db=database, telemetry="simulator", token_check=TokenCheck([hash_token(TOKEN)])

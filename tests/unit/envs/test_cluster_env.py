@@ -15,8 +15,8 @@ from helpers import autotune_command
 import autotune.envs  # noqa: F401 - registers the environments
 from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import Decision, JobConfig, JobSpec, NodeInfo, Placement, RankSlot
-from autotune.daemon.decide import decide
-from autotune.envs.cluster_env import ChoicesPolicy, ClusterEnv
+from autotune.decision.step import decide
+from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.presets import small_nodes
 from autotune.envs.simulator import Arrival, SimConfig, SimulatedCluster
 from autotune.envs.workloads import synthetic_jobs
@@ -76,7 +76,7 @@ def _sim(nodes: list[NodeInfo], jobs: list[Arrival], round_s: float = 300.0) -> 
 def _place(sim: SimulatedCluster, job_id: str, config: JobConfig) -> None:
     """Apply one decision for ``job_id`` through the daemon's decision step."""
     choice = PolicyChoice(config=config, reason="test")
-    round_ = decide(sim.snapshot(), ChoicesPolicy({job_id: choice}), {}, honoured={})
+    round_ = decide(sim.snapshot(), {job_id: choice}, {}, honoured={}, policy_version="test")
     sim.apply([d for d in round_.decisions if d.job_id == job_id])
 
 
@@ -110,9 +110,10 @@ def test_out_of_memory_config_fails_the_job() -> None:
     # The Planner refuses it; a forced placement (as an override could) crashes it.
     round_ = decide(
         sim.snapshot(),
-        ChoicesPolicy({"big": PolicyChoice(config=JobConfig.data_parallel(1), reason="t")}),
+        {"big": PolicyChoice(config=JobConfig.data_parallel(1), reason="t")},
         {},
         honoured={},
+        policy_version="test",
     )
     assert "big" in round_.unplaced
     node = small_nodes()[0]
@@ -140,9 +141,10 @@ def test_the_memory_rule_adds_accumulation_before_the_planner_refuses() -> None:
     config = JobConfig.data_parallel(1)
     round_ = decide(
         sim.snapshot(),
-        ChoicesPolicy({"b": PolicyChoice(config=config, reason="t")}),
+        {"b": PolicyChoice(config=config, reason="t")},
         {},
         honoured={},
+        policy_version="test",
     )
     (decision,) = round_.decisions
     assert decision.config.layout.micro_batches > 1

@@ -10,26 +10,21 @@ import numpy as np
 import pytest
 
 from autotune.core import JobConfig, Layout
-from autotune.daemon.decide import decide
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
+from autotune.decision.step import decide
 from autotune.envs import cluster_env
-from autotune.envs.cluster_env import ChoicesPolicy, ClusterEnv
+from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.presets import default_nodes
 from autotune.envs.simulator import Arrival, SimConfig, SimulatedCluster
-from autotune.envs.spaces import (
-    ACTION_DIMS,
-    FEATURES,
-    InvalidActionError,
-    action_space,
-    decode_action,
-    slot_jobs,
-)
+from autotune.envs.spaces import action_space
 from autotune.envs.workloads import synthetic_jobs
 from autotune.interfaces import PolicyChoice
 from autotune.planner import verify_placements
 from autotune.policies.serving import LearnedPolicy
+from autotune.rl.action import ACTION_DIMS, InvalidActionError, decode_action
+from autotune.rl.observation import FEATURES, slot_jobs
 
 
 class ScriptedServer:
@@ -97,7 +92,7 @@ def test_the_env_and_the_daemon_see_and_decide_the_same(database: Database) -> N
     )
     server = ScriptedServer(actions)
     policy = LearnedPolicy(slots=slots, round_s=300, forecast=False, server=server)  # type: ignore[arg-type]
-    daemon = Daemon(db=database, backend=backend, policy=policy)
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=policy))
     daemon.start()
     decided = 0
     for _ in range(rounds + 1):
@@ -121,7 +116,7 @@ def test_decoded_configs_are_the_same_from_both_sides() -> None:
     (action,) = _actions(slots, 1, 3)
     server = ScriptedServer([action])
     policy = LearnedPolicy(slots=slots, forecast=False, server=server)  # type: ignore[arg-type]
-    served = policy.decide(snapshot)
+    served = policy.decide(snapshot).choices
     decoded = decode_action(action, snapshot, slots, source="ppo")
     assert {k: v.config for k, v in served.items()} == {k: v.config for k, v in decoded.items()}
     assert len(served) == 10  # 6 in slots (configured or waiting) and 4 waiting behind
@@ -180,7 +175,7 @@ def _running_snapshot(job_gpus: int = 2):  # type: ignore[no-untyped-def]
     sim.start()
     job_id = jobs[0].spec.job_id
     choice = PolicyChoice(config=JobConfig.data_parallel(job_gpus), reason="t")
-    round_ = decide(sim.snapshot(), ChoicesPolicy({job_id: choice}), {}, honoured={})
+    round_ = decide(sim.snapshot(), {job_id: choice}, {}, honoured={}, policy_version="test")
     sim.apply(round_.decisions)
     sim.advance()
     return sim, job_id
@@ -190,7 +185,7 @@ def test_the_policy_resizes_a_running_job_and_pays_the_restart() -> None:
     sim, job_id = _running_snapshot(2)
     snapshot = sim.snapshot()
     bigger = PolicyChoice(config=JobConfig.data_parallel(4), reason="grow")
-    round_ = decide(snapshot, ChoicesPolicy({job_id: bigger}), {}, honoured={})
+    round_ = decide(snapshot, {job_id: bigger}, {}, honoured={}, policy_version="test")
     (decision,) = round_.decisions
     assert decision.config.world_size == 4
     sim.apply(round_.decisions)
@@ -198,7 +193,7 @@ def test_the_policy_resizes_a_running_job_and_pays_the_restart() -> None:
     assert outcome.restarts == 1
     assert outcome.restart_s == pytest.approx(sim.config.restart_s)
     # Keeping it (no choice) decides nothing and costs nothing.
-    keep = decide(sim.snapshot(), ChoicesPolicy({}), {}, honoured={})
+    keep = decide(sim.snapshot(), {}, {}, honoured={}, policy_version="test")
     assert keep.decisions == []
     assert sim.advance().restarts == 0
 
@@ -207,7 +202,7 @@ def test_a_new_config_that_finds_no_room_keeps_the_running_one() -> None:
     sim, job_id = _running_snapshot(2)
     snapshot = sim.snapshot()
     huge = PolicyChoice(config=JobConfig.data_parallel(64), reason="too big")
-    round_ = decide(snapshot, ChoicesPolicy({job_id: huge}), {}, honoured={})
+    round_ = decide(snapshot, {job_id: huge}, {}, honoured={}, policy_version="test")
     assert round_.decisions == []
     assert job_id in round_.declined
     assert "kept its configuration" in round_.declined[job_id]
@@ -218,7 +213,7 @@ def test_a_new_config_that_finds_no_room_keeps_the_running_one() -> None:
         config=JobConfig(layout=Layout(world_size=8), global_batch=10**6),
         reason="fits no GPU's memory",
     )
-    round2 = decide(sim2.snapshot(), ChoicesPolicy({other: eight}), {}, honoured={})
+    round2 = decide(sim2.snapshot(), {other: eight}, {}, honoured={}, policy_version="test")
     assert round2.decisions == []
     assert "kept its configuration" in round2.declined[other]
 
@@ -235,7 +230,7 @@ def test_two_hundred_active_jobs_never_fail_a_tick(database: Database, policy_ki
         policy = LearnedPolicy(slots=slots, forecast=False, server=server)  # type: ignore[arg-type]
     else:
         policy = RulesPolicy()
-    daemon = Daemon(db=database, backend=backend, policy=policy)
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=policy))
     daemon.start()
     for _ in range(ticks):
         report = daemon.tick()  # raises if a tick fails
@@ -283,7 +278,7 @@ def test_a_slot_that_cannot_be_decoded_falls_back_alone(
     monkeypatch.setattr(serving, "decode_slot", decode)
     action = np.ones(8 * len(ACTION_DIMS), dtype=np.int64)
     policy = LearnedPolicy(slots=8, forecast=False, server=ScriptedServer([action]))  # type: ignore[arg-type]
-    choices = policy.decide(snapshot)
+    choices = policy.decide(snapshot).choices
     assert choices[broken].source == "fallback"
     assert "ValueError: no layout of this size" in choices[broken].reason
     assert {c.source for k, c in choices.items() if k != broken} == {"policy"}

@@ -11,13 +11,14 @@ import pytest
 from helpers import cli
 
 from autotune.core import JobConfig, PrecisionMap
+from autotune.decision.step import decide_for
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.presets import pollux_nodes
 from autotune.envs.simulator import Arrival
 from autotune.envs.traces import pollux_workload
 from autotune.envs.workloads import jobs_from_trace, measured_physics, pollux_arrivals
 from autotune.errors import InputError
-from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.perf.pollux_trace import load_trace_apps
 from autotune.policies.evaluate import evaluate, run_episode
 from autotune.policies.tiresias import TIRESIAS_THRESHOLD_GPU_S, TiresiasPolicy
@@ -101,16 +102,18 @@ def test_measured_jobs_run_only_fp32_data_parallel(pollux_dir: Path) -> None:
     class Fp16:
         name, version = "fp16", "fp16-test"
 
-        def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-            return {
-                j.spec.job_id: PolicyChoice(
-                    config=replace(
-                        JobConfig.data_parallel(1), precision=PrecisionMap.uniform("fp16")
-                    ),
-                    reason="half",
-                )
-                for j in snapshot.by_state("pending")
-            }
+        def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+            return PolicyRound(
+                choices={
+                    j.spec.job_id: PolicyChoice(
+                        config=replace(
+                            JobConfig.data_parallel(1), precision=PrecisionMap.uniform("fp16")
+                        ),
+                        reason="half",
+                    )
+                    for j in snapshot.by_state("pending")
+                }
+            )
 
     env = _compat_env(_workload(pollux_dir, 6)[:1])
     with pytest.raises(ValueError, match="fp32 without compression"):
@@ -162,7 +165,7 @@ def test_tiresias_demotes_after_its_threshold_and_preempts_for_a_newcomer(
     assert env.sim is not None
     assert env.snapshot is not None
     while env.sim.now < 2400:
-        env.step_choices(policy.decide(env.snapshot))
+        env.step_choices(policy.decide(env.snapshot).choices)
         if env.sim.jobs["big"].preemptions and preempted_at is None:
             preempted_at = env.sim.now
     assert policy.queue_of("big") == 1
@@ -179,7 +182,7 @@ def test_tiresias_backfills_a_smaller_later_job(pollux_dir: Path) -> None:
     env = _compat_env(jobs)
     env.reset(seed=0)
     assert env.snapshot is not None
-    choices = TiresiasPolicy().decide(env.snapshot)
+    choices = TiresiasPolicy().decide(env.snapshot).choices
     assert choices["a"].config is not None
     assert choices["a"].config.layout.dp == 48
     assert choices["b"].config is None
@@ -252,7 +255,7 @@ def test_goodput_gives_everyone_a_gpu_before_anyone_a_second(pollux_dir: Path) -
     env = _compat_env(jobs, gpus=16)
     env.reset(seed=0)
     assert env.snapshot is not None
-    choices = GoodputPolicy(env).decide(env.snapshot)
+    choices = GoodputPolicy(env).decide(env.snapshot).choices
     gpus = {k: c.config.world_size for k, c in choices.items() if c.config is not None}
     assert sum(gpus.values()) == 16
     assert set(gpus.values()) == {1}  # 20 jobs, 16 GPUs: one each, in arrival order
@@ -266,7 +269,7 @@ def test_goodput_scales_a_lone_job_while_its_goodput_grows(pollux_dir: Path) -> 
     env = _compat_env(jobs)
     env.reset(seed=0)
     assert env.snapshot is not None
-    choice = GoodputPolicy(env).decide(env.snapshot)["alone"]
+    choice = GoodputPolicy(env).decide(env.snapshot).choices["alone"]
     assert choice.config is not None
     n, batch = choice.config.world_size, choice.config.global_batch
     assert n > 1
@@ -293,7 +296,7 @@ def test_goodput_looks_past_the_two_node_dip(pollux_dir: Path) -> None:
     env = _compat_env([bert])
     env.reset(seed=0)
     assert env.snapshot is not None
-    choice = GoodputPolicy(env).decide(env.snapshot)[bert.spec.job_id]
+    choice = GoodputPolicy(env).decide(env.snapshot).choices[bert.spec.job_id]
     assert choice.config is not None
     assert choice.config.world_size >= 12
 
@@ -314,7 +317,7 @@ def test_goodput_keeps_ncf_at_pollux_one_size(pollux_dir: Path) -> None:
     env = _compat_env([ncf])
     env.reset(seed=0)
     assert env.snapshot is not None
-    choice = GoodputPolicy(env).decide(env.snapshot)[ncf.spec.job_id]
+    choice = GoodputPolicy(env).decide(env.snapshot).choices[ncf.spec.job_id]
     assert choice.config is not None
     assert choice.config.world_size == 1
     assert choice.config.global_batch == 32768
@@ -422,20 +425,19 @@ def test_a_job_on_our_model_restarts_for_a_new_batch() -> None:
     """In the default world the executor restarts a job from its checkpoint for any new
     configuration, its batch included."""
     from autotune.core import Layout
-    from autotune.daemon.decide import decide
     from autotune.envs.simulator import SimConfig, SimulatedCluster
 
     sim = SimulatedCluster(SimConfig(seed=0, initial_jobs=1, max_jobs=1))
     snapshot = sim.observe()
     (job,) = snapshot.jobs
     config = JobConfig(layout=Layout(world_size=job.spec.min_gpus))
-    first = decide(snapshot, _Fixed({job.spec.job_id: config}), {}, honoured={})
+    first = decide_for(snapshot, _Fixed({job.spec.job_id: config}), {}, honoured={})
     sim.apply(first.decisions)
     snapshot = sim.observe()
     state = sim.jobs[job.spec.job_id]
     assert state.status.state == "running"
     rebatched = replace(config, global_batch=2 * job.spec.global_batch)
-    again = decide(snapshot, _Fixed({job.spec.job_id: rebatched}), {}, honoured={})
+    again = decide_for(snapshot, _Fixed({job.spec.job_id: rebatched}), {}, honoured={})
     (decision,) = again.decisions
     assert decision.placement == state.status.placement  # the same GPUs ...
     sim.apply(again.decisions)
@@ -448,8 +450,10 @@ class _Fixed:
     def __init__(self, configs: dict[str, JobConfig]) -> None:
         self.configs = configs
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        return {k: PolicyChoice(config=c, reason="fixed") for k, c in self.configs.items()}
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        return PolicyRound(
+            choices={k: PolicyChoice(config=c, reason="fixed") for k, c in self.configs.items()}
+        )
 
 
 # --- Optimus ------------------------------------------------------------------------------
@@ -475,7 +479,7 @@ def test_optimus_grows_jobs_by_marginal_gain_and_keeps_ncf_on_one_gpu(pollux_dir
     env.reset(seed=0)
     assert env.snapshot is not None
     policy = OptimusPolicy(env)
-    choices = policy.decide(env.snapshot)
+    choices = policy.decide(env.snapshot).choices
     grown = choices[cifar.spec.job_id].config
     assert grown is not None
     assert grown.world_size > 1

@@ -18,13 +18,7 @@ from helpers import cli
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.presets import POLLUX_RESTART_S, POLLUX_ROUND_S, pollux_nodes
 from autotune.envs.simulator import Arrival
-from autotune.envs.spaces import (
-    POLLUX_WEIGHT_RANGE,
-    InvalidActionError,
-    decode_weights,
-    encode_weights,
-    observation_size,
-)
+from autotune.envs.spaces import POLLUX_WEIGHT_RANGE, decode_weights, encode_weights
 from autotune.envs.workloads import pollux_arrivals
 from autotune.policies.evaluate import run_episode
 from autotune.policies.goodput import GoodputPolicy, SizedGoodputPolicy, size_weight
@@ -39,6 +33,8 @@ from autotune.policies.ppo import (
     pollux_compat_env,
 )
 from autotune.policies.serving import IncompatiblePolicyError, PolicyServer, PolluxLearnedPolicy
+from autotune.rl.action import InvalidActionError
+from autotune.rl.observation import observation_size
 
 
 def _jobs(pollux_dir: Path, n: int = 24, workload: int = 6) -> list[Arrival]:
@@ -197,7 +193,7 @@ def test_the_oracle_maximises_summed_speed_up_on_measured_physics(pollux_dir: Pa
     env = _env(_together(_jobs(pollux_dir, 12)))
     env.reset(seed=0)
     assert env.snapshot is not None
-    choices = OraclePolicy(env, slots=32).decide(env.snapshot)
+    choices = OraclePolicy(env, slots=32).decide(env.snapshot).choices
     total = sum(c.config.world_size for c in choices.values() if c.config is not None)
     assert 0 < total <= 64
     assert all("measured physics" in c.reason for c in choices.values() if c.config)

@@ -14,6 +14,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from autotune.api.app import create_app
+from autotune.catalog.applications import APPLICATIONS
 from autotune.catalog.profiles import MODEL_CATALOG, MODEL_SHAPES, ResNetConfig
 from autotune.catalog.tasks import BUILTIN_TASKS, resolve_task, trainable_tasks
 from autotune.daemon.auth import TokenCheck, hash_token
@@ -35,10 +36,9 @@ from autotune.executor.tasks import (
     TaskError,
     load_task,
 )
-from autotune.perf.pollux import APPS
 
 TRAINED = ("gpt-125m", "gpt-350m", "gpt-1.3b", "bert-large", "resnet-50", "resnet-152")
-SIMULATED = ("gpt-7b", "gpt-13b", "gpt-30b", "gpt-70b", *APPS)
+SIMULATED = ("gpt-7b", "gpt-13b", "gpt-30b", "gpt-70b", *APPLICATIONS)
 
 
 def _train(task: Any, steps: int) -> list[float]:

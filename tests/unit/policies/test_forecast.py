@@ -23,7 +23,6 @@ from autotune.demand import (
     targets,
 )
 from autotune.envs.cluster_env import ClusterEnv
-from autotune.envs.spaces import GLOBAL
 from autotune.envs.traces import helios_demand
 from autotune.policies.forecast import (
     TRAIN_SERIES,
@@ -37,6 +36,7 @@ from autotune.policies.forecast import (
     load_checkpoint,
     minute_of_week,
 )
+from autotune.rl.observation import GLOBAL
 
 UNSEEN = "earth_vccaA"
 

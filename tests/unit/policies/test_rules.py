@@ -25,7 +25,7 @@ def test_a_long_queue_does_not_shrink_a_big_model_below_what_fits() -> None:
         for i in range(20)
     ]
     snapshot = ClusterSnapshot(time_s=0.0, nodes=nodes, jobs=jobs, telemetry="simulator")
-    choices = RulesPolicy().decide(snapshot)
+    choices = RulesPolicy().decide(snapshot).choices
     assert set(choices) == {j.spec.job_id for j in jobs}
     memory = nodes[0].gpu_memory_bytes
     for choice in choices.values():

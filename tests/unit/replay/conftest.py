@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from replay_log import TICKS, run_daemon
 
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon
 from autotune.replay.export import export
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import autotune_command
 
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon
 from autotune.errors import InputError
 from autotune.policies.serving import default_policy_checkpoint
 from autotune.replay.evaluate import evaluate_replay, parse_policy, verdicts

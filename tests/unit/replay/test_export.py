@@ -17,16 +17,18 @@ from replay_log import EPISODE_ROUNDS, TICKS, run_daemon
 from sqlalchemy import func, select
 
 from autotune.core import utc_now
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.db.retention import RetentionPolicy, run_retention
 from autotune.db.tables import TransitionExportRow, TransitionRow
-from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT
 from autotune.errors import InputError
-from autotune.policies.serving import PolicyServer, entry_probabilities
+from autotune.policies.serving import PolicyServer
 from autotune.replay.export import MAX_FILES, export
 from autotune.replay.workload import load_workload
+from autotune.rl.acting import entry_probabilities
+from autotune.rl.action import ACTION_DIMS
+from autotune.rl.observation import HEADER, SLOT
 
 
 def test_every_round_of_the_learned_policy_is_logged_with_its_reward(

@@ -16,9 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from autotune.envs.spaces import ACTION_DIMS
 from autotune.errors import InputError
-from autotune.policies.serving import action_mask, entry_probabilities, logged_logp
 from autotune.replay.ope import (
     LoggedDecisions,
     RewardModel,
@@ -28,6 +26,8 @@ from autotune.replay.ope import (
     evaluate,
     importance_weights,
 )
+from autotune.rl.acting import action_mask, entry_probabilities, logged_logp
+from autotune.rl.action import ACTION_DIMS
 
 D = 6
 OFFSETS = np.concatenate([[0], np.cumsum(ACTION_DIMS)])

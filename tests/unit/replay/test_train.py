@@ -16,9 +16,8 @@ import pytest
 import torch
 from helpers import cli
 
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon
 from autotune.envs.cluster_env import ClusterEnv
-from autotune.envs.spaces import ACTION_DIMS, HEADER, SLOT
 from autotune.policies.ppo import MODULE_PATH, SlotPolicyModule, module_dir
 from autotune.policies.serving import (
     LearnedPolicy,
@@ -27,6 +26,8 @@ from autotune.policies.serving import (
     default_policy_checkpoint,
 )
 from autotune.replay.train import returns_to_go
+from autotune.rl.action import ACTION_DIMS
+from autotune.rl.observation import HEADER, SLOT
 
 Export = tuple[str, Path, Daemon]
 

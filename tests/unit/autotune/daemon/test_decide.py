@@ -6,18 +6,20 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from helpers import next_snapshot
 
 from autotune.core import utc_now
-from autotune.daemon.decide import decide
 from autotune.db.repository import OverrideRecord
+from autotune.decision.step import decide_for
 from autotune.envs.simulator import SimConfig, SimulatedCluster
+from autotune.interfaces import PolicyRound
 from autotune.planner import verify_placements
 from autotune.policies.rules import RulesPolicy
 
 
 def _snapshot(seed: int = 0):  # type: ignore[no-untyped-def]
     cluster = SimulatedCluster(SimConfig(seed=seed, initial_jobs=6, max_jobs=6))
-    return cluster.observe()
+    return next_snapshot(cluster)
 
 
 def _override(job_id: str, pin: dict[str, object], override_id: int = 7) -> OverrideRecord:
@@ -35,7 +37,7 @@ def _override(job_id: str, pin: dict[str, object], override_id: int = 7) -> Over
 
 def test_a_round_places_waiting_jobs_validly_and_says_why() -> None:
     snapshot = _snapshot()
-    round_ = decide(snapshot, RulesPolicy(), {}, honoured={})
+    round_ = decide_for(snapshot, RulesPolicy(), {}, honoured={})
     assert round_.decisions, "six jobs wait on an idle 32-GPU cluster"
     specs = [j.spec for j in snapshot.jobs]
     placements = {d.job_id: d.placement for d in round_.decisions if d.placement is not None}
@@ -51,8 +53,8 @@ def test_a_round_places_waiting_jobs_validly_and_says_why() -> None:
 
 
 def test_the_same_inputs_give_the_same_round() -> None:
-    first = decide(_snapshot(3), RulesPolicy(), {}, honoured={})
-    again = decide(_snapshot(3), RulesPolicy(), {}, honoured={})
+    first = decide_for(_snapshot(3), RulesPolicy(), {}, honoured={})
+    again = decide_for(_snapshot(3), RulesPolicy(), {}, honoured={})
 
     def what(decisions):  # type: ignore[no-untyped-def]  # all but the time of deciding
         return [(d.job_id, d.config, d.placement, d.source, d.reason) for d in decisions]
@@ -68,7 +70,7 @@ def test_an_override_pins_the_config_and_a_broken_one_is_skipped_with_the_reason
         first: _override(first, {"compression": {"kind": "int8"}}),
         second: _override(second, {"layout": {"world_size": 1, "tp": 2}}, override_id=8),
     }
-    round_ = decide(snapshot, RulesPolicy(), overrides, honoured={})
+    round_ = decide_for(snapshot, RulesPolicy(), overrides, honoured={})
     pinned = next(d for d in round_.decisions if d.job_id == first)
     assert pinned.source == "override"
     assert pinned.config.compression.kind == "int8"
@@ -85,7 +87,7 @@ def test_a_job_interrupted_by_a_lost_node_is_placed_again_saying_so() -> None:
     lost, *rest = snapshot.nodes
     job = replace(snapshot.jobs[0], interrupted=f"node {lost.node_id} lost")
     snapshot = replace(snapshot, nodes=rest, lost_nodes=[lost], jobs=[job, *snapshot.jobs[1:]])
-    round_ = decide(snapshot, RulesPolicy(), {}, honoured={})
+    round_ = decide_for(snapshot, RulesPolicy(), {}, honoured={})
     again = next(d for d in round_.decisions if d.job_id == job.spec.job_id)
     assert again.reason.startswith(f"node {lost.node_id} lost: ")
     assert again.placement is not None
@@ -100,9 +102,9 @@ def test_a_running_job_whose_pinned_config_finds_no_room_keeps_its_gpus() -> Non
     # jobs without a new decision must never share a GPU, whatever an override asks.
     cluster = SimulatedCluster(SimConfig(seed=1, initial_jobs=40, max_jobs=40))
     for _ in range(3):
-        snapshot = cluster.observe()
-        cluster.apply(decide(snapshot, RulesPolicy(), {}, honoured={}).decisions)
-    snapshot = cluster.observe()
+        snapshot = next_snapshot(cluster)
+        cluster.apply(decide_for(snapshot, RulesPolicy(), {}, honoured={}).decisions)
+    snapshot = next_snapshot(cluster)
     assert snapshot.by_state("pending"), "the queue is not empty"
     tried = 0
     for job in snapshot.by_state("running"):
@@ -110,7 +112,7 @@ def test_a_running_job_whose_pinned_config_finds_no_room_keeps_its_gpus() -> Non
             continue
         pin = {"layout": {"world_size": 2 * job.config.layout.world_size}}
         overrides = {job.spec.job_id: _override(job.spec.job_id, pin)}
-        round_ = decide(snapshot, RulesPolicy(), overrides, honoured={})
+        round_ = decide_for(snapshot, RulesPolicy(), overrides, honoured={})
         placements = {j.spec.job_id: j.placement for j in snapshot.by_state("running")}
         placements.update({d.job_id: d.placement for d in round_.decisions})
         specs = [j.spec for j in snapshot.jobs]
@@ -128,13 +130,13 @@ class _Silent:
     name = "silent"
     version = "silent-1"
 
-    def decide(self, snapshot: object) -> dict[str, object]:
-        return {}
+    def decide(self, snapshot: object) -> PolicyRound:
+        return PolicyRound(choices={})
 
 
 def test_a_waiting_job_the_policy_leaves_out_is_planned_data_parallel_over_its_minimum() -> None:
     snapshot = _snapshot()
-    round_ = decide(snapshot, _Silent(), {}, honoured={})  # type: ignore[arg-type]
+    round_ = decide_for(snapshot, _Silent(), {}, honoured={})  # type: ignore[arg-type]
     assert round_.decisions
     for decision in round_.decisions:
         job = next(j for j in snapshot.jobs if j.spec.job_id == decision.job_id)
@@ -154,7 +156,7 @@ class _Preempt:
 
     def decide(self, snapshot):  # type: ignore[no-untyped-def]
         from autotune.core import JobConfig
-        from autotune.interfaces import PolicyChoice
+        from autotune.interfaces import PolicyChoice, PolicyRound
 
         choices = {
             j.spec.job_id: PolicyChoice(config=None, reason="not now")
@@ -164,7 +166,7 @@ class _Preempt:
         choices[self.start] = PolicyChoice(
             config=JobConfig.data_parallel(self.gpus), reason="its turn"
         )
-        return choices
+        return PolicyRound(choices=choices)
 
 
 def _full_cluster():  # type: ignore[no-untyped-def]
@@ -188,21 +190,21 @@ def _full_cluster():  # type: ignore[no-untyped-def]
     cluster = SimulatedCluster(
         SimConfig(nodes=tuple(pollux_nodes(4)), round_s=60.0, start_s=30.0), arrivals=arrivals
     )
-    snapshot = cluster.observe()
+    snapshot = next_snapshot(cluster)
     cluster.apply(
-        decide(snapshot, _Preempt("none", "first", 4), {}, honoured={}).decisions  # type: ignore[arg-type]
+        decide_for(snapshot, _Preempt("none", "first", 4), {}, honoured={}).decisions  # type: ignore[arg-type]
     )
     return cluster
 
 
 def test_a_preempted_job_frees_its_gpus_for_this_round_and_keeps_its_progress() -> None:
     cluster = _full_cluster()
-    snapshot = cluster.observe()  # one round: "first" ran, "second" arrived
+    snapshot = next_snapshot(cluster)  # one round: "first" ran, "second" arrived
     first = cluster.jobs["first"]
     done = first.done
     assert snapshot.by_state("running")[0].spec.job_id == "first"
     assert done > 0
-    round_ = decide(snapshot, _Preempt("first", "second", 4), {}, honoured={})  # type: ignore[arg-type]
+    round_ = decide_for(snapshot, _Preempt("first", "second", 4), {}, honoured={})  # type: ignore[arg-type]
     by_job = {d.job_id: d for d in round_.decisions}
     assert by_job["first"].preempt
     assert by_job["first"].placement is None
@@ -223,14 +225,14 @@ def test_a_preempted_job_frees_its_gpus_for_this_round_and_keeps_its_progress() 
 
 def test_a_preempted_job_waits_without_a_config_until_the_policy_starts_it() -> None:
     cluster = _full_cluster()
-    round_ = decide(cluster.observe(), _Preempt("first", "second", 4), {}, honoured={})  # type: ignore[arg-type]
+    round_ = decide_for(next_snapshot(cluster), _Preempt("first", "second", 4), {}, honoured={})  # type: ignore[arg-type]
     cluster.apply(round_.decisions)
-    snapshot = cluster.observe()
+    snapshot = next_snapshot(cluster)
     first = next(j for j in snapshot.jobs if j.spec.job_id == "first")
     assert first.state == "pending"
     assert first.config is None  # not resumed as it ran: the policy starts it again
     # "first" waits ("not now") and "second" keeps running: nothing is placed.
-    again = decide(snapshot, _Preempt("second", "nobody", 1), {}, honoured={})  # type: ignore[arg-type]
+    again = decide_for(snapshot, _Preempt("second", "nobody", 1), {}, honoured={})  # type: ignore[arg-type]
     assert [d.job_id for d in again.decisions if not d.preempt] == []
     assert again.unplaced["first"] == "not now"
 

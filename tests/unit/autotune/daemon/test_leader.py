@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
 from autotune.daemon.leader import Leadership
-from autotune.daemon.loop import FALLBACK_AFTER, Daemon
+from autotune.daemon.tick import FALLBACK_AFTER, Daemon, DaemonParts
 from autotune.db import Database, sqlite_url
 from autotune.db import lease as leases
 from autotune.db.tables import DecisionRow, LeaderLeaseRow
@@ -54,12 +54,14 @@ class Running:
 
 def _daemon(url: str, name: str) -> Daemon:
     daemon = Daemon(
-        db=Database(url),
-        backend=_sim(),
-        policy=RulesPolicy(),
-        fallback=RulesPolicy(),
-        leadership=Leadership(Database(url, pool_size=1), lease_s=LEASE_S, holder=name),
-        backend_factory=_sim,
+        DaemonParts(
+            db=Database(url),
+            backend=_sim(),
+            policy=RulesPolicy(),
+            fallback=RulesPolicy(),
+            leadership=Leadership(Database(url, pool_size=1), lease_s=LEASE_S, holder=name),
+            backend_factory=_sim,
+        )
     )
     assert daemon.leadership is not None
     daemon.leadership.step()
@@ -155,7 +157,9 @@ def _database_down(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 def test_a_database_outage_pauses_the_ticks_and_they_resume(
     database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    daemon = Daemon(db=database, backend=_sim(), policy=RulesPolicy(), fallback=RulesPolicy())
+    daemon = Daemon(
+        DaemonParts(db=database, backend=_sim(), policy=RulesPolicy(), fallback=RulesPolicy())
+    )
     daemon.start()
     daemon.tick()
     with _database_down(daemon, monkeypatch):
@@ -178,7 +182,7 @@ def test_decisions_applied_before_the_database_failed_are_marked_at_the_next_tic
     database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     backend = _sim()
-    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=RulesPolicy()))
     daemon.start()
     applied: list[int] = []
     apply = backend.apply

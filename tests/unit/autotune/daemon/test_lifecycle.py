@@ -9,13 +9,13 @@ import logging
 
 import pytest
 
-from autotune.daemon.decide import decide
 from autotune.daemon.lifecycle import CheckpointInfo, PolicyLifecycle, round_agreement
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
+from autotune.decision.step import decide_for
 from autotune.envs.simulator import SimConfig, SimulatedCluster
-from autotune.interfaces import ClusterSnapshot, Policy, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, Policy, PolicyChoice, PolicyRound
 from autotune.policies.rules import RulesPolicy
 
 
@@ -28,18 +28,20 @@ class Named(RulesPolicy):
 
 
 class Failing(Named):
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         raise RuntimeError("the shadow's module blew up")
 
 
 class Waiting(Named):
     """Keeps every job as it is: running jobs run on, waiting jobs wait."""
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        return {
-            j.spec.job_id: PolicyChoice(config=None, reason="waits")
-            for j in snapshot.by_state("pending")
-        }
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        return PolicyRound(
+            choices={
+                j.spec.job_id: PolicyChoice(config=None, reason="waits")
+                for j in snapshot.by_state("pending")
+            }
+        )
 
 
 class Loader:
@@ -73,11 +75,13 @@ class Loader:
 @pytest.fixture
 def daemon(database: Database) -> Daemon:
     daemon = Daemon(
-        db=database,
-        backend=SimulatedCluster(SimConfig(seed=3, initial_jobs=6, max_jobs=12)),
-        policy=Named("base"),
+        DaemonParts(
+            db=database,
+            backend=SimulatedCluster(SimConfig(seed=3, initial_jobs=6, max_jobs=12)),
+            policy=Named("base"),
+            lifecycle=PolicyLifecycle(Loader(), database),
+        )
     )
-    PolicyLifecycle(Loader()).attach(daemon)
     daemon.start()
     with database.session() as session:
         for version in ("other", "same", "waiting", "failing", "broken"):
@@ -152,9 +156,9 @@ def test_round_agreement_is_the_share_of_jobs_both_treated_alike(database: Datab
     cluster = SimulatedCluster(SimConfig(seed=5, initial_jobs=8, max_jobs=8))
     snapshot = cluster.observe()
     jobs = snapshot.by_state("pending", "running")
-    rules = decide(snapshot, RulesPolicy(), {}, honoured={})
+    rules = decide_for(snapshot, RulesPolicy(), {}, honoured={})
     assert round_agreement(jobs, rules, rules) == 1.0
-    nothing = decide(snapshot, Waiting("w"), {}, honoured={})
+    nothing = decide_for(snapshot, Waiting("w"), {}, honoured={})
     decided = {d.job_id for d in rules.decisions}
     assert decided
     expected = sum(1 for j in jobs if j.spec.job_id not in decided) / len(jobs)

@@ -7,8 +7,8 @@ import pytest
 from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.catalog.tasks import BUILTIN_TASKS, resolve_task
 from autotune.core import CompressionSpec, JobConfig, JobSpec, Layout, PrecisionMap
-from autotune.daemon.overrides import check_override, pinned_config, pinned_placement
 from autotune.daemon.telemetry import CachedSource, NvmlTelemetry, PsutilTelemetry, host_sources
+from autotune.decision.overrides import check_override, pinned_config, pinned_placement
 from autotune.envs.presets import default_nodes
 
 BASE = JobConfig(

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 
+from helpers import next_snapshot
+
+from autotune.catalog.applications import catalog_coefficients, coefficients
 from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import JobConfig, JobSpec
-from autotune.daemon.decide import decide
-from autotune.daemon.performance import JobModels, catalog_coefficients
+from autotune.daemon.performance import JobModels
+from autotune.decision.step import decide_for
 from autotune.envs.presets import pollux_nodes
 from autotune.envs.simulator import Arrival, SimConfig, SimulatedCluster
-from autotune.interfaces import PolicyChoice
+from autotune.interfaces import PolicyChoice, PolicyRound
 from autotune.perf.model import DEFAULT_COEFFICIENTS, Coefficients, Shape, shape_of, step_time
-from autotune.perf.pollux import coefficients
 
 BERT = MODEL_CATALOG["bert"]
 
@@ -26,14 +28,16 @@ class _Gpus:
         self.gpus = 1
 
     def decide(self, snapshot):  # type: ignore[no-untyped-def]
-        return {
-            j.spec.job_id: PolicyChoice(
-                config=JobConfig.data_parallel(self.gpus), reason=f"{self.gpus} GPU(s)"
-            )
-            for j in snapshot.jobs
-            if j.state in ("pending", "running")
-            and (j.config is None or j.config.world_size != self.gpus)
-        }
+        return PolicyRound(
+            choices={
+                j.spec.job_id: PolicyChoice(
+                    config=JobConfig.data_parallel(self.gpus), reason=f"{self.gpus} GPU(s)"
+                )
+                for j in snapshot.jobs
+                if j.state in ("pending", "running")
+                and (j.config is None or j.config.world_size != self.gpus)
+            }
+        )
 
 
 def _cluster(true: Coefficients) -> SimulatedCluster:
@@ -67,10 +71,10 @@ def test_a_job_whose_speed_differs_from_the_catalog_is_learned_from_its_steps() 
     for gpus in (1, 4, 8, 16):
         policy.gpus = gpus
         for _ in range(3):
-            snapshot = cluster.observe()
+            snapshot = next_snapshot(cluster)
             changed_any |= bool(models.observe(snapshot))
-            cluster.apply(decide(snapshot, policy, {}, honoured={}).decisions)
-    snapshot = cluster.observe()
+            cluster.apply(decide_for(snapshot, policy, {}, honoured={}).decisions)
+    snapshot = next_snapshot(cluster)
     models.observe(snapshot)
     assert changed_any
     model = models.current()["bert-0"]
@@ -103,26 +107,26 @@ def _scaled(prior: Coefficients) -> Coefficients:
 def test_the_explanation_says_which_model_predicted() -> None:
     cluster = _cluster(coefficients("bert"))
     models = JobModels()
-    snapshot = cluster.observe()
-    round_ = decide(snapshot, _Gpus(), {}, honoured={}, models=models.current())
+    snapshot = next_snapshot(cluster)
+    round_ = decide_for(snapshot, _Gpus(), {}, honoured={}, models=models.current())
     explained = round_.why["bert-0"].explanation["performance_model"]
     assert explained["source"] == "catalog"
     assert explained["points"] == 0
     cluster.apply(round_.decisions)
-    models.observe(cluster.observe())  # the first round it ran: nothing to compare with
-    models.observe(cluster.observe())
+    models.observe(next_snapshot(cluster))  # the first round it ran: nothing to compare with
+    models.observe(next_snapshot(cluster))
     assert models.current()["bert-0"].source == "catalog"  # one point: the prior still
 
 
 def test_ended_jobs_are_forgotten() -> None:
     cluster = _cluster(coefficients("bert"))
     models = JobModels()
-    snapshot = cluster.observe()
-    cluster.apply(decide(snapshot, _Gpus(), {}, honoured={}).decisions)
-    assert models.observe(cluster.observe()) == []  # no step since it was last seen
-    assert models.observe(cluster.observe()) == ["bert-0"]
+    snapshot = next_snapshot(cluster)
+    cluster.apply(decide_for(snapshot, _Gpus(), {}, honoured={}).decisions)
+    assert models.observe(next_snapshot(cluster)) == []  # no step since it was last seen
+    assert models.observe(next_snapshot(cluster)) == ["bert-0"]
     cluster.cancel("bert-0")
-    models.observe(cluster.observe())
+    models.observe(next_snapshot(cluster))
     assert models.current() == {}
     assert models.summary("bert-0") is None
 
@@ -133,24 +137,24 @@ def test_a_step_time_counts_only_after_a_step_under_the_current_config() -> None
     cluster = _cluster(coefficients("bert"))
     models = JobModels()
     policy = _Gpus()
-    cluster.apply(decide(cluster.observe(), policy, {}, honoured={}).decisions)
-    models.observe(cluster.observe())
-    assert models.observe(cluster.observe()) == ["bert-0"]
+    cluster.apply(decide_for(next_snapshot(cluster), policy, {}, honoured={}).decisions)
+    models.observe(next_snapshot(cluster))
+    assert models.observe(next_snapshot(cluster)) == ["bert-0"]
     policy.gpus = 4
-    snapshot = cluster.observe()
+    snapshot = next_snapshot(cluster)
     models.observe(snapshot)
-    cluster.apply(decide(snapshot, policy, {}, honoured={}).decisions)
-    snapshot = cluster.observe()  # running on 4 GPUs, its metrics from this round
+    cluster.apply(decide_for(snapshot, policy, {}, honoured={}).decisions)
+    snapshot = next_snapshot(cluster)  # running on 4 GPUs, its metrics from this round
     assert models.observe(snapshot) == []  # the config changed since the last tick
     stalled = snapshot.jobs[0]
     assert models.observe(snapshot) == []  # no progress since the last tick
     assert stalled.state == "running"
-    assert models.observe(cluster.observe()) == ["bert-0"]
+    assert models.observe(next_snapshot(cluster)) == ["bert-0"]
     assert models.summary("bert-0")["points"] == 2  # type: ignore[index]
 
 
 def test_a_waiting_job_has_nothing_to_learn_from() -> None:
     models = JobModels()
     cluster = _cluster(coefficients("bert"))
-    assert models.observe(cluster.observe()) == []
+    assert models.observe(next_snapshot(cluster)) == []
     assert models.current() == {}

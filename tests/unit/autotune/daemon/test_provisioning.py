@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autotune.daemon.loop import Daemon
+from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.demand import NoForecast
@@ -23,8 +23,11 @@ def _metric(daemon: Daemon, name: str) -> list[float]:
 
 def test_the_simulated_cluster_parks_what_demand_does_not_need(database: Database) -> None:
     sim = SimulatedCluster(SimConfig(nodes=tuple(small_nodes()), initial_jobs=1, max_jobs=1))
-    daemon = Daemon(db=database, backend=sim, policy=RulesPolicy())
-    daemon.provisioner = Provisioner(NoForecast())
+    daemon = Daemon(
+        DaemonParts(
+            db=database, backend=sim, policy=RulesPolicy(), provisioner=Provisioner(NoForecast())
+        )
+    )
     daemon.start()
     for _ in range(3):
         daemon.tick()
@@ -60,8 +63,14 @@ class Unparkable:
 
 def test_elsewhere_the_plan_is_a_recommendation(database: Database) -> None:
     backend = Unparkable()
-    daemon = Daemon(db=database, backend=backend, policy=RulesPolicy())  # type: ignore[arg-type]
-    daemon.provisioner = Provisioner(NoForecast())
+    daemon = Daemon(
+        DaemonParts(
+            db=database,
+            backend=backend,  # type: ignore[arg-type]
+            policy=RulesPolicy(),
+            provisioner=Provisioner(NoForecast()),
+        )
+    )
     daemon.start()
     daemon.tick()
     assert not backend.sim.parked

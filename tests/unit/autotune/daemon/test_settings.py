@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.core import utc_now
-from autotune.daemon.loop import retention_loop
+from autotune.daemon.hosting import retention_loop
 from autotune.daemon.settings import load_settings
 from autotune.db import Database, sqlite_url
 from autotune.db import repository as repo

@@ -15,10 +15,17 @@ from fastapi.testclient import TestClient
 from autotune.api.app import attach_daemon, create_app
 from autotune.catalog.devices import node_info
 from autotune.core import Decision, JobConfig, JobSpec
-from autotune.daemon.loop import FALLBACK_AFTER, Daemon
+from autotune.daemon.tick import FALLBACK_AFTER, Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
-from autotune.interfaces import Backend, ClusterSnapshot, JobStatus, Policy, PolicyChoice
+from autotune.interfaces import (
+    Backend,
+    ClusterSnapshot,
+    JobStatus,
+    Policy,
+    PolicyChoice,
+    PolicyRound,
+)
 
 NODES = (node_info("n0", gpu_model="A100", gpu_count=8, cpu_milli=64_000, memory_mib=65_536),)
 
@@ -91,11 +98,13 @@ class OneGpu:
     name = "one-gpu"
     version = "one-gpu-1"
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        return {
-            j.spec.job_id: PolicyChoice(config=JobConfig.data_parallel(1), reason="one GPU")
-            for j in snapshot.by_state("pending")
-        }
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        return PolicyRound(
+            choices={
+                j.spec.job_id: PolicyChoice(config=JobConfig.data_parallel(1), reason="one GPU")
+                for j in snapshot.by_state("pending")
+            }
+        )
 
 
 class Flaky:
@@ -109,7 +118,7 @@ class Flaky:
         self.failures = failures
         self.calls = 0
 
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         self.calls += 1
         if self.failures is None or self.calls <= self.failures:
             raise KeyError("weights")
@@ -124,7 +133,9 @@ def test_the_fakes_satisfy_the_interfaces() -> None:
 
 class Service:
     def __init__(self, database: Database, policy: Policy, backend: TinyCluster) -> None:
-        self.daemon = Daemon(db=database, backend=backend, policy=policy, fallback=OneGpu())
+        self.daemon = Daemon(
+            DaemonParts(db=database, backend=backend, policy=policy, fallback=OneGpu())
+        )
         self.daemon.start()
         self.app = create_app(db=database, telemetry="tiny")
         attach_daemon(self.app, self.daemon)
@@ -283,7 +294,7 @@ def test_failures_outside_the_policy_keep_failing_and_are_counted(
 def test_without_a_fallback_failures_are_counted_and_the_policy_kept(
     database: Database,
 ) -> None:
-    daemon = Daemon(db=database, backend=TinyCluster(), policy=Flaky(None))
+    daemon = Daemon(DaemonParts(db=database, backend=TinyCluster(), policy=Flaky(None)))
     daemon.start()
     for _ in range(FALLBACK_AFTER + 1):
         with pytest.raises(KeyError):
@@ -298,7 +309,9 @@ def test_run_logs_failed_ticks_and_goes_on(
 ) -> None:
     import threading
 
-    daemon = Daemon(db=database, backend=TinyCluster(), policy=Flaky(None), fallback=OneGpu())
+    daemon = Daemon(
+        DaemonParts(db=database, backend=TinyCluster(), policy=Flaky(None), fallback=OneGpu())
+    )
     daemon.start()
     stop = threading.Event()
     seen: list[int] = []
@@ -307,7 +320,7 @@ def test_run_logs_failed_ticks_and_goes_on(
         seen.append(1)
         stop.set()  # the first tick that succeeds (the fallback's) ends the run
 
-    daemon.tick_observers.append(observe)
+    daemon.add_tick_observer(observe)
     with caplog.at_level("INFO", logger="autotune"):
         daemon.run(stop, tick_s=0.0)
     failed = [r for r in caplog.records if r.getMessage() == "tick.failed"]

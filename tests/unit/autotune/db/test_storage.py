@@ -268,15 +268,17 @@ def test_overrides_cancellation_and_tokens_round_trip(any_database: Database) ->
 
 
 def test_the_daemon_decides_and_resumes_on_either_database(any_database: Database) -> None:
-    from autotune.daemon.loop import Daemon
+    from autotune.daemon.tick import Daemon, DaemonParts
     from autotune.envs.simulator import SimConfig, SimulatedCluster
     from autotune.policies.rules import RulesPolicy
 
     database = any_database
     daemon = Daemon(
-        db=database,
-        backend=SimulatedCluster(SimConfig(seed=2)),
-        policy=RulesPolicy(),
+        DaemonParts(
+            db=database,
+            backend=SimulatedCluster(SimConfig(seed=2)),
+            policy=RulesPolicy(),
+        )
     )
     daemon.start()
     for _ in range(5):
@@ -287,7 +289,7 @@ def test_the_daemon_decides_and_resumes_on_either_database(any_database: Databas
     assert running
     assert decided >= len(running)
     again = SimulatedCluster(SimConfig(seed=2))
-    restarted = Daemon(db=database, backend=again, policy=RulesPolicy())
+    restarted = Daemon(DaemonParts(db=database, backend=again, policy=RulesPolicy()))
     restarted.start()
     restarted.tick()
     with database.session() as session:

@@ -9,30 +9,26 @@ from pathlib import Path
 import pytest
 from helpers import autotune_command
 
+from autotune.catalog.applications import (
+    APPLICATION_PROFILES,
+    APPLICATIONS,
+    coefficients,
+    target_samples,
+)
 from autotune.errors import InputError
 from autotune.perf.fit import mape
-from autotune.perf.pollux import (
-    APPS,
-    POLLUX_APPS,
-    calibrate,
-    coefficients,
-    load_app,
-    load_scalability,
-    naive_baseline,
-    target_samples,
-    validate,
-)
+from autotune.perf.pollux import calibrate, load_app, load_scalability, naive_baseline, validate
 
 
 @pytest.mark.slow
 def test_scale_split_extrapolates_better_than_the_naive_baseline(pollux_dir: Path) -> None:
     report = validate(pollux_dir / "traces")
     assert report["split"] == "scale"
-    assert set(report["apps"]) == set(APPS)
+    assert set(report["apps"]) == set(APPLICATIONS)
     for row in report["apps"].values():
         assert row["n_fit"] > row["n_test"] > 0
         assert 0 < row["mape_step_time"] < 0.2
-    mean = sum(r["mape_step_time"] for r in report["apps"].values()) / len(APPS)
+    mean = sum(r["mape_step_time"] for r in report["apps"].values()) / len(APPLICATIONS)
     assert report["mape_step_time_mean"] == pytest.approx(mean, abs=1e-3)
     # Measured: 9.5% against the baseline's 12.1%, five of six applications below it.
     assert report["mape_step_time_mean"] < 0.10 < report["baseline_mape_step_time_mean"]
@@ -48,11 +44,11 @@ def test_naive_baseline_reproduces_its_published_error(pollux_dir: Path) -> None
             naive_baseline(load_app(traces, app), test := load_scalability(traces, app)),
             test.step_time,
         )
-        for app in APPS
+        for app in APPLICATIONS
     }
     assert errors["bert"] == pytest.approx(0.064, abs=5e-4)
     assert errors["imagenet"] == pytest.approx(0.164, abs=5e-4)
-    assert sum(errors.values()) / len(APPS) == pytest.approx(0.1208, abs=5e-4)
+    assert sum(errors.values()) / len(APPLICATIONS) == pytest.approx(0.1208, abs=5e-4)
 
 
 def test_scalability_rows_spread_replicas_evenly(pollux_dir: Path) -> None:
@@ -89,10 +85,10 @@ def test_unknown_split_is_an_input_error(pollux_dir: Path) -> None:
 @pytest.mark.slow
 def test_shipped_calibration_is_what_calibrate_computes(pollux_dir: Path) -> None:
     fresh = calibrate(pollux_dir / "traces")
-    for app in APPS:
+    for app in APPLICATIONS:
         row = fresh["apps"][app]
         assert row["target_samples"] == target_samples(app)
-        assert row["reference_batch"] == POLLUX_APPS[app].reference_batch
+        assert row["reference_batch"] == APPLICATION_PROFILES[app].reference_batch
         for name, value in row["coefficients"].items():
             assert getattr(coefficients(app), name) == pytest.approx(value, rel=1e-3, abs=1e-6)
 
@@ -131,7 +127,7 @@ def test_model_validate_command_prints_json(pollux_dir: Path, tmp_path: Path) ->
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert set(report["apps"]) == set(APPS)
+    assert set(report["apps"]) == set(APPLICATIONS)
     assert {
         "n_fit",
         "n_test",

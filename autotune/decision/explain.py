@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, Final
 
+from autotune.catalog.applications import catalog_coefficients
 from autotune.core import (
     CompressionSpec,
     JobConfig,
@@ -25,8 +26,8 @@ from autotune.core import (
     Precision,
     PrecisionMap,
 )
-from autotune.daemon.performance import JobModel, catalog_coefficients
 from autotune.perf.model import estimate, shape_of
+from autotune.perf.online import JobModel
 
 __all__ = ["explain_decision"]
 

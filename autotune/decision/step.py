@@ -1,16 +1,18 @@
-"""The decision step: from a cluster snapshot, a policy and the active overrides to the
-decisions of one round, and why. A pure function, in the spirit of Pollux's
-``optimize(jobs, nodes, current)``: it reads and writes no database, applies nothing and
-keeps no state, so it can be tested, replayed and reused without the daemon's loop
-(``autotune.daemon.loop`` stores its output and applies it).
+"""The decision step: from a cluster snapshot, the policy's choices and the active
+overrides to the decisions of one round, and why. A pure function, in the spirit of
+Pollux's ``optimize(jobs, nodes, current)``: it reads and writes no database, applies
+nothing, keeps no state and calls no policy, so it can be tested, replayed and reused
+without the daemon's loop (``autotune.daemon.tick`` asks the policy, stores this
+step's output and applies it).
 
 One round:
 
 1. jobs whose override has ended or been deleted go back to the policy, which decides for
-   them as for waiting jobs;
-2. the policy chooses configurations (``Policy.decide``), for waiting jobs and, where it
-   wants, for running ones (resize, recompress, another precision map or batch); a
-   choice without a configuration keeps its job waiting, with the reason;
+   them as for waiting jobs (``policy_view``: the snapshot the policy is asked about);
+2. the policy's choices (``Policy.decide`` on that view) say, for waiting jobs and, where
+   it wants, for running ones (resize, recompress, another precision map or batch), a
+   configuration; a choice without a configuration keeps its job waiting, with the
+   reason;
 3. the memory rule (``autotune.perf.memory.fit_memory``) adds gradient accumulation,
    then activation checkpointing, until a rank of each chosen configuration fits the
    smallest GPU the job may run on;
@@ -47,11 +49,11 @@ from autotune.core import (
     NodeInfo,
     Placement,
 )
-from autotune.daemon.explain import explain_decision
-from autotune.daemon.overrides import pinned_config, pinned_placement
-from autotune.daemon.performance import JobModel
+from autotune.decision.explain import explain_decision
+from autotune.decision.overrides import pinned_config, pinned_placement
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
+from autotune.perf.online import JobModel
 from autotune.planner import plan
 
 
@@ -67,7 +69,17 @@ class OverrideRecord(Protocol):
     def reason(self) -> str: ...
 
 
-__all__ = ["DecisionRound", "Why", "decide", "fit_to_cluster", "placement_summary"]
+__all__ = [
+    "DecisionRound",
+    "OverrideRecord",
+    "Why",
+    "decide",
+    "decide_for",
+    "fit_to_cluster",
+    "placement_summary",
+    "policy_view",
+    "released_overrides",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,43 +115,70 @@ def placement_summary(placement: Placement) -> str:
     return ", ".join(f"{node}:{','.join(map(str, gpus))}" for node, gpus in by_node.items())
 
 
+def released_overrides(
+    snapshot: ClusterSnapshot,
+    overrides: Mapping[str, OverrideRecord],
+    honoured: Mapping[str, int | None],
+) -> dict[str, int]:
+    """Active jobs whose newest decision honoured an override that has since ended or been
+    deleted, with that override's id: the policy decides for them again, as for waiting
+    jobs."""
+    return {
+        j.spec.job_id: ended
+        for j in snapshot.by_state(*ACTIVE_STATES)
+        if (ended := honoured.get(j.spec.job_id)) is not None and j.spec.job_id not in overrides
+    }
+
+
+def policy_view(
+    snapshot: ClusterSnapshot,
+    overrides: Mapping[str, OverrideRecord],
+    honoured: Mapping[str, int | None],
+) -> ClusterSnapshot:
+    """The snapshot the policy is asked about this round: ``snapshot`` with every job
+    whose override ended shown waiting without a configuration (``released_overrides``),
+    so the policy decides for it as for a new job."""
+    released = released_overrides(snapshot, overrides, honoured)
+    if not released:
+        return snapshot
+    return replace(
+        snapshot,
+        jobs=[
+            replace(j, state="pending", config=None, placement=None)
+            if j.spec.job_id in released
+            else j
+            for j in snapshot.jobs
+        ],
+    )
+
+
 def decide(
     snapshot: ClusterSnapshot,
-    policy: Policy,
+    choices: Mapping[str, PolicyChoice],
     overrides: Mapping[str, OverrideRecord],
     *,
     honoured: Mapping[str, int | None],
+    policy_version: str,
     explain: bool = True,
     models: Mapping[str, JobModel] | None = None,
 ) -> DecisionRound:
-    """The decisions of one round. ``overrides``: the active override of each job that has
-    one; ``honoured``: per active job, the override its newest decision honoured (``None``:
-    the policy's); ``explain=False`` skips the explanations (the training environment
-    does not store them); ``models``: per job, the throughput model its explanation
-    predicts with (its online fit; the catalog's where absent)."""
+    """The decisions of one round. ``choices``: what the policy chose, asked about
+    ``policy_view(snapshot, overrides, honoured)``; ``overrides``: the active override
+    of each job that has one; ``honoured``: per active job, the override its newest
+    decision honoured (``None``: the policy's); ``policy_version``: the version of the
+    policy that chose, recorded on every decision; ``explain=False`` skips the
+    explanations (the training environment does not store them); ``models``: per job,
+    the throughput model its explanation predicts with (its online fit; the catalog's
+    where absent)."""
     active = snapshot.by_state(*ACTIVE_STATES)
     overrides = dict(overrides)
     # 1. A job whose newest decision honoured an override that has since ended goes back
     #    to the policy, which decides for it as for a waiting job.
-    released = {
-        j.spec.job_id: ended
-        for j in active
-        if (ended := honoured.get(j.spec.job_id)) is not None and j.spec.job_id not in overrides
-    }
-    view = snapshot
-    if released:
-        view = replace(
-            snapshot,
-            jobs=[
-                replace(j, state="pending", config=None, placement=None)
-                if j.spec.job_id in released
-                else j
-                for j in snapshot.jobs
-            ],
-        )
+    released = released_overrides(snapshot, overrides, honoured)
+    view = policy_view(snapshot, overrides, honoured)
     # 2. The policy's choices; 3. the memory rule. A running job the policy preempts
     #    (and no override holds) leaves the round: its GPUs are free for the others.
-    decided = dict(policy.decide(view))
+    decided = dict(choices)
     preempted = {
         j.spec.job_id: decided.pop(j.spec.job_id)
         for j in view.by_state("running")
@@ -248,7 +287,7 @@ def decide(
                 config=job.config,
                 placement=None,
                 source=stopped.source,
-                policy_version=policy.version,
+                policy_version=policy_version,
                 reason=f"preempted: {stopped.reason}",
                 preempt=True,
             )
@@ -300,7 +339,7 @@ def decide(
                 config=configs[job_id],
                 placement=placement,
                 source=source,
-                policy_version=policy.version,
+                policy_version=policy_version,
                 reason=f"{reason}; placed on {placement_summary(placement)}",
             )
         )
@@ -329,6 +368,30 @@ def decide(
         why=why,
         skipped_overrides=skipped,
         declined=declined,
+    )
+
+
+def decide_for(
+    snapshot: ClusterSnapshot,
+    policy: Policy,
+    overrides: Mapping[str, OverrideRecord],
+    *,
+    honoured: Mapping[str, int | None],
+    explain: bool = True,
+    models: Mapping[str, JobModel] | None = None,
+) -> DecisionRound:
+    """``decide`` with ``policy``'s choices, asked about the round's view
+    (``policy_view``): how a shadow policy decides beside the active one. The daemon asks
+    its own policy itself, to fall back when it fails."""
+    choices = policy.decide(policy_view(snapshot, overrides, honoured)).choices
+    return decide(
+        snapshot,
+        choices,
+        overrides,
+        honoured=honoured,
+        policy_version=policy.version,
+        explain=explain,
+        models=models,
     )
 
 

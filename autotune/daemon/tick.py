@@ -1,16 +1,20 @@
-"""The daemon: a decision loop and the REST API in one process.
+"""The daemon's decision loop: one tick at a time.
 
-Every tick: observe the cluster (``Backend``), take the round's decisions with the pure
-decision step (``autotune.daemon.decide``: the ``Policy``, the active overrides and the
-Planner), commit every decision to the database, and only then apply it.
-A decision in the database with no ``applied_at`` was decided but not (yet) applied.
+Every tick: hand the backend the jobs users submitted and cancelled, let a round of
+simulated time pass on a backend that keeps it (``SimulatedTime``), observe the cluster,
+ask the policy for its choices on the round's view (``autotune.decision.step.policy_view``),
+take the round's decisions with the pure decision step (``autotune.decision.step.decide``:
+the choices, the active overrides, the memory rule and the Planner), commit every decision
+to the database, and only then apply it. A decision in the database with no
+``applied_at`` was decided but not (yet) applied.
 
 A failing tick is counted (``Daemon.health``: ``GET /readyz`` answers 503 naming it,
 ``/metrics`` counts it). After ``FALLBACK_AFTER`` failed ticks in a row the daemon
-decides with its fallback policy (``Daemon(fallback=...)``, the rules where the command
+decides with its fallback policy (``DaemonParts.fallback``, the rules where the command
 line assembles it) whenever its own policy fails: each tick still asks its own policy
 first, and the first tick that its own policy decides and that completes ends the
-fallback. Decisions the fallback takes have ``source="fallback"`` and say why.
+fallback. Decisions the fallback takes have ``source="fallback"`` and say why
+(``autotune.decision.fallback``).
 
 A tick the database cannot take (unreachable, locked, full, read-only) is not a failure
 of the policy: the loop pauses, says why (log event ``tick.paused``, ``/readyz``) and
@@ -19,38 +23,38 @@ resumes at the first tick the database takes; nothing is applied that was not co
 Several daemons may run on one database (``autotune.daemon.leader``): each serves the
 API, and only the one holding the leader lease ticks; every transaction that writes its
 decisions first checks that it still holds the lease for its term (fencing).
+``autotune.daemon.hosting`` runs this loop beside the API until a signal stops both.
 """
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import logging
-import os
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from types import FrameType
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC
 from typing import Any, Protocol
 
-import uvicorn
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
-from autotune.core import Decision, utc_now
-from autotune.daemon.decide import DecisionRound, decide, placement_summary
+from autotune.core import utc_now
+from autotune.daemon.health import TickHealth, TickReport, database_unavailable, error_text
 from autotune.daemon.leader import Leadership
 from autotune.daemon.log import event
-from autotune.daemon.performance import JobModel, JobModels
+from autotune.daemon.performance import JobModels
+from autotune.daemon.samples import (
+    Sample,
+    goodput_samples,
+    measured_samples,
+    provisioning_samples,
+)
 from autotune.db import Database, database_error
 from autotune.db import repository as repo
 from autotune.db.lease import LeaseLostError
-from autotune.db.retention import RetentionPolicy, run_retention
+from autotune.decision.fallback import fallback_choices
+from autotune.decision.step import DecisionRound, decide, placement_summary, policy_view
 from autotune.interfaces import (
     Backend,
     ClusterSnapshot,
@@ -58,20 +62,23 @@ from autotune.interfaces import (
     JobStatus,
     JobSubmission,
     Policy,
-    PolicyChoice,
+    PolicyRound,
+    Provisionable,
+    Replayable,
+    SimulatedTime,
 )
-from autotune.perf.model import statistical_efficiency
+from autotune.perf.online import JobModel
 from autotune.provisioning import Provisioner, ProvisioningPlan
+from autotune.rl.acting import ActedStep
+from autotune.rl.reward import RoundOutcome
 
 __all__ = [
     "FALLBACK_AFTER",
     "Daemon",
+    "DaemonParts",
     "Lifecycle",
     "Recorder",
-    "TickHealth",
-    "TickReport",
-    "database_unavailable",
-    "serve",
+    "RoundInput",
 ]
 
 FALLBACK_AFTER = 3
@@ -79,65 +86,17 @@ FALLBACK_AFTER = 3
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TickReport:
-    time_s: float
-    decisions: list[Decision]
-    unplaced: dict[str, str]
-    duration_s: float
-    running: int
-    pending: int
-    gpu_utilization: float
-    fallback: bool = False
-    """The fallback policy decided this tick: the daemon's own policy failed."""
+class RoundInput:
+    """What a round was decided from: what a shadow policy needs to decide the same
+    round through the same decision step."""
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TickHealth:
-    """How the decision loop is doing: what ``GET /readyz`` and ``/metrics`` report."""
-
-    consecutive_failures: int = 0
-    """Failed ticks in a row; a tick decided by the daemon's own policy resets it (a tick
-    the fallback decided leaves it as it is)."""
-    failures_total: int = 0
-    """Failed ticks since the daemon started."""
-    last_error: str | None = None
-    """``Type: message`` of the newest failure: of a tick, or of the daemon's own policy
-    in a tick the fallback then decided."""
-    last_failure_at: datetime | None = None
-    fallback: str | None = None
-    """The fallback policy's name while the daemon decides with it; ``None``: it does
-    not."""
-    paused: str | None = None
-    """Why ticks are paused (the database cannot take them, or the leader lease could not
-    be renewed); ``None``: they are not."""
-    paused_since: datetime | None = None
-
-    @property
-    def ok(self) -> bool:
-        """The last tick succeeded and the daemon's own policy decided it."""
-        return self.consecutive_failures == 0 and self.fallback is None and self.paused is None
-
-    def describe(self) -> str | None:
-        """Why the loop is not ok, in words; ``None`` when it is."""
-        if self.ok:
-            return None
-        if self.paused is not None and self.consecutive_failures == 0:
-            return f"ticks paused since {self.paused_since:%H:%M:%S}: {self.paused}"
-        text = f"{self.consecutive_failures} consecutive failed tick(s); last error: "
-        text += str(self.last_error)
-        if self.fallback is not None:
-            text += f"; deciding with the fallback policy {self.fallback}"
-        if self.paused is not None:
-            text += f"; ticks paused: {self.paused}"
-        return text
-
-
-def database_unavailable(exc: BaseException) -> bool:
-    """The database cannot take the work now (unreachable, connection lost, locked, full,
-    read-only, no connection free): the work may succeed later as it is."""
-    if isinstance(exc, OperationalError | InterfaceError | PoolTimeout):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+    snapshot: ClusterSnapshot
+    overrides: Mapping[str, repo.OverrideRecord]
+    honoured: Mapping[str, int | None]
+    """Per active job, the override its newest decision honoured (``None``: the
+    policy's)."""
+    models: Mapping[str, JobModel]
+    """Per job, its online throughput model."""
 
 
 class Recorder(Protocol):
@@ -148,96 +107,93 @@ class Recorder(Protocol):
         self,
         session: Session,
         *,
-        policy: Policy | None,
-        backend: Backend,
+        acted: ActedStep | None,
+        outcome: RoundOutcome | None,
         snapshot: ClusterSnapshot,
         round_: DecisionRound,
-        overrides: dict[str, repo.OverrideRecord],
-        stored: list[Decision],
+        overrides: Mapping[str, repo.OverrideRecord],
+        stored: list[Any],
     ) -> None:
-        """Measure the previous round (the backend ran it before ``snapshot``), then log
-        this one if ``policy`` (``None``: the fallback decided) acted on it."""
+        """Measure the previous round with ``outcome`` (what the backend reported of it,
+        ``None`` where it reports none), then log this one if the daemon's own policy
+        acted on it (``acted``; ``None``: the fallback decided, or the policy did not act
+        through the reinforcement-learning contract)."""
 
     def close(self, session: Session) -> None:
         """The loop stopped: the round logged last will never be measured."""
 
 
 class Lifecycle(Protocol):
-    """What the decision loop asks of the policy registry each tick."""
+    """What the decision loop asks of the policy registry (``autotune.daemon.lifecycle``)."""
 
-    def before_tick(self, daemon: Daemon) -> None:
-        """Swap ``daemon.policy`` if another version was activated (never raises for a
-        checkpoint that cannot load: it logs and keeps the current policy)."""
+    def register(self, policy: Policy) -> None:
+        """At start: record ``policy`` in the registry with its checkpoint, so it can be
+        rolled back to once another is active."""
 
-    def after_decide(
-        self,
-        daemon: Daemon,
-        snapshot: ClusterSnapshot,
-        overrides: dict[str, repo.OverrideRecord],
-        round_: DecisionRound,
-    ) -> None:
-        """Let the shadow policy, if any, decide the same round and store its choices
-        (never applied)."""
+    def before_tick(self, policy: Policy) -> Policy:
+        """The policy to decide this tick with: ``policy``, or the version activated
+        since (never raises for a checkpoint that cannot load: it logs and keeps
+        ``policy``)."""
 
+    def after_decide(self, inputs: RoundInput, active: PolicyRound, round_: DecisionRound) -> None:
+        """Let the shadow policy, if any, decide the same round (never applied)."""
 
-def _error(exc: BaseException) -> str:
-    """``Type: message`` (the message cut at 500 characters)."""
-    message = str(exc)
-    if len(message) > 500:
-        message = message[:497] + "..."
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    def after_tick(self, *, succeeded: bool) -> None:
+        """The tick ended, its work committed if it ``succeeded``: store what the shadow
+        decided in it (not for a failed tick, nothing of whose round was applied)."""
 
 
-class _Fallback:
-    """The fallback policy as the decision step sees it: its choices say
-    ``source="fallback"`` and why, before its own reason."""
+@dataclass(kw_only=True, slots=True)
+class DaemonParts:
+    """What a daemon is built from: the command line assembles one (and tests do)."""
 
-    def __init__(self, policy: Policy, why: str) -> None:
-        self._policy = policy
-        self._why = why
-        self.name = policy.name
-        self.version = policy.version
-
-    def decide(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        return {
-            job_id: replace(choice, source="fallback", reason=f"{self._why}: {choice.reason}")
-            for job_id, choice in self._policy.decide(snapshot).items()
-        }
+    db: Database
+    """The decision loop's connections (the API has its own)."""
+    backend: Backend
+    policy: Policy
+    fallback: Policy | None = None
+    """Decides when ``policy`` fails after ``FALLBACK_AFTER`` failed ticks in a row
+    (``None``: failed ticks are only counted)."""
+    leadership: Leadership | None = None
+    """The leader lease, when several daemons may share the database (``run`` ticks only
+    while it leads, and fences its writes); ``None``: this daemon decides alone."""
+    backend_factory: Callable[[], Backend] | None = None
+    """Builds a fresh backend after the lease was lost to another daemon (the old one is
+    closed: its jobs are checkpointed and handed back)."""
+    lifecycle: Lifecycle | None = None
+    """The policy registry's hand on the loop: it may swap the policy before a tick
+    decides, and lets a shadow policy decide beside it."""
+    transitions: Recorder | None = None
+    """Where the learned policy's rounds are logged for offline learning
+    (``autotune.replay.log.TransitionLog``); ``None``: not logged."""
+    provisioner: Provisioner | None = None
+    """Parks idle nodes the demand forecast does not need (``autotune.provisioning``): on
+    a backend that can (``Provisionable``) before the tick decides; elsewhere its plan is
+    a recommendation, in the log and the metrics."""
+    job_metrics_every_s: float = 0.0
+    """Seconds between two ticks that record every running job's samples (goodput and
+    what the backend measured), the bulk of the metrics; 0: every tick. A job's first
+    measured tick and the tick it ends are recorded too; the cluster's own samples every
+    tick."""
 
 
 class Daemon:
-    def __init__(
-        self,
-        *,
-        db: Database,
-        backend: Backend,
-        policy: Policy,
-        fallback: Policy | None = None,
-        leadership: Leadership | None = None,
-        backend_factory: Callable[[], Backend] | None = None,
-    ) -> None:
-        """``fallback`` decides when ``policy`` fails after ``FALLBACK_AFTER`` failed
-        ticks in a row (``None``: failed ticks are only counted).
+    """The decision loop of one daemon; see the module docstring."""
 
-        ``leadership``: the leader lease, when several daemons may share the database
-        (``run`` ticks only while it leads, and fences its writes); ``None``: this
-        daemon decides alone. ``backend_factory`` builds a fresh backend after the lease
-        was lost to another daemon (the old one is closed: its jobs are checkpointed
-        and handed back)."""
-        self.db = db
-        self.backend = backend
-        self.policy = policy
-        self.fallback = fallback
-        self.leadership = leadership
-        self.backend_factory = backend_factory
+    def __init__(self, parts: DaemonParts) -> None:
+        self.db = parts.db
+        self.backend = parts.backend
+        self.policy = parts.policy
+        self.fallback = parts.fallback
+        self.leadership = parts.leadership
+        self.backend_factory = parts.backend_factory
+        self.lifecycle = parts.lifecycle
+        self.transitions = parts.transitions
+        self.provisioner = parts.provisioner
+        self.job_metrics_every_s = parts.job_metrics_every_s
         self._term: int | None = None
         """The leader term this daemon decides in; ``None`` without leadership or while
         it follows."""
-        self.job_metrics_every_s = 0.0
-        """Seconds between two ticks that record every running job's samples (goodput and
-        what the backend measured), the bulk of the metrics; 0: every tick. A job's first
-        measured tick and the tick it ends are recorded too; the cluster's own samples
-        every tick."""
         self._job_metrics_at = -float("inf")
         self._jobs_sampled: set[str] = set()
         """Running jobs whose samples were recorded at least once."""
@@ -256,25 +212,24 @@ class Daemon:
         # honoured (None: the policy's); both rebuilt from the database at start().
         self._known: set[str] = set()
         self._honoured: dict[str, int | None] = {}
-        self.tick_observers: list[Callable[[TickReport], None]] = []
-        """Called with the report of every tick that succeeded."""
-        self.after_tick: list[Callable[[], None]] = []
-        """Called after every tick, failed or not, once what it committed is visible."""
-        self.transitions: Recorder | None = None
-        """Where the learned policy's rounds are logged for offline learning
-        (``autotune.replay.log.TransitionLog``); ``None``: not logged."""
+        self._tick_observers: list[Callable[[TickReport], None]] = []
+        self._after_tick: list[Callable[[], None]] = []
         self.models = JobModels()
         """Each running job's throughput model, fitted online from its measured steps."""
         self._models_now: dict[str, JobModel] = {}
-        self.lifecycle: Lifecycle | None = None
-        """The policy registry's hand on the loop (``autotune.daemon.lifecycle``): it may
-        swap ``policy`` before a tick decides, and lets a shadow policy decide beside it."""
-        self.provisioner: Provisioner | None = None
-        """Parks idle nodes the demand forecast does not need (``autotune.provisioning``):
-        on a backend that can (``park``/``wake``: the simulator) before the tick decides;
-        elsewhere its plan is a recommendation, in the log and the metrics."""
         self._provisioned: ProvisioningPlan | None = None
         """The provisioner's newest plan."""
+        self._registered = False
+        """The policy was recorded in the registry with its checkpoint (``Lifecycle``)."""
+
+    def add_tick_observer(self, observer: Callable[[TickReport], None]) -> None:
+        """Call ``observer`` with the report of every tick that succeeds."""
+        self._tick_observers.append(observer)
+
+    def add_after_tick(self, hook: Callable[[], None]) -> None:
+        """Call ``hook`` after every tick, failed or not, once what it committed is
+        visible."""
+        self._after_tick.append(hook)
 
     @property
     def health(self) -> TickHealth:
@@ -293,6 +248,9 @@ class Daemon:
         active version: ``Lifecycle.before_tick``); resume the database's active jobs on
         a backend that can (``JobControl``)."""
         self._started_at = utc_now()
+        if self.lifecycle is not None and not self._registered:
+            self.lifecycle.register(self.policy)
+            self._registered = True
         with self._write_session() as session:
             if self.fallback is not None:
                 repo.register_policy_version(
@@ -349,7 +307,7 @@ class Daemon:
         try:
             self.backend.close(timeout_s=timeout_s)
         except Exception as exc:  # what it could not checkpoint, the leader restarts
-            event("daemon.backend_close_failed", level=logging.WARNING, error=_error(exc))
+            event("daemon.backend_close_failed", level=logging.WARNING, error=error_text(exc))
         if self.backend_factory is not None:
             self.backend = self.backend_factory()
         self._known, self._honoured, self._job_rows = set(), {}, {}
@@ -455,21 +413,25 @@ class Daemon:
     def tick(self) -> TickReport:
         """One decision round. A failure is counted in ``health`` and raised; a tick the
         database could not take pauses the loop instead (``health.paused``)."""
+        succeeded = False
         try:
             report = self._tick()
+            succeeded = True
         except Exception as exc:
             if isinstance(exc, LeaseLostError):
-                self._pause(_error(exc))
+                self._pause(error_text(exc))
             elif database_unavailable(exc):
                 self._pause(f"the database cannot take the tick: {database_error(exc)}")
             else:
                 self._failed(exc)
             raise
         finally:  # even a failed tick may have committed part of its work
-            for hook in self.after_tick:
+            if self.lifecycle is not None:  # before the API's cache is cleared
+                self.lifecycle.after_tick(succeeded=succeeded)
+            for hook in self._after_tick:
                 hook()
         self._succeeded(report)
-        for observer in self.tick_observers:
+        for observer in self._tick_observers:
             observer(report)
         return report
 
@@ -477,7 +439,7 @@ class Daemon:
         before = self._health
         failures = before.consecutive_failures + 1
         fallback = before.fallback
-        error = _error(exc)
+        error = error_text(exc)
         if fallback is None and self.fallback is not None and failures >= FALLBACK_AFTER:
             fallback = self.fallback.name
             event(
@@ -524,23 +486,32 @@ class Daemon:
         )
 
     def _decide(
-        self, snapshot: ClusterSnapshot, overrides: dict[str, repo.OverrideRecord]
-    ) -> tuple[DecisionRound, bool]:
-        """The round's decisions, and whether the fallback policy took them: only when
-        the daemon is on its fallback and its own policy fails this round too (the
-        decision step is pure, so it can be taken again)."""
+        self, snapshot: ClusterSnapshot, overrides: Mapping[str, repo.OverrideRecord]
+    ) -> tuple[PolicyRound, DecisionRound, bool]:
+        """What the policy chose, the round's decisions, and whether the fallback policy
+        took them: only when the daemon is on its fallback and its own policy fails this
+        round too (the decision step is pure, so it can be taken again with the
+        fallback's choices)."""
+        view = policy_view(snapshot, overrides, self._honoured)
 
-        def round_of(policy: Policy) -> DecisionRound:
+        def round_of(policy: Policy, answer: PolicyRound) -> DecisionRound:
             return decide(
-                snapshot, policy, overrides, honoured=self._honoured, models=self._models_now
+                snapshot,
+                answer.choices,
+                overrides,
+                honoured=self._honoured,
+                policy_version=policy.version,
+                models=self._models_now,
             )
 
         if self.fallback is None or self._health.fallback is None:
-            return round_of(self.policy), False
+            answer = self.policy.decide(view)
+            return answer, round_of(self.policy, answer), False
         try:
-            return round_of(self.policy), False
+            answer = self.policy.decide(view)
+            return answer, round_of(self.policy, answer), False
         except Exception as exc:
-            error = _error(exc)
+            error = error_text(exc)
         self._health = health = replace(self._health, last_error=error, last_failure_at=utc_now())
         event(
             "policy.failed",
@@ -553,14 +524,15 @@ class Daemon:
             f"{health.consecutive_failures} consecutive failed ticks ({error}); "
             f"deciding with {self.fallback.name}"
         )
-        return round_of(_Fallback(self.fallback, why)), True
+        answer = PolicyRound(choices=fallback_choices(self.fallback, view, why))
+        return answer, round_of(self.fallback, answer), True
 
     def _provision(self, snapshot: ClusterSnapshot) -> ClusterSnapshot:
         """Apply (or recommend) the provisioner's plan; the snapshot the tick decides on."""
         assert self.provisioner is not None
         plan = self.provisioner.plan(snapshot)
-        park, wake = getattr(self.backend, "park", None), getattr(self.backend, "wake", None)
-        applies = callable(park) and callable(wake) and hasattr(self.backend, "snapshot")
+        backend = self.backend
+        applies = isinstance(backend, Provisionable)
         last = self._provisioned
         if plan.park or plan.wake or (last is not None and (last.park or last.wake)):
             event(
@@ -573,18 +545,18 @@ class Daemon:
                 reason=plan.reason,
             )
         self._provisioned = plan
-        if not applies or not (plan.park or plan.wake):
+        if not isinstance(backend, Provisionable) or not (plan.park or plan.wake):
             return snapshot
-        park(plan.park)  # type: ignore[misc]
-        wake(plan.wake)  # type: ignore[misc]
-        fresh: ClusterSnapshot = self.backend.snapshot()  # type: ignore[attr-defined]
-        return fresh
+        backend.park(plan.park)
+        backend.wake(plan.wake)
+        return self.backend.observe()
 
     def _tick(self) -> TickReport:
         started = time.perf_counter()
         if self.lifecycle is not None:
-            self.lifecycle.before_tick(self)
+            self.policy = self.lifecycle.before_tick(self.policy)
         self._intake()
+        outcome = self.backend.run_round() if isinstance(self.backend, SimulatedTime) else None
         snapshot = self.backend.observe()
         if self.provisioner is not None:
             snapshot = self._provision(snapshot)
@@ -593,13 +565,22 @@ class Daemon:
             refitted = self.models.observe(snapshot)
             self._models_now = self.models.current()
         except Exception as exc:  # the fits are advice: a tick never fails on them
-            event("performance.fit_failed", level=logging.WARNING, error=_error(exc))
+            event("performance.fit_failed", level=logging.WARNING, error=error_text(exc))
             refitted, self._models_now = [], {}
         with self.db.session() as session:
             overrides = repo.active_overrides(session=session, at=utc_now())
-        round_, used_fallback = self._decide(snapshot, overrides)
+        answer, round_, used_fallback = self._decide(snapshot, overrides)
         if self.lifecycle is not None:
-            self.lifecycle.after_decide(self, snapshot, overrides, round_)
+            self.lifecycle.after_decide(
+                RoundInput(
+                    snapshot=snapshot,
+                    overrides=overrides,
+                    honoured=dict(self._honoured),
+                    models=self._models_now,
+                ),
+                answer,
+                round_,
+            )
         decisions, unplaced, why = round_.decisions, round_.unplaced, round_.why
         for job_id, reason in round_.skipped_overrides.items():
             event("override.skipped", job=job_id, reason=reason)
@@ -622,8 +603,8 @@ class Daemon:
             if self.transitions is not None:
                 self.transitions.record(
                     session,
-                    policy=self.policy if not used_fallback else None,
-                    backend=self.backend,
+                    acted=None if used_fallback else answer.acted,
+                    outcome=outcome,
                     snapshot=snapshot,
                     round_=round_,
                     overrides=overrides,
@@ -663,7 +644,7 @@ class Daemon:
                     ("gpu_utilization", snapshot.gpu_utilization, None),
                     ("gpu_demand", snapshot.demand_gpus(), None),
                     ("gpu_capacity", snapshot.capacity_gpus(), None),
-                    *_provisioning_metrics(snapshot, self.provisioner, self._provisioned),
+                    *provisioning_samples(snapshot, self.provisioner, self._provisioned),
                     *per_job,
                 ],
                 labels={"backend": self.backend.name},
@@ -695,9 +676,7 @@ class Daemon:
         )
         return report
 
-    def _job_samples(
-        self, snapshot: ClusterSnapshot, now: float
-    ) -> list[tuple[str, float, str | None]]:
+    def _job_samples(self, snapshot: ClusterSnapshot, now: float) -> list[Sample]:
         """The jobs' samples this tick records: every running job's every
         ``job_metrics_every_s``; between, those of a job measured for the first time and
         the last ones of a job that ended since (so a short job's figures are kept)."""
@@ -717,9 +696,9 @@ class Daemon:
         if not chosen and not ended:
             return []
         return [
-            *(v for v in _goodputs(snapshot) if v[2] in chosen),
-            *_measured([j for j in running if j.spec.job_id in chosen]),
-            *_measured(ended),
+            *(v for v in goodput_samples(snapshot) if v[2] in chosen),
+            *measured_samples([j for j in running if j.spec.job_id in chosen]),
+            *measured_samples(ended),
         ]
 
     def _reconcile(self, session: Session, snapshot: ClusterSnapshot) -> None:
@@ -781,9 +760,8 @@ class Daemon:
         task: dict[str, Any] | None = None
         if job.task is not None and job.steps is not None:
             task = {"name": job.task, "steps": job.steps, "origin": self.backend.name}
-            replay_info = getattr(self.backend, "replay_info", None)
-            if replay_info is not None:  # stored once (upsert_job keeps the first)
-                task["replay"] = replay_info(job.spec.job_id)
+            if isinstance(self.backend, Replayable):  # stored once (upsert_job keeps the first)
+                task["replay"] = asdict(self.backend.replay_info(job.spec.job_id))
         repo.upsert_job(
             session=session,
             spec=job.spec,
@@ -862,240 +840,7 @@ class Daemon:
         try:
             self.take_over(term, activate=False)
         except Exception as exc:  # try again with a fresh backend at the next turn
-            self.demote(f"taking over failed: {_error(exc)}", timeout_s=5.0)
-            self._pause(f"taking over in term {term} failed: {_error(exc)}")
+            self.demote(f"taking over failed: {error_text(exc)}", timeout_s=5.0)
+            self._pause(f"taking over in term {term} failed: {error_text(exc)}")
             return False
         return True
-
-
-def _measured(jobs: Sequence[JobStatus]) -> list[tuple[str, float, str | None]]:
-    """What the backend measured on each job's last step, as ``job_<name>``; not a
-    backend's own ``goodput``: the daemon's (``_goodputs``) is the one stored."""
-    return [
-        (f"job_{name}", float(value), job.spec.job_id)
-        for job in jobs
-        for name, value in sorted(job.metrics.items())
-        if name != "goodput"
-    ]
-
-
-def _goodputs(snapshot: ClusterSnapshot) -> list[tuple[str, float, str | None]]:
-    """Each running job's goodput: measured samples/s times the statistical efficiency
-    of its batch, compression and precision (``autotune.perf.model``)."""
-    values: list[tuple[str, float, str | None]] = []
-    for job in snapshot.by_state("running"):
-        if job.config is None:
-            continue
-        efficiency = statistical_efficiency(job.spec.model, job.config, job.spec.global_batch)
-        values.append(("job_goodput", job.samples_per_s * efficiency, job.spec.job_id))
-    return values
-
-
-def retention_loop(
-    db: Database,
-    policy: RetentionPolicy,
-    every_s: float,
-    stop: threading.Event,
-    duty: float = 0.2,
-    leading: Callable[[], bool] | None = None,
-) -> None:
-    """Apply ``policy`` now and every ``every_s`` seconds until ``stop``: short
-    transactions working ``duty`` of the time (``autotune.db.retention``), on ``db``'s
-    own connection, so ticks and reads never wait more than one of them. ``leading``:
-    whether this daemon leads (only the leader applies retention); ``None``: it does."""
-    while not stop.is_set():
-        if leading is not None and not leading():
-            stop.wait(min(every_s, 1.0))
-            continue
-        try:
-            report = run_retention(
-                db, policy, utc_now(), pause_s=0.01, duty=duty, should_stop=stop.is_set
-            )
-        except Exception as exc:  # logged and retried at the next pass
-            event("retention.failed", level=logging.WARNING, error=_error(exc))
-        else:
-            if report.rows_touched:
-                event(
-                    "retention",
-                    deleted=report.deleted,
-                    downsampled=report.metrics_downsampled,
-                    written=report.metrics_written,
-                    steps=report.steps,
-                    seconds=round(report.elapsed_s, 2),
-                    longest_step_s=round(report.max_step_s, 4),
-                )
-        stop.wait(every_s)
-
-
-class _Server(uvicorn.Server):
-    """uvicorn's server without its own signal handling: ``serve`` installs the daemon's
-    for the whole stop, not only while requests are served."""
-
-    @contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def serve(
-    daemon: Daemon,
-    *,
-    host: str,
-    port: int,
-    tick_s: float,
-    telemetry: str,
-    api_db: Database | None = None,
-    stop_timeout_s: float = 10.0,
-    retention: RetentionPolicy | None = None,
-    retention_every_s: float = 300.0,
-    retention_duty: float = 0.2,
-    **app_options: Any,
-) -> None:
-    """Run the decision loop and the API until SIGINT or SIGTERM; ``app_options`` go to
-    ``autotune.api.app.create_app`` (token check, task allow-list, body limit, ...).
-
-    ``api_db``: the API's own connections to the daemon's database (default: a second
-    ``Database`` on the same URL), so readers never hold the connection a tick needs.
-    ``retention``: applied every ``retention_every_s`` seconds in a thread of its own, on
-    a third connection (``None``: history is kept forever), by the leader only.
-
-    With ``daemon.leadership``, a fourth connection keeps the leader lease; the decision
-    loop ticks only while this daemon leads (taking over when it comes to lead), and the
-    lease is released once the backend has checkpointed its jobs at the stop.
-
-    A signal stops everything within ``stop_timeout_s``: the API stops accepting and
-    cuts requests still running after a third of it, the decision loop finishes its
-    tick (a tick never applies what it has not committed), the backend checkpoints its
-    running jobs with what is left. A second signal exits at once."""
-    from autotune.api.app import attach_daemon, create_app
-
-    api_db = api_db or Database(daemon.db.url)
-    app = create_app(db=api_db, telemetry=telemetry, **app_options)
-    attach_daemon(app, daemon)
-    grace_s = stop_timeout_s / 3
-    server = _Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            log_config=None,
-            access_log=False,
-            timeout_graceful_shutdown=max(1, round(grace_s)),
-        )
-    )
-    stop = threading.Event()
-    stopping_since: list[float] = []
-
-    def _on_signal(signum: int, _frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if stopping_since:
-            event("daemon.signal", level=logging.WARNING, signal=name, action="exit now")
-            logging.shutdown()
-            os._exit(128 + signum)
-        stopping_since.append(time.monotonic())
-        server.should_exit = True
-        stop.set()
-        event("daemon.signal", signal=name, action="stop", within_s=stop_timeout_s)
-
-    previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-    def left() -> float:
-        started = stopping_since[0] if stopping_since else time.monotonic()
-        return max(0.0, started + stop_timeout_s - time.monotonic())
-
-    # A daemon thread: a tick still running when the time is up does not hold the exit
-    # (what it committed stays; what it did not commit never was).
-    loop = threading.Thread(
-        target=daemon.run, args=(stop, tick_s), name="decision-loop", daemon=True
-    )
-
-    leadership = daemon.leadership
-    housekeeping = None
-    if retention is not None:
-        retention_db = Database(daemon.db.url, pool_size=1)
-        housekeeping = threading.Thread(
-            target=retention_loop,
-            args=(retention_db, retention, retention_every_s, stop, retention_duty),
-            kwargs={"leading": None if leadership is None else (lambda: leadership.leading)},
-            name="retention",
-            daemon=True,
-        )
-    lease_keeper = None
-    if leadership is not None:
-        lease_keeper = threading.Thread(
-            target=leadership.run, args=(stop,), name="leader-lease", daemon=True
-        )
-
-    async def _main() -> None:
-        if lease_keeper is not None:
-            lease_keeper.start()
-        loop.start()
-        if housekeeping is not None:
-            housekeeping.start()
-        try:
-            await server.serve()
-        finally:
-            stop.set()
-            await asyncio.to_thread(loop.join, max(0.0, left() - stop_timeout_s / 3))
-            if loop.is_alive():
-                event("daemon.stop_tick_cut", level=logging.WARNING)
-
-    if leadership is None:
-        daemon.start()
-    else:
-        leadership.step()  # a daemon that finds the lease free decides from the start
-        if leadership.leading and leadership.term is not None:
-            daemon.take_over(leadership.term, activate=True)
-        else:
-            status = leadership.status()
-            event(
-                "leader.following",
-                leader=status.leader,
-                term=status.leader_term,
-                expires_in_s=status.lease_expires_in_s,
-                error=status.error,
-            )
-    # What start-up built (the policy, the app, the simulator) lives as long as the
-    # process: out of the collector's sight, full collections stop scanning it, and the
-    # API's latency loses their pauses.
-    gc.collect()
-    gc.freeze()
-    event("api.listen", url=f"http://{host}:{port}/api/v1")
-    try:
-        # uvicorn's choice of event loop: uvloop where installed.
-        with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
-            runner.run(_main())
-    finally:
-        try:
-            deciding = leadership is None or daemon.term is not None
-            if not loop.is_alive() and deciding:  # a tick still running holds the log
-                try:
-                    daemon.stop()
-                except Exception as exc:  # the backend's jobs are checkpointed regardless
-                    event("daemon.stop_failed", level=logging.WARNING, error=_error(exc))
-            daemon.backend.close(timeout_s=left())
-            if leadership is not None:  # after the checkpoints: the next leader resumes them
-                leadership.release()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-            api_db.dispose()
-            if housekeeping is not None:
-                retention_db.dispose()
-            if leadership is not None:
-                leadership.db.dispose()
-            daemon.db.dispose()
-            event("daemon.stop")
-
-
-def _provisioning_metrics(
-    snapshot: ClusterSnapshot, provisioner: Provisioner | None, plan: ProvisioningPlan | None
-) -> list[tuple[str, float, str | None]]:
-    """Parked nodes now, and the provisioner's target (GPUs to keep powered)."""
-    parked = float(len(snapshot.parked_nodes) + len(snapshot.waking_nodes))
-    if provisioner is None or plan is None:
-        return [("nodes_parked", parked, None)] if parked else []
-    return [
-        ("nodes_parked", parked, None),
-        ("provisioning_target_gpus", plan.target_gpus, None),
-        ("provisioning_recommended_park", float(len(plan.park)), None),
-    ]
