@@ -321,7 +321,8 @@ def main() -> None:
 
 
 def main_ray(args: argparse.Namespace, device: str) -> None:
-    from autotune.executor.runner import JobRunner, RunnerConfig, ensure_ray
+    from autotune.executor.runner import JobRunner, RunnerConfig
+    from autotune.ray_session import ensure_ray
 
     slots = torch.cuda.device_count() if device == "cuda" else (os.cpu_count() or 1)
     ensure_ray(num_cpus=max(slots, 2))

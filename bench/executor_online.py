@@ -30,10 +30,10 @@ from typing import Any
 from autotune.catalog.tasks import BUILTIN_TASKS
 from autotune.core import JobConfig
 from autotune.executor.calibrate import GRID, measure
-from autotune.executor.runner import ensure_ray
 from autotune.perf.fit import mape
 from autotune.perf.model import Coefficients, Shape
 from autotune.perf.online import OnlineFit, StepSample
+from autotune.ray_session import ensure_ray
 
 
 def grid_for(task: str) -> list[JobConfig]:

@@ -30,8 +30,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from autotune.core import JobConfig, Layout
-from autotune.executor.runner import JobRunner, RunnerConfig, ensure_ray
+from autotune.executor.runner import JobRunner, RunnerConfig
 from autotune.executor.tasks import GPTChar
+from autotune.ray_session import ensure_ray
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 5

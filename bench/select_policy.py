@@ -23,7 +23,7 @@ import numpy as np
 from autotune.envs import traces
 from autotune.envs.presets import default_nodes, pollux_nodes
 from autotune.envs.workloads import job_stream, jobs_from_trace
-from autotune.policies.evaluate import evaluate
+from autotune.policies.evaluate import evaluate_policies
 from autotune.policies.ppo import module_dir
 from autotune.policies.serving import LearnedPolicy, PolicyServer
 
@@ -70,7 +70,7 @@ def main() -> None:
     cases = _cases(args.data)
     baseline: dict[str, dict[str, Any]] = {}
     for name, nodes, jobs in cases:
-        report = evaluate(
+        report = evaluate_policies(
             nodes=nodes, jobs=jobs, policies=["rules", "oracle"], seeds=1, slots=args.slots
         )
         baseline[name] = report["policies"]
@@ -79,7 +79,7 @@ def main() -> None:
         server = PolicyServer(module_dir(checkpoint), slots=args.slots)
         goodput, jct = [], []
         for name, nodes, jobs in cases:
-            report = evaluate(
+            report = evaluate_policies(
                 nodes=nodes,
                 jobs=jobs,
                 policies=["ppo"],

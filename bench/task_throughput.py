@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core import JobConfig, Layout
-from autotune.executor.runner import JobRunner, RunnerConfig, ensure_ray
+from autotune.executor.runner import JobRunner, RunnerConfig
+from autotune.ray_session import ensure_ray
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUTS = {"dp1": (1, 1, 1), "dp2": (2, 1, 1), "pp2": (1, 2, 2)}

@@ -5,7 +5,8 @@ A trace job asks for a GPU count; the simulator treats it as elastic between 1 a
 its measured duration at the requested count under the reference config (data
 parallel, fp32, no compression). Pollux jobs carry their application's measured work
 and calibrated coefficients. ``job_stream`` is the built-in stream the daemon's
-simulated cluster runs on its defaults.
+simulated cluster runs on its defaults; ``load_workload`` plays the jobs of logged runs
+again (an export's ``workload.json``, ``autotune.replay.workload``).
 """
 
 from __future__ import annotations
@@ -20,17 +21,19 @@ import numpy as np
 
 from autotune.catalog.applications import APPLICATIONS, coefficients, target_samples
 from autotune.catalog.profiles import MODEL_CATALOG
-from autotune.core import ELASTIC_FACTOR, JobSpec
+from autotune.core import ELASTIC_FACTOR, JobSpec, NodeInfo
 from autotune.envs.simulator import Arrival
 from autotune.envs.traces import TraceJob
 from autotune.errors import InputError
 from autotune.perf.model import DEFAULT_COEFFICIENTS
+from autotune.replay.workload import read_workload
 
 __all__ = [
     "ELASTIC_FACTOR",
     "STREAM_MIX",
     "job_stream",
     "jobs_from_trace",
+    "load_workload",
     "measured_physics",
     "pollux_arrivals",
     "synthetic_jobs",
@@ -91,6 +94,25 @@ def jobs_from_trace(trace: Sequence[TraceJob]) -> list[Arrival]:
             )
         )
     return jobs
+
+
+def load_workload(directory: str | Path) -> tuple[list[NodeInfo], list[Arrival], float]:
+    """The nodes, the arrivals and the round period of an export's ``workload.json``. A
+    job trains ``work / speed_factor`` samples at the model's speed, so it takes as long
+    as the logs say it ran."""
+    workload = read_workload(directory)
+    arrivals = [
+        Arrival(
+            spec=job.spec,
+            task=job.task,
+            steps=job.steps,
+            work=job.work / max(job.speed_factor, 1e-6),
+            reference_gpus=job.reference_gpus,
+            coeffs=coefficients(job.coeffs_app) if job.coeffs_app else DEFAULT_COEFFICIENTS,
+        )
+        for job in workload.jobs
+    ]
+    return workload.nodes, arrivals, workload.round_s
 
 
 def pollux_arrivals(

@@ -27,8 +27,9 @@ from typing import Any
 
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
 from autotune.executor.cluster import ray_cluster
-from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig, ensure_ray
+from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig
 from autotune.interfaces import ClusterSnapshot, JobState, JobStatus, JobSubmission
+from autotune.ray_session import ensure_ray
 
 __all__ = ["RayBackend"]
 

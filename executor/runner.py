@@ -29,8 +29,8 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,6 @@ __all__ = [
     "NodeLost",
     "RunnerConfig",
     "check_config",
-    "ensure_ray",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,40 +80,6 @@ def check_config(config: JobConfig) -> None:
             "PowerSGD runs as DDP's communication hook, here for data-parallel layouts only "
             "(tp = pp = 1): use topk, int8 or fp8 with tp or pp > 1"
         )
-
-
-@contextmanager
-def _neutral_working_directory() -> Iterator[None]:
-    """Ray puts the driver's working directory on every worker's ``sys.path``; started
-    from a source checkout, its ``autotune/`` folder would shadow the installed package
-    in the workers. Start Ray from the temporary directory instead."""
-    here = os.getcwd()
-    os.chdir(tempfile.gettempdir())
-    try:
-        yield
-    finally:
-        os.chdir(here)
-
-
-def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
-    """Connect to Ray: the cluster at ``address``, or a local one. Returns whether this
-    call started Ray (and so should shut it down)."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    with _neutral_working_directory():
-        if address:
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-        else:
-            cpus = max(num_cpus or 1, os.cpu_count() or 1)
-            ray.init(
-                num_cpus=cpus,
-                include_dashboard=False,
-                logging_level=logging.WARNING,
-                log_to_driver=False,
-            )
-    return True
 
 
 @dataclass

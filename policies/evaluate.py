@@ -33,7 +33,7 @@ from autotune.envs.simulator import Arrival
 from autotune.interfaces import Policy
 from autotune.policies.baselines import make_policy
 
-__all__ = ["METRICS", "evaluate", "run_episode"]
+__all__ = ["METRICS", "evaluate_policies", "run_episode"]
 
 METRICS = (
     "avg_jct_s",
@@ -82,7 +82,7 @@ def run_episode(policy: Policy, env: ClusterEnv, seed: int) -> dict[str, float]:
     }
 
 
-def evaluate(
+def evaluate_policies(
     *,
     nodes: Sequence[NodeInfo],
     jobs: Sequence[Arrival],

@@ -37,6 +37,7 @@ from torch import nn
 from autotune.core import DEFAULT_ENERGY_WEIGHT
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import Arrival
+from autotune.ray_session import ensure_ray
 from autotune.rl.action import ACTION_DIMS, encode_config
 from autotune.rl.observation import HEADER, SLOT, slot_jobs
 
@@ -239,7 +240,7 @@ def _trace(source: TraceSource) -> tuple[list[Any], list[Arrival]]:
         nodes = pollux_nodes(source.gpus)
         return nodes, jobs_from_trace(traces.pollux_workload(source.jobs))
     if source.kind == "replay":
-        from autotune.replay.workload import load_workload
+        from autotune.envs.workloads import load_workload
 
         nodes, arrivals, _ = load_workload(source.jobs)
         return list(nodes), sorted(arrivals, key=lambda a: a.spec.submitted_at)
@@ -656,7 +657,7 @@ def train_ppo(
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     report: dict[str, Any] = {"settings": asdict(settings), "history": []}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    started_ray = ensure_ray(num_cpus=2)
     try:
         algo = build_config(settings).build_algo()
         if settings.init_module and not settings.warm_start:
@@ -711,7 +712,8 @@ def train_ppo(
         _save_allocation(final / MODULE_PATH, settings)
         algo.stop()
     finally:
-        ray.shutdown()
+        if started_ray:
+            ray.shutdown()
     report["checkpoint"] = str(final)
     report["module"] = str(final / MODULE_PATH)
     report["time_s"] = time.perf_counter() - started

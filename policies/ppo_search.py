@@ -28,6 +28,7 @@ from autotune.policies.ppo import (
     behaviour_clone,
     build_config,
 )
+from autotune.ray_session import ensure_ray
 
 __all__ = ["SEARCH_SPACE", "search"]
 
@@ -113,9 +114,7 @@ def search(
         behaviour_clone(module, demos, epochs=settings.warm_start_epochs, seed=settings.seed)
         module.save_to_path(out / "warm_start")
         warm_dir = str(out / "warm_start")
-    ray.init(
-        num_cpus=concurrent, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True
-    )
+    started_ray = ensure_ray(num_cpus=concurrent)
     try:
         from ray.tune.registry import register_env
 
@@ -160,7 +159,8 @@ def search(
         best = grid.get_best_result(metric=_METRIC, mode="max")
         best_config: dict[str, Any] = best.config or {}
     finally:
-        ray.shutdown()
+        if started_ray:
+            ray.shutdown()
     return {
         "samples": samples,
         "max_iterations": settings.iterations,

@@ -64,7 +64,7 @@ def local_ray(_ray_session: None) -> str:
     test of a multi-node ``ray.cluster_utils.Cluster`` stopped it)."""
     import ray
 
-    from autotune.executor.runner import ensure_ray
+    from autotune.ray_session import ensure_ray
 
     ensure_ray(num_cpus=RAY_CPUS)
     address: str = ray.get_runtime_context().gcs_address

@@ -128,9 +128,8 @@ def test_the_api_holds_no_cluster_model_policy_or_executor() -> None:
 
 
 # Only the command line and the daemon's backend registry choose the pieces the daemon is
-# assembled from, and replay assembles them offline (logs, environment, policies); the
-# rest of `autotune` knows them through the interfaces.
-ASSEMBLERS = ("autotune/cli/", "autotune/daemon/backends.py", "autotune/replay/")
+# assembled from; the rest of `autotune` knows them through the interfaces.
+ASSEMBLERS = ("autotune/cli/", "autotune/daemon/backends.py")
 
 
 @pytest.mark.parametrize("target", ["autotune.envs", "autotune.policies", "autotune.executor"])

@@ -138,7 +138,7 @@ def eval_policies(
     from autotune.envs.traces import load_nodes
     from autotune.envs.workloads import jobs_from_trace, measured_physics
     from autotune.policies.baselines import BASELINES
-    from autotune.policies.evaluate import evaluate
+    from autotune.policies.evaluate import evaluate_policies
 
     sources = [x is not None for x in (jobs, pollux_workload, philly_jobs)]
     if sum(sources) != 1:
@@ -228,7 +228,7 @@ def eval_policies(
         task = progress.add_task(
             "evaluating", total=len(names) * seeds * max(1, len(modes)) * len(forecasts)
         )
-        report = evaluate(
+        report = evaluate_policies(
             nodes=node_list,
             jobs=sim_jobs,
             policies=names,

@@ -103,7 +103,8 @@ def run_command(
     bytes sent against a dense all-reduce, step time and where each rank ran."""
     import torch
 
-    from autotune.executor.runner import ExecutorError, JobRunner, RunnerConfig, ensure_ray
+    from autotune.executor.runner import ExecutorError, JobRunner, RunnerConfig
+    from autotune.ray_session import ensure_ray
 
     try:
         config = JobConfig(
@@ -201,7 +202,7 @@ def calibrate_command(
     profile, and reports the step-time error (target MAPE <= 15%)."""
     from autotune.daemon.settings import Settings
     from autotune.executor.calibrate import GRID, calibrate, save_profile
-    from autotune.executor.runner import ensure_ray
+    from autotune.ray_session import ensure_ray
 
     target = out or Settings().data_dir / "calibration.json"
     progress = progress_bar(

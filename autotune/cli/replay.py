@@ -151,7 +151,7 @@ def train_command(
     workload (after imitating --sim-teacher there, if given). OUT holds the RLModule
     (what `autotune daemon` and `replay evaluate` load) and train.json (losses, data
     summary, content hashes)."""
-    from autotune.replay.train import OfflineSettings, train_offline
+    from autotune.policies.replay.train import OfflineSettings, train_offline
 
     settings = OfflineSettings(
         algo=algo,
@@ -252,7 +252,7 @@ def evaluate_command(
     importance sampling and doubly robust, bootstrapped by episode, with the effective
     sample size. Verdict: promote a candidate only if every lower 95% bound of (candidate
     - logging) is above 0 and the effective sample size is at least 10% of the rows."""
-    from autotune.replay.evaluate import evaluate_replay, parse_policy
+    from autotune.policies.replay.evaluate import evaluate_replay, parse_policy
 
     specs = [parse_policy(p) for p in policy]
     workload: Any = None

@@ -1,3 +1,5 @@
-"""Learning from the daemon's logs: export logged decisions as RLlib offline data, retrain a
-policy from them, and evaluate candidates against the logging policy (counterfactual
-simulation and off-policy estimates)."""
+"""The daemon's side of learning from what happened: the transition log it writes each
+tick (``log``), the export of logged runs as Parquet with RLlib's offline columns
+(``export``), and the workload of logged runs (``workload``). Retraining and evaluating
+policies from an export is ``autotune.policies.replay``'s work.
+"""

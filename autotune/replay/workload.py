@@ -1,5 +1,7 @@
-"""The workload of logged runs: the jobs that arrived while the daemon logged, as
-arrivals the simulated cluster can play again (``workload.json`` in an export).
+"""The workload of logged runs: the jobs that arrived while the daemon logged, as an
+export's ``workload.json``, written here (``write_workload``) and read back here
+(``read_workload``); the simulated cluster plays it again
+(``autotune.envs.workloads.load_workload``).
 
 Each job keeps its spec, its arrival on the backend's clock (re-based so the first
 arrival is at 0), how much it trains (samples, from the backend's replay information or
@@ -14,18 +16,23 @@ logs say it ran.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.catalog.applications import APPLICATIONS, coefficients
+from autotune.catalog.applications import APPLICATIONS
 from autotune.core import JobSpec, NodeInfo
-from autotune.envs.simulator import Arrival
 from autotune.errors import InputError
-from autotune.perf.model import DEFAULT_COEFFICIENTS
 from autotune.serde import from_json, to_json
 
-__all__ = ["WORKLOAD_FILE", "load_workload", "workload_job", "write_workload"]
+__all__ = [
+    "WORKLOAD_FILE",
+    "Workload",
+    "WorkloadJob",
+    "read_workload",
+    "workload_job",
+    "write_workload",
+]
 
 WORKLOAD_FILE = "workload.json"
 
@@ -72,8 +79,37 @@ def write_workload(
     path.write_text(json.dumps(data, indent=1))
 
 
-def load_workload(directory: str | Path) -> tuple[list[NodeInfo], list[Arrival], float]:
-    """The nodes, the arrivals and the round period of an export's ``workload.json``."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadJob:
+    """One job of ``workload.json``."""
+
+    spec: JobSpec
+    """Its spec; ``submitted_at`` re-based so the first arrival is at 0."""
+    task: str | None
+    steps: int | None
+    work: float
+    """Samples at statistical efficiency 1 it trained (replay information, or steps x
+    batch)."""
+    reference_gpus: int
+    coeffs_app: str | None
+    """The application whose calibrated coefficients it ran with; ``None``: the
+    literature defaults."""
+    speed_factor: float
+    """What the logs measured of its speed over what the performance model predicts."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    """An export's ``workload.json``: the cluster, the jobs and the round period."""
+
+    nodes: list[NodeInfo]
+    jobs: list[WorkloadJob]
+    round_s: float
+
+
+def read_workload(directory: str | Path) -> Workload:
+    """An export's ``workload.json``; ``InputError`` naming the file when it is missing
+    or malformed."""
     path = Path(directory) / WORKLOAD_FILE
     if not path.is_file():
         raise InputError(
@@ -82,21 +118,18 @@ def load_workload(directory: str | Path) -> tuple[list[NodeInfo], list[Arrival],
     try:
         data = json.loads(path.read_text())
         nodes = [from_json(NodeInfo, n) for n in data["nodes"]]
-        arrivals = []
-        for job in data["jobs"]:
-            spec = from_json(JobSpec, job["spec"])
-            app = job.get("coeffs_app")
-            factor = float(job.get("speed_factor") or 1.0)
-            arrivals.append(
-                Arrival(
-                    spec=spec,
-                    task=job.get("task"),
-                    steps=job.get("steps"),
-                    work=float(job["work"]) / max(factor, 1e-6),
-                    reference_gpus=int(job["reference_gpus"]),
-                    coeffs=coefficients(app) if app else DEFAULT_COEFFICIENTS,
-                )
+        jobs = [
+            WorkloadJob(
+                spec=from_json(JobSpec, job["spec"]),
+                task=job.get("task"),
+                steps=job.get("steps"),
+                work=float(job["work"]),
+                reference_gpus=int(job["reference_gpus"]),
+                coeffs_app=job.get("coeffs_app") or None,
+                speed_factor=float(job.get("speed_factor") or 1.0),
             )
+            for job in data["jobs"]
+        ]
         round_s = float(data["round_s"])
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(
@@ -104,4 +137,4 @@ def load_workload(directory: str | Path) -> tuple[list[NodeInfo], list[Arrival],
         ) from None
     if not nodes:
         raise InputError("the workload has no nodes", path=str(path))
-    return nodes, arrivals, round_s
+    return Workload(nodes=nodes, jobs=jobs, round_s=round_s)

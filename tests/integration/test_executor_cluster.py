@@ -11,8 +11,9 @@ from ray.cluster_utils import Cluster
 
 from autotune.core import JobConfig, JobSpec, Layout, NodeInfo, Placement, RankSlot
 from autotune.executor.cluster import ray_nodes
-from autotune.executor.runner import ExecutorError, JobRunner, RunnerConfig, ensure_ray
+from autotune.executor.runner import ExecutorError, JobRunner, RunnerConfig
 from autotune.planner import plan
+from autotune.ray_session import ensure_ray
 
 pytestmark = pytest.mark.ray
 

@@ -22,7 +22,7 @@ from autotune.envs.simulator import Arrival, SimConfig, SimulatedCluster
 from autotune.envs.workloads import synthetic_jobs
 from autotune.interfaces import PolicyChoice
 from autotune.policies.baselines import BASELINES, make_policy
-from autotune.policies.evaluate import METRICS, evaluate, run_episode
+from autotune.policies.evaluate import METRICS, evaluate_policies, run_episode
 
 
 @pytest.mark.parametrize("env_id", ["autotune/ClusterSmall-v0", "autotune/Cluster-v0"])
@@ -168,7 +168,7 @@ def test_every_baseline_finishes_the_small_workload(name: str) -> None:
 def test_rules_beat_static_and_oracle_beats_rules_on_goodput() -> None:
     rng = np.random.default_rng(11)
     jobs = synthetic_jobs(rng, n_jobs=16, mean_interarrival_s=400, median_duration_s=2400)
-    report = evaluate(
+    report = evaluate_policies(
         nodes=small_nodes(), jobs=jobs, policies=["static", "rules", "oracle"], seeds=2, slots=8
     )
     runs = report["policies"]
@@ -249,7 +249,9 @@ def test_eval_on_pollux_workload_6(pollux_dir: Path) -> None:
     ]
     workload = pollux_dir / "workloads" / "workload-6.csv"
     jobs = jobs_from_trace(pollux_workload(workload))
-    report = evaluate(nodes=nodes, jobs=jobs, policies=["static", "rules", "oracle"], seeds=2)
+    report = evaluate_policies(
+        nodes=nodes, jobs=jobs, policies=["static", "rules", "oracle"], seeds=2
+    )
     for seed in range(2):
         g = {p: report["policies"][p]["per_seed"][seed]["goodput"] for p in report["policies"]}
         assert g["static"] < g["rules"] <= g["oracle"]

@@ -20,7 +20,7 @@ from autotune.envs.workloads import jobs_from_trace, measured_physics, pollux_ar
 from autotune.errors import InputError
 from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.perf.pollux_trace import load_trace_apps
-from autotune.policies.evaluate import evaluate, run_episode
+from autotune.policies.evaluate import evaluate_policies, run_episode
 from autotune.policies.tiresias import TIRESIAS_THRESHOLD_GPU_S, TiresiasPolicy
 
 # Average JCT (s) of Tiresias in Pollux's artifact simulator (branch osdi21-artifact of
@@ -231,7 +231,7 @@ def test_pollux_compat_needs_a_pollux_workload(tmp_path: Path) -> None:
 
 def test_evaluate_reports_the_mode(pollux_dir: Path) -> None:
     jobs = _workload(pollux_dir, 6)[:5]
-    report = evaluate(
+    report = evaluate_policies(
         nodes=pollux_nodes(64),
         jobs=jobs,
         policies=["tiresias"],

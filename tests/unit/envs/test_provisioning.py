@@ -17,7 +17,7 @@ from autotune.envs.presets import small_nodes
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.envs.workloads import synthetic_jobs
 from autotune.perf.model import IDLE_POWER_FRACTION
-from autotune.policies.evaluate import evaluate
+from autotune.policies.evaluate import evaluate_policies
 from autotune.provisioning import Provisioner
 
 
@@ -102,7 +102,7 @@ def test_provisioning_saves_idle_energy_in_an_evaluation() -> None:
     jobs = synthetic_jobs(
         np.random.default_rng(3), n_jobs=6, mean_interarrival_s=4 * 3600, median_duration_s=1800
     )
-    report = evaluate(
+    report = evaluate_policies(
         nodes=small_nodes(),
         jobs=jobs,
         policies=["static"],

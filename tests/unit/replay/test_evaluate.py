@@ -13,10 +13,10 @@ import pytest
 from helpers import autotune_command
 
 from autotune.daemon.tick import Daemon
+from autotune.envs.workloads import load_workload
 from autotune.errors import InputError
+from autotune.policies.replay.evaluate import evaluate_replay, parse_policy, verdicts
 from autotune.policies.serving import default_policy_checkpoint
-from autotune.replay.evaluate import evaluate_replay, parse_policy, verdicts
-from autotune.replay.workload import load_workload
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,10 @@ from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.db.retention import RetentionPolicy, run_retention
 from autotune.db.tables import TransitionExportRow, TransitionRow
+from autotune.envs.workloads import load_workload
 from autotune.errors import InputError
 from autotune.policies.serving import PolicyServer
 from autotune.replay.export import MAX_FILES, export
-from autotune.replay.workload import load_workload
 from autotune.rl.acting import entry_probabilities
 from autotune.rl.action import ACTION_DIMS
 from autotune.rl.observation import HEADER, SLOT

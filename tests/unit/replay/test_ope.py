@@ -17,15 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from autotune.errors import InputError
-from autotune.replay.ope import (
-    LoggedDecisions,
-    RewardModel,
-    action_probability,
-    compare,
-    cross_fit,
-    evaluate,
-    importance_weights,
-)
+from autotune.policies.replay.logged import LoggedDecisions, action_probability, importance_weights
+from autotune.policies.replay.ope import RewardModel, compare, cross_fit, policy_value
 from autotune.rl.acting import action_mask, entry_probabilities, logged_logp
 from autotune.rl.action import ACTION_DIMS
 
@@ -150,7 +143,7 @@ def logging_probs(data: LoggedDecisions, eps: float = 0.3) -> list[np.ndarray]:
 
 def test_the_logging_policy_is_estimated_at_the_logged_mean_reward() -> None:
     data = bandit(0)
-    value = evaluate(data, logging_probs(data))
+    value = policy_value(data, logging_probs(data))
     # Every weight is 1: SNIS is the logged mean, the ESS every row.
     assert value.snis.value == pytest.approx(data.mean_reward, rel=1e-12, abs=1e-12)
     assert value.ess_share == pytest.approx(1.0, rel=1e-12)
@@ -180,7 +173,7 @@ def test_the_true_value_of_another_policy_lies_in_both_intervals() -> None:
     truth = true_value(lambda obs: logits(obs, W_TARGET), 0.3)
     logged = true_value(lambda obs: logits(obs, W_LOGGING), 0.3)
     data = bandit(3)
-    value = evaluate(data, entry_probabilities(logits(data.obs, W_TARGET), 0.3))
+    value = policy_value(data, entry_probabilities(logits(data.obs, W_TARGET), 0.3))
     assert abs(truth - logged) > 0.05  # the target is a different policy
     assert value.snis.contains(truth), (truth, value.snis)
     assert value.dr.contains(truth), (truth, value.dr)
@@ -197,7 +190,7 @@ def test_the_intervals_cover_the_truth_and_doubly_robust_is_narrower() -> None:
     runs = 30
     for seed in range(runs):
         data = bandit(100 + seed, episodes=120)
-        value = evaluate(
+        value = policy_value(
             data, entry_probabilities(logits(data.obs, W_TARGET), 0.3), resamples=300, seed=seed
         )
         for name, estimate in (("snis", value.snis), ("dr", value.dr)):
@@ -303,8 +296,8 @@ def test_the_bootstrap_resamples_whole_episodes() -> None:
     for episode_sd, low, high in ((1.0, 2.5, 6.0), (0.0, 0.75, 1.35)):
         data = bandit(7, episodes=100, per_episode=20, noise=0.3, episode_sd=episode_sd)
         rows = with_episodes(data, np.arange(data.rows))
-        by_episode = evaluate(data, logging_probs(data), resamples=500)
-        by_row = evaluate(rows, logging_probs(data), resamples=500)
+        by_episode = policy_value(data, logging_probs(data), resamples=500)
+        by_row = policy_value(rows, logging_probs(data), resamples=500)
         assert (data.episodes, rows.episodes) == (100, data.rows)
         for a, b in ((by_episode.snis, by_row.snis), (by_episode.dr, by_row.dr)):
             assert low < a.width / b.width < high, (episode_sd, a, b)
@@ -315,9 +308,9 @@ def test_episode_ids_may_be_any_hashable_and_the_estimates_are_reproducible() ->
     named = with_episodes(data, np.array([f"ep/{e}" for e in data.episode_index]))
     tuples = with_episodes(data, [("daemon", int(e)) for e in data.episode_index])
     probs = entry_probabilities(logits(data.obs, W_TARGET), 0.3)
-    values = [evaluate(d, probs, resamples=200, seed=4) for d in (data, named, tuples)]
+    values = [policy_value(d, probs, resamples=200, seed=4) for d in (data, named, tuples)]
     assert tuples.episodes == named.episodes == data.episodes == 30
-    assert values[0] == evaluate(data, probs, resamples=200, seed=4)
+    assert values[0] == policy_value(data, probs, resamples=200, seed=4)
     assert values[0].dr.value == values[1].dr.value == values[2].dr.value
 
 
@@ -364,7 +357,9 @@ def test_logs_load_from_an_arrow_table_a_data_frame_and_an_export(tmp_path: Path
 def test_results_are_plain_json() -> None:
     data = bandit(10, episodes=30)
     probs = entry_probabilities(logits(data.obs, W_TARGET), 0.3)
-    value = json.loads(json.dumps(evaluate(data, probs, resamples=100).to_json(), allow_nan=False))
+    value = json.loads(
+        json.dumps(policy_value(data, probs, resamples=100).to_json(), allow_nan=False)
+    )
     assert set(value) >= {"snis", "dr", "ess", "ess_share", "clipped_share", "rows"}
     assert set(value["dr"]) == {"value", "low", "high", "level"}
     result = compare(data, probs, logging_probs(data), resamples=100).to_json()
@@ -426,11 +421,11 @@ def test_bad_probabilities_and_settings_are_refused() -> None:
     off = [p.copy() for p in probs]
     off[3][7] *= 0.5
     with pytest.raises(InputError, match=r"probabilities\[3\] row 7: probabilities sum to"):
-        evaluate(data, off)
+        policy_value(data, off)
     with pytest.raises(InputError, match="6 arrays, expected one per entry"):
-        evaluate(data, probs[:6])
+        policy_value(data, probs[:6])
     with pytest.raises(InputError, match=r"shape \(149, 6\): expected \(150, 6\)"):
-        evaluate(data, [probs[0], probs[1][1:], *probs[2:]])
+        policy_value(data, [probs[0], probs[1][1:], *probs[2:]])
     negative = [p.copy() for p in probs]
     negative[0][0] = [1.5, -0.5]
     with pytest.raises(InputError, match="finite and >= 0"):
@@ -442,11 +437,11 @@ def test_bad_probabilities_and_settings_are_refused() -> None:
     never[1][:] = 0.0
     never[1][np.arange(data.rows), (data.entries[:, 1] + 1) % ACTION_DIMS[1]] = 1.0
     with pytest.raises(InputError, match="probability 0 to every logged action"):
-        evaluate(data, never)
+        policy_value(data, never)
     one_episode = with_episodes(data, np.zeros(data.rows, dtype=int))
     with pytest.raises(InputError, match="needs at least 2"):
-        evaluate(one_episode, probs)
+        policy_value(one_episode, probs)
     with pytest.raises(ValueError, match="max_weight"):
-        evaluate(data, probs, max_weight=0.0)
+        policy_value(data, probs, max_weight=0.0)
     with pytest.raises(ValueError, match="level"):
-        evaluate(data, probs, level=1.0)
+        policy_value(data, probs, level=1.0)

@@ -19,13 +19,13 @@ from helpers import cli
 from autotune.daemon.tick import Daemon
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.policies.ppo import MODULE_PATH, SlotPolicyModule, module_dir
+from autotune.policies.replay.train import returns_to_go
 from autotune.policies.serving import (
     LearnedPolicy,
     PolicyServer,
     checkpoint_hash,
     default_policy_checkpoint,
 )
-from autotune.replay.train import returns_to_go
 from autotune.rl.action import ACTION_DIMS
 from autotune.rl.observation import HEADER, SLOT
 
@@ -69,7 +69,7 @@ def test_returns_to_go_discount_each_episode_in_step_order() -> None:
 
 
 def test_the_loss_counts_only_the_entries_that_mattered() -> None:
-    from autotune.replay.learner import masked_log_likelihood
+    from autotune.policies.replay.learner import masked_log_likelihood
 
     logits = torch.randn(3, sum(ACTION_DIMS), requires_grad=True)
     actions = torch.tensor([[1, 2, 0, 3, 1, 0, 1], [0, 5, 4, 6, 2, 3, 0], [1, 0, 0, 0, 0, 0, 0]])

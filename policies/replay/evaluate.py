@@ -6,7 +6,7 @@
    deterministic). Reported per policy: average JCT, goodput, energy, each a mean over
    seeds with a 95% t-interval; and per candidate the paired difference from the baseline
    (the first policy, the logging one) per seed.
-2. **Off-policy estimates** on the logged rows (``autotune.replay.ope``): the expected
+2. **Off-policy estimates** on the logged rows (``autotune.policies.replay.ope``): the expected
    reward of one job's decision under each candidate acting epsilon-greedily with the
    logged epsilon, against the logged behaviour, by self-normalised importance sampling
    and doubly robust estimation, with 95% bootstrap intervals resampled by episode, the
@@ -21,18 +21,17 @@ of the rows; otherwise it names every test that failed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import stats
 
 from autotune.core import DEFAULT_ROUND_S, NodeInfo
 from autotune.envs.simulator import Arrival
 from autotune.errors import InputError
+from autotune.stats import mean_t_interval
 
 __all__ = ["PolicySpec", "counterfactual", "evaluate_replay", "parse_policy"]
 
@@ -70,18 +69,6 @@ def parse_policy(text: str) -> PolicySpec:
     return PolicySpec(name, checkpoint)
 
 
-def _interval(values: Sequence[float], level: float = 0.95) -> dict[str, float | None]:
-    """Mean and two-sided t-interval over seeds (``None`` bounds with one seed)."""
-    x = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
-    if x.size == 0:
-        return {"mean": None, "low": None, "high": None}
-    mean = float(x.mean())
-    if x.size < 2:
-        return {"mean": mean, "low": None, "high": None}
-    half = float(stats.t.ppf(0.5 + level / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
-    return {"mean": mean, "low": mean - half, "high": mean + half}
-
-
 def counterfactual(
     *,
     nodes: Sequence[NodeInfo],
@@ -95,7 +82,7 @@ def counterfactual(
 ) -> dict[str, Any]:
     """Every policy on the same workload and seeds (see the module docstring)."""
     from autotune.envs.cluster_env import ClusterEnv
-    from autotune.policies.evaluate import METRICS, evaluate
+    from autotune.policies.evaluate import METRICS, evaluate_policies
     from autotune.policies.serving import LearnedPolicy, PolicyServer
 
     if not arrivals:
@@ -118,7 +105,7 @@ def counterfactual(
 
         return make
 
-    report = evaluate(
+    report = evaluate_policies(
         nodes=nodes,
         jobs=arrivals,
         policies=[spec.name for spec in policies],
@@ -133,11 +120,15 @@ def counterfactual(
     base_runs = report["policies"][baseline]["per_seed"]
     for spec in policies:
         runs = report["policies"][spec.name]["per_seed"]
-        entry: dict[str, Any] = {key: _interval([run[key] for run in runs]) for key in CF_METRICS}
+        entry: dict[str, Any] = {
+            key: mean_t_interval([run[key] for run in runs]) for key in CF_METRICS
+        }
         entry["per_seed"] = [{k: run[k] for k in METRICS} for run in runs]
         if spec.name != baseline:
             entry["vs_baseline"] = {
-                key: _interval([a[key] - b[key] for a, b in zip(runs, base_runs, strict=True)])
+                key: mean_t_interval(
+                    [a[key] - b[key] for a, b in zip(runs, base_runs, strict=True)]
+                )
                 for key in ("avg_jct_s", "goodput", "energy_kwh")
             }
             base_jct = np.mean([b["avg_jct_s"] for b in base_runs])
@@ -161,8 +152,9 @@ def off_policy(
     """Each candidate's off-policy estimates against the logging policy (the first of
     ``policies``, a checkpoint: its epsilon-greedy probabilities must reproduce the logged
     ones, ``logging_mismatch_share`` says how far they do)."""
+    from autotune.policies.replay.logged import LoggedDecisions
+    from autotune.policies.replay.ope import compare
     from autotune.policies.serving import PolicyServer
-    from autotune.replay.ope import LoggedDecisions, compare
     from autotune.rl.acting import entry_probabilities
 
     if policies[0].checkpoint is None:
@@ -266,7 +258,7 @@ def evaluate_replay(
     """Both estimates and the verdicts. ``workload`` (nodes, arrivals, round period):
     what the counterfactual simulation plays (default: the export's ``workload.json``);
     ``data_dir`` ``None``: the counterfactual simulation alone."""
-    from autotune.replay.workload import load_workload
+    from autotune.envs.workloads import load_workload
 
     if len(policies) < 2:
         raise InputError("give the logging policy and at least one candidate (--policy twice)")

@@ -409,7 +409,7 @@ def _algorithm_config(settings: OfflineSettings, prepared: Path, hidden: int) ->
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
 
     from autotune.policies.ppo import SlotPolicyModule
-    from autotune.replay.learner import MaskedMARWILLearner
+    from autotune.policies.replay.learner import MaskedMARWILLearner
 
     observation, action = _spaces()
     training: dict[str, Any] = {
@@ -568,8 +568,8 @@ def _finetune(
     at ``module``; the result replaces ``module``. Returns PPO's report, trimmed."""
     from ray.rllib.core.rl_module.rl_module import RLModule
 
+    from autotune.envs.workloads import load_workload
     from autotune.policies.ppo import PPOSettings, TraceSource, train_ppo
-    from autotune.replay.workload import load_workload
 
     _, arrivals, round_s = load_workload(data.path)
     if not arrivals:
@@ -628,15 +628,15 @@ def train_offline(
     when fine-tuning) raises ``InputError`` before any training starts."""
     import ray
 
-    from autotune.executor.runner import ensure_ray
     from autotune.policies.ppo import MODULE_PATH
     from autotune.policies.serving import PolicyServer, checkpoint_hash
+    from autotune.ray_session import ensure_ray
 
     began = time.perf_counter()
     data = load_export(data_dir)
     start = _start(init)
     if settings.simulates:
-        from autotune.replay.workload import load_workload
+        from autotune.envs.workloads import load_workload
 
         load_workload(data.path)  # checked now, not after the offline training
     out = Path(out).resolve()  # RLlib reads a relative path as a URI

@@ -28,7 +28,7 @@ from ray.rllib.core.learner.learner import POLICY_LOSS_KEY, VF_LOSS_KEY
 from ray.rllib.evaluation.postprocessing import Postprocessing
 from ray.rllib.utils.torch_utils import explained_variance
 
-from autotune.replay.train import MASK_COLUMN
+from autotune.policies.replay.train import MASK_COLUMN
 from autotune.rl.action import ACTION_DIMS
 
 __all__ = ["MaskedMARWILLearner", "masked_log_likelihood"]
