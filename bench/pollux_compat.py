@@ -3,7 +3,7 @@ default world differs.
 
 For each Pollux workload, Tiresias (``autotune.policies.tiresias``) runs through our
 decision step in the Pollux-compatible mode (measured physics, Pollux's clock, 60 s
-rounds, 30 s per start and restart; what ``autotune eval --pollux-compat`` runs) and its
+rounds, 30 s per start and restart; what ``autotune pollux eval`` runs) and its
 average JCT is set beside the artifact simulator's (``results-jobload/tiresias-1.0``).
 Then, on ``--decompose`` workloads, the same policy on the same jobs one change at a
 time towards our default world (what ``autotune eval --pollux-workload`` runs):
@@ -20,9 +20,9 @@ time towards our default world (what ``autotune eval --pollux-workload`` runs):
         [--workloads 1-8] [--decompose 6] [--optimus] [--goodput]
         [--json-out bench/out/pollux_compat.json]
 
-``--optimus`` also runs Optimus (``autotune.policies.optimus``) beside the artifact's
+``--optimus`` also runs Optimus (``autotune.studies.pollux.optimus``) beside the artifact's
 (``results-jobload/optimus-1.0``); ``--goodput`` also runs the Pollux-style goodput
-optimiser (``autotune.policies.goodput``) and sets its average JCT beside Pollux's
+optimiser (``autotune.studies.pollux.goodput``) and sets its average JCT beside Pollux's
 published one (``results-jobload/pollux-1.0``).
 """
 
@@ -31,57 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from autotune.envs.cluster_env import ClusterEnv
-from autotune.envs.presets import pollux_nodes
-from autotune.envs.simulator import Arrival
-from autotune.envs.workloads import pollux_arrivals
-from autotune.policies.evaluate import run_episode
-from autotune.policies.goodput import GoodputPolicy
-from autotune.policies.optimus import OptimusPolicy
-from autotune.policies.tiresias import TiresiasPolicy
-
-# Average JCT (s) in the artifact's results-jobload/{tiresias,pollux}-1.0/summary.json.
-POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
-POLLUX_POLLUX = {1: 2089, 2: 3323, 3: 2188, 4: 2721, 5: 2674, 6: 2446, 7: 3616, 8: 2952}
-POLLUX_OPTIMUS = {1: 4087, 2: 6914, 3: 3944, 4: 5968, 5: 5656, 6: 5302, 7: 7291, 8: 6294}
-
-
-def _run(
-    jobs: list[Arrival], *, round_s: float, start_s: float, noise: bool, policy: str = "tiresias"
-) -> dict[str, Any]:
-    env = ClusterEnv(
-        nodes=pollux_nodes(64),
-        jobs=jobs,
-        slots=32,
-        round_s=round_s,
-        restart_s=30.0,
-        start_s=start_s,
-        noise=noise,
-        max_steps=1_000_000,
-    )
-    began = time.perf_counter()
-    chosen: Any = {
-        "tiresias": lambda: TiresiasPolicy(),
-        "goodput": lambda: GoodputPolicy(env),
-        "optimus": lambda: OptimusPolicy(env),
-    }[policy]()
-    result = run_episode(chosen, env, seed=0)
-    assert env.sim is not None
-    result["preemptions"] = sum(j.preemptions for j in env.sim.jobs.values())
-    result["wall_s"] = round(time.perf_counter() - began, 2)
-    return result
-
-
-def _span(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
+from autotune.studies.pollux.env import compat_arrivals
+from autotune.studies.pollux.fidelity import decompose, run
+from autotune.studies.pollux.protocol import POLLUX, POLLUX_OPTIMUS, POLLUX_TIRESIAS, workloads
 
 
 def main() -> int:
@@ -99,15 +54,15 @@ def main() -> int:
     args = parser.parse_args()
     traces = args.pollux / "traces"
     report: dict[str, Any] = {"pollux_tiresias": POLLUX_TIRESIAS, "workloads": {}}
-    for n in _span(args.workloads):
+    for n in workloads(args.workloads):
         path = args.pollux / "workloads" / f"workload-{n}.csv"
         row: dict[str, Any] = {"pollux_s": POLLUX_TIRESIAS[n]}
-        compat = _run(pollux_arrivals(path, traces=traces), round_s=60, start_s=30, noise=False)
+        compat = run(compat_arrivals(path, traces), round_s=60, start_s=30, noise=False)
         row["compat"] = compat
         row["compat_vs_pollux"] = round(compat["avg_jct_s"] / POLLUX_TIRESIAS[n] - 1, 4)
         if args.optimus:
-            optimus = _run(
-                pollux_arrivals(path, traces=traces),
+            optimus = run(
+                compat_arrivals(path, traces),
                 round_s=60,
                 start_s=30,
                 noise=False,
@@ -121,28 +76,23 @@ def main() -> int:
                 flush=True,
             )
         if args.goodput:
-            goodput = _run(
-                pollux_arrivals(path, traces=traces),
+            goodput = run(
+                compat_arrivals(path, traces),
                 round_s=60,
                 start_s=30,
                 noise=False,
                 policy="goodput",
             )
             row["goodput"] = goodput
-            row["pollux_published_s"] = POLLUX_POLLUX[n]
-            row["goodput_vs_pollux"] = round(goodput["avg_jct_s"] / POLLUX_POLLUX[n] - 1, 4)
+            row["pollux_published_s"] = POLLUX[n]
+            row["goodput_vs_pollux"] = round(goodput["avg_jct_s"] / POLLUX[n] - 1, 4)
             print(
                 f"workload {n}: goodput optimiser {goodput['avg_jct_s']:7.0f} s (Pollux "
-                f"{POLLUX_POLLUX[n]}, {row['goodput_vs_pollux']:+.1%})",
+                f"{POLLUX[n]}, {row['goodput_vs_pollux']:+.1%})",
                 flush=True,
             )
-        if args.decompose and n in _span(args.decompose):
-            measured = pollux_arrivals(path, traces=traces)
-            modelled = pollux_arrivals(path)
-            row["compat_300s"] = _run(measured, round_s=300, start_s=0, noise=False)
-            row["model_60s"] = _run(modelled, round_s=60, start_s=30, noise=False)
-            row["model_300s"] = _run(modelled, round_s=300, start_s=0, noise=False)
-            row["default"] = _run(modelled, round_s=300, start_s=0, noise=True)
+        if args.decompose and n in workloads(args.decompose):
+            row.update(decompose(path, traces))
         report["workloads"][n] = row
         print(
             f"workload {n}: Tiresias {compat['avg_jct_s']:7.0f} s (Pollux's simulator "

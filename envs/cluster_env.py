@@ -25,12 +25,9 @@ jobs in queue order):
 | checkpointing | off, on (the memory rule may still turn it on) |
 
 An entry out of its range raises ``InvalidActionError``. Waiting jobs beyond the slots
-wait in queue order.
-
-With ``knobs="pollux"`` (Pollux's knobs only) the action is instead
-``Box(-6, 6, (slots,))``: per slot, log2 of the job's weight in a Pollux-style goodput
-allocation (``allocator``: ``autotune.policies.goodput.GoodputPolicy``, whose
-``allocate`` sets every job's GPU count and batch size); jobs beyond the slots weigh 1.
+wait in queue order. A study's world may act through other knobs with a wrapper of its
+own (``autotune.studies.pollux.env.PolluxCompatEnv``: each job's weight in a goodput
+allocation).
 
 ## Observation space
 
@@ -84,11 +81,6 @@ configuration ran out of memory, ``nan_penalty`` per divergence event,
 ``energy_weight`` per kWh the cluster drew (running jobs' power from the performance
 model, idle GPUs at their idle share).
 
-With ``objective="jct"`` the reward is instead minus the job-hours of the round: the
-active (waiting or running) jobs at its start times ``round_s`` / 3600, so an episode's
-return is minus the jobs' summed completion time in hours (Little's law), the average
-JCT that the Pollux-compatible mode measures.
-
 ## Starting state
 
 An empty cluster; jobs from ``jobs`` (a trace), or drawn from ``self.np_random``: with
@@ -102,71 +94,40 @@ Terminated when every job has finished; truncated after ``max_steps``.
 
 ## Arguments
 
+``ClusterEnv(config, *, nodes, jobs, forecaster, provisioner, **fields)``: an
+``EnvConfig`` (every field documented there, with its default), its fields overridden
+by keyword; the cluster's ``nodes`` (default: ``EnvConfig.small``'s preset), the
+``jobs`` (a trace, or a function returning one per episode; default: drawn), the demand
+``forecaster`` behind the observation's forecast features and a ``provisioner``.
 ``gymnasium.make("autotune/Cluster-v0")`` (the daemon's default world: its 32 GPUs of
 three generations and its job stream; 16 slots) or ``"autotune/ClusterSmall-v0"`` (16
-GPUs, 4 slots, short synthetic episodes); keyword arguments of ``ClusterEnv`` override
-either.
+GPUs, 4 slots, short synthetic episodes); keyword arguments override either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final, SupportsFloat
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
 
-from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S, JobConfig, Layout, NodeInfo
+from autotune.core import NodeInfo
 from autotune.decision.step import decide
 from autotune.demand import DemandForecaster
 from autotune.envs.presets import default_nodes, small_nodes
 from autotune.envs.simulator import Arrival, SimConfig, SimulatedCluster
-from autotune.envs.spaces import (
-    action_space,
-    decode_weights,
-    observation_space,
-    pollux_action_space,
-)
+from autotune.envs.spaces import action_space, observation_space
 from autotune.envs.workloads import job_stream, synthetic_jobs
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
 from autotune.provisioning import Provisioner
 from autotune.rl.action import decode_action
+from autotune.rl.environment import EnvConfig
 from autotune.rl.observation import ObservationEncoder
 from autotune.rl.reward import RoundOutcome, reward
 
-__all__ = ["ClusterEnv"]
-
-
-OBJECTIVES: Final = ("goodput", "jct")
-"""What the reward pays: the cluster's normalized goodput less penalties, or minus the
-round's job-hours (the average completion time)."""
-KNOBS: Final = ("all", "pollux")
-"""What a policy may choose in the environment: ``all`` (our default world: precision
-maps, gradient compression, data/tensor/pipeline layouts, GPU count, batch scale,
-activation checkpointing) or ``pollux`` (Pollux's knobs: each job's GPU count and batch
-size, data parallel, fp32, no compression)."""
-
-
-def pollux_knobs(choices: Mapping[str, PolicyChoice]) -> dict[str, PolicyChoice]:
-    """``choices`` with only Pollux's knobs kept: each configuration becomes plain data
-    parallelism over its GPUs in fp32 without compression, with its batch size (the
-    memory rule adds gradient accumulation or checkpointing where the batch needs it)."""
-    out: dict[str, PolicyChoice] = {}
-    for job_id, choice in choices.items():
-        config = choice.config
-        if config is not None:
-            batch = config.global_batch
-            plain = JobConfig(
-                layout=Layout(world_size=config.world_size),
-                # At least a sample per data-parallel rank (tensor- or pipeline-parallel
-                # ranks shared one).
-                global_batch=None if batch is None else max(batch, config.world_size),
-            )
-            if plain != config:
-                choice = replace(choice, config=plain, reason=f"{choice.reason} (Pollux's knobs)")
-        out[job_id] = choice
-    return out
+__all__ = ["ClusterEnv", "EnvConfig"]
 
 
 class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -174,79 +135,43 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
 
     def __init__(
         self,
+        config: EnvConfig | None = None,
         *,
         nodes: Sequence[NodeInfo] | None = None,
         jobs: Sequence[Arrival] | Callable[[], Sequence[Arrival]] | None = None,
-        n_jobs: int = 60,
-        mean_interarrival_s: float = 600.0,
-        median_duration_s: float = 3600.0,
-        stream: bool = False,
-        initial_jobs: int = 6,
-        slots: int = 16,
-        round_s: float = DEFAULT_ROUND_S,
-        restart_s: float = 30.0,
-        start_s: float = 0.0,
-        max_steps: int = 500,
-        noise: bool = True,
-        oom_penalty: float = 1.0,
-        nan_penalty: float = 0.5,
-        restart_penalty: float = 1.0,
-        energy_weight: float = DEFAULT_ENERGY_WEIGHT,
-        small: bool = False,
         forecaster: DemandForecaster | None = None,
-        knobs: str = "all",
         provisioner: Provisioner | None = None,
-        wake_s: float = 120.0,
-        objective: str = "goodput",
-        allocator: Callable[[ClusterEnv], Any] | None = None,
+        **fields: Any,
     ) -> None:
-        if knobs not in KNOBS:
-            raise ValueError(f"knobs={knobs!r}: one of {KNOBS}")
-        if objective not in OBJECTIVES:
-            raise ValueError(f"objective={objective!r}: one of {OBJECTIVES}")
-        self.knobs = knobs
-        self.objective = objective
+        """``config`` with ``fields`` (any ``EnvConfig`` field, by name) replaced; see the
+        module docstring's Arguments."""
+        self.config = replace(config or EnvConfig(), **fields)
+        config = self.config
         if nodes is not None:
             self.nodes = list(nodes)
         else:
-            self.nodes = small_nodes() if small else default_nodes()
+            self.nodes = small_nodes() if config.small else default_nodes()
         self._jobs = jobs
-        self.n_jobs = n_jobs
-        self.mean_interarrival_s = mean_interarrival_s
-        self.median_duration_s = median_duration_s
-        self.stream = stream
-        self.initial_jobs = initial_jobs
-        self.slots = slots
+        self.slots = config.slots
         self.sim_config = SimConfig(
-            round_s=round_s,
-            restart_s=restart_s,
-            start_s=start_s,
-            noise=noise,
+            round_s=config.round_s,
+            restart_s=config.restart_s,
+            start_s=config.start_s,
+            noise=config.noise,
             nodes=tuple(self.nodes),
             initial_jobs=0,
             max_jobs=0,
-            wake_s=wake_s,
+            wake_s=config.wake_s,
         )
         self.provisioner = provisioner
         """Parks and wakes nodes every round (``autotune.provisioning``); with one, idle
         rounds are played (not skipped), so idle energy counts."""
-        self.max_steps = max_steps
-        self.weights = {
-            "oom_penalty": oom_penalty,
-            "nan_penalty": nan_penalty,
-            "restart_penalty": restart_penalty,
-            "energy_weight": energy_weight,
-        }
-        self.encoder = ObservationEncoder(slots, round_s=round_s, forecaster=forecaster)
-        self.action_space: Any = (
-            pollux_action_space(slots) if knobs == "pollux" else action_space(slots)
+        self.max_steps = config.max_steps
+        self.encoder = ObservationEncoder(
+            config.slots, round_s=config.round_s, forecaster=forecaster
         )
-        self.make_allocator = allocator
-        """``knobs="pollux"``: builds, every episode, the allocation that turns the
-        action (job weights) into choices; ``autotune.policies.goodput.GoodputPolicy``
-        (passed in: the environment does not import policies)."""
-        self.allocator: Any = None
-        self.observation_space = observation_space(slots)
+        self.action_space: Any = action_space(config.slots)
+        self.observation_space = observation_space(config.slots)
         self.sim: SimulatedCluster | None = None
         self.snapshot: ClusterSnapshot | None = None
         self.steps = 0
@@ -270,26 +195,25 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         elif self._jobs is not None:
             jobs = list(self._jobs)
         else:
+            config = self.config
             jobs = (
                 list(
                     job_stream(
                         self.np_random,
-                        mean_interarrival_s=self.mean_interarrival_s,
-                        initial_jobs=self.initial_jobs,
-                        max_jobs=self.n_jobs,
+                        mean_interarrival_s=config.mean_interarrival_s,
+                        initial_jobs=config.initial_jobs,
+                        max_jobs=config.n_jobs,
                     )
                 )
-                if self.stream
+                if config.stream
                 else synthetic_jobs(
                     self.np_random,
-                    n_jobs=self.n_jobs,
-                    mean_interarrival_s=self.mean_interarrival_s,
-                    median_duration_s=self.median_duration_s,
+                    n_jobs=config.n_jobs,
+                    mean_interarrival_s=config.mean_interarrival_s,
+                    median_duration_s=config.median_duration_s,
                 )
             )
         self.sim = SimulatedCluster(self.sim_config, arrivals=jobs, rng=self.np_random)
-        if self.make_allocator is not None:
-            self.allocator = self.make_allocator(self)
         self.sim.skip_idle()
         self.steps = 0
         self.encoder.reset()
@@ -301,16 +225,6 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
     def choices(self, action: np.ndarray) -> dict[str, PolicyChoice]:
         """What ``action`` means for the current state (``InvalidActionError`` if out of
         range)."""
-        if self.knobs == "pollux":
-            snapshot = self._snapshot()
-            weights = decode_weights(action, snapshot, self.slots)
-            if self.allocator is None:
-                raise RuntimeError(
-                    "the Pollux-compatible mode's action needs an allocation: "
-                    "ClusterEnv(allocator=autotune.policies.goodput.GoodputPolicy)"
-                )
-            allocated: dict[str, PolicyChoice] = self.allocator.allocate(snapshot, weights)
-            return allocated
         return decode_action(action, self._snapshot(), self.slots, source="action")
 
     def step(
@@ -325,9 +239,6 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         ``Policy`` objects run in the environment)."""
         sim = self._require()
         snapshot = self._snapshot()
-        if self.knobs == "pollux":
-            choices = pollux_knobs(choices)
-        active = sum(1 for j in snapshot.jobs if j.state in ("pending", "running"))
         round_ = decide(snapshot, choices, {}, honoured={}, policy_version="env", explain=False)
         sim.apply(round_.decisions)
         outcome = sim.advance()
@@ -335,11 +246,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
             sim.skip_idle()
         self.steps += 1
         self.snapshot = self._provisioned(sim)
-        if self.objective == "jct":
-            parts = {"jct": -active * self.round_s / 3600.0}
-            value = parts["jct"]
-        else:
-            value, parts = reward(outcome, round_s=self.round_s, **self.weights)
+        value, parts = reward(outcome, round_s=self.round_s, weights=self.config.reward_weights)
         terminated = sim.done
         truncated = not terminated and self.steps >= self.max_steps
         obs = self.encoder.encode(self.snapshot)

@@ -11,12 +11,25 @@ small one of quick tests and training, and the clusters of the public traces' ow
 
 from __future__ import annotations
 
+from typing import Final
+
 from autotune.catalog.devices import node_info
 from autotune.core import NodeInfo
 from autotune.errors import InputError
-from autotune.perf.pollux import POLLUX_GPU, POLLUX_INTER_NODE_GBPS
 
-__all__ = ["default_nodes", "philly_nodes", "pollux_nodes", "small_nodes"]
+__all__ = [
+    "POLLUX_GPU",
+    "POLLUX_INTER_NODE_GBPS",
+    "default_nodes",
+    "philly_nodes",
+    "pollux_nodes",
+    "small_nodes",
+]
+
+POLLUX_GPU: Final = "T4"
+"""The GPU of Pollux's testbed: AWS g4dn.12xlarge nodes, 4 NVIDIA T4 each."""
+POLLUX_INTER_NODE_GBPS: Final = 6.25
+"""g4dn.12xlarge: "up to 50 Gbps" networking (AWS instance type page) = 6.25 GB/s."""
 
 
 def default_nodes() -> list[NodeInfo]:
@@ -49,12 +62,6 @@ def small_nodes() -> list[NodeInfo]:
         for m in ("A100", "T4")
         for i in range(2)
     ]
-
-
-POLLUX_ROUND_S = 60.0
-"""Pollux's simulator: a scheduling round every 60 s (``--interval``) ..."""
-POLLUX_RESTART_S = 30.0
-"""... and 30 s without progress at every start and restart (``Job.reallocate``)."""
 
 
 def pollux_nodes(gpus: int) -> list[NodeInfo]:

@@ -20,8 +20,8 @@ Events, all drawn from the generator given:
 
 - **reconfiguration**: a running job whose configuration or placement changes pays
   ``restart_s`` of downtime (checkpoint, tear down, restore and the steps lost since the
-  last checkpoint) before it makes progress again; a job on Pollux's measured physics
-  changes only its batch on the same GPUs in place, as Pollux's agent does;
+  last checkpoint) before it makes progress again, unless its physics takes the change
+  in place (``JobPhysics.in_place``);
 - **divergence**: low-precision maps diverge (NaN/Inf) as a Poisson process at
   ``divergence_rate_per_hour``; the job rolls back to its last checkpoint (half a round
   lost on average) and moves to a safer map (bf16 where the GPU has it, else fp32, with
@@ -35,6 +35,11 @@ Provisioning may **park** idle nodes (``park``): a parked node draws
 ``parked_power_fraction`` of its GPUs' TDP (0: powered off) and jobs cannot use it; one
 woken (``wake``) draws idle power and becomes usable ``wake_s`` later.
 
+A job may bring physics of its own (``Arrival.physics``, a ``JobPhysics``): then it
+advances as its measurements say, not as the performance model does; a study's world
+plugs in this way (``autotune.studies.pollux``: Pollux's measured step times and
+gradient statistics). Energy still comes from the model.
+
 Measurements: each running job reports its step time (``metrics["step_time_s"]``) with
 ``MEASUREMENT_NOISE`` (when ``noise``), as a backend that trains it would; the daemon
 fits each job's throughput model online from these reports.
@@ -45,7 +50,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,7 +63,6 @@ from autotune.core import (
     JobSpec,
     Layout,
     NodeInfo,
-    Placement,
     PrecisionMap,
 )
 from autotune.envs.presets import default_nodes
@@ -73,13 +77,14 @@ from autotune.perf.model import (
     estimate,
     shape_of,
 )
-from autotune.perf.pollux_trace import TraceApp, packed
 from autotune.perf.stragglers import median_cv, sample_cv
 from autotune.rl.reward import JobRound, RoundOutcome
 
 __all__ = [
     "MEASUREMENT_NOISE",
     "Arrival",
+    "JobPhysics",
+    "PhysicsRound",
     "SimConfig",
     "SimJob",
     "SimulatedCluster",
@@ -90,6 +95,55 @@ MEASUREMENT_NOISE = 0.05
 """Log-normal spread of a reported step time around the model's (assumed: 5%, within
 the 3-8% step-to-step spread the executor measures on CPU). The daemon's online fits
 learn from these reports as they would from a real backend's."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PhysicsRound:
+    """What a job with physics of its own did in a round."""
+
+    goodput: float
+    """Progress units per second, averaged over the round's run time."""
+    step_s: float
+    """Its step time (what a backend would measure)."""
+    samples_per_s: float
+    reached: float
+    """Its progress at the end of the round, in its physics' units."""
+    finished_after_s: float | None
+    """Seconds of run time it took to finish; ``None``: it did not."""
+
+
+class JobPhysics(Protocol):
+    """How a job advances when its progress is measured rather than modelled: the
+    simulated cluster asks these instead of the performance model (a study's world plugs
+    its measurements in this way)."""
+
+    @property
+    def work(self) -> float:
+        """Progress units to finish."""
+        ...
+
+    def reference_rate(self, reference_gpus: int, gpus_per_node: int, batch: int) -> float:
+        """Progress units per second of the job's reference configuration (its reference
+        GPUs packed on nodes of ``gpus_per_node``, data parallel, ``batch``): the unit of
+        its normalized goodput."""
+        ...
+
+    def advance(
+        self,
+        job_id: str,
+        done: float,
+        config: JobConfig,
+        ranks_per_node: tuple[int, ...],
+        batch: int,
+        run_s: float,
+    ) -> PhysicsRound:
+        """``run_s`` seconds of training from progress ``done`` (``run_s`` 0: the rate
+        alone); ``ValueError`` for a configuration it has no measurements of."""
+        ...
+
+    def in_place(self, old: JobConfig | None, new: JobConfig) -> bool:
+        """Whether a running job takes ``new`` on the same GPUs without a restart."""
+        ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,10 +163,9 @@ class Arrival:
     coeffs: Coefficients = DEFAULT_COEFFICIENTS
     """The performance model's coefficients for this job (calibrated per application
     for the Pollux workloads)."""
-    trace: TraceApp | None = None
-    """Pollux-compatible physics: the job advances as Pollux's simulator advances it, on
-    its application's measured step times and gradient statistics
-    (``autotune.perf.pollux_trace``); ``work`` is then in Pollux's progress units.
+    physics: JobPhysics | None = None
+    """Physics of the job's own (measured): it advances as they say, ``work`` in their
+    progress units, and never runs out of memory (it was measured at the sizes it runs);
     ``None``: the performance model."""
 
     @property
@@ -279,13 +332,10 @@ class SimulatedCluster:
         ref = self._estimate(job, reference, shape, cv=median_cv())
         # The unit of speed, not a config to run: memory is ignored here.
         job.reference_goodput = ref.step.samples_per_s * ref.efficiency
-        if arrival.trace is not None:
-            # Progress units per second on the reference GPUs, packed, first epoch.
-            job.work = arrival.trace.target_progress
-            job.reference_goodput = arrival.trace.rate(
-                packed(arrival.reference_gpus, self._gpus_per_node),
-                spec.global_batch,
-                0,
+        if arrival.physics is not None:
+            job.work = arrival.physics.work
+            job.reference_goodput = arrival.physics.reference_rate(
+                arrival.reference_gpus, self._gpus_per_node, spec.global_batch
             )
         if job.work <= 0:
             assert arrival.duration_s is not None
@@ -564,8 +614,8 @@ class SimulatedCluster:
             job.attained_gpu_s += gpus * dt
             energy_j += est.power_watts * dt
             mine = JobRound(restart_s=dt - run_s, energy_kwh=est.power_watts * dt / 3.6e6)
-            trace = job.arrival.trace
-            if est.oom and trace is None:  # a measured job ran at this size
+            physics = job.arrival.physics
+            if est.oom and physics is None:  # a measured job ran at this size
                 per_job[job.job_id] = replace(mine, ooms=1)
                 ooms += 1
                 job.goodput = 0.0
@@ -597,10 +647,17 @@ class SimulatedCluster:
                 )[0]
             need = job.work - job.done
             reached = job.done
-            if trace is not None:
-                goodput, step_s, samples_per_s, reached, used_s = self._trace_round(
-                    job, trace, status.config, status.placement, run_s
+            if physics is not None:
+                ran = physics.advance(
+                    job.job_id,
+                    job.done,
+                    status.config,
+                    tuple(shape_of(status.placement, self._nodes).ranks_per_node),
+                    status.config.batch(status.spec),
+                    run_s,
                 )
+                goodput, step_s, samples_per_s = ran.goodput, ran.step_s, ran.samples_per_s
+                reached, used_s = ran.reached, ran.finished_after_s
                 gained = need if used_s is not None else reached - job.done
             else:
                 goodput, step_s, samples_per_s = (
@@ -635,7 +692,7 @@ class SimulatedCluster:
                     metrics=metrics,
                 )
             else:
-                job.done = reached if trace is not None else job.done + gained
+                job.done = reached if physics is not None else job.done + gained
                 share = goodput / job.reference_goodput * run_s / dt
                 job.status = replace(
                     status,
@@ -669,36 +726,6 @@ class SimulatedCluster:
             jobs=per_job,
         )
 
-    def _trace_round(
-        self,
-        job: SimJob,
-        trace: TraceApp,
-        config: JobConfig,
-        placement: Placement,
-        run_s: float,
-    ) -> tuple[float, float, float, float, float | None]:
-        """One round of a job on Pollux's measured physics: (progress units per second
-        averaged over the run, step time, samples per second, the progress reached,
-        seconds to finish or ``None``)."""
-        if config.layout.world_size != config.layout.dp or not _is_plain(config):
-            raise ValueError(
-                f"{job.job_id}: a job on Pollux's measured physics runs data parallel in "
-                f"fp32 without compression, got {config.describe()}"
-            )
-        ranks = tuple(shape_of(placement, self._nodes).ranks_per_node)
-        batch = _measured_batch(trace, ranks, config.batch(job.status.spec))
-        epoch = trace.epoch_of(job.done)
-        split = trace.split(sum(ranks), batch)
-        step_s, sync_s = trace.step_times(ranks, split.atomic)
-        step_s = step_s + (step_s - sync_s) * split.accum_steps
-        samples_per_s = split.batch / step_s
-        if run_s <= 0:
-            return trace.rate(ranks, batch, epoch), step_s, samples_per_s, job.done, None
-        reached, finished_after = trace.run(job.done, ranks, batch, run_s)
-        seconds = finished_after if finished_after is not None else run_s
-        goodput = (reached - job.done) / max(seconds, 1e-9)
-        return goodput, step_s, samples_per_s, reached, finished_after
-
     def skip_idle(self) -> None:
         """Jump to the round of the next arrival when nothing is active (nothing to
         decide); the environment does this, the daemon's clock does not jump."""
@@ -731,33 +758,12 @@ class SimulatedCluster:
                     raise ValueError(f"GPU {key} over-committed by {job.job_id}")
 
 
-def _measured_batch(trace: TraceApp, ranks: tuple[int, ...], batch: int) -> int:
-    """``batch`` within what the traces measured on these ranks: at most the largest
-    validated batch (Pollux's bound), and where its local batch is smaller than any
-    measured there, the smallest one measured (the traces hold nothing smaller)."""
-    gpus = sum(ranks)
-    batch = min(batch, trace.max_batch)
-    local = trace.split(gpus, batch).atomic
-    for atomic in range(local, trace.max_local + 1):
-        try:
-            trace.step_times(ranks, atomic)
-        except ValueError:
-            continue
-        return batch if atomic == local else max(batch, gpus * atomic)
-    raise ValueError(f"{trace.name}: no measured local batch on placement {ranks}")
-
-
 def _in_place(job: SimJob, old: JobConfig | None, new: JobConfig) -> bool:
-    """Whether a running job on measured physics changes from ``old`` to ``new`` without
-    a restart: only its batch changes (on the same GPUs), as Pollux's agent re-chooses a
-    job's batch size in place (the artifact's ``Job.step`` re-optimises it at every epoch
-    and charges its 30 s only for a new allocation). Jobs on our performance model
-    restart for any change: the executor restarts them from a checkpoint."""
-    return job.arrival.trace is not None and new.rebatches(old)
-
-
-def _is_plain(config: JobConfig) -> bool:
-    return config.compression.kind == "none" and config.precision == PrecisionMap.uniform("fp32")
+    """Whether a running job changes from ``old`` to ``new`` without a restart: only where
+    its own physics say so. Jobs on the performance model restart for any change: the
+    executor restarts them from a checkpoint."""
+    physics = job.arrival.physics
+    return physics is not None and physics.in_place(old, new)
 
 
 def _arrival_of(job: JobSubmission, *, submitted_at: float) -> Arrival:

@@ -3,8 +3,9 @@
 A trace job asks for a GPU count; the simulator treats it as elastic between 1 and
 ``ELASTIC_FACTOR`` times that count (as Pollux does for its workloads), and its work is
 its measured duration at the requested count under the reference config (data
-parallel, fp32, no compression). Pollux jobs carry their application's measured work
-and calibrated coefficients. ``job_stream`` is the built-in stream the daemon's
+parallel, fp32, no compression). Jobs of the six measured applications (the Pollux
+workloads') carry their application's measured work and calibrated coefficients
+(``autotune.catalog.applications``). ``job_stream`` is the built-in stream the daemon's
 simulated cluster runs on its defaults; ``load_workload`` plays the jobs of logged runs
 again (an export's ``workload.json``, ``autotune.replay.workload``).
 """
@@ -30,16 +31,18 @@ from autotune.replay.workload import read_workload
 
 __all__ = [
     "ELASTIC_FACTOR",
+    "MAX_GPUS",
     "STREAM_MIX",
     "job_stream",
     "jobs_from_trace",
     "load_workload",
-    "measured_physics",
+    "pick_jobs",
     "pollux_arrivals",
     "synthetic_jobs",
 ]
 
 MAX_GPUS: Final = 64
+"""The most GPUs a trace job may take (its elastic range's cap)."""
 
 # (model, share of arrivals, requested GPUs): small jobs dominate, as in Helios and Philly.
 SYNTHETIC_MIX: Final = (
@@ -115,31 +118,14 @@ def load_workload(directory: str | Path) -> tuple[list[NodeInfo], list[Arrival],
     return workload.nodes, arrivals, workload.round_s
 
 
-def pollux_arrivals(
-    path: str | Path, jobs: str | None = None, *, traces: str | Path | None = None
-) -> list[Arrival]:
-    """The jobs of a Pollux workload CSV as arrivals, ``jobs`` (``"START:STOP"``, a
-    slice of the arrival order; ``None``: all) re-based so the first arrives at 0.
-
-    ``traces`` (the Pollux traces folder): the Pollux-compatible mode. Each job runs on
-    its application's measured physics (``Arrival.trace``) and keeps the workload's
-    arrival times (Pollux's clock, not re-based: its rounds start at 0)."""
+def pollux_arrivals(path: str | Path, jobs: str | None = None) -> list[Arrival]:
+    """The jobs of a Pollux workload CSV as arrivals on the catalog's profiles of its
+    applications, ``jobs`` (``"START:STOP"``, a slice of the arrival order; ``None``:
+    all) re-based so the first arrives at 0."""
     from autotune.envs.traces import pollux_workload
 
-    if traces is not None:
-        arrivals = measured_physics(jobs_from_trace(pollux_workload(path, rebase=False)), traces)
-    else:
-        arrivals = jobs_from_trace(pollux_workload(path))
-    if jobs:
-        start, _, stop = jobs.partition(":")
-        try:
-            picked = slice(int(start) if start else None, int(stop) if stop else None)
-        except ValueError:
-            raise InputError(f"jobs {jobs!r}: START:STOP, integers") from None
-        arrivals = arrivals[picked]
-        if not arrivals:
-            raise InputError(f"jobs {jobs!r}: no job of the workload in that range", path=str(path))
-    if not arrivals or traces is not None:
+    arrivals = pick_jobs(jobs_from_trace(pollux_workload(path)), jobs, path)
+    if not arrivals:
         return arrivals
     origin = min(a.spec.submitted_at for a in arrivals)
     return [
@@ -148,30 +134,21 @@ def pollux_arrivals(
     ]
 
 
-def measured_physics(arrivals: Sequence[Arrival], traces: str | Path) -> list[Arrival]:
-    """Pollux jobs on their applications' measured physics (``Arrival.trace``), for the
-    Pollux-compatible mode; ``traces``: the Pollux traces folder."""
-    from autotune.perf.pollux_trace import load_trace_apps
-
-    measured = load_trace_apps(traces)
-    out: list[Arrival] = []
-    for arrival in arrivals:
-        model = arrival.spec.model
-        if model is None or model.name not in measured:
-            raise InputError(
-                f"job {arrival.spec.job_id}: not a Pollux application "
-                f"({', '.join(sorted(measured))}); the Pollux-compatible mode runs only those"
-            )
-        trace = measured[model.name]
-        # Elastic up to what the traces measured: the largest batch at the smallest
-        # local batch (Pollux's bound on a job's replicas), at most MAX_GPUS; ncf on the
-        # one GPU Pollux's artifact gives it.
-        top = max(arrival.spec.min_gpus, min(MAX_GPUS, trace.max_batch // trace.min_local))
-        if trace.fixed is not None:
-            top = trace.fixed[0]
-        spec = replace(arrival.spec, max_gpus=max(top, arrival.spec.requested_gpus or 1))
-        out.append(replace(arrival, spec=spec, trace=trace))
-    return out
+def pick_jobs(arrivals: list[Arrival], jobs: str | None, path: str | Path) -> list[Arrival]:
+    """``arrivals[START:STOP]`` for ``jobs`` = ``"START:STOP"`` (either may be left out;
+    ``None``: all); ``InputError`` when the range is malformed or holds no job of the
+    workload at ``path``."""
+    if not jobs:
+        return arrivals
+    start, _, stop = jobs.partition(":")
+    try:
+        picked = slice(int(start) if start else None, int(stop) if stop else None)
+    except ValueError:
+        raise InputError(f"jobs {jobs!r}: START:STOP, integers") from None
+    arrivals = arrivals[picked]
+    if not arrivals:
+        raise InputError(f"jobs {jobs!r}: no job of the workload in that range", path=str(path))
+    return arrivals
 
 
 def synthetic_jobs(

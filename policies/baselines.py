@@ -18,11 +18,9 @@ environment and in the daemon alike.
   the simulator (coefficients, reference speeds), which no deployable policy can.
 - ``tiresias``: two-queue least-attained-service with preemption, each job on its
   requested GPUs in fp32 (``autotune.policies.tiresias``), as Pollux's artifact runs it.
-- ``optimus``: Optimus with its oracle as Pollux's artifact runs it, for the
-  Pollux-compatible mode (``autotune.policies.optimus``).
-- ``goodput``: a Pollux-style optimiser of each job's GPU count and batch size for the
-  Pollux-compatible mode (``autotune.policies.goodput``); it reads the jobs' measured
-  physics.
+
+A study's world adds baselines of its own (``autotune.studies.pollux``: Optimus and
+Pollux-style goodput optimisers, the oracle on measured physics).
 """
 
 from __future__ import annotations
@@ -39,8 +37,6 @@ from autotune.core import JobConfig, JobSpec, NodeInfo, PrecisionMap
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice, PolicyRound
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import Estimate, Shape, shape_of
-from autotune.policies.goodput import GoodputPolicy, SizedGoodputPolicy
-from autotune.policies.optimus import OptimusPolicy
 from autotune.policies.rules import (
     RulesPolicy,
     candidate_nodes,
@@ -71,7 +67,9 @@ __all__ = [
     "StaticPolicy",
     "make_policy",
     "modelled_value",
+    "oracle_choices",
     "shape_for",
+    "share_gpus",
 ]
 
 _UNIT: Final = BATCH_SCALES.index(1.0)
@@ -188,8 +186,6 @@ class OraclePolicy:
             )
         )
         self._best: dict[tuple[str, int, Shape], tuple[float, JobConfig | None]] = {}
-        self._tables: GoodputPolicy | None = None
-        """The Pollux-compatible mode's goodput tables (measured physics)."""
 
     def _at_risk(self, value: float, est: Estimate) -> float:
         """``value`` less the expected loss to divergence in a round (half a round per
@@ -219,8 +215,6 @@ class OraclePolicy:
         return best
 
     def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
-        if self.env.knobs == "pollux":
-            return PolicyRound(choices=self._measured(snapshot))
         nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
         jobs = slot_jobs(snapshot, self.slots)
         free = free_gpus(snapshot)
@@ -253,56 +247,11 @@ class OraclePolicy:
             j.placement.world_size for j in jobs if j.placement is not None
         )
         running = [j.state == "running" and j.placement is not None for j in jobs]
-        chosen = _share(options, capacity, running)
+        chosen = share_gpus(options, capacity, running)
         return PolicyRound(
-            choices=_oracle_choices(
+            choices=oracle_choices(
                 snapshot, jobs, options, chosen, lambda v: f"oracle: {v:.2f} normalized goodput"
             )
-        )
-
-    def _measured(self, snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-        """The Pollux-compatible mode: the same objective (the slot jobs' summed
-        normalized goodput, here each job's speed-up over its best on one GPU) from the
-        measured physics the jobs run on, on Pollux's knobs: per job and GPU count the
-        best batch (``GoodputPolicy.goodput_tables``), GPUs shared by the same dynamic
-        programming. Only counts faster than every smaller one are considered."""
-        if self._tables is None:
-            self._tables = GoodputPolicy(self.env)
-        tables = self._tables.goodput_tables(snapshot)
-        jobs = slot_jobs(snapshot, self.slots)
-        lost = self.env.sim_config.restart_s / self.env.round_s
-        options: list[dict[int, tuple[float, JobConfig | None]]] = []
-        for job in jobs:
-            table = tables.get(job.spec.job_id, [])
-            one = table[1][0] if len(table) > 1 else 0.0
-            best: dict[int, tuple[float, JobConfig | None]] = {}
-            fastest = 0.0
-            for n in range(1, len(table)):
-                rate, batch = table[n]
-                if one > 0 and rate > fastest:
-                    fastest = rate
-                    layout = JobConfig.data_parallel(n).layout
-                    best[n] = (rate / one, JobConfig(layout=layout, global_batch=batch))
-            if job.state == "running" and job.config is not None and one > 0:
-                best = {g: (v * (1 - lost), c) for g, (v, c) in best.items()}
-                held = job.config.world_size
-                current = table[held][0] / one if held < len(table) else 0.0
-                if best.get(held, (0.0, None))[0] <= current * (1 + self.gain_margin):
-                    best[held] = (current, None)
-            options.append(best)
-        capacity = sum(n.gpu_count for n in snapshot.nodes if n.gpu_count > 0) - sum(
-            j.placement.world_size
-            for j in snapshot.by_state("running")
-            if j.placement is not None and j not in jobs
-        )
-        running = [j.state == "running" and bool(o) for j, o in zip(jobs, options, strict=True)]
-        chosen = _share(options, capacity, running)
-        return _oracle_choices(
-            snapshot,
-            jobs,
-            options,
-            chosen,
-            lambda v: f"oracle: speed-up {v:.2f} (measured physics)",
         )
 
     def _current(self, job: JobStatus, nodes: Sequence[NodeInfo]) -> float:
@@ -315,14 +264,14 @@ class OraclePolicy:
         return self._at_risk(est.goodput / sim.reference_goodput(job.spec.job_id), est)
 
 
-def _oracle_choices(
+def oracle_choices(
     snapshot: ClusterSnapshot,
     jobs: Sequence[JobStatus],
     options: Sequence[dict[int, tuple[float, JobConfig | None]]],
     chosen: Sequence[int],
     describe: Callable[[float], str],
 ) -> dict[str, PolicyChoice]:
-    """The oracle's choices from the GPUs ``_share`` chose per slot job: its config at
+    """The oracle's choices from the GPUs ``share_gpus`` chose per slot job: its config at
     that count (none where it keeps its own), a wait (a preemption for a running job) at
     0, and a wait for every job outside the slots."""
     choices: dict[str, PolicyChoice] = {}
@@ -344,7 +293,7 @@ def _oracle_choices(
     return choices
 
 
-def _share(
+def share_gpus(
     options: Sequence[dict[int, tuple[float, JobConfig | None]]],
     capacity: int,
     required: Sequence[bool],
@@ -383,9 +332,6 @@ BASELINES: Final[dict[str, Callable[[ClusterEnv, int], Policy]]] = {
     "random": lambda env, seed: RandomPolicy(seed, slots=env.slots),
     "oracle": lambda env, seed: OraclePolicy(env, slots=env.slots),
     "tiresias": lambda env, seed: TiresiasPolicy(),
-    "goodput": lambda env, seed: GoodputPolicy(env),
-    "goodput-size": lambda env, seed: SizedGoodputPolicy(env),
-    "optimus": lambda env, seed: OptimusPolicy(env),
 }
 
 

@@ -23,17 +23,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import asdict, replace
+from typing import Any, Protocol
 
 import numpy as np
 
 from autotune.core import NodeInfo
 from autotune.envs.cluster_env import ClusterEnv
-from autotune.envs.simulator import Arrival
-from autotune.interfaces import Policy
+from autotune.envs.simulator import Arrival, SimulatedCluster
+from autotune.interfaces import ClusterSnapshot, Policy, PolicyChoice
 from autotune.policies.baselines import make_policy
+from autotune.rl.environment import EVALUATION, EnvConfig
 
-__all__ = ["METRICS", "evaluate_policies", "run_episode"]
+__all__ = ["METRICS", "PlayedEnv", "evaluate_policies", "run_episode"]
+
+
+class PlayedEnv(Protocol):
+    """What an episode is played on: a ``ClusterEnv``, or a study's wrapper of one
+    (``autotune.studies.pollux.env.PolluxCompatEnv``)."""
+
+    @property
+    def sim(self) -> SimulatedCluster | None: ...
+    @property
+    def snapshot(self) -> ClusterSnapshot | None: ...
+    @property
+    def round_s(self) -> float: ...
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]: ...
+
+    def step_choices(
+        self, choices: Mapping[str, PolicyChoice]
+    ) -> tuple[Any, float, bool, bool, dict[str, Any]]: ...
+
 
 METRICS = (
     "avg_jct_s",
@@ -48,7 +71,7 @@ METRICS = (
 )
 
 
-def run_episode(policy: Policy, env: ClusterEnv, seed: int) -> dict[str, float]:
+def run_episode(policy: Policy, env: PlayedEnv, seed: int) -> dict[str, float]:
     """One replay of the env's trace under ``policy``."""
     env.reset(seed=seed)
     sim = env.sim
@@ -88,24 +111,22 @@ def evaluate_policies(
     jobs: Sequence[Arrival],
     policies: Sequence[str],
     seeds: int,
-    slots: int = 32,
-    round_s: float = 300.0,
-    restart_s: float = 30.0,
-    start_s: float = 0.0,
-    noise: bool = True,
-    knobs: str = "all",
-    max_steps: int = 100_000,
+    config: EnvConfig = EVALUATION,
+    world: Callable[[ClusterEnv], PlayedEnv] | None = None,
     progress: Callable[[str, int], None] | None = None,
     trace: dict[str, Any] | None = None,
-    extra: Mapping[str, Callable[[ClusterEnv, int], Policy]] | None = None,
+    extra: Mapping[str, Callable[..., Policy]] | None = None,
     forecasts: Sequence[str] = ("lstm",),
     provisioning: Sequence[str] = (),
-    wake_s: float = 120.0,
+    **fields: Any,
 ) -> dict[str, Any]:
-    """The report of ``autotune eval``: every policy on the same jobs and seeds.
-    ``extra`` makes policies beyond the baselines (the learned ones), by name; a factory
-    taking a ``forecast`` keyword is given each of ``forecasts`` (what fills the learned
-    policy's forecast features: ``autotune.policies.forecast.FORECASTS``).
+    """The report of ``autotune eval``: every policy on the same jobs and seeds, each
+    episode in a ``ClusterEnv`` of ``config`` with ``fields`` (any ``EnvConfig`` field)
+    replaced; ``world`` wraps it into a study's world (then ``extra`` should make every
+    policy: the baselines know the default world only). ``extra`` makes policies beyond
+    the baselines (the learned ones), by name, from the environment and the seed; a
+    factory taking a ``forecast`` keyword is given each of ``forecasts`` (what fills the
+    learned policy's forecast features: ``autotune.policies.forecast.FORECASTS``).
 
     ``provisioning``: also run each policy with each provisioning mode
     (``autotune.provisioning.PROVISIONING``: ``none`` keeps every node on, ``buffer``
@@ -119,6 +140,8 @@ def evaluate_policies(
     bad = [p for p in provisioning if p not in PROVISIONING]
     if bad:
         raise ValueError(f"provisioning {bad}: one of {PROVISIONING}")
+    config = replace(config, **fields)
+    played = asdict(config)
     report: dict[str, Any] = {
         "trace": {
             **(trace or {}),
@@ -126,14 +149,9 @@ def evaluate_policies(
             "gpus": sum(n.gpu_count for n in nodes),
             "nodes": len(nodes),
             "seeds": seeds,
-            "round_s": round_s,
-            "restart_s": restart_s,
-            "start_s": start_s,
-            "noise": noise,
-            "knobs": knobs,
+            **{k: played[k] for k in ("round_s", "restart_s", "start_s", "noise", "wake_s")},
             "forecasts": list(forecasts),
             "provisioning": list(provisioning),
-            "wake_s": wake_s,
         },
         "policies": {},
     }
@@ -155,28 +173,15 @@ def evaluate_policies(
                     if mode is not None:
                         kind = {"none": None, "buffer": "persistence", "forecast": forecast}[mode]
                         provisioner = Provisioner(demand_forecaster(kind) if kind else None)
-                    env = ClusterEnv(
-                        nodes=nodes,
-                        jobs=jobs,
-                        slots=slots,
-                        round_s=round_s,
-                        restart_s=restart_s,
-                        start_s=start_s,
-                        noise=noise,
-                        knobs=knobs,
-                        max_steps=max_steps,
-                        provisioner=provisioner,
-                        wake_s=wake_s,
-                    )
+                    cluster = ClusterEnv(config, nodes=nodes, jobs=jobs, provisioner=provisioner)
+                    env: PlayedEnv = cluster if world is None else world(cluster)
                     policy = None
                     if extra and name in extra:
                         factory = extra[name]
                         policy = (
-                            factory(env, seed, forecast=forecast)  # type: ignore[call-arg]
-                            if learned
-                            else factory(env, seed)
+                            factory(env, seed, forecast=forecast) if learned else factory(env, seed)
                         )
-                    policy = policy or make_policy(name, env, seed)
+                    policy = policy or make_policy(name, cluster, seed)
                     per_seed.append(run_episode(policy, env, seed))
                     if progress:
                         progress(row, seed)

@@ -22,7 +22,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Final
 
@@ -34,9 +34,15 @@ from ray.rllib.core.rl_module.apis import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 
-from autotune.core import DEFAULT_ENERGY_WEIGHT
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import Arrival
+from autotune.policies.ppo_settings import (
+    DEFAULT_WORLD_KINDS,
+    PPOSettings,
+    TraceSource,
+    World,
+    world,
+)
 from autotune.ray_session import ensure_ray
 from autotune.rl.action import ACTION_DIMS, encode_config
 from autotune.rl.observation import HEADER, SLOT, slot_jobs
@@ -47,9 +53,9 @@ SLOT_FEATURES: Final = len(SLOT)
 __all__ = [
     "ENV_NAME",
     "MODULE_PATH",
-    "PPOSettings",
     "SlotPolicyModule",
-    "TraceSource",
+    "behaviour_clone",
+    "discounted",
     "make_train_env",
     "module_dir",
     "train_ppo",
@@ -62,17 +68,17 @@ N_LOGITS: Final = sum(ACTION_DIMS)
 
 
 LOG_STD_INIT: Final = -1.0
-"""Initial log standard deviation of a continuous action (the Pollux-compatible mode's
-log2 weights): exploration of about 0.37 around the mean."""
+"""Initial log standard deviation of a continuous action (a study's world, such as the
+Pollux-compatible mode's log2 weights): exploration of about 0.37 around the mean."""
 
 
 class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
     """Per-slot shared policy; ``model_config``: ``hidden`` (width, default 64).
 
     With a ``MultiDiscrete`` action space (``ACTION_DIMS`` per slot) each slot gets
-    categorical logits; with a ``Box`` of one entry per slot (the Pollux-compatible
-    mode's job weights, ``autotune.envs.spaces.pollux_action_space``) each slot gets a
-    Gaussian's mean and log standard deviation."""
+    categorical logits; with a ``Box`` of one entry per slot (a study's world, such as
+    the Pollux-compatible mode's job weights, ``autotune.studies.pollux.env``) each slot
+    gets a Gaussian's mean and log standard deviation."""
 
     def setup(self) -> None:
         config: Any = self.model_config or {}
@@ -150,80 +156,6 @@ def greedy_actions(logits: torch.Tensor) -> torch.Tensor:
     return picks.reshape(logits.shape[0], -1)
 
 
-@dataclass(frozen=True, slots=True)
-class TraceSource:
-    """Episodes drawn from a trace: windows of ``window`` consecutive jobs whose first
-    job is in ``[start, stop)`` (submission order), re-timed to start at 0.
-
-    ``kind="alibaba"``: ``jobs`` is an Alibaba v2023 pod list and ``nodes`` its node
-    list. ``kind="pollux"``: ``jobs`` is a Pollux workload CSV, on ``gpus`` T4 GPUs (4
-    per node) as the Pollux testbed. ``kind="stream"``: the daemon's default world (its
-    cluster and built-in job stream), ``window`` jobs per episode; ``jobs`` is unused.
-    ``kind="replay"``: ``jobs`` is a replay export folder (``autotune replay export``):
-    its cluster and the jobs its log saw (``autotune.replay.workload.load_workload``).
-
-    ``kind="pollux-compat"``: ``jobs`` is a Pollux workload CSV played whole in the
-    Pollux-compatible mode (``traces``: Pollux's traces folder): measured physics,
-    Pollux's clock (``round_s`` 60 s, 30 s per start and restart, no noise), Pollux's
-    knobs (the action is every slot job's weight in the goodput allocation) and the
-    average-JCT reward (``objective="jct"``). Every source of one training must then be
-    of this kind: the action space differs from the default world's."""
-
-    jobs: str
-    kind: str = "alibaba"
-    nodes: str | None = None
-    gpus: int = 64
-    start: int = 0
-    stop: int | None = None
-    window: int = 60
-    round_s: float = 300.0
-    trace_seed: int = 0
-    traces: str | None = None
-    """``kind="pollux-compat"``: Pollux's traces folder (measured physics)."""
-    weight: float = 1.0
-    """Share of episodes drawn from this source, relative to the others."""
-
-
-@dataclass(frozen=True, slots=True)
-class PPOSettings:
-    iterations: int = 20
-    slots: int = 16
-    round_s: float = 300.0
-    max_steps: int = 128
-    forecast: bool = True
-    """The shipped demand LSTM fills the observation's forecast features (else none:
-    no arrival expected, headroom from demand now)."""
-    lr: float = 3e-4
-    entropy_coeff: float = 0.003
-    train_batch: int = 512
-    minibatch: int = 128
-    epochs: int = 6
-    gamma: float = 0.97
-    hidden: int = 64
-    reward_scale: float = 0.1
-    energy_weight: float = DEFAULT_ENERGY_WEIGHT
-    """Normalized goodput the reward gives up per kWh (the daemon's ``energy_weight``)."""
-    warm_start: str | None = "oracle"
-    """Teacher baseline for behaviour cloning before PPO (``None``: from scratch)."""
-    warm_start_episodes: int = 12
-    warm_start_epochs: int = 60
-    size_exponent: float = 0.5
-    """The teacher ``goodput-size``'s exponent in the Pollux-compatible mode
-    (``autotune.policies.goodput.size_weight``)."""
-    fairness_p: float = -1.0
-    """The Pollux-compatible mode's goodput allocation's p (the teacher's and the one
-    the policy's weights act through; Pollux's default -1). Saved beside the module
-    (``ALLOCATION_FILE``), so serving allocates as training did."""
-    init_module: str | None = None
-    """An RLModule (or algorithm) checkpoint of a ``SlotPolicyModule`` with ``hidden``
-    units that PPO starts from instead of a fresh module; with ``warm_start`` too, the
-    imitation of the teacher starts from it."""
-    seed: int = 0
-    sources: tuple[TraceSource, ...] = ()
-    """Empty: synthetic job streams (``autotune/Cluster-v0``)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 def _trace(source: TraceSource) -> tuple[list[Any], list[Arrival]]:
     """The nodes and the jobs of a source, in submission order."""
     from autotune.envs import traces
@@ -244,9 +176,7 @@ def _trace(source: TraceSource) -> tuple[list[Any], list[Arrival]]:
 
         nodes, arrivals, _ = load_workload(source.jobs)
         return list(nodes), sorted(arrivals, key=lambda a: a.spec.submitted_at)
-    raise ValueError(
-        f"source kind {source.kind!r}: alibaba, pollux, pollux-compat, replay or stream"
-    )
+    raise ValueError(f"source kind {source.kind!r}: one of {', '.join(DEFAULT_WORLD_KINDS)}")
 
 
 def _retimed(arrivals: Sequence[Arrival]) -> list[Arrival]:
@@ -265,7 +195,12 @@ class _Mixture(gym.Env[np.ndarray, np.ndarray]):
     rewards scaled by ``scale``."""
 
     def __init__(
-        self, envs: Sequence[ClusterEnv], weights: Sequence[float], scale: float, seed: int
+        self,
+        envs: Sequence[Any],
+        weights: Sequence[float],
+        scale: float,
+        seed: int,
+        world: World | None = None,
     ) -> None:
         self.envs = list(envs)
         self.weights = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
@@ -273,6 +208,8 @@ class _Mixture(gym.Env[np.ndarray, np.ndarray]):
         self.observation_space = self.envs[0].observation_space
         self.action_space = self.envs[0].action_space
         self.current = self.envs[0]
+        self.world = world
+        """The study's world the environments play, ``None`` for the default world."""
         self._pick = np.random.default_rng(seed)
 
     def reset(
@@ -282,7 +219,8 @@ class _Mixture(gym.Env[np.ndarray, np.ndarray]):
         if seed is not None:
             self._pick = np.random.default_rng(seed)
         self.current = self.envs[int(self._pick.choice(len(self.envs), p=self.weights))]
-        return self.current.reset(seed=seed, options=options)
+        obs, info = self.current.reset(seed=seed, options=options)
+        return np.asarray(obs), dict(info)
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
         obs, reward, terminated, truncated, info = self.current.step(action)
@@ -308,17 +246,24 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
     if not settings.sources:
         env = ClusterEnv(n_jobs=60, round_s=settings.round_s, **common)
         return _Mixture([env], [1.0], settings.reward_scale, settings.seed + worker)
-    compat = [s.kind == "pollux-compat" for s in settings.sources]
-    if any(compat) and not all(compat):
+    worlds = {source.kind: world(source.kind) for source in settings.sources}
+    studied = {w.kind for w in worlds.values() if w is not None}
+    if studied and len(worlds) > 1:
         raise ValueError(
-            "pollux-compat sources cannot be mixed with others: the Pollux-compatible "
-            "mode's action (job weights) is not the default world's"
+            f"{', '.join(sorted(studied))} sources cannot be mixed with others: a study's "
+            "world acts through an action of its own"
+        )
+    if studied:
+        (found,) = (w for w in worlds.values() if w is not None)
+        return _Mixture(
+            [found.make_env(s, settings, forecaster) for s in settings.sources],
+            [s.weight for s in settings.sources],
+            settings.reward_scale,
+            settings.seed + worker,
+            world=found,
         )
     envs: list[ClusterEnv] = []
     for k, source in enumerate(settings.sources):
-        if source.kind == "pollux-compat":
-            envs.append(pollux_compat_env(source, p=settings.fairness_p, **common))
-            continue
         if source.kind == "stream":
             # The daemon's own world: its default cluster and built-in job stream, a
             # queue of half a window at the start.
@@ -358,32 +303,6 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
     )
 
 
-def pollux_compat_env(source: TraceSource, *, p: float = -1.0, **kwargs: Any) -> ClusterEnv:
-    """The Pollux-compatible mode's environment for a ``pollux-compat`` source: the
-    whole workload on ``source.gpus`` T4 GPUs, its action decoded by the goodput
-    allocation with fairness ``p``; ``kwargs`` go to ``ClusterEnv`` (slots, forecaster,
-    ``max_steps``...)."""
-    from autotune.envs.presets import POLLUX_RESTART_S, POLLUX_ROUND_S, pollux_nodes
-    from autotune.envs.workloads import pollux_arrivals
-    from autotune.policies.goodput import GoodputPolicy
-
-    if source.traces is None:
-        raise ValueError(f"{source.jobs}: a pollux-compat source needs the traces folder")
-    kwargs.pop("energy_weight", None)
-    return ClusterEnv(
-        nodes=pollux_nodes(source.gpus),
-        jobs=pollux_arrivals(source.jobs, traces=source.traces),
-        round_s=POLLUX_ROUND_S,
-        restart_s=POLLUX_RESTART_S,
-        start_s=POLLUX_RESTART_S,
-        noise=False,
-        knobs="pollux",
-        objective="jct",
-        allocator=lambda env: GoodputPolicy(env, p=p),
-        **kwargs,
-    )
-
-
 def _settings_from(config: dict[str, Any]) -> PPOSettings:
     data = {k: config[k] for k in PPOSettings.__dataclass_fields__ if k in config}
     data["sources"] = tuple(
@@ -412,12 +331,13 @@ def _demonstrations(
     from autotune.policies.baselines import make_policy
 
     env = make_train_env({**asdict(settings), "reward_scale": 1.0})
-    if env.current.knobs == "pollux":
-        if teacher_name != "goodput-size":
+    if env.world is not None:
+        if teacher_name not in env.world.teachers:
             raise ValueError(
-                f"warm start {teacher_name!r}: the Pollux-compatible mode imitates goodput-size"
+                f"warm start {teacher_name!r}: the {env.world.kind} world imitates "
+                f"{', '.join(env.world.teachers)}"
             )
-        return _weight_demonstrations(settings, env, episodes)
+        return env.world.demonstrations(settings, env.envs, teacher_name, episodes)
     obs_list: list[np.ndarray] = []
     act_list: list[np.ndarray] = []
     set_list: list[np.ndarray] = []
@@ -452,7 +372,7 @@ def _demonstrations(
             rewards.append(float(reward) * settings.reward_scale)
             if terminated or truncated:
                 break
-        ret_list.extend(_discounted(rewards, settings.gamma))
+        ret_list.extend(discounted(rewards, settings.gamma))
     return (
         np.stack(obs_list),
         np.stack(act_list),
@@ -461,7 +381,7 @@ def _demonstrations(
     )
 
 
-def _discounted(rewards: Sequence[float], gamma: float) -> list[float]:
+def discounted(rewards: Sequence[float], gamma: float) -> list[float]:
     """The discounted return from each step of an episode on."""
     future = 0.0
     returns = []
@@ -469,46 +389,6 @@ def _discounted(rewards: Sequence[float], gamma: float) -> list[float]:
         future = r + gamma * future
         returns.append(future)
     return returns[::-1]
-
-
-def _weight_demonstrations(
-    settings: PPOSettings, env: _Mixture, episodes: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``_demonstrations`` in the Pollux-compatible mode: the teacher is ``goodput-size``
-    (``autotune.policies.goodput.SizedGoodputPolicy``) and its action every slot job's
-    log2 weight; each of the mixture's workloads is played ``episodes`` times at most
-    (the mode has no noise: one play of a workload is all there is)."""
-    from autotune.envs.spaces import encode_weights
-    from autotune.policies.goodput import SizedGoodputPolicy
-
-    obs_list: list[np.ndarray] = []
-    act_list: list[np.ndarray] = []
-    set_list: list[np.ndarray] = []
-    ret_list: list[float] = []
-    for inner in env.envs[: max(1, episodes)]:
-        obs, _ = inner.reset(seed=settings.seed)
-        teacher = SizedGoodputPolicy(inner, exponent=settings.size_exponent, p=settings.fairness_p)
-        rewards: list[float] = []
-        while True:
-            snapshot = inner.snapshot
-            assert snapshot is not None
-            choices = teacher.decide(snapshot).choices
-            obs_list.append(obs)
-            act_list.append(encode_weights(teacher.last_weights, snapshot, settings.slots))
-            occupied = np.zeros(settings.slots, dtype=np.float32)
-            occupied[: len(slot_jobs(snapshot, settings.slots))] = 1.0
-            set_list.append(occupied)
-            obs, reward, terminated, truncated, _ = inner.step_choices(choices)
-            rewards.append(float(reward) * settings.reward_scale)
-            if terminated or truncated:
-                break
-        ret_list.extend(_discounted(rewards, settings.gamma))
-    return (
-        np.stack(obs_list),
-        np.stack(act_list),
-        np.stack(set_list),
-        np.asarray(ret_list, dtype=np.float32),
-    )
 
 
 def behaviour_clone(
@@ -631,25 +511,22 @@ def build_config(settings: PPOSettings) -> Any:
     )
 
 
-ALLOCATION_FILE: Final = "allocation.json"
-"""Beside a Pollux-compatible module: the goodput allocation its weights act through
-(``{"fairness_p": p}``)."""
-
-
-def _save_allocation(module: Path, settings: PPOSettings) -> None:
-    if any(s.kind == "pollux-compat" for s in settings.sources):
-        (module / ALLOCATION_FILE).write_text(json.dumps({"fairness_p": settings.fairness_p}))
+def _save_beside(module: Path, settings: PPOSettings) -> None:
+    """What the sources' study's world needs beside a trained module."""
+    studied = {world(s.kind) for s in settings.sources} - {None}
+    for found in studied:
+        assert found is not None
+        found.save_beside(module, settings)
 
 
 def train_ppo(
     settings: PPOSettings,
     out: str | Path,
     *,
-    checkpoint_every: int = 5,
     progress: Callable[[int, int, dict[str, float]], None] | None = None,
 ) -> dict[str, Any]:
     """Train and write checkpoints under ``out`` (``iter_NNNN`` every
-    ``checkpoint_every`` iterations and ``final``); returns a report."""
+    ``settings.checkpoint_every`` iterations and ``final``); returns a report."""
     import ray
 
     torch.set_num_threads(1)
@@ -682,7 +559,7 @@ def train_ppo(
             )
             warm = out / "warm_start"
             module.save_to_path(warm)
-            _save_allocation(warm, settings)
+            _save_beside(warm, settings)
             algo.restore_from_path(warm, component=str(MODULE_PATH))
             report["warm_start"] = {
                 "teacher": settings.warm_start,
@@ -702,14 +579,14 @@ def train_ppo(
             report["history"].append(row)
             if progress:
                 progress(i, settings.iterations, row)
-            if i % checkpoint_every == 0 and i < settings.iterations:
+            if i % settings.checkpoint_every == 0 and i < settings.iterations:
                 algo.save_to_path(out / f"iter_{i:04d}")
-                _save_allocation(out / f"iter_{i:04d}" / MODULE_PATH, settings)
+                _save_beside(out / f"iter_{i:04d}" / MODULE_PATH, settings)
         final = out / "final"
         if final.exists():
             shutil.rmtree(final)
         algo.save_to_path(final)
-        _save_allocation(final / MODULE_PATH, settings)
+        _save_beside(final / MODULE_PATH, settings)
         algo.stop()
     finally:
         if started_ray:

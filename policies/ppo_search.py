@@ -21,13 +21,13 @@ from typing import Any, Final
 
 from autotune.policies.ppo import (
     MODULE_PATH,
-    PPOSettings,
     SlotPolicyModule,
     _demonstrations,
     _settings_from,
     behaviour_clone,
     build_config,
 )
+from autotune.policies.ppo_settings import PPOSettings
 from autotune.ray_session import ensure_ray
 
 __all__ = ["SEARCH_SPACE", "search"]

@@ -26,7 +26,6 @@ from autotune import __version__
 from autotune.core import DEFAULT_ROUND_S
 from autotune.daemon.log import event
 from autotune.decision.fallback import fallback_choices
-from autotune.envs.spaces import decode_weights
 from autotune.errors import InputError
 from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.rl.acting import (
@@ -43,7 +42,6 @@ __all__ = [
     "IncompatiblePolicyError",
     "LearnedPolicy",
     "PolicyServer",
-    "PolluxLearnedPolicy",
     "checkpoint_hash",
     "default_policy_checkpoint",
 ]
@@ -75,12 +73,13 @@ def checkpoint_hash(path: str | Path) -> str:
 
 
 class PolicyServer:
-    """A loaded RLModule that acts for ``slots`` job slots. ``knobs`` is the action
-    space it must have been trained for: ``all`` (``ACTION_DIMS`` per slot) or
-    ``pollux`` (the Pollux-compatible mode's job weights, one number per slot)."""
+    """A loaded RLModule that acts for ``slots`` job slots. ``continuous`` is the action
+    it must have been trained for: the default world's (``ACTION_DIMS`` per slot), or
+    one number per slot (a study's world, such as the Pollux-compatible mode's job
+    weights)."""
 
     def __init__(
-        self, checkpoint: str | Path | None = None, *, slots: int = 32, knobs: str = "all"
+        self, checkpoint: str | Path | None = None, *, slots: int = 32, continuous: bool = False
     ) -> None:
         import torch
 
@@ -106,15 +105,12 @@ class PolicyServer:
         act_space = getattr(module, "action_space", None)
         obs_shape = tuple(getattr(obs_space, "shape", ()) or ())
         nvec = [int(n) for n in getattr(act_space, "nvec", ())]
-        continuous = bool(getattr(module, "continuous", False))
-        if (knobs == "pollux") != continuous:
-            trained = "the Pollux-compatible mode" if continuous else "the default world"
-            wanted = "the Pollux-compatible mode" if knobs == "pollux" else "the default world"
-            how = "the shipped one"
-            if knobs == "pollux":
-                how = "autotune train-policy --pollux-compat"
+        trained_continuous = bool(getattr(module, "continuous", False))
+        if trained_continuous != continuous:
+            worlds = ("the default world", "a study's world with an action number per slot")
             raise IncompatiblePolicyError(
-                f"this policy was trained for {trained}; {wanted} needs one trained there ({how})",
+                f"this policy was trained for {worlds[trained_continuous]}; "
+                f"{worlds[continuous]} needs one trained there",
                 path=str(path),
             )
         if continuous:
@@ -147,7 +143,7 @@ class PolicyServer:
                     f"the checkpoint lacks the policy's weights {missing[:3]}", path=str(path)
                 )
         self.module = module
-        self.knobs = knobs
+        self.continuous = continuous
         self.shared = isinstance(module, SlotPolicyModule)
         self._torch = torch
 
@@ -173,7 +169,7 @@ class PolicyServer:
         torch = self._torch
         with torch.inference_mode():
             obs = torch.from_numpy(np.asarray(observation, dtype=np.float32)[None, :])
-            if self.knobs == "pollux":  # the Gaussian's mean per slot
+            if self.continuous:  # the Gaussian's mean per slot
                 module: Any = self.module  # a SlotPolicyModule
                 means: np.ndarray = module.greedy(obs)[0].numpy().astype(np.float64)
                 return means
@@ -351,42 +347,3 @@ class LearnedPolicy:
             event("policy.error", level=30, policy=self.version, job=job_id, error=why)
             choices.update(self._fallback(snapshot, why, {job_id}))
         return PolicyRound(choices=choices, acted=acted)
-
-
-class PolluxLearnedPolicy:
-    """The learned policy of the Pollux-compatible mode: each round it encodes the
-    snapshot with the environment's ``ObservationEncoder``, takes the module's mean log2
-    weight for every slot job (``decode_weights``) and lets the goodput allocation
-    (``GoodputPolicy.allocate``) turn the weights into GPU counts and batch sizes: what
-    the training environment's decoder does with its action, with the fairness p saved
-    beside the module (``ALLOCATION_FILE``; Pollux's -1 if none). Version:
-    ``ppo-pollux-<checkpoint hash>``."""
-
-    name = "ppo"
-
-    def __init__(self, env: Any, server: PolicyServer, *, forecast: str = "lstm") -> None:
-        from autotune.policies.forecast import demand_forecaster
-
-        if server.knobs != "pollux":
-            raise IncompatiblePolicyError("a Pollux-compatible policy needs knobs='pollux'")
-        import json
-
-        from autotune.policies.goodput import FAIRNESS_P, GoodputPolicy
-        from autotune.policies.ppo import ALLOCATION_FILE
-
-        self.env = env
-        self.server = server
-        saved = server.path / ALLOCATION_FILE
-        self.fairness_p = (
-            float(json.loads(saved.read_text())["fairness_p"]) if saved.is_file() else FAIRNESS_P
-        )
-        self.allocator = GoodputPolicy(env, p=self.fairness_p)
-        self.version = f"ppo-pollux-{checkpoint_hash(server.path)[:12]}"
-        self.encoder = ObservationEncoder(
-            env.slots, round_s=env.round_s, forecaster=demand_forecaster(forecast)
-        )
-
-    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
-        obs = self.encoder.encode(snapshot)
-        weights = decode_weights(self.server.act(obs), snapshot, self.encoder.slots)
-        return PolicyRound(choices=self.allocator.allocate(snapshot, weights))

@@ -19,6 +19,7 @@ FOLDERS = {
     "executor": "autotune.executor",
     "kernels": "autotune.kernels",
     "api": "autotune.api",
+    "studies": "autotune.studies",
 }
 
 
@@ -163,6 +164,18 @@ def test_the_core_imports_no_daemon_storage_or_command_line() -> None:
         if v.split("/")[1].split(":")[0] in core
     ]
     assert found == []
+
+
+@pytest.mark.parametrize("folder", ["autotune", "envs", "policies", "executor", "kernels", "api"])
+def test_the_product_imports_no_study(folder: str) -> None:
+    """Studies plug in from outside (entry points, a physics passed to the simulator, an
+    environment wrapper): nothing of the product names them in an import."""
+    assert _violations(folder, lambda _p, m: not m.startswith("autotune.studies")) == []
+
+
+def test_a_study_reaches_storage_and_the_daemon_only_through_the_product() -> None:
+    forbidden = ("autotune.db", "autotune.daemon", "autotune.api")
+    assert _violations("studies", lambda _p, m: not m.startswith(forbidden)) == []
 
 
 def test_the_reader_sees_lazy_and_relative_imports() -> None:

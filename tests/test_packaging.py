@@ -20,6 +20,7 @@ from helpers import REPO
         ("autotune.executor", "executor"),
         ("autotune.kernels", "kernels"),
         ("autotune.api", "api"),
+        ("autotune.studies", "studies"),
     ],
 )
 def test_subpackages_live_in_their_top_level_folders(module: str, folder: str) -> None:
@@ -78,7 +79,7 @@ def test_ruff_is_clean() -> None:
 @pytest.mark.lint
 def test_mypy_is_clean() -> None:
     done = subprocess.run(
-        [tool("mypy"), "autotune", "envs", "policies", "executor", "kernels", "api"],
+        [tool("mypy"), "autotune", "envs", "policies", "executor", "kernels", "api", "studies"],
         cwd=REPO,
         capture_output=True,
         text=True,

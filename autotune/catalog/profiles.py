@@ -382,4 +382,4 @@ MODEL_CATALOG: Final[MappingProxyType[str, ModelProfile]] = MappingProxyType(
     }
 )
 """Every model the simulator knows: the architectures of ``MODEL_SHAPES`` and the
-Pollux applications (profiles from Pollux's measurements, ``autotune.perf.pollux``)."""
+Pollux applications (profiles from Pollux's measurements, ``autotune.catalog.applications``)."""

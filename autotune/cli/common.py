@@ -4,9 +4,13 @@ options several commands take are declared once."""
 
 from __future__ import annotations
 
+import ast
+import inspect
+import itertools
 import sys
+import textwrap
 from collections.abc import Callable
-from functools import wraps
+from functools import cache, wraps
 from pathlib import Path
 from typing import Annotated, NoReturn, ParamSpec, TypeVar
 
@@ -24,6 +28,7 @@ __all__ = [
     "JsonOption",
     "err",
     "fail",
+    "field_docs",
     "parse_compression",
     "progress_bar",
     "user_errors",
@@ -70,6 +75,29 @@ def progress_bar(
         transient=True,
         disable=not (enabled and err.is_terminal),
     )
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring of a settings dataclass (the string under the field), in
+    one line: the command line's help text for the option of that setting, so that the
+    setting is documented once. Empty where the source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for field, after in itertools.pairwise(body):
+        if (
+            isinstance(field, ast.AnnAssign)
+            and isinstance(field.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[field.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
 def parse_compression(text: str) -> CompressionSpec:

@@ -10,27 +10,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from autotune.cli.common import JsonOption, progress_bar, user_errors
+from autotune.cli.common import JsonOption, field_docs, progress_bar, user_errors
 from autotune.cli.policy import learned_policies
 from autotune.errors import InputError
+from autotune.rl.environment import EVALUATION, EnvConfig
 
-__all__ = ["POLLUX_COMPAT_POLICIES", "eval_policies"]
+__all__ = ["eval_policies"]
 
-POLLUX_COMPAT_POLICIES = (
-    "static",
-    "rules",
-    "random",
-    "tiresias",
-    "optimus",
-    "oracle",
-    "goodput",
-    "goodput-size",
-    "ppo",
-)
-"""Policies the Pollux-compatible mode runs, their choices kept to Pollux's knobs (GPU
-count and batch size; ``envs.cluster_env.pollux_knobs``). ``oracle`` there reads the
-measured physics the jobs run on; ``tune`` is not run: its trials judge configurations
-by the performance model."""
+_EVAL = EVALUATION
+_DOC = field_docs(EnvConfig)
 
 
 @user_errors
@@ -41,23 +29,6 @@ def eval_policies(
     jobs: Annotated[Path | None, typer.Option(help="Alibaba v2023 pod list.")] = None,
     pollux_workload: Annotated[
         Path | None, typer.Option(help="Pollux workload CSV (name,time,application,...).")
-    ] = None,
-    pollux_compat: Annotated[
-        bool,
-        typer.Option(
-            help="With --pollux-workload: run the jobs as Pollux's simulator does (each "
-            "job's replicas and batch from the file, fp32, no compression, progress from "
-            "the measured traces, 60 s rounds, 30 s per start or restart, Pollux's clock), "
-            "with Pollux's knobs only: each job's GPU count and batch size. Policies: "
-            "static, rules, random, tiresias, optimus, goodput, ppo."
-        ),
-    ] = False,
-    pollux_traces: Annotated[
-        Path | None,
-        typer.Option(
-            help="Pollux traces folder for --pollux-compat (default: traces/ beside the "
-            "workload's folder)."
-        ),
     ] = None,
     philly_jobs: Annotated[
         Path | None, typer.Option(help="Philly-style job list (timestamp,duration,num_gpus).")
@@ -78,11 +49,7 @@ def eval_policies(
         ),
     ] = "static,rules,oracle",
     policy_checkpoint: Annotated[
-        Path | None,
-        typer.Option(
-            help="RLModule checkpoint for ppo (default: the one shipped; with "
-            "--pollux-compat, required: one trained with train-policy --pollux-compat)."
-        ),
+        Path | None, typer.Option(help="RLModule checkpoint for ppo (default: the one shipped).")
     ] = None,
     tune_budget_s: Annotated[
         float, typer.Option(min=0.0, help="Simulated trial time per job for tune (s).")
@@ -92,15 +59,10 @@ def eval_policies(
         typer.Option(help="tune: the trial time delays each job (--no-tune-charge: free)."),
     ] = True,
     seeds: Annotated[int, typer.Option(min=1, help="Seeds per policy.")] = 3,
-    slots: Annotated[int, typer.Option(min=1, help="Jobs a policy decides per round.")] = 32,
+    slots: Annotated[int, typer.Option(min=1, help=_DOC.get("slots"))] = _EVAL.slots,
     round_s: Annotated[
-        float | None,
-        typer.Option(
-            "--round-s",
-            min=1.0,
-            help="Decision round period (simulated s); default 300, 60 with --pollux-compat.",
-        ),
-    ] = None,
+        float, typer.Option("--round-s", min=1.0, help=_DOC.get("round_s"))
+    ] = _EVAL.round_s,
     trace_seed: Annotated[int, typer.Option(help="Seed of model assignment to trace jobs.")] = 0,
     forecast: Annotated[
         str,
@@ -119,9 +81,7 @@ def eval_policies(
             "nodes draw nothing; idle rounds are played so idle energy counts."
         ),
     ] = None,
-    wake_s: Annotated[
-        float, typer.Option(min=0.0, help="Seconds a parked node takes to become usable.")
-    ] = 120.0,
+    wake_s: Annotated[float, typer.Option(min=0.0, help=_DOC.get("wake_s"))] = _EVAL.wake_s,
     as_json: JsonOption = False,
 ) -> None:
     """Replay a trace in the simulated cluster the daemon runs, through the daemon's
@@ -129,14 +89,9 @@ def eval_policies(
     completion time, makespan, goodput, GPU utilisation and energy. --provisioning
     compares parking idle nodes by a demand forecast; --forecast ablates the forecast."""
     from autotune.envs import traces
-    from autotune.envs.presets import (
-        POLLUX_RESTART_S,
-        POLLUX_ROUND_S,
-        philly_nodes,
-        pollux_nodes,
-    )
+    from autotune.envs.presets import philly_nodes, pollux_nodes
     from autotune.envs.traces import load_nodes
-    from autotune.envs.workloads import jobs_from_trace, measured_physics
+    from autotune.envs.workloads import jobs_from_trace
     from autotune.policies.baselines import BASELINES
     from autotune.policies.evaluate import evaluate_policies
 
@@ -148,18 +103,6 @@ def eval_policies(
     unknown = [p for p in names if p not in known]
     if unknown or not names:
         raise InputError(f"unknown policy {unknown}; known: {', '.join(known)}")
-    if pollux_compat:
-        if pollux_workload is None:
-            raise InputError("--pollux-compat needs --pollux-workload")
-        beyond = [p for p in names if p not in POLLUX_COMPAT_POLICIES]
-        if beyond:
-            raise InputError(
-                f"--pollux-compat runs the jobs on measured physics; {', '.join(beyond)} "
-                f"judge(s) configurations by the performance model. Policies: "
-                f"{', '.join(POLLUX_COMPAT_POLICIES)}"
-            )
-    elif pollux_traces is not None:
-        raise InputError("--pollux-traces is for --pollux-compat")
     from autotune.policies.forecast import FORECASTS
     from autotune.provisioning import PROVISIONING
 
@@ -171,7 +114,6 @@ def eval_policies(
         raise InputError(
             f"--provisioning {provisioning!r}: comma-separated, of {', '.join(PROVISIONING)}"
         )
-    round_s = round_s or (POLLUX_ROUND_S if pollux_compat else 300.0)
     if jobs is not None:
         if nodes is None:
             raise InputError("--jobs needs --nodes")
@@ -181,12 +123,8 @@ def eval_policies(
         info: dict[str, Any] = {"kind": "alibaba", "path": str(jobs)}
     elif pollux_workload is not None:
         node_list = pollux_nodes(gpus)
-        trace = _window(
-            traces.pollux_workload(pollux_workload, rebase=not pollux_compat),
-            skip_jobs,
-            limit_jobs,
-        )
-        info = {"kind": "pollux", "path": str(pollux_workload), "pollux_compat": pollux_compat}
+        trace = _window(traces.pollux_workload(pollux_workload), skip_jobs, limit_jobs)
+        info = {"kind": "pollux", "path": str(pollux_workload)}
     else:
         assert philly_jobs is not None
         node_list = philly_nodes(gpus)
@@ -200,13 +138,7 @@ def eval_policies(
         )
     if not trace:
         raise InputError("no jobs left to replay (--skip-jobs/--limit-jobs)")
-    if pollux_compat:
-        assert pollux_workload is not None
-        folder = pollux_traces or pollux_workload.resolve().parent.parent / "traces"
-        info["pollux_traces"] = str(folder)
-        sim_jobs = measured_physics(jobs_from_trace(trace), folder)
-    else:
-        sim_jobs = jobs_from_trace(_rebase(trace))
+    sim_jobs = jobs_from_trace(_rebase(trace))
     extra = learned_policies(
         names,
         checkpoint=policy_checkpoint,
@@ -214,7 +146,6 @@ def eval_policies(
         round_s=round_s,
         budget_s=tune_budget_s,
         charge=tune_charge,
-        knobs="pollux" if pollux_compat else "all",
     )
     if "ppo" in names:
         info["policy_checkpoint"] = str(policy_checkpoint or "shipped")
@@ -235,10 +166,6 @@ def eval_policies(
             seeds=seeds,
             slots=slots,
             round_s=round_s,
-            restart_s=POLLUX_RESTART_S if pollux_compat else 30.0,
-            start_s=POLLUX_RESTART_S if pollux_compat else 0.0,
-            noise=not pollux_compat,
-            knobs="pollux" if pollux_compat else "all",
             trace=info,
             extra=extra,
             forecasts=forecasts,

@@ -1,17 +1,20 @@
 """The ``autotune`` command tree, in one place and in the README's order.
 
 Each command lives in the module of its group (``daemon``, ``plan``, ``client``,
-``versions``, ``evaluate``, ``model``, ``forecast``, ``policy``, ``replay``, ``executor``); the
-helpers they share are in ``common``. Commands that report figures print one JSON
-object with ``--json``. Exit codes: 0 on success, 2 on bad input (one line on stderr
-naming the file, row or column), 1 when something outside the input failed (an
-unreachable daemon, a crashed job).
+``versions``, ``evaluate``, ``forecast``, ``policy``, ``replay``, ``executor``); the
+helpers they share are in ``common``. Studies add command groups of their own through
+the ``autotune.commands`` entry points (``autotune pollux ...``). Commands that report
+figures print one JSON object with ``--json``. Exit codes: 0 on success, 2 on bad input
+(one line on stderr naming the file, row or column), 1 when something outside the input
+failed (an unreachable daemon, a crashed job).
 
 Modules that import Ray, RLlib or torch do so inside the command, so ``autotune --help``
 stays fast.
 """
 
 from __future__ import annotations
+
+from importlib.metadata import entry_points
 
 import typer
 
@@ -22,7 +25,6 @@ from autotune.cli.daemon import daemon, db_app, token_app
 from autotune.cli.evaluate import eval_policies
 from autotune.cli.executor import calibrate_command, run_command
 from autotune.cli.forecast import forecast_app
-from autotune.cli.model import model_app
 from autotune.cli.plan import plan
 from autotune.cli.policy import train_policy, tune_policy
 from autotune.cli.replay import replay_app
@@ -54,7 +56,6 @@ app.add_typer(override_app, name="override", no_args_is_help=True, rich_help_pan
 app.add_typer(policy_app, name="policy", no_args_is_help=True, rich_help_panel=_JOBS)
 app.command("plan", rich_help_panel=_SIM)(plan)
 app.command("eval", rich_help_panel=_SIM)(eval_policies)
-app.add_typer(model_app, name="model", rich_help_panel=_SIM)
 app.add_typer(forecast_app, name="forecast", rich_help_panel=_LEARN)
 app.command("train-policy", rich_help_panel=_LEARN)(train_policy)
 app.command("tune-policy", rich_help_panel=_LEARN)(tune_policy)
@@ -62,6 +63,13 @@ app.add_typer(replay_app, name="replay", rich_help_panel=_LEARN)
 # `job run` trains one job here, through the executor, beside the REST client's commands.
 job_app.command("run")(user_errors(run_command))
 app.command("calibrate", rich_help_panel=_EXECUTOR)(calibrate_command)
+
+_STUDIES = "Studies: other systems' worlds"
+COMMANDS_GROUP = "autotune.commands"
+"""The entry-point group under which studies register their command groups."""
+for _entry in entry_points(group=COMMANDS_GROUP):
+    # A typer app; like ours, its module imports nothing heavy (its commands do, when run).
+    app.add_typer(_entry.load(), name=_entry.name, rich_help_panel=_STUDIES)
 
 
 @app.command()

@@ -1,4 +1,3 @@
 """The physics: per-rank memory (``memory``), step time, throughput, goodput and power
-(``model``), worker stragglers (``stragglers``), the Pollux applications' fits
-(``pollux``) and the least-squares fitter they and the executor's calibration share
-(``fit``)."""
+(``model``), worker stragglers (``stragglers``), each job's online fit (``online``) and
+the least-squares fitter it and the executor's calibration share (``fit``)."""

@@ -1,5 +1,5 @@
 """One least-squares fitter for the performance model's coefficients, shared by the Pollux
-fits (``autotune.perf.pollux``) and the executor's calibration
+fits (``autotune.studies.pollux.fit``) and the executor's calibration
 (``autotune.executor.calibrate``).
 
 Each free parameter has a start value and physical bounds, and is fitted on a log scale

@@ -2,7 +2,7 @@
 
 Every term below is a formula with its units and source; the free coefficients (what a
 measurement can change) live in ``Coefficients`` and are calibrated per model from
-measured runs (``autotune.executor.calibrate``, ``autotune.perf.pollux``). Notation:
+measured runs (``autotune.executor.calibrate``, ``autotune.studies.pollux.fit``). Notation:
 ``d, t, p`` are the data-, tensor- and pipeline-parallel degrees, ``m`` the micro-batches,
 ``B`` the global batch.
 

@@ -9,7 +9,7 @@ refits lazily: on the first read after a new point arrived (or after a point's m
 moved by more than ``REFIT_DRIFT``), warm-started from the last fit.
 
 The fit is ``autotune.perf.fit.fit_bounded`` (soft-L1 least squares) on the residuals of
-``autotune.perf.pollux.fit``: log predicted / measured step time and, where the backend
+``autotune.studies.pollux.fit.fit``: log predicted / measured step time and, where the backend
 measures the unhidden synchronisation, log compute time (step - sync); plus one prior
 residual per free coefficient, ``PRIOR_WEIGHT * (encode(value) - encode(prior))`` on the
 fit's scale (log for all but ``node_sharing_exponent``). With few points the
@@ -19,7 +19,8 @@ to intra-node, tree latency to intra-node latency, so a job that synchronises k 
 cheaper than its prior inside one node is expected to across nodes too until it has run
 there.
 
-Choices, measured with ``evaluate_pollux`` (``bench/online_fit.py``): each Pollux
+Choices, measured on Pollux's traces (``autotune.studies.pollux.online_fit``,
+``bench/online_fit.py``): each Pollux
 application observed on 1 GPU, one node ("4"), two nodes ("44"); step-time MAPE on all
 its other placements (1-4 nodes) and all of ``scalability.csv`` (6-16 nodes); prior: the
 other five applications' shipped coefficients pooled (leave one application out). Mean
@@ -56,36 +57,23 @@ import math
 import statistics
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from autotune.catalog.applications import APPLICATION_PROFILES, APPLICATIONS, coefficients
-from autotune.core import JobConfig, Layout, ModelProfile
-from autotune.errors import InputError
+from autotune.core import JobConfig, ModelProfile
 from autotune.perf.fit import Parameter, fit_bounded, mape
 from autotune.perf.model import Coefficients, Shape, StepTime, step_time
-from autotune.perf.pollux import (
-    POLLUX_GPU,
-    POLLUX_INTER_NODE_GBPS,
-    AppMeasurements,
-    load_app,
-    load_scalability,
-)
 
 __all__ = [
     "FREE",
+    "MAX_SAMPLES",
     "PRIOR_WEIGHT",
-    "SEQUENCE",
-    "VARIANTS",
     "JobModel",
     "OnlineFit",
     "StepSample",
-    "evaluate_pollux",
-    "pooled_prior",
 ]
 
 
@@ -107,7 +95,7 @@ class JobModel:
 
 
 # name -> (low, high, floor): the physical bounds of each coefficient the online fit may
-# move (those of ``autotune.perf.pollux``'s offline fit), and the value below which its
+# move (those of ``autotune.studies.pollux.fit``'s offline fit), and the value below which its
 # prior term stops counting: a latency of 1e-7 s and one of 1e-4 s are the same "none"
 # to a step of milliseconds, and without a floor a prior at the lower bound would pin it.
 _BOUNDS: Final[dict[str, tuple[float, float, float]]] = {
@@ -396,161 +384,3 @@ class OnlineFit:
         self._fitted_steps = {key: p.step_s for key, p in self._points.items()}
         self._dirty = False
         self.refits += 1
-
-
-# --------------------------------------------------------------------------------------
-# Evaluation on Pollux's traces
-# --------------------------------------------------------------------------------------
-
-SEQUENCE: Final = ("1", "4", "44")
-"""The placements a scheduler gives a new job, small first: one GPU, one whole node (4
-T4s), two whole nodes."""
-VARIANTS: Final = ("one_batch", "all_batches")
-"""At each observed placement: the median traced local batch only; every traced one."""
-POOL: Final = "geomean"
-
-
-def pooled_prior(coeffs: Sequence[Coefficients], *, how: str = POOL) -> Coefficients:
-    """One prior from other models' coefficients: per field, the geometric mean
-    (``how="geomean"``; the arithmetic mean where a value is 0) or the median."""
-    if not coeffs:
-        raise ValueError("pooled_prior: no coefficients")
-    if how not in ("median", "geomean"):
-        raise ValueError(f"pooled_prior: how must be 'median' or 'geomean', got {how!r}")
-    out: dict[str, float] = {}
-    for f in fields(Coefficients):
-        values = np.array([float(getattr(c, f.name)) for c in coeffs])
-        if how == "median":
-            out[f.name] = float(np.median(values))
-        elif (values > 0).all():
-            out[f.name] = float(np.exp(np.mean(np.log(values))))
-        else:
-            out[f.name] = float(np.mean(values))
-    return Coefficients(**out)
-
-
-def _samples(data: AppMeasurements, rows: Iterable[int]) -> list[StepSample]:
-    """Pollux trace rows as samples: data parallelism in fp32 on T4s."""
-    out = []
-    for i in rows:
-        ranks = data.ranks_per_node[i]
-        world = sum(ranks)
-        out.append(
-            StepSample(
-                shape=Shape(
-                    gpu_model=POLLUX_GPU,
-                    ranks_per_node=ranks,
-                    inter_node_gbps=POLLUX_INTER_NODE_GBPS,
-                ),
-                config=JobConfig(layout=Layout(world_size=world)),
-                global_batch=int(data.local_batch[i]) * world,
-                step_s=float(data.step_time[i]),
-                sync_s=float(data.sync_time[i]),
-            )
-        )
-    return out
-
-
-def _observed_rows(data: AppMeasurements, placement: tuple[int, ...], variant: str) -> list[int]:
-    rows = [i for i, r in enumerate(data.ranks_per_node) if r == placement]
-    if not rows:
-        raise InputError(f"{data.app}: no rows at placement {''.join(map(str, placement))}")
-    if variant == "all_batches":
-        return rows
-    rows.sort(key=lambda i: data.local_batch[i])
-    return [rows[(len(rows) - 1) // 2]]
-
-
-def _step_mape(profile: ModelProfile, coeffs: Coefficients, test: Sequence[StepSample]) -> float:
-    predicted = [
-        step_time(profile, s.config, s.shape, s.global_batch, coeffs=coeffs).step_s for s in test
-    ]
-    return round(mape(predicted, [s.step_s for s in test]), 4)
-
-
-def _across(values: Sequence[Any]) -> dict[str, Any]:
-    """Mean and median over applications, element-wise for lists."""
-    array = np.array(values, dtype=float)
-    return {
-        "mean": np.round(array.mean(axis=0), 4).tolist(),
-        "median": np.round(np.median(array, axis=0), 4).tolist(),
-    }
-
-
-def evaluate_pollux(
-    directory: str | Path,
-    *,
-    placements: int = 3,
-    apps: Sequence[str] = APPLICATIONS,
-    sequence: Sequence[str] = SEQUENCE,
-    prior_weight: float = PRIOR_WEIGHT,
-    free: Sequence[str] = FREE,
-    pool: str = POOL,
-) -> dict[str, Any]:
-    """Observe each application on the first ``placements`` of ``sequence`` (placement
-    strings as in ``placements.csv``: replicas per node) and report the step-time MAPE on
-    all its other rows (``placements.csv`` at the placements not observed, and all of
-    ``scalability.csv``) after each observed placement: for both variants (one local
-    batch per placement, every traced one) and both priors (``loo``: the other
-    applications' shipped coefficients pooled by ``pooled_prior``, so nothing of the
-    application leaks in; ``defaults``: ``Coefficients()``), beside the prior alone and
-    the offline fit (the shipped coefficients, fitted on all of the application's rows,
-    the test rows included: a floor, not a competitor). The test rows are the same after
-    1, 2 and 3 placements. Deterministic: no randomness anywhere."""
-    if not 1 <= placements <= len(sequence):
-        raise InputError(f"placements must be in 1..{len(sequence)}, got {placements}")
-    observed = [tuple(int(c) for c in p) for p in sequence[:placements]]
-    directory = Path(directory)
-    report: dict[str, Any] = {
-        "sequence": list(sequence[:placements]),
-        "free": list(free),
-        "prior_weight": prior_weight,
-        "pool": pool,
-        "apps": {},
-    }
-    for app in apps:
-        profile = APPLICATION_PROFILES[app]
-        data = load_app(directory, app)
-        scale = load_scalability(directory, app)
-        test = _samples(data, (i for i, r in enumerate(data.ranks_per_node) if r not in observed))
-        test += _samples(scale, range(len(scale.local_batch)))
-        priors = {
-            "loo": pooled_prior([coefficients(a) for a in APPLICATIONS if a != app], how=pool),
-            "defaults": Coefficients(),
-        }
-        row: dict[str, Any] = {
-            "n_test": len(test),
-            "offline": _step_mape(profile, coefficients(app), test),
-        }
-        for prior_name, prior in priors.items():
-            row[prior_name] = {"prior_only": _step_mape(profile, prior, test)}
-            for variant in VARIANTS:
-                # min_points=1: one point (one batch at one GPU) is already fitted
-                online = OnlineFit(
-                    profile,
-                    prior,
-                    min_points=1,
-                    prior_weight=prior_weight,
-                    max_samples=max(MAX_SAMPLES, len(data.local_batch)),
-                    free=free,
-                )
-                after = []
-                for placement in observed:
-                    online.add_many(_samples(data, _observed_rows(data, placement, variant)))
-                    after.append(_step_mape(profile, online.coefficients, test))
-                row[prior_name][variant] = {
-                    "after": after,
-                    "points": online.points,
-                    "fit_error": round(online.fit_error or 0.0, 4),
-                    "refits": online.refits,
-                    "coefficients": asdict(online.coefficients),
-                }
-        report["apps"][app] = row
-    rows = list(report["apps"].values())
-    summary: dict[str, Any] = {"offline": _across([r["offline"] for r in rows])}
-    for prior_name in ("loo", "defaults"):
-        summary[prior_name] = {"prior_only": _across([r[prior_name]["prior_only"] for r in rows])}
-        for variant in VARIANTS:
-            summary[prior_name][variant] = _across([r[prior_name][variant]["after"] for r in rows])
-    report["summary"] = summary
-    return report

@@ -35,7 +35,7 @@ from autotune.perf.model import estimate, shape_of, statistical_efficiency
 from autotune.perf.stragglers import median_cv
 from autotune.rl.acting import ActedStep
 from autotune.rl.observation import HEADER, SLOT
-from autotune.rl.reward import RoundOutcome, job_rewards, reward
+from autotune.rl.reward import RewardWeights, RoundOutcome, job_rewards, reward
 
 __all__ = ["DEFAULT_EPISODE_ROUNDS", "TransitionLog"]
 
@@ -165,8 +165,9 @@ class TransitionLog:
             )
             return
         weights = {"round_s": self.round_s, "energy_weight": self.energy_weight}
-        total, parts = reward(outcome, **weights)
-        mine = job_rewards(outcome, **weights)
+        terms = RewardWeights(energy_weight=self.energy_weight)
+        total, parts = reward(outcome, round_s=self.round_s, weights=terms)
+        mine = job_rewards(outcome, round_s=self.round_s, weights=terms)
         states = {j.spec.job_id: j.state for j in snapshot.jobs}
         try:
             speeds = _speeds(snapshot, set(open_.job_ids))

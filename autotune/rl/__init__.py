@@ -9,6 +9,7 @@ policy (serving) and replay (offline learning):
   ``decode_slot``) and its encoder (``encode_config``);
 - ``acting``: how a learned policy acts and what the transition log keeps of it
   (``ActedStep``, the epsilon-greedy probabilities of its entries);
+- ``environment``: what an episode is and what its reward weighs (``EnvConfig``);
 - ``reward``: a round's outcome (``RoundOutcome``) and its reward (``reward``,
   ``job_rewards``).
 

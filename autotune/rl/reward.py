@@ -17,10 +17,38 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from autotune.core import DEFAULT_ENERGY_WEIGHT
 
-__all__ = ["JobRound", "RoundOutcome", "job_rewards", "reward"]
+__all__ = [
+    "NAN_PENALTY",
+    "OOM_PENALTY",
+    "RESTART_PENALTY",
+    "JobRound",
+    "RewardWeights",
+    "RoundOutcome",
+    "job_rewards",
+    "reward",
+]
+
+OOM_PENALTY: Final = 1.0
+"""Reward lost per job whose configuration ran out of memory."""
+NAN_PENALTY: Final = 0.5
+"""Reward lost per divergence (NaN/Inf) event."""
+RESTART_PENALTY: Final = 1.0
+"""Reward lost per job-round of reconfiguration downtime."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RewardWeights:
+    """The weights of the reward's penalty terms."""
+
+    oom_penalty: float = OOM_PENALTY
+    nan_penalty: float = NAN_PENALTY
+    restart_penalty: float = RESTART_PENALTY
+    energy_weight: float = DEFAULT_ENERGY_WEIGHT
+    """Normalized goodput given up per kWh (the daemon's ``energy_weight`` setting)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,44 +83,25 @@ class RoundOutcome:
 
 
 def reward(
-    outcome: RoundOutcome,
-    *,
-    round_s: float,
-    oom_penalty: float = 1.0,
-    nan_penalty: float = 0.5,
-    restart_penalty: float = 1.0,
-    energy_weight: float = DEFAULT_ENERGY_WEIGHT,
+    outcome: RoundOutcome, *, round_s: float, weights: RewardWeights = RewardWeights()
 ) -> tuple[float, dict[str, float]]:
     """The reward of one round and its parts (the same for training and replay)."""
     parts = {
         "goodput": outcome.normalized_goodput,
-        "oom": -oom_penalty * outcome.ooms,
-        "nan": -nan_penalty * outcome.nan_events,
-        "restart": -restart_penalty * outcome.restart_s / round_s,
-        "energy": -energy_weight * outcome.energy_kwh,
+        "oom": -weights.oom_penalty * outcome.ooms,
+        "nan": -weights.nan_penalty * outcome.nan_events,
+        "restart": -weights.restart_penalty * outcome.restart_s / round_s,
+        "energy": -weights.energy_weight * outcome.energy_kwh,
     }
     return float(sum(parts.values())), parts
 
 
 def job_rewards(
-    outcome: RoundOutcome,
-    *,
-    round_s: float,
-    oom_penalty: float = 1.0,
-    nan_penalty: float = 0.5,
-    restart_penalty: float = 1.0,
-    energy_weight: float = DEFAULT_ENERGY_WEIGHT,
+    outcome: RoundOutcome, *, round_s: float, weights: RewardWeights = RewardWeights()
 ) -> dict[str, tuple[float, dict[str, float]]]:
     """Each running job's own reward in the round and its parts, by job id: ``reward``
     applied to what the job alone did (``RoundOutcome.jobs``). The round's reward is
     their sum plus the idle GPUs' energy, which belongs to no job."""
-    weights = {
-        "round_s": round_s,
-        "oom_penalty": oom_penalty,
-        "nan_penalty": nan_penalty,
-        "restart_penalty": restart_penalty,
-        "energy_weight": energy_weight,
-    }
     return {
         job_id: reward(
             RoundOutcome(
@@ -105,7 +114,8 @@ def job_rewards(
                 finished=0,
                 busy_gpus=0.0,
             ),
-            **weights,
+            round_s=round_s,
+            weights=weights,
         )
         for job_id, mine in outcome.jobs.items()
     }

@@ -569,7 +569,8 @@ def _finetune(
     from ray.rllib.core.rl_module.rl_module import RLModule
 
     from autotune.envs.workloads import load_workload
-    from autotune.policies.ppo import PPOSettings, TraceSource, train_ppo
+    from autotune.policies.ppo import train_ppo
+    from autotune.policies.ppo_settings import PPOSettings, TraceSource
 
     _, arrivals, round_s = load_workload(data.path)
     if not arrivals:
@@ -577,6 +578,7 @@ def _finetune(
     window = min(settings.sim_window, len(arrivals))
     ppo = PPOSettings(
         iterations=settings.sim_finetune,
+        checkpoint_every=settings.sim_finetune + 1,
         slots=settings.sim_slots,
         round_s=round_s,
         max_steps=settings.sim_max_steps,
@@ -598,7 +600,7 @@ def _finetune(
         if progress is not None:
             progress("simulator", i, n, row)
 
-    report = train_ppo(ppo, work, checkpoint_every=settings.sim_finetune + 1, progress=update)
+    report = train_ppo(ppo, work, progress=update)
     weights = RLModule.from_checkpoint(report["module"]).get_state()
     _save_module(weights, hidden, module)
     return {

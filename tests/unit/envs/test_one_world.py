@@ -303,12 +303,13 @@ def test_training_episodes_use_the_energy_weight_setting() -> None:
     from dataclasses import asdict
 
     from autotune.core import DEFAULT_ENERGY_WEIGHT
-    from autotune.policies.ppo import PPOSettings, TraceSource, make_train_env
+    from autotune.policies.ppo import make_train_env
+    from autotune.policies.ppo_settings import PPOSettings, TraceSource
 
     settings = PPOSettings(
         energy_weight=0.7, forecast=False, sources=(TraceSource(kind="stream", jobs=""),)
     )
     env = make_train_env(asdict(settings))
-    assert env.current.weights["energy_weight"] == 0.7
-    assert env.current.stream
+    assert env.current.config.energy_weight == 0.7
+    assert env.current.config.stream
     assert PPOSettings().energy_weight == DEFAULT_ENERGY_WEIGHT

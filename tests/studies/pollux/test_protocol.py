@@ -1,69 +1,49 @@
-"""``bench/pollux_learned.py``'s comparison with Pollux job by job: Pollux's per-job JCTs
-as shipped, the paired difference and its bootstrap interval, and the tables it prints."""
+"""The held-out protocol's comparison with Pollux job by job (``bench/pollux_learned.py``
+runs it): Pollux's per-job JCTs as shipped, the paired difference and its bootstrap
+interval, and the tables it prints."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-
-
-def _bench() -> ModuleType:
-    """``bench/pollux_learned.py`` as a module (bench is not a package; it imports its
-    neighbour ``pollux_compat``)."""
-    name = "bench_pollux_learned"
-    if name not in sys.modules:
-        sys.path.insert(0, str(REPO / "bench"))
-        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "pollux_learned.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+from autotune.studies.pollux import protocol
 
 
 def test_pollux_per_job_jcts_average_to_its_published_figures() -> None:
-    bench = _bench()
-    jcts = bench.pollux_jcts()
+    jcts = protocol.pollux_jcts()
     assert sorted(jcts) == list(range(1, 9))
     for w, jobs in jcts.items():
         assert len(jobs) == 160
-        assert round(float(np.mean(list(jobs.values())))) == bench.POLLUX[w]
+        assert round(float(np.mean(list(jobs.values())))) == protocol.POLLUX[w]
     assert "cifar10-0" in jcts[6]  # the job ids the Pollux-compatible mode gives its jobs
 
 
 def test_paired_difference_is_the_relative_gap_in_average_jct() -> None:
-    bench = _bench()
     rng = np.random.default_rng(1)
     theirs = {f"j{i}": float(x) for i, x in enumerate(rng.uniform(100, 5000, 200))}
     ours = {k: v * 0.9 for k, v in theirs.items()}
-    mean, lo, hi = bench.paired_difference(ours, theirs)
+    mean, lo, hi = protocol.paired_difference(ours, theirs)
     assert mean == pytest.approx(-0.10)
     assert lo < mean < hi
     # Every job 10% faster: the interval is narrow around -10%, far from 0.
     assert hi < -0.05
     # Same jobs, noise around no difference: the interval holds 0.
     noisy = {k: v + float(rng.normal(0, 300)) for k, v in theirs.items()}
-    _, lo, hi = bench.paired_difference(noisy, theirs)
+    _, lo, hi = protocol.paired_difference(noisy, theirs)
     assert lo < 0 < hi
     with pytest.raises(ValueError, match="not finished"):
-        bench.paired_difference({"j0": 1.0}, theirs)
+        protocol.paired_difference({"j0": 1.0}, theirs)
 
 
 def test_pooled_difference_weighs_workloads_by_their_averages() -> None:
-    bench = _bench()
     a = {"x": 100.0, "y": 300.0}  # average 200
     b = {"x": 1000.0, "y": 3000.0}  # average 2000
     pairs = [({k: v - 20 for k, v in a.items()}, a), ({k: v + 200 for k, v in b.items()}, b)]
-    mean, lo, hi = bench.pooled_difference(pairs)
+    mean, lo, hi = protocol.pooled_difference(pairs)
     # (-20 + 200) / 2 over (200 + 2000) / 2
     assert mean == pytest.approx(180 / 2200)
     assert lo == pytest.approx(mean)
@@ -71,8 +51,7 @@ def test_pooled_difference_weighs_workloads_by_their_averages() -> None:
 
 
 def test_the_table_sets_every_policy_beside_pollux(tmp_path: Path) -> None:
-    bench = _bench()
-    theirs = bench.pollux_jcts()[6]
+    theirs = protocol.pollux_jcts()[6]
 
     def run(scale: float) -> dict[str, object]:
         jobs = {k: v * scale for k, v in theirs.items()}
@@ -83,7 +62,7 @@ def test_the_table_sets_every_policy_beside_pollux(tmp_path: Path) -> None:
             "per_app": {},
         }
 
-    policies = {name: run(1.5) for name in bench.BASELINES}
+    policies = {name: run(1.5) for name in protocol.BASELINES}
     policies["goodput"] = run(0.95)
     (tmp_path / "baselines-6.json").write_text(
         json.dumps({"workload": 6, "pollux_s": 2446, "policies": policies})
@@ -102,7 +81,7 @@ def test_the_table_sets_every_policy_beside_pollux(tmp_path: Path) -> None:
         },
     }
     (tmp_path / "fold-6-seed-0.json").write_text(json.dumps(fold))
-    text = bench.table(tmp_path)
+    text = protocol.table(tmp_path)
     assert "learned policy below Pollux on 1 of 1 held-out workloads" in text
     row = next(line for line in text.splitlines() if line.startswith("| 6 | 2,446"))
     assert f"**{2446.13 * 0.9:,.0f}**" in row
@@ -115,8 +94,7 @@ def test_the_table_sets_every_policy_beside_pollux(tmp_path: Path) -> None:
 def test_a_workload_above_pollux_is_attributed_to_its_applications(tmp_path: Path) -> None:
     """The learned policy 10% slower than Pollux on cifar10's jobs only: the whole gap is
     cifar10's, its share is the average JCT's difference."""
-    bench = _bench()
-    theirs = bench.pollux_jcts()[6]
+    theirs = protocol.pollux_jcts()[6]
     jobs = {k: v * 1.1 if k.startswith("cifar10") else v for k, v in theirs.items()}
     per_app = {
         app: {"jobs": 1, "jct_s": 1.0, "wait_s": 0.0, "gpus": 1.0}
@@ -129,7 +107,7 @@ def test_a_workload_above_pollux_is_attributed_to_its_applications(tmp_path: Pat
         "per_app": per_app,
     }
     base = {"goodput": run, "goodput-size": run, "oracle": run}
-    text = "\n".join(bench._attribution({6: [{"learned": run}]}, {6: {"policies": base}}))
+    text = "\n".join(protocol._attribution({6: [{"learned": run}]}, {6: {"policies": base}}))
     gap = run["avg_jct_s"] - float(np.mean(list(theirs.values())))
     rows = {
         line.split(" | ")[0].strip("| "): line

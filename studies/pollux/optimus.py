@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from autotune import __version__
 from autotune.core import JobConfig
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice, PolicyRound
-from autotune.perf.pollux_trace import TraceApp, packed
+from autotune.studies.pollux.trace import TraceApp, packed, trace_of
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
@@ -80,7 +80,7 @@ class OptimusPolicy:
         info: dict[str, tuple[TraceApp, int, float, int]] = {}
         measured = []
         for job in active:
-            if sim.jobs[job.spec.job_id].arrival.trace is not None:
+            if trace_of(sim.jobs[job.spec.job_id].arrival) is not None:
                 measured.append(job)
                 continue
             # No measured physics (our default world): its requested GPUs, set once.
@@ -89,7 +89,7 @@ class OptimusPolicy:
             free -= alloc[job.spec.job_id]
         for job in measured:
             job_id = job.spec.job_id
-            trace = sim.jobs[job_id].arrival.trace
+            trace = trace_of(sim.jobs[job_id].arrival)
             assert trace is not None
             batch = job.spec.global_batch
             epoch = trace.epoch_of(sim.jobs[job_id].done)

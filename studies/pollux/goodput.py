@@ -12,7 +12,7 @@ Every round:
   batch sizes between the application's smallest and largest validated ones (ncf at
   the one GPU and batch Pollux's artifact gives it, ``POLLUX_FIXED_JOBS``). Pollux's
   agent fits this model online from the job's steps; here it reads the measured
-  physics the job runs on (``Arrival.trace``), an upper bound on what the fit knows.
+  physics the job runs on (``Arrival.physics``), an upper bound on what the fit knows.
 - **Across jobs (Pollux's scheduler).** SPEEDUP_j(n) = goodput_j(n) / goodput_j(1);
   GPUs go to maximise the p-mean of the speed-ups, (sum_j SPEEDUP_j(n_j)^p / J)^(1/p)
   with p = -1 (the paper's default), i.e. to minimise sum_j SPEEDUP_j^p: every waiting
@@ -36,7 +36,7 @@ one GPU at its best batch (remaining progress to its last epoch / that rate): a 
 near its end is worth finishing, which lowers the average completion time (the
 remaining work is known from the epochs a job declares; Pollux's scheduler does not
 use it). The learned policy of the Pollux-compatible mode chooses these weights
-(``autotune.envs.spaces.POLLUX_WEIGHT_RANGE``).
+(``autotune.studies.pollux.env.WEIGHT_RANGE``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Final
 from autotune import __version__
 from autotune.core import JobConfig
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice, PolicyRound
-from autotune.perf.pollux_trace import TraceApp, packed
+from autotune.studies.pollux.trace import TraceApp, packed, trace_of
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
@@ -134,7 +134,7 @@ class GoodputPolicy:
         for job in snapshot.jobs:
             if job.state not in ("pending", "running"):
                 continue
-            trace = sim.jobs[job.spec.job_id].arrival.trace
+            trace = trace_of(sim.jobs[job.spec.job_id].arrival)
             if trace is None:
                 continue
             cap = min(total, job.spec.max_gpus, trace.max_batch // trace.min_local)
@@ -149,7 +149,7 @@ class GoodputPolicy:
         out: dict[str, float] = {}
         for job_id, table in self.goodput_tables(snapshot).items():
             state = sim.jobs[job_id]
-            trace = state.arrival.trace
+            trace = trace_of(state.arrival)
             assert trace is not None
             left = max(trace.target_progress - state.done, 0.0)
             out[job_id] = left / table[1][0] if len(table) > 1 and table[1][0] > 0 else math.inf
@@ -283,9 +283,13 @@ class SizedGoodputPolicy(GoodputPolicy):
         self.version = f"goodput-size-{__version__}"
         self.last_weights: dict[str, float] = {}
 
-    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
-        self.last_weights = {
+    def weights(self, snapshot: ClusterSnapshot) -> dict[str, float]:
+        """Each active job's weight this round: ``size_weight`` of its remaining time."""
+        return {
             job_id: size_weight(left, self.exponent)
             for job_id, left in self.remaining_s(snapshot).items()
         }
+
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        self.last_weights = self.weights(snapshot)
         return PolicyRound(choices=self.allocate(snapshot, self.last_weights))

@@ -1,4 +1,5 @@
-"""The six Pollux applications: profiles, calibrated coefficients and the fidelity check.
+"""The performance model fitted to Pollux's measurements of its six applications, and
+the fidelity check.
 
 Pollux (Qiao et al., OSDI'21) measured six training jobs on 16 AWS g4dn.12xlarge nodes
 (4 NVIDIA T4 each, 50 Gb/s network) and published, per job, step and gradient
@@ -7,19 +8,21 @@ synchronisation times for placements of 1-16 replicas over 1-4 nodes
 (``scalability.csv``) and the statistical efficiency of each batch size
 (``validation-<batch>.csv``). This module:
 
-- builds a ``ModelProfile`` per application from its architecture (parameters and FLOPs
-  below, with sources) and from the measurements (reference batch M0 = the smallest
-  validated batch; gradient noise scale phi = M0 * median(grad_var / grad_sqr) over that
-  run; work = the run's final progress in M0-batches times M0 samples);
+- reads the measurements of each application's profile (reference batch M0 = the
+  smallest validated batch; gradient noise scale phi = M0 * median(grad_var /
+  grad_sqr) over that run; work = the run's final progress in M0-batches times M0
+  samples), the architecture's figures being the catalog's
+  (``autotune.catalog.applications.application_profile``);
 - fits the performance model's free coefficients (``autotune.perf.model.Coefficients``) to the
   measured step times and compute times (step - unhidden sync) by least squares on logs;
 - ``validate``: fits on all placements (1-4 nodes) and reports the error on the 6-16-node
   runs, which the fit never saw (``split="scale"``), beside a naive linear baseline's
   (``naive_baseline``); ``split="nodes"`` keeps the older split (fit on <= 2 nodes).
 
-The shipped ``data/pollux_apps.json`` holds the measured profile values and the
-coefficients fitted on every measurement (1-16 nodes), so simulations run without the
-traces; ``calibrate`` regenerates it.
+The catalog ships the measured profile values and the coefficients fitted on every
+measurement (1-16 nodes) in ``autotune/data/applications.json``
+(``autotune.catalog.applications``), so simulations run without the traces;
+``calibrate`` regenerates that document.
 """
 
 from __future__ import annotations
@@ -35,13 +38,12 @@ import numpy as np
 from autotune.catalog.applications import APPLICATIONS, application_profile
 from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
 from autotune.csvfile import floats, read_csv
+from autotune.envs.presets import POLLUX_GPU, POLLUX_INTER_NODE_GBPS
 from autotune.errors import InputError
 from autotune.perf.fit import Parameter, fit_bounded, mape
 from autotune.perf.model import Coefficients, Shape, step_time
 
 __all__ = [
-    "POLLUX_GPU",
-    "POLLUX_INTER_NODE_GBPS",
     "AppMeasurements",
     "calibrate",
     "load_app",
@@ -50,9 +52,6 @@ __all__ = [
     "validate",
 ]
 
-POLLUX_GPU: Final = "T4"
-# g4dn.12xlarge: "up to 50 Gbps" networking (AWS instance type page) = 6.25 GB/s.
-POLLUX_INTER_NODE_GBPS: Final = 6.25
 
 # Coefficients the fit may change, with the bounds that keep them physical. The ring's
 # per-step latency between nodes stays at its literature value: fitted on 1-4 nodes, a
@@ -347,7 +346,7 @@ def validate(
 
 
 def calibrate(directory: str | Path) -> dict[str, Any]:
-    """The ``data/pollux_apps.json`` document: measured statistics and coefficients
+    """The ``autotune/data/applications.json`` document: measured statistics and coefficients
     fitted on every measurement of each application (``placements.csv`` and
     ``scalability.csv``: 1-16 nodes)."""
     directory = Path(directory)

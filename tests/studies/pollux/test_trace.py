@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import InputError
-from autotune.perf.pollux_trace import (
+from autotune.studies.pollux.trace import (
     POLLUX_MAX_EPOCHS,
     BatchSplit,
     TraceApp,

@@ -1,4 +1,5 @@
-"""Calibration against the Pollux measurements and the `autotune model` commands."""
+"""Calibration against the Pollux measurements and the `autotune pollux validate-model`
+command."""
 
 from __future__ import annotations
 
@@ -17,7 +18,13 @@ from autotune.catalog.applications import (
 )
 from autotune.errors import InputError
 from autotune.perf.fit import mape
-from autotune.perf.pollux import calibrate, load_app, load_scalability, naive_baseline, validate
+from autotune.studies.pollux.fit import (
+    calibrate,
+    load_app,
+    load_scalability,
+    naive_baseline,
+    validate,
+)
 
 
 @pytest.mark.slow
@@ -111,9 +118,9 @@ def test_model_validate_command_prints_json(pollux_dir: Path, tmp_path: Path) ->
     result = subprocess.run(
         [
             *autotune_command(),
-            "model",
-            "validate",
-            "--pollux",
+            "pollux",
+            "validate-model",
+            "--traces",
             str(pollux_dir / "traces"),
             "--split",
             "nodes",
@@ -142,7 +149,7 @@ def test_model_validate_command_prints_json(pollux_dir: Path, tmp_path: Path) ->
 @pytest.mark.subprocess
 def test_model_validate_rejects_a_missing_folder(tmp_path: Path) -> None:
     result = subprocess.run(
-        [*autotune_command(), "model", "validate", "--pollux", str(tmp_path / "nope")],
+        [*autotune_command(), "pollux", "validate-model", "--traces", str(tmp_path / "nope")],
         capture_output=True,
         text=True,
         cwd=tmp_path,

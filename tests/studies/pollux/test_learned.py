@@ -1,6 +1,6 @@
 """The learned policy of the Pollux-compatible mode: its action (every job's weight in
 the goodput allocation), its reward (minus job-hours), imitation of ``goodput-size``,
-serving it in ``autotune eval --pollux-compat``, and the mode's oracle."""
+serving it in ``autotune pollux eval``, and the mode's oracle."""
 
 from __future__ import annotations
 
@@ -16,53 +16,56 @@ import torch
 from helpers import cli
 
 from autotune.envs.cluster_env import ClusterEnv
-from autotune.envs.presets import POLLUX_RESTART_S, POLLUX_ROUND_S, pollux_nodes
+from autotune.envs.presets import pollux_nodes
 from autotune.envs.simulator import Arrival
-from autotune.envs.spaces import POLLUX_WEIGHT_RANGE, decode_weights, encode_weights
-from autotune.envs.workloads import pollux_arrivals
 from autotune.policies.evaluate import run_episode
-from autotune.policies.goodput import GoodputPolicy, SizedGoodputPolicy, size_weight
 from autotune.policies.ppo import (
-    ALLOCATION_FILE,
-    PPOSettings,
     SlotPolicyModule,
-    TraceSource,
     _demonstrations,
     behaviour_clone,
     make_train_env,
-    pollux_compat_env,
 )
-from autotune.policies.serving import IncompatiblePolicyError, PolicyServer, PolluxLearnedPolicy
+from autotune.policies.ppo_settings import PPOSettings, TraceSource
+from autotune.policies.serving import IncompatiblePolicyError, PolicyServer
 from autotune.rl.action import InvalidActionError
 from autotune.rl.observation import observation_size
+from autotune.studies.pollux.env import (
+    RESTART_S,
+    ROUND_S,
+    WEIGHT_RANGE,
+    PolluxCompatEnv,
+    compat_arrivals,
+    decode_weights,
+    encode_weights,
+)
+from autotune.studies.pollux.goodput import GoodputPolicy, SizedGoodputPolicy, size_weight
+from autotune.studies.pollux.learned import ALLOCATION_FILE, WORLD, PolluxLearnedPolicy
+from autotune.studies.pollux.oracle import MeasuredOraclePolicy
 
 
 def _jobs(pollux_dir: Path, n: int = 24, workload: int = 6) -> list[Arrival]:
     """The first ``n`` jobs of a workload on their measured physics, Pollux's clock."""
-    return pollux_arrivals(
-        pollux_dir / "workloads" / f"workload-{workload}.csv", traces=pollux_dir / "traces"
+    return compat_arrivals(
+        pollux_dir / "workloads" / f"workload-{workload}.csv", pollux_dir / "traces"
     )[:n]
 
 
-def _env(
-    jobs: list[Arrival], objective: str = "jct", slots: int = 32, gpus: int = 64
-) -> ClusterEnv:
-    return ClusterEnv(
-        nodes=pollux_nodes(gpus),
-        jobs=jobs,
-        slots=slots,
-        round_s=POLLUX_ROUND_S,
-        restart_s=POLLUX_RESTART_S,
-        start_s=POLLUX_RESTART_S,
-        noise=False,
-        knobs="pollux",
-        objective=objective,
-        max_steps=100_000,
-        allocator=GoodputPolicy,
+def _env(jobs: list[Arrival], slots: int = 32, gpus: int = 64) -> PolluxCompatEnv:
+    return PolluxCompatEnv(
+        ClusterEnv(
+            nodes=pollux_nodes(gpus),
+            jobs=jobs,
+            slots=slots,
+            round_s=ROUND_S,
+            restart_s=RESTART_S,
+            start_s=RESTART_S,
+            noise=False,
+            max_steps=100_000,
+        )
     )
 
 
-def _jct_s(env: ClusterEnv) -> list[float]:
+def _jct_s(env: PolluxCompatEnv) -> list[float]:
     assert env.sim is not None
     return [
         (j.status.finished_s or math.nan) - j.status.spec.submitted_at
@@ -80,14 +83,14 @@ def test_the_action_is_a_log2_weight_per_slot(pollux_dir: Path) -> None:
     env = _env(_together(_jobs(pollux_dir, 4)), slots=8)
     assert isinstance(env.action_space, gym.spaces.Box)
     assert env.action_space.shape == (8,)
-    assert (env.action_space.low[0], env.action_space.high[0]) == POLLUX_WEIGHT_RANGE
+    assert (env.action_space.low[0], env.action_space.high[0]) == WEIGHT_RANGE
     env.reset(seed=0)
     assert env.snapshot is not None
     weights = decode_weights(np.array([1, -2, 99, 0, 0, 0, 0, 0.0]), env.snapshot, 8)
     slot_ids = [j.spec.job_id for j in env.snapshot.queue_order()]
-    assert [weights[i] for i in slot_ids[:3]] == [2.0, 0.25, 2.0 ** POLLUX_WEIGHT_RANGE[1]]
+    assert [weights[i] for i in slot_ids[:3]] == [2.0, 0.25, 2.0 ** WEIGHT_RANGE[1]]
     back = encode_weights(weights, env.snapshot, 8)
-    assert back[:3].tolist() == [1.0, -2.0, POLLUX_WEIGHT_RANGE[1]]
+    assert back[:3].tolist() == [1.0, -2.0, WEIGHT_RANGE[1]]
     with pytest.raises(InvalidActionError, match="entries"):
         decode_weights(np.zeros(7), env.snapshot, 8)
     with pytest.raises(InvalidActionError, match="finite"):
@@ -111,11 +114,10 @@ def test_equal_weights_play_exactly_as_goodput(pollux_dir: Path) -> None:
     assert by_action == sorted(_jct_s(env2))
 
 
-def test_the_action_needs_an_allocation(pollux_dir: Path) -> None:
+def test_the_action_needs_an_episode(pollux_dir: Path) -> None:
+    """The allocation the action acts through is built with each episode."""
     env = _env(_jobs(pollux_dir, 2))
-    env.make_allocator = None
-    env.reset(seed=0)
-    with pytest.raises(RuntimeError, match="needs an allocation"):
+    with pytest.raises(RuntimeError, match="reset"):
         env.step(np.zeros(32, np.float32))
 
 
@@ -132,8 +134,6 @@ def test_the_jct_reward_sums_to_minus_the_job_hours(pollux_dir: Path) -> None:
     hours = sum(_jct_s(env)) / 3600
     # Jobs are counted per 60 s round: within a round per job of the true total.
     assert total == pytest.approx(-hours, abs=len(_jct_s(env)) * 60 / 3600)
-    with pytest.raises(ValueError, match="objective"):
-        _env([], objective="makespan")
 
 
 def test_weights_move_gpus_to_the_heavier_job(pollux_dir: Path) -> None:
@@ -185,15 +185,13 @@ def test_goodput_size_beats_goodput_and_pollux_on_workload_6(pollux_dir: Path) -
 
 
 def test_the_oracle_maximises_summed_speed_up_on_measured_physics(pollux_dir: Path) -> None:
-    from autotune.policies.baselines import OraclePolicy
-
     env = _env(_jobs(pollux_dir, 12))
-    result = run_episode(OraclePolicy(env, slots=32), env, seed=0)
+    result = run_episode(MeasuredOraclePolicy(env.cluster, slots=32), env, seed=0)
     assert result["n_jobs_done"] == 12
     env = _env(_together(_jobs(pollux_dir, 12)))
     env.reset(seed=0)
     assert env.snapshot is not None
-    choices = OraclePolicy(env, slots=32).decide(env.snapshot).choices
+    choices = MeasuredOraclePolicy(env.cluster, slots=32).decide(env.snapshot).choices
     total = sum(c.config.world_size for c in choices.values() if c.config is not None)
     assert 0 < total <= 64
     assert all("measured physics" in c.reason for c in choices.values() if c.config)
@@ -255,55 +253,52 @@ def test_compat_sources_cannot_mix_with_the_default_world(pollux_dir: Path) -> N
     with pytest.raises(ValueError, match="cannot be mixed"):
         make_train_env(asdict(settings))
     with pytest.raises(ValueError, match="traces"):
-        pollux_compat_env(replace(_source(pollux_dir, 6), traces=None))
+        WORLD.make_env(replace(_source(pollux_dir, 6), traces=None), settings, None)
 
 
 def test_the_served_policy_acts_through_the_allocation(pollux_dir: Path, tmp_path: Path) -> None:
     module = _module()
     module.save_to_path(tmp_path / "module")
-    server = PolicyServer(tmp_path / "module", slots=32, knobs="pollux")
+    server = PolicyServer(tmp_path / "module", slots=32, continuous=True)
     env = _env(_jobs(pollux_dir, 10))
-    policy = PolluxLearnedPolicy(env, server, forecast="none")
+    policy = PolluxLearnedPolicy(env.cluster, server, forecast="none")
     assert policy.version.startswith("ppo-pollux-")
     assert policy.fairness_p == -1.0  # no allocation file: Pollux's
     (tmp_path / "module" / ALLOCATION_FILE).write_text(json.dumps({"fairness_p": -0.25}))
-    assert PolluxLearnedPolicy(env, server, forecast="none").allocator.p == -0.25
+    assert PolluxLearnedPolicy(env.cluster, server, forecast="none").allocator.p == -0.25
     result = run_episode(policy, env, seed=0)
     assert result["n_jobs_done"] == 10
-    # A module of one world is refused in the other, with the way out in the message.
-    with pytest.raises(IncompatiblePolicyError, match="Pollux-compatible"):
+    # A module of one world is refused in the other, saying which world it needs.
+    with pytest.raises(IncompatiblePolicyError, match="study's world"):
         PolicyServer(tmp_path / "module", slots=32)
     with pytest.raises(IncompatiblePolicyError, match="default world"):
-        PolicyServer(None, slots=32, knobs="pollux")
+        PolicyServer(None, slots=32, continuous=True)
 
 
 def test_eval_serves_a_compat_checkpoint(pollux_dir: Path, tmp_path: Path) -> None:
     _module().save_to_path(tmp_path / "module")
     workload = str(pollux_dir / "workloads" / "workload-6.csv")
     run = cli(
-        "eval", "--pollux-workload", workload, "--pollux-compat",
+        "pollux", "eval", "--workload", workload,
         "--policies", "ppo,oracle,goodput-size", "--policy-checkpoint", str(tmp_path / "module"),
         "--limit-jobs", "10", "--forecast", "none", "--json",
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr[-2000:]
     report = json.loads(run.stdout)
     assert {row["n_jobs_done"] for row in report["policies"].values()} == {10.0}
-    run = cli(
-        "eval", "--pollux-workload", workload, "--pollux-compat", "--policies", "ppo",
-        "--limit-jobs", "5",
-    )  # fmt: skip
+    run = cli("pollux", "eval", "--workload", workload, "--policies", "ppo", "--limit-jobs", "5")
     assert run.exit_code == 2
     assert "--policy-checkpoint" in run.stderr
 
 
 def test_train_refuses_a_compat_run_without_workloads(tmp_path: Path, pollux_dir: Path) -> None:
-    run = cli("train-policy", "--out", str(tmp_path / "o"), "--pollux-compat")
+    run = cli("pollux", "train-policy", "--out", str(tmp_path / "o"))
     assert run.exit_code == 2
-    assert "--pollux-workload" in run.stderr
+    assert "--workload" in run.stderr
     workload = str(pollux_dir / "workloads" / "workload-6.csv")
     run = cli(
-        "train-policy", "--out", str(tmp_path / "o"), "--pollux-compat",
-        "--pollux-workload", workload, "--warm-start", "oracle",
+        "pollux", "train-policy", "--out", str(tmp_path / "o"),
+        "--workload", workload, "--warm-start", "oracle",
     )  # fmt: skip
     assert run.exit_code == 2
     assert "goodput-size" in run.stderr
@@ -316,22 +311,22 @@ def test_train_in_compat_mode_then_evaluate(tmp_path: Path, pollux_dir: Path) ->
     evaluate on another with the checkpoint."""
     out = tmp_path / "policy"
     run = cli(
-        "train-policy", "--out", str(out), "--pollux-compat",
-        "--pollux-workload", str(pollux_dir / "workloads" / "workload-1.csv"),
+        "pollux", "train-policy", "--out", str(out),
+        "--workload", str(pollux_dir / "workloads" / "workload-1.csv"),
         "--iterations", "1", "--train-batch", "64", "--no-forecast", "--json",
         "--size-exponent", "1", "--fairness-p", "-0.5",
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr[-2000:]
     report = json.loads(run.stdout)
     assert report["warm_start"]["teacher"] == "goodput-size"
-    assert report["settings"]["size_exponent"] == 1.0
+    assert report["settings"]["world_options"]["size_exponent"] == 1.0
     saved = json.loads((Path(report["module"]) / ALLOCATION_FILE).read_text())
     assert saved == {"fairness_p": -0.5}
     assert (out / "warm_start" / ALLOCATION_FILE).is_file()
     assert report["settings"]["sources"][0]["kind"] == "pollux-compat"
     run = cli(
-        "eval", "--pollux-workload", str(pollux_dir / "workloads" / "workload-6.csv"),
-        "--pollux-compat", "--policies", "ppo", "--policy-checkpoint", report["module"],
+        "pollux", "eval", "--workload", str(pollux_dir / "workloads" / "workload-6.csv"),
+        "--policies", "ppo", "--policy-checkpoint", report["module"],
         "--limit-jobs", "12", "--forecast", "none", "--json",
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr[-2000:]

@@ -27,6 +27,10 @@ Traces: ``<directory>/<app>/placements.csv`` (placement, local_bsz, step_time,
 sync_time), ``scalability.csv`` (num_nodes, num_replicas, local_bsz, step_time,
 sync_time) and ``validation-<batch>.csv`` (progress, grad_sqr, grad_var per epoch).
 The 30 s restart penalty and the 60 s scheduling rounds belong to the caller.
+
+A ``TraceApp`` is the simulated cluster's ``JobPhysics`` (``autotune.envs.simulator``):
+a job whose ``Arrival.physics`` is one advances as Pollux's simulator advances it
+(``work``, ``reference_rate``, ``advance``, ``in_place``).
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
+from autotune.core import JobConfig, PrecisionMap
 from autotune.csvfile import floats, integers, read_csv
+from autotune.envs.simulator import Arrival, PhysicsRound
 from autotune.errors import InputError
 
 __all__ = [
@@ -55,7 +61,9 @@ __all__ = [
     "TraceApp",
     "load_trace_app",
     "load_trace_apps",
+    "measured_batch",
     "packed",
+    "trace_of",
 ]
 
 POLLUX_MAX_EPOCHS: Final[Mapping[str, int]] = MappingProxyType(
@@ -402,6 +410,94 @@ class TraceApp:
         _, finished = self.run(0.0, packed(gpus), batch, math.inf)
         assert finished is not None  # an infinite run always completes
         return finished
+
+    # --- as the simulated cluster's JobPhysics ------------------------------------------
+
+    @property
+    def work(self) -> float:
+        """Progress units to finish (``target_progress``)."""
+        return self.target_progress
+
+    def reference_rate(self, reference_gpus: int, gpus_per_node: int, batch: int) -> float:
+        """Progress units per second on the reference GPUs, packed, in the first epoch."""
+        return self.rate(packed(reference_gpus, gpus_per_node), batch, 0)
+
+    def advance(
+        self,
+        job_id: str,
+        done: float,
+        config: JobConfig,
+        ranks_per_node: tuple[int, ...],
+        batch: int,
+        run_s: float,
+    ) -> PhysicsRound:
+        """One round from progress ``done``: the progress units per second averaged over
+        the run, the step time, the samples per second, the progress reached and the
+        seconds it took to finish (``None``: it did not). A job on the traces runs data
+        parallel in fp32 without compression (``ValueError`` otherwise), its batch held
+        within what was measured on its placement (``measured_batch``)."""
+        if config.layout.world_size != config.layout.dp or not _is_plain(config):
+            raise ValueError(
+                f"{job_id}: a job on Pollux's measured physics runs data parallel in "
+                f"fp32 without compression, got {config.describe()}"
+            )
+        batch = measured_batch(self, ranks_per_node, batch)
+        epoch = self.epoch_of(done)
+        split = self.split(sum(ranks_per_node), batch)
+        step_s, sync_s = self.step_times(ranks_per_node, split.atomic)
+        step_s = step_s + (step_s - sync_s) * split.accum_steps
+        samples_per_s = split.batch / step_s
+        if run_s <= 0:
+            rate = self.rate(ranks_per_node, batch, epoch)
+            return PhysicsRound(
+                goodput=rate,
+                step_s=step_s,
+                samples_per_s=samples_per_s,
+                reached=done,
+                finished_after_s=None,
+            )
+        reached, finished_after = self.run(done, ranks_per_node, batch, run_s)
+        seconds = finished_after if finished_after is not None else run_s
+        return PhysicsRound(
+            goodput=(reached - done) / max(seconds, 1e-9),
+            step_s=step_s,
+            samples_per_s=samples_per_s,
+            reached=reached,
+            finished_after_s=finished_after,
+        )
+
+    def in_place(self, old: JobConfig | None, new: JobConfig) -> bool:
+        """Only a new batch on the same GPUs, as Pollux's agent re-chooses a job's batch
+        size in place (the artifact's ``Job.step`` re-optimises it at every epoch and
+        charges its 30 s only for a new allocation)."""
+        return new.rebatches(old)
+
+
+def trace_of(arrival: Arrival) -> TraceApp | None:
+    """The measured physics a job runs on (``Arrival.physics``), ``None`` for a job on the
+    performance model."""
+    physics = arrival.physics
+    return physics if isinstance(physics, TraceApp) else None
+
+
+def measured_batch(trace: TraceApp, ranks: tuple[int, ...], batch: int) -> int:
+    """``batch`` within what the traces measured on these ranks: at most the largest
+    validated batch (Pollux's bound), and where its local batch is smaller than any
+    measured there, the smallest one measured (the traces hold nothing smaller)."""
+    gpus = sum(ranks)
+    batch = min(batch, trace.max_batch)
+    local = trace.split(gpus, batch).atomic
+    for atomic in range(local, trace.max_local + 1):
+        try:
+            trace.step_times(ranks, atomic)
+        except ValueError:
+            continue
+        return batch if atomic == local else max(batch, gpus * atomic)
+    raise ValueError(f"{trace.name}: no measured local batch on placement {ranks}")
+
+
+def _is_plain(config: JobConfig) -> bool:
+    return config.compression.kind == "none" and config.precision == PrecisionMap.uniform("fp32")
 
 
 def packed(gpus: int, per_node: int = _PACKED_GPUS_PER_NODE) -> tuple[int, ...]:

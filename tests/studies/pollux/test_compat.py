@@ -16,12 +16,13 @@ from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.presets import pollux_nodes
 from autotune.envs.simulator import Arrival
 from autotune.envs.traces import pollux_workload
-from autotune.envs.workloads import jobs_from_trace, measured_physics, pollux_arrivals
+from autotune.envs.workloads import jobs_from_trace
 from autotune.errors import InputError
 from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
-from autotune.perf.pollux_trace import load_trace_apps
 from autotune.policies.evaluate import evaluate_policies, run_episode
 from autotune.policies.tiresias import TIRESIAS_THRESHOLD_GPU_S, TiresiasPolicy
+from autotune.studies.pollux.env import compat_arrivals, measured_physics
+from autotune.studies.pollux.trace import load_trace_apps
 
 # Average JCT (s) of Tiresias in Pollux's artifact simulator (branch osdi21-artifact of
 # petuum/adaptdl, ``results-jobload/tiresias-1.0/summary.json``), workloads 1-8.
@@ -42,9 +43,7 @@ def _compat_env(jobs: list[Arrival], gpus: int = 64) -> ClusterEnv:
 
 
 def _workload(pollux_dir: Path, n: int) -> list[Arrival]:
-    return pollux_arrivals(
-        pollux_dir / "workloads" / f"workload-{n}.csv", traces=pollux_dir / "traces"
-    )
+    return compat_arrivals(pollux_dir / "workloads" / f"workload-{n}.csv", pollux_dir / "traces")
 
 
 def _tiresias_jct(pollux_dir: Path, n: int) -> float:
@@ -60,8 +59,8 @@ def test_compat_arrivals_keep_pollux_clock_and_measured_physics(pollux_dir: Path
     assert first.spec.submitted_at == 53.0
     assert first.spec.requested_gpus == 6
     assert first.spec.global_batch == 2048
-    assert first.trace is not None
-    assert first.trace.name == "cifar10"
+    assert first.physics is not None
+    assert first.physics.name == "cifar10"  # type: ignore[attr-defined]
     # 48-GPU jobs keep their request even where the elastic maximum is capped at 64.
     assert max(j.spec.requested_gpus or 0 for j in jobs) == 48
 
@@ -200,13 +199,12 @@ def test_tiresias_rejects_a_bad_threshold() -> None:
 
 def test_eval_pollux_compat_command(pollux_dir: Path) -> None:
     run = cli(
-        "eval", "--pollux-workload", str(pollux_dir / "workloads" / "workload-6.csv"),
-        "--pollux-compat", "--policies", "tiresias,static", "--seeds", "1",
-        "--limit-jobs", "20", "--json",
+        "pollux", "eval", "--workload", str(pollux_dir / "workloads" / "workload-6.csv"),
+        "--policies", "tiresias,static", "--seeds", "1", "--limit-jobs", "20", "--json",
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr[-2000:]
     report = json.loads(run.stdout)
-    assert report["trace"]["pollux_compat"] is True
+    assert report["trace"]["kind"] == "pollux-compat"
     assert report["trace"]["round_s"] == 60.0
     assert report["trace"]["start_s"] == 30.0
     assert set(report["policies"]) == {"tiresias", "static"}
@@ -215,8 +213,8 @@ def test_eval_pollux_compat_command(pollux_dir: Path) -> None:
 
 def test_eval_pollux_compat_refuses_policies_that_judge_by_the_model(pollux_dir: Path) -> None:
     run = cli(
-        "eval", "--pollux-workload", str(pollux_dir / "workloads" / "workload-6.csv"),
-        "--pollux-compat", "--policies", "tune",
+        "pollux", "eval", "--workload", str(pollux_dir / "workloads" / "workload-6.csv"),
+        "--policies", "tune",
     )  # fmt: skip
     assert run.exit_code == 2
     assert "tune" in run.stderr
@@ -224,9 +222,9 @@ def test_eval_pollux_compat_refuses_policies_that_judge_by_the_model(pollux_dir:
 
 
 def test_pollux_compat_needs_a_pollux_workload(tmp_path: Path) -> None:
-    run = cli("eval", "--philly-jobs", str(tmp_path / "x.csv"), "--pollux-compat")
+    run = cli("pollux", "eval", "--policies", "tiresias")
     assert run.exit_code == 2
-    assert "--pollux-compat needs --pollux-workload" in run.stderr
+    assert "--workload" in run.stderr
 
 
 def test_evaluate_reports_the_mode(pollux_dir: Path) -> None:
@@ -249,7 +247,7 @@ def test_evaluate_reports_the_mode(pollux_dir: Path) -> None:
 
 
 def test_goodput_gives_everyone_a_gpu_before_anyone_a_second(pollux_dir: Path) -> None:
-    from autotune.policies.goodput import GoodputPolicy
+    from autotune.studies.pollux.goodput import GoodputPolicy
 
     jobs = _arrivals(pollux_dir, [(f"j{i}", 8, 0.0) for i in range(20)])
     env = _compat_env(jobs, gpus=16)
@@ -263,7 +261,7 @@ def test_goodput_gives_everyone_a_gpu_before_anyone_a_second(pollux_dir: Path) -
 
 
 def test_goodput_scales_a_lone_job_while_its_goodput_grows(pollux_dir: Path) -> None:
-    from autotune.policies.goodput import GoodputPolicy
+    from autotune.studies.pollux.goodput import GoodputPolicy
 
     jobs = _arrivals(pollux_dir, [("alone", 8, 0.0)])
     env = _compat_env(jobs)
@@ -284,7 +282,7 @@ def test_goodput_scales_a_lone_job_while_its_goodput_grows(pollux_dir: Path) -> 
 def test_goodput_looks_past_the_two_node_dip(pollux_dir: Path) -> None:
     """bert runs slower on 5 GPUs (4 + 1, two nodes) than on 4: adding GPUs one by one
     would stop at 4; alone on 64 GPUs it goes to many more."""
-    from autotune.policies.goodput import GoodputPolicy
+    from autotune.studies.pollux.goodput import GoodputPolicy
 
     bert = next(
         replace(j, spec=replace(j.spec, submitted_at=0.0))
@@ -304,15 +302,15 @@ def test_goodput_looks_past_the_two_node_dip(pollux_dir: Path) -> None:
 def test_goodput_keeps_ncf_at_pollux_one_size(pollux_dir: Path) -> None:
     """Pollux's artifact trains ncf on one GPU at batch 32,768 under its elastic
     schedulers; so does the compat mode, alone on 64 GPUs."""
-    from autotune.policies.goodput import GoodputPolicy
+    from autotune.studies.pollux.goodput import GoodputPolicy
 
     ncf = next(
         replace(j, spec=replace(j.spec, submitted_at=0.0))
         for j in _workload(pollux_dir, 6)
         if j.spec.job_id.startswith("ncf")
     )
-    assert ncf.trace is not None
-    assert ncf.trace.fixed == (1, 32768)
+    assert ncf.physics is not None
+    assert ncf.physics.fixed == (1, 32768)  # type: ignore[attr-defined]
     assert ncf.spec.max_gpus == 1
     env = _compat_env([ncf])
     env.reset(seed=0)
@@ -325,7 +323,7 @@ def test_goodput_keeps_ncf_at_pollux_one_size(pollux_dir: Path) -> None:
 
 def test_goodput_beats_tiresias_on_workload_6(pollux_dir: Path) -> None:
     """Measured: 2,433 s against Tiresias's 3,478 s (Pollux's published 2,446 s)."""
-    from autotune.policies.goodput import GoodputPolicy
+    from autotune.studies.pollux.goodput import GoodputPolicy
 
     env = _compat_env(_workload(pollux_dir, 6))
     jct = run_episode(GoodputPolicy(env), env, seed=0)["avg_jct_s"]
@@ -333,7 +331,7 @@ def test_goodput_beats_tiresias_on_workload_6(pollux_dir: Path) -> None:
 
 
 def test_goodput_needs_a_fair_objective() -> None:
-    from autotune.policies.goodput import GoodputPolicy
+    from autotune.studies.pollux.goodput import GoodputPolicy
 
     with pytest.raises(ValueError, match="p < 0"):
         GoodputPolicy(_compat_env([]), p=1.0)
@@ -341,7 +339,7 @@ def test_goodput_needs_a_fair_objective() -> None:
 
 def test_pollux_knobs_keep_gpus_and_batch_only() -> None:
     from autotune.core import CompressionSpec, Layout
-    from autotune.envs.cluster_env import pollux_knobs
+    from autotune.studies.pollux.env import to_pollux_knobs
 
     wide = JobConfig(
         layout=Layout(world_size=8, tp=2, pp=2, micro_batches=4, activation_checkpointing=True),
@@ -349,7 +347,7 @@ def test_pollux_knobs_keep_gpus_and_batch_only() -> None:
         compression=CompressionSpec(kind="int8"),
         global_batch=4,
     )
-    out = pollux_knobs(
+    out = to_pollux_knobs(
         {
             "a": PolicyChoice(config=wide, reason="mine"),
             "b": PolicyChoice(config=None, reason="wait"),
@@ -370,13 +368,13 @@ def test_pollux_knobs_keep_gpus_and_batch_only() -> None:
 def test_a_batch_the_traces_did_not_measure_trains_at_the_nearest_measured(
     pollux_dir: Path,
 ) -> None:
-    from autotune.envs.simulator import _measured_batch
+    from autotune.studies.pollux.trace import measured_batch
 
     bert = load_trace_apps(pollux_dir / "traces")["bert"]
     eight_nodes = (4,) * 8
-    assert _measured_batch(bert, eight_nodes, 384) == 384
-    assert _measured_batch(bert, eight_nodes, 96) == 128  # local 3 -> 4, the smallest
-    assert _measured_batch(bert, eight_nodes, 1536) == 384  # the largest validated
+    assert measured_batch(bert, eight_nodes, 384) == 384
+    assert measured_batch(bert, eight_nodes, 96) == 128  # local 3 -> 4, the smallest
+    assert measured_batch(bert, eight_nodes, 1536) == 384  # the largest validated
 
 
 def _running_alone(pollux_dir: Path, app: str, config: JobConfig) -> ClusterEnv:
@@ -461,7 +459,7 @@ class _Fixed:
 
 def test_optimus_matches_pollux_simulator_on_workload_6(pollux_dir: Path) -> None:
     """The artifact's Optimus + Oracle + TunedJobs: 5,302 s (measured here: 5,236 s)."""
-    from autotune.policies.optimus import OptimusPolicy
+    from autotune.studies.pollux.optimus import OptimusPolicy
 
     env = _compat_env(_workload(pollux_dir, 6))
     jct = run_episode(OptimusPolicy(env), env, seed=0)["avg_jct_s"]
@@ -469,7 +467,7 @@ def test_optimus_matches_pollux_simulator_on_workload_6(pollux_dir: Path) -> Non
 
 
 def test_optimus_grows_jobs_by_marginal_gain_and_keeps_ncf_on_one_gpu(pollux_dir: Path) -> None:
-    from autotune.policies.optimus import OptimusPolicy
+    from autotune.studies.pollux.optimus import OptimusPolicy
 
     jobs = _workload(pollux_dir, 6)
     cifar = next(j for j in jobs if j.spec.job_id.startswith("cifar10"))

@@ -1,0 +1,162 @@
+"""The learned policy of the Pollux-compatible world: how PPO trains it there and how it
+serves.
+
+Its action is every slot job's log2 weight in the goodput allocation
+(``autotune.studies.pollux.env``); the policy network is the default world's
+(``autotune.policies.ppo.SlotPolicyModule``, a Gaussian per slot). ``WORLD`` plugs this
+world into PPO's training (``autotune.policies.ppo.World``, entry point
+``autotune.worlds`` ``pollux-compat``): the sources' environments, the teacher
+``goodput-size`` (``SizedGoodputPolicy``) to imitate first, and the allocation saved
+beside every module (``ALLOCATION_FILE``: its fairness p, so that serving allocates as
+training did). ``PolluxLearnedPolicy`` serves a module trained here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+import numpy as np
+
+from autotune.interfaces import ClusterSnapshot, PolicyRound
+from autotune.policies.ppo import discounted
+from autotune.policies.ppo_settings import Demonstrations, PPOSettings, TraceSource
+from autotune.policies.serving import IncompatiblePolicyError, PolicyServer, checkpoint_hash
+from autotune.rl.observation import ObservationEncoder, slot_jobs
+from autotune.studies.pollux.env import PolluxCompatEnv, compat_env, decode_weights, encode_weights
+from autotune.studies.pollux.goodput import (
+    FAIRNESS_P,
+    SIZE_EXPONENT,
+    GoodputPolicy,
+    SizedGoodputPolicy,
+)
+
+__all__ = ["ALLOCATION_FILE", "WORLD", "PolluxLearnedPolicy", "PolluxWorld", "saved_fairness_p"]
+
+ALLOCATION_FILE: Final = "allocation.json"
+"""Beside a module trained in this world: the goodput allocation its weights act through
+(``{"fairness_p": p}``)."""
+
+
+class PolluxWorld:
+    """The Pollux-compatible world as PPO's training sees it (``autotune.policies.ppo.World``):
+    a ``pollux-compat`` source is a Pollux workload CSV played whole (``traces``: Pollux's
+    traces folder, ``gpus`` T4 GPUs)."""
+
+    kind = "pollux-compat"
+    teachers = ("goodput-size",)
+    options: Mapping[str, float] = MappingProxyType(
+        {"fairness_p": FAIRNESS_P, "size_exponent": SIZE_EXPONENT}
+    )
+    """``fairness_p``: the goodput allocation's p (Pollux's -1), for the teacher and the
+    policy; ``size_exponent``: the teacher ``goodput-size``'s exponent."""
+
+    def option(self, settings: PPOSettings, name: str) -> float:
+        return float(settings.world_options.get(name, self.options[name]))
+
+    def make_env(
+        self, source: TraceSource, settings: PPOSettings, forecaster: Any
+    ) -> PolluxCompatEnv:
+        if source.traces is None:
+            raise ValueError(f"{source.jobs}: a pollux-compat source needs the traces folder")
+        return compat_env(
+            source.jobs,
+            source.traces,
+            gpus=source.gpus,
+            slots=settings.slots,
+            max_steps=settings.max_steps,
+            forecaster=forecaster,
+            fairness_p=self.option(settings, "fairness_p"),
+        )
+
+    def demonstrations(
+        self, settings: PPOSettings, envs: Sequence[Any], teacher: str, episodes: int
+    ) -> Demonstrations:
+        """The teacher ``goodput-size``'s episodes, its action every slot job's log2
+        weight; each workload is played ``episodes`` times at most (the world has no
+        noise: one play of a workload is all there is)."""
+        obs_list: list[np.ndarray] = []
+        act_list: list[np.ndarray] = []
+        set_list: list[np.ndarray] = []
+        ret_list: list[float] = []
+        for inner in envs[: max(1, episodes)]:
+            obs, _ = inner.reset(seed=settings.seed)
+            policy = SizedGoodputPolicy(
+                inner.cluster,
+                exponent=self.option(settings, "size_exponent"),
+                p=self.option(settings, "fairness_p"),
+            )
+            rewards: list[float] = []
+            while True:
+                snapshot = inner.snapshot
+                assert snapshot is not None
+                weights = policy.weights(snapshot)
+                choices = policy.allocate(snapshot, weights)
+                obs_list.append(obs)
+                act_list.append(encode_weights(weights, snapshot, settings.slots))
+                occupied = np.zeros(settings.slots, dtype=np.float32)
+                occupied[: len(slot_jobs(snapshot, settings.slots))] = 1.0
+                set_list.append(occupied)
+                obs, reward, terminated, truncated, _ = inner.step_choices(choices)
+                rewards.append(float(reward) * settings.reward_scale)
+                if terminated or truncated:
+                    break
+            ret_list.extend(discounted(rewards, settings.gamma))
+        return (
+            np.stack(obs_list),
+            np.stack(act_list),
+            np.stack(set_list),
+            np.asarray(ret_list, dtype=np.float32),
+        )
+
+    def save_beside(self, module: Path, settings: PPOSettings) -> None:
+        (module / ALLOCATION_FILE).write_text(
+            json.dumps({"fairness_p": self.option(settings, "fairness_p")})
+        )
+
+
+WORLD: Final = PolluxWorld()
+"""The world the ``autotune.worlds`` entry point ``pollux-compat`` names."""
+
+
+def saved_fairness_p(module: Path) -> float:
+    """The fairness p saved beside a module trained here (Pollux's -1 if none)."""
+    saved = module / ALLOCATION_FILE
+    return float(json.loads(saved.read_text())["fairness_p"]) if saved.is_file() else FAIRNESS_P
+
+
+class PolluxLearnedPolicy:
+    """The learned policy of the Pollux-compatible world: each round it encodes the
+    snapshot with the environment's ``ObservationEncoder``, takes the module's mean log2
+    weight for every slot job (``decode_weights``) and lets the goodput allocation
+    (``GoodputPolicy.allocate``) turn the weights into GPU counts and batch sizes: what
+    the training environment does with its action, with the fairness p saved beside the
+    module (``ALLOCATION_FILE``; Pollux's -1 if none). ``env``: the environment's
+    ``ClusterEnv``. Version: ``ppo-pollux-<checkpoint hash>``."""
+
+    name = "ppo"
+
+    def __init__(self, env: Any, server: PolicyServer, *, forecast: str = "lstm") -> None:
+        from autotune.policies.forecast import demand_forecaster
+
+        if not server.continuous:
+            raise IncompatiblePolicyError(
+                "a Pollux-compatible policy acts with a number per slot: "
+                "PolicyServer(continuous=True)"
+            )
+        self.env = env
+        self.server = server
+        self.fairness_p = saved_fairness_p(server.path)
+        self.allocator = GoodputPolicy(env, p=self.fairness_p)
+        self.version = f"ppo-pollux-{checkpoint_hash(server.path)[:12]}"
+        self.encoder = ObservationEncoder(
+            env.slots, round_s=env.round_s, forecaster=demand_forecaster(forecast)
+        )
+
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        obs = self.encoder.encode(snapshot)
+        weights = decode_weights(self.server.act(obs), snapshot, self.encoder.slots)
+        return PolicyRound(choices=self.allocator.allocate(snapshot, weights))
