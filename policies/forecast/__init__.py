@@ -67,16 +67,12 @@ from autotune.envs.traces import DemandSeries, helios_demand
 from autotune.errors import InputError
 
 __all__ = [
-    "DAY_MINUTES",
     "FORECASTS",
-    "HORIZONS",
-    "QUANTILES",
     "TRAIN_SERIES",
     "Baselines",
     "DemandLSTM",
     "Forecaster",
     "ForecasterConfig",
-    "NoForecast",
     "Persistence",
     "default_checkpoint",
     "demand_forecaster",
