@@ -41,30 +41,32 @@ import functools
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
 import numpy as np
-import numpy.typing as npt
 import pandas as pd
 import torch
-from numpy.lib.stride_tricks import sliding_window_view
 from torch import nn
 
-from autotune.demand import (
-    DAY_MINUTES,
-    HORIZONS,
-    QUANTILES,
-    WEEK_MINUTES,
-    NoForecast,
-    rises,
-    targets,
-    week_minute,
-)
-from autotune.envs.traces import DemandSeries, helios_demand
+from autotune.demand import DAY_MINUTES, QUANTILES, NoForecast, rises, targets
+from autotune.envs.traces import DemandSeries
 from autotune.errors import InputError
+from autotune.policies.forecast.baselines import Baselines, Persistence, climatology, fit_baselines
+from autotune.policies.forecast.config import ForecasterConfig
+from autotune.policies.forecast.features import (
+    F64,
+    I64,
+    Features,
+    cumulative,
+    features,
+    minute_of_week,
+    n_static,
+    read_demand,
+    rolling_sum,
+)
 
 __all__ = [
     "FORECASTS",
@@ -96,276 +98,6 @@ TRAIN_SERIES: Final = (
 """The Helios virtual clusters the shipped checkpoint was trained on; the other three
 (``earth_vcSoL``, ``earth_vcTJs``, ``earth_vccaA``) are never trained on."""
 
-STEP: Final = 5
-"""Minutes per step of the LSTM's window."""
-_COUNT_WINDOWS: Final = (15, 60, 240, 1440)
-
-F32 = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
-B = npt.NDArray[np.bool_]
-
-
-def read_demand(path: str | Path) -> DemandSeries:
-    """A Helios-style CSV as GPU demand per minute (``autotune.envs.traces.helios_demand``)."""
-    return helios_demand(path)
-
-
-# -- features --------------------------------------------------------------------------
-
-
-def _n_static(horizons: Sequence[int]) -> int:
-    # time of day and week, demand now, rise counts, minutes since the last rise, the hour's
-    # and day's high and the day's low, a rise in the last 15 minutes, the day-earlier
-    # arrival and excess per horizon, the day's total rise.
-    # Then per horizon the cluster's own arrival rates (all, after a busy and after a
-    # quiet last h minutes) and its peak excess quantiles over the last week.
-    return 4 + 1 + len(_COUNT_WINDOWS) + 1 + 3 + 1 + 2 * len(horizons) + 1 + 6 * len(horizons)
-
-
-@dataclass(frozen=True, slots=True)
-class Baselines:
-    """The baselines' parameters, fitted on training data (``fit``)."""
-
-    persistence: dict[int, tuple[float, float]] = field(default_factory=dict)
-    """Per horizon: P(arrival | none in the last h minutes), P(arrival | one)."""
-    hourly: dict[int, list[float]] = field(default_factory=dict)
-    """Per horizon: the arrival rate at each hour of the day (climatology)."""
-    buffer: dict[int, list[float]] = field(default_factory=dict)
-    """Per horizon: per quantile, the share of the cluster's GPUs added to demand now."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: {str(h): v for h, v in getattr(self, k).items()} for k in asdict(self)}
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> Baselines:
-        return Baselines(
-            persistence={
-                int(h): (float(v[0]), float(v[1])) for h, v in data["persistence"].items()
-            },
-            hourly={int(h): [float(x) for x in v] for h, v in data["hourly"].items()},
-            buffer={int(h): [float(x) for x in v] for h, v in data["buffer"].items()},
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ForecasterConfig:
-    window: int = 48
-    """Five-minute steps of history the LSTM reads (48: four hours)."""
-    hidden: int = 32
-    horizons: tuple[int, ...] = HORIZONS
-    quantiles: tuple[float, ...] = QUANTILES
-    trained_on: tuple[str, ...] = field(default_factory=tuple)
-    validation_days: float = 10.0
-    """The last days of each training series, held out for calibration and baselines."""
-    offsets: tuple[tuple[float, ...], ...] = ()
-    """Per horizon, per quantile: the calibration shift of the predicted excess (share of
-    the cluster's GPUs), chosen on the validation days."""
-    baselines: Baselines = field(default_factory=Baselines)
-
-    def to_json(self) -> dict[str, Any]:
-        data = {
-            "window": self.window,
-            "hidden": self.hidden,
-            "horizons": list(self.horizons),
-            "quantiles": list(self.quantiles),
-            "trained_on": list(self.trained_on),
-            "validation_days": self.validation_days,
-            "offsets": [list(o) for o in self.offsets],
-            "baselines": self.baselines.to_json(),
-        }
-        return data
-
-    @staticmethod
-    def from_json(data: dict[str, Any]) -> ForecasterConfig:
-        return ForecasterConfig(
-            window=int(data["window"]),
-            hidden=int(data["hidden"]),
-            horizons=tuple(int(h) for h in data["horizons"]),
-            quantiles=tuple(float(q) for q in data["quantiles"]),
-            trained_on=tuple(data["trained_on"]),
-            validation_days=float(data["validation_days"]),
-            offsets=tuple(tuple(float(x) for x in o) for o in data["offsets"]),
-            baselines=Baselines.from_json(data["baselines"]),
-        )
-
-    @property
-    def history(self) -> int:
-        """Minutes of history one forecast reads, its own minute included: a day (the
-        day-earlier window), or the LSTM's window if longer."""
-        return max(DAY_MINUTES, self.window * STEP) + 1
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Features:
-    window: F32
-    """(n, steps, 4)"""
-    static: F32
-    """(n, n_static)"""
-
-
-def _rolling_sum(cum: F64, ends: I64, width: int) -> F64:
-    lo = np.maximum(ends + 1 - width, 0)
-    out: F64 = cum[ends + 1] - cum[lo]
-    return out
-
-
-def features(
-    config: ForecasterConfig,
-    demand: F64,
-    capacity: float,
-    ends: I64,
-    minute_of_week: F64,
-    origin: int = 0,
-) -> Features:
-    """Inputs for forecasts made at minutes ``ends`` of ``demand``, each from minutes up
-    to and including its end only. ``minute_of_week`` is each end's minute of the week
-    (0 = Monday 00:00); minutes before ``origin`` are padding, not data. Ends need
-    ``config.history - 1`` minutes before them (pad a shorter history, as
-    ``autotune.demand.DemandHistory`` does)."""
-    if ends.size and int(ends.min()) < config.history - 1:
-        raise ValueError(f"a forecast needs {config.history - 1} minutes of history before it")
-    cap = max(float(capacity), 1.0)
-    up = rises(demand)
-    down = np.zeros(demand.size, dtype=bool)
-    down[1:] = demand[1:] < demand[:-1]
-    now = demand[ends]
-    # The window: `window` steps of STEP minutes ending at each end.
-    w = config.window
-    minutes = ends[:, None] + np.arange(-w * STEP + 1, 1)[None, :]
-    level = demand[minutes].reshape(len(ends), w, STEP)
-    ups = up[minutes].reshape(len(ends), w, STEP).sum(axis=2)
-    downs = down[minutes].reshape(len(ends), w, STEP).sum(axis=2)
-    window = np.stack(
-        [
-            (level.mean(axis=2) - now[:, None]) / cap,
-            (level.max(axis=2) - now[:, None]) / cap,
-            ups / STEP,
-            downs / STEP,
-        ],
-        axis=-1,
-    )
-    # Static features.
-    cum_up = np.concatenate([[0.0], np.cumsum(up)])
-    counts = [
-        np.log1p(_rolling_sum(cum_up, ends, width)) / math.log1p(width) for width in _COUNT_WINDOWS
-    ]
-    index = np.arange(demand.size)
-    last_rise = np.maximum.accumulate(np.where(up, index, -1))[ends]
-    since = np.where(last_rise >= 0, ends - last_rise, WEEK_MINUTES).clip(0, WEEK_MINUTES)
-    day_window = sliding_window_view(demand, 60)
-    high_hour = day_window[ends - 59].max(axis=1)
-    day_max = sliding_window_view(demand, DAY_MINUTES)[ends - DAY_MINUTES + 1]
-    high_day, low_day = day_max.max(axis=1), day_max.min(axis=1)
-    ago = ends - DAY_MINUTES
-    day_before = []
-    for h in config.horizons:
-        arrival, peak = targets(demand, ago, h)
-        day_before += [arrival.astype(np.float64), (peak - demand[ago]) / cap]
-    local = _local_rates(config, demand, cap, ends, up, cum_up, origin)
-    rise_size = _cum(np.maximum(np.diff(demand, prepend=demand[0]), 0.0))
-    risen_day = _rolling_sum(rise_size, ends, DAY_MINUTES) / cap
-    day_angle = 2 * math.pi * (minute_of_week % DAY_MINUTES) / DAY_MINUTES
-    week_angle = 2 * math.pi * minute_of_week / WEEK_MINUTES
-    static = np.column_stack(
-        [
-            np.sin(day_angle),
-            np.cos(day_angle),
-            np.sin(week_angle),
-            np.cos(week_angle),
-            now / cap,
-            *counts,
-            np.log1p(since) / math.log1p(WEEK_MINUTES),
-            (high_hour - now) / cap,
-            (high_day - now) / cap,
-            (now - low_day) / cap,
-            (_rolling_sum(cum_up, ends, 15) > 0).astype(np.float64),
-            *day_before,
-            np.log1p(risen_day),
-            *local,
-        ]
-    )
-    return Features(
-        window=np.clip(window, -5, 5).astype(np.float32),
-        static=np.clip(static, -5, 5).astype(np.float32),
-    )
-
-
-def _local_rates(
-    config: ForecasterConfig,
-    demand: F64,
-    cap: float,
-    ends: I64,
-    up: B,
-    cum_up: F64,
-    origin: int,
-) -> list[F64]:
-    """What this cluster did over the last week (or what it has recorded of it, from
-    ``origin``): per horizon, the rate of arrivals after a quiet and after a busy last h
-    minutes (calibrated persistence fitted on the cluster's own past), and the peak
-    excess's quantiles. Only windows that ended by each end count."""
-    out: list[F64] = []
-    n = demand.size
-    for h in config.horizons:
-        starts = np.arange(n - h, dtype=np.int64)
-        arrival, peak = targets(demand, starts, h)
-        recent = _rolling_sum(cum_up, starts, h) > 0
-        valid = starts >= origin + h
-        a = np.where(valid, arrival, False).astype(np.float64)
-        busy = (valid & recent).astype(np.float64)
-        a_busy = a * busy
-        cum_a, cum_v = _cum(a), _cum(valid.astype(np.float64))
-        cum_b, cum_ab = _cum(busy), _cum(a_busy)
-        # Windows known at an end t: those that started at or before t - h.
-        last = np.clip(ends - h, 0, n - h - 1)
-        k = 20.0  # prior weight, towards the all-cluster rate of the training data
-        seen, arrived = (
-            _rolling_sum(cum_v, last, WEEK_MINUTES),
-            _rolling_sum(cum_a, last, WEEK_MINUTES),
-        )
-        seen_busy = _rolling_sum(cum_b, last, WEEK_MINUTES)
-        arrived_busy = _rolling_sum(cum_ab, last, WEEK_MINUTES)
-        base = (arrived + k * 0.15) / (seen + k)
-        out += [
-            base,
-            (arrived_busy + k * 0.5) / (seen_busy + k),
-            (arrived - arrived_busy + k * 0.1) / (seen - seen_busy + k),
-        ]
-        excess = np.where(valid, (peak - demand[starts]) / cap, np.nan)
-        out += _week_quantiles(excess, last, config.quantiles)
-    return out
-
-
-def _week_quantiles(values: F64, last: I64, levels: Sequence[float]) -> list[F64]:
-    """Per level, the quantile of ``values`` (NaN: not data) over the week up to and
-    including each index of ``last``; 0 where there is none."""
-    if len(last) <= 32:  # one live forecast: a slice, not a rolling pass over the series
-        rows = []
-        for i in last:
-            part = values[max(0, int(i) - WEEK_MINUTES + 1) : int(i) + 1]
-            part = part[~np.isnan(part)]
-            rows.append(np.quantile(part, levels) if part.size else np.zeros(len(levels)))
-        table = np.asarray(rows, dtype=np.float64).reshape(len(last), len(levels))
-        return [table[:, j] for j in range(len(levels))]
-    series = pd.Series(values)
-    return [
-        np.nan_to_num(
-            series.rolling(WEEK_MINUTES, min_periods=1).quantile(q).to_numpy()[last], nan=0.0
-        )
-        for q in levels
-    ]
-
-
-def _cum(values: F64) -> F64:
-    out: F64 = np.concatenate([[0.0], np.cumsum(values)])
-    return out
-
-
-def minute_of_week(start: pd.Timestamp, ends: I64) -> F64:
-    """Minute of the week (Monday 00:00 = 0) of minutes ``ends`` after ``start``."""
-    out: F64 = week_minute(start.timestamp() / 60 + ends.astype(np.float64))
-    return out
-
 
 # -- the network -----------------------------------------------------------------------
 
@@ -378,7 +110,7 @@ class DemandLSTM(nn.Module):
         super().__init__()
         self.config = config
         self.lstm = nn.LSTM(4, config.hidden, batch_first=True)
-        width = config.hidden + _n_static(config.horizons)
+        width = config.hidden + n_static(config.horizons)
         self.trunk = nn.Sequential(nn.Linear(width, 2 * config.hidden), nn.GELU())
         self.heads = nn.Linear(
             2 * config.hidden, len(config.horizons) * (1 + len(config.quantiles))
@@ -450,46 +182,6 @@ class Forecaster:
         return prob, peak
 
 
-class Persistence:
-    """The named fallback forecaster: calibrated persistence for the arrival
-    probability, persistence + buffer for the peak quantiles (``Baselines``)."""
-
-    name: str = "persistence + buffer"
-
-    def __init__(self, baselines: Baselines, horizons: Sequence[int] = HORIZONS) -> None:
-        self.baselines = baselines
-        self.horizons = tuple(horizons)
-        self.history = max(self.horizons) + 1
-
-    def predict(
-        self, demand: F64, capacity: float, ends: I64, week_minute: F64, origin: int = 0
-    ) -> tuple[F64, F64]:
-        del week_minute, origin
-        prob = np.empty((len(ends), len(self.horizons)))
-        peak = np.empty((len(ends), len(self.horizons), len(QUANTILES)))
-        cum = np.concatenate([[0], np.cumsum(rises(demand))])
-        for i, h in enumerate(self.horizons):
-            recent = _rolling_sum(cum.astype(np.float64), ends, h) > 0
-            p0, p1 = self.baselines.persistence[h]
-            prob[:, i] = np.where(recent, p1, p0)
-            peak[:, i] = demand[ends][:, None] + np.asarray(self.baselines.buffer[h]) * capacity
-        return prob, peak
-
-
-def _climatology(
-    baselines: Baselines, demand: F64, ends: I64, week_minute: F64, horizons: Sequence[int]
-) -> tuple[F64, F64]:
-    """Arrival rate at the hour of the day; peak quantiles of the last week's demand (up to
-    and including each end)."""
-    hour = ((week_minute % DAY_MINUTES) // 60).astype(np.int64)
-    prob = np.column_stack([np.asarray(baselines.hourly[h])[hour] for h in horizons])
-    series = pd.Series(demand)
-    levels = [series.rolling(WEEK_MINUTES, min_periods=1).quantile(q).to_numpy() for q in QUANTILES]
-    week = np.stack([lv[ends] for lv in levels], axis=1)
-    peak = np.repeat(week[:, None, :], len(horizons), axis=1)
-    return prob, peak
-
-
 # -- training --------------------------------------------------------------------------
 
 
@@ -523,7 +215,7 @@ def _rows(
         a, p = targets(series.demand, ends, h)
         arrival.append(a.astype(np.float64))
         excess.append((p - series.demand[ends]) / max(series.capacity, 1.0))
-        recent.append((_rolling_sum(cum, ends, h) > 0).astype(np.float64))
+        recent.append((rolling_sum(cum, ends, h) > 0).astype(np.float64))
     return _Rows(
         feats=feats,
         arrival=np.column_stack(arrival),
@@ -544,21 +236,6 @@ def _concat(rows: Sequence[_Rows]) -> _Rows:
         recent=np.concatenate([r.recent for r in rows]),
         hour=np.concatenate([r.hour for r in rows]),
     )
-
-
-def _fit_baselines(config: ForecasterConfig, train: _Rows, valid: _Rows) -> Baselines:
-    persistence: dict[int, tuple[float, float]] = {}
-    hourly: dict[int, list[float]] = {}
-    buffer: dict[int, list[float]] = {}
-    for i, h in enumerate(config.horizons):
-        a, r = train.arrival[:, i], train.recent[:, i]
-        persistence[h] = (float(a[r == 0].mean()), float(a[r == 1].mean()))
-        rate = np.bincount(train.hour, weights=a, minlength=24) / np.maximum(
-            np.bincount(train.hour, minlength=24), 1
-        )
-        hourly[h] = [float(x) for x in rate]
-        buffer[h] = [float(np.quantile(valid.excess[:, i], q)) for q in config.quantiles]
-    return Baselines(persistence=persistence, hourly=hourly, buffer=buffer)
 
 
 def _offsets(
@@ -644,7 +321,14 @@ def train(
     config = replace(
         config,
         offsets=_offsets(config, excess_valid, va_all.excess),
-        baselines=_fit_baselines(config, tr_all, va_all),
+        baselines=fit_baselines(
+            config.horizons,
+            config.quantiles,
+            arrival=tr_all.arrival,
+            recent=tr_all.recent,
+            hour=tr_all.hour,
+            valid_excess=va_all.excess,
+        ),
     )
     forecaster.config = config
     model.config = config
@@ -680,7 +364,7 @@ def forecast_all(
     return {
         "lstm": forecaster.predict(d, cap, ends, wm),
         "persistence": persistence,
-        "climatology": _climatology(cfg.baselines, d, ends, wm, cfg.horizons),
+        "climatology": climatology(cfg.baselines, d, ends, wm, cfg.horizons),
     }
 
 
@@ -725,8 +409,8 @@ def evaluate(
                 },
             }
         # An oracle for reference: calibrated persistence refitted on the scored points.
-        cum = _cum(rises(series.demand).astype(np.float64))
-        recent = _rolling_sum(cum, ends, h) > 0
+        cum = cumulative(rises(series.demand).astype(np.float64))
+        recent = rolling_sum(cum, ends, h) > 0
         refit = np.where(
             recent,
             label[recent].mean() if recent.any() else 0.0,

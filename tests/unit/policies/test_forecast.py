@@ -33,10 +33,10 @@ from autotune.policies.forecast import (
     Persistence,
     default_checkpoint,
     demand_forecaster,
-    features,
     load_checkpoint,
     minute_of_week,
 )
+from autotune.policies.forecast.features import features
 
 UNSEEN = "earth_vccaA"
 
