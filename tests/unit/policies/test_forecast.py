@@ -32,10 +32,10 @@ from autotune.policies.forecast import (
     Persistence,
     default_checkpoint,
     demand_forecaster,
-    features,
     load_checkpoint,
     minute_of_week,
 )
+from autotune.policies.forecast.features import features
 from autotune.rl.observation import GLOBAL
 
 UNSEEN = "earth_vccaA"
