@@ -20,10 +20,10 @@ from typing import Any
 
 from autotune.policies.forecast import (
     default_checkpoint,
-    evaluate,
     load_checkpoint,
     pooled,
     read_demand,
+    score_forecasts,
 )
 
 
@@ -60,7 +60,7 @@ def main() -> None:
     series = [read_demand(p) for p in unseen]
     report: dict[str, Any] = {"trained_on": list(forecaster.config.trained_on)}
     for label, day in (("all_days", 1.0), ("later_days", args.later_from_day)):
-        per = [evaluate(forecaster, s, from_day=day) for s in series]
+        per = [score_forecasts(forecaster, s, from_day=day) for s in series]
         report[label] = {"from_day": day, "series": per, "pooled": pooled(per, (15, 60))}
     if args.json:
         print(json.dumps(report))

@@ -132,17 +132,17 @@ def forecast_eval(
     """
     from autotune.policies.forecast import (
         default_checkpoint,
-        evaluate,
         load_checkpoint,
         pooled,
         predictions_frame,
         read_demand,
+        score_forecasts,
     )
 
     try:
         forecaster = load_checkpoint(model or default_checkpoint())
         data = [read_demand(p) for p in series]
-        reports = [evaluate(forecaster, s, from_day=from_day) for s in data]
+        reports = [score_forecasts(forecaster, s, from_day=from_day) for s in data]
     except InputError as exc:
         fail(str(exc))
     seen = [s.name for s in data if s.name in forecaster.config.trained_on]

@@ -27,7 +27,7 @@ The package, one concept per module:
   forecasts around it.
 - ``training``: ``train``, the network, its calibration and the baselines fitted on
   training series.
-- ``evaluation``: ``evaluate`` and ``pooled``, the LSTM's and the baselines' scores;
+- ``evaluation``: ``score_forecasts`` and ``pooled``, the LSTM's and the baselines' scores;
   ``predictions_frame``, every forecast made on a series.
 - ``checkpoint``: ``save_checkpoint``, ``load_checkpoint``, the shipped checkpoint
   (``default_checkpoint``, ``TRAIN_SERIES``) and ``demand_forecaster`` (one of
@@ -47,7 +47,7 @@ from autotune.policies.forecast.checkpoint import (
     save_checkpoint,
 )
 from autotune.policies.forecast.config import ForecasterConfig
-from autotune.policies.forecast.evaluation import evaluate, pooled, predictions_frame
+from autotune.policies.forecast.evaluation import pooled, predictions_frame, score_forecasts
 from autotune.policies.forecast.features import minute_of_week, read_demand
 from autotune.policies.forecast.model import DemandLSTM, Forecaster
 from autotune.policies.forecast.training import train
@@ -62,12 +62,12 @@ __all__ = [
     "Persistence",
     "default_checkpoint",
     "demand_forecaster",
-    "evaluate",
     "load_checkpoint",
     "minute_of_week",
     "pooled",
     "predictions_frame",
     "read_demand",
     "save_checkpoint",
+    "score_forecasts",
     "train",
 ]

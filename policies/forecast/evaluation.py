@@ -1,4 +1,4 @@
-"""Scores of the LSTM and the baselines on a demand series (``evaluate``), over several
+"""Scores of the LSTM and the baselines on a demand series (``score_forecasts``), over several
 series' points together (``pooled``), and every forecast made on a series as a table
 (``predictions_frame``). Arrival probability: Brier score, log loss and AUC; peak
 demand: pinball loss in GPUs and coverage per quantile."""
@@ -25,7 +25,7 @@ from autotune.policies.forecast.features import (
 )
 from autotune.policies.forecast.model import Forecaster
 
-__all__ = ["evaluate", "forecast_all", "forecast_ends", "pooled", "predictions_frame"]
+__all__ = ["forecast_all", "forecast_ends", "pooled", "predictions_frame", "score_forecasts"]
 
 
 def _auc(score: F64, label: F64) -> float:
@@ -65,7 +65,7 @@ def forecast_ends(forecaster: Forecaster, series: DemandSeries) -> I64:
     return np.arange(first, series.minutes, dtype=np.int64)
 
 
-def evaluate(
+def score_forecasts(
     forecaster: Forecaster, series: DemandSeries, *, from_day: float = 1.0
 ) -> dict[str, Any]:
     """Scores of the LSTM and the baselines on ``series`` at every minute from day
