@@ -1,9 +1,10 @@
 """Schemathesis against the live OpenAPI of a real daemon: ``autotune daemon`` in a child
-process on the simulated cluster, and ``schemathesis run`` (its command line, as the README
-shows it) over every operation, in its coverage, fuzzing and stateful phases, with every
-check but two. No answer may be a 5xx, no check may fail and no tick may fail meanwhile.
+process on the simulated cluster, and ``schemathesis run`` (its command line, as the manual
+shows it in ``docs/operating/api.md``) over every operation, in its coverage, fuzzing and
+stateful phases, with every check but two. No answer may be a 5xx, no check may fail and
+no tick may fail meanwhile.
 
-The configuration (``CONFIG``, the README's ``schemathesis.toml``) says what is left out
+The configuration (``CONFIG``, the manual's ``schemathesis.toml``) says what is left out
 and why: the two checks whose premise the API does not share by design or cannot meet for
 a bug outside the API's routes, and, per operation, the 422 a schema-valid request may get
 for a rule OpenAPI cannot state. How often schema-valid bodies are accepted is measured
@@ -37,7 +38,7 @@ OPTIONS = (
     "--phases examples,coverage,fuzzing,stateful --seed 1 --max-examples 150 --workers 1 "
     "--generation-database none --request-timeout 10"
 )
-"""Those of ``schemathesis run``, as the README gives them: every phase, a fixed seed, at
+"""Those of ``schemathesis run``, as the manual gives them: every phase, a fixed seed, at
 most 150 cases per operation and phase (about 4,000 in all: 40 s on two cores)."""
 ACTIVE_JOBS = ("st-0", "st-1", "st-2")
 """Submitted before the run, too long to finish in it: the jobs overrides pin."""
@@ -88,7 +89,7 @@ def schemathesis_command() -> list[str]:
 
 
 def run_arguments(url: str, config: Path, report: Path) -> list[str]:
-    """``schemathesis ... run`` as the README gives it, plus where the report goes."""
+    """``schemathesis ... run`` as the manual gives it, plus where the report goes."""
     return [
         *schemathesis_command(),
         "--config-file",
@@ -167,8 +168,8 @@ def accepted_share(api: Api, path: str, bodies: list[dict[str, Any]]) -> float:
     return accepted / judged
 
 
-def test_the_readme_gives_the_configuration_and_the_command() -> None:
-    readme = (REPO / "README.md").read_text()
+def test_the_manual_gives_the_configuration_and_the_command() -> None:
+    readme = (REPO / "docs" / "operating" / "api.md").read_text()
     blocks = re.findall(r"\n( *)```toml\n(.*?)\n *```\n", readme, re.S)
     ours = [textwrap.dedent(block) for _, block in blocks if "checks.enabled" in block]
     assert ours == [CONFIG.rstrip("\n")]
