@@ -39,7 +39,7 @@ from typing import Protocol
 from autotune.catalog.applications import catalog_coefficients
 from autotune.core import Decision, JobConfig, Placement
 from autotune.daemon.log import event
-from autotune.daemon.tick import RoundInput
+from autotune.daemon.parts import RoundInput
 from autotune.db import Database
 from autotune.db import repository as repo
 from autotune.decision.step import DecisionRound, decide_for

@@ -33,16 +33,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from datetime import UTC
-from typing import Any, Protocol
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from autotune.core import utc_now
 from autotune.daemon.health import TickHealth, TickReport, database_unavailable, error_text
-from autotune.daemon.leader import Leadership
 from autotune.daemon.log import event
+from autotune.daemon.parts import DaemonParts, RoundInput
 from autotune.daemon.performance import JobModels
 from autotune.daemon.samples import (
     Sample,
@@ -50,13 +50,12 @@ from autotune.daemon.samples import (
     measured_samples,
     provisioning_samples,
 )
-from autotune.db import Database, database_error
+from autotune.db import database_error
 from autotune.db import repository as repo
 from autotune.db.lease import LeaseLostError
 from autotune.decision.fallback import fallback_choices
 from autotune.decision.step import DecisionRound, decide, placement_summary, policy_view
 from autotune.interfaces import (
-    Backend,
     ClusterSnapshot,
     JobControl,
     JobStatus,
@@ -68,113 +67,12 @@ from autotune.interfaces import (
     SimulatedTime,
 )
 from autotune.perf.online import JobModel
-from autotune.provisioning import Provisioner, ProvisioningPlan
-from autotune.rl.acting import ActedStep
-from autotune.rl.reward import RoundOutcome
+from autotune.provisioning import ProvisioningPlan
 
-__all__ = [
-    "FALLBACK_AFTER",
-    "Daemon",
-    "DaemonParts",
-    "Lifecycle",
-    "Recorder",
-    "RoundInput",
-]
+__all__ = ["FALLBACK_AFTER", "Daemon", "DaemonParts", "RoundInput"]
 
 FALLBACK_AFTER = 3
 """Failed ticks in a row after which the daemon decides with its fallback policy."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RoundInput:
-    """What a round was decided from: what a shadow policy needs to decide the same
-    round through the same decision step."""
-
-    snapshot: ClusterSnapshot
-    overrides: Mapping[str, repo.OverrideRecord]
-    honoured: Mapping[str, int | None]
-    """Per active job, the override its newest decision honoured (``None``: the
-    policy's)."""
-    models: Mapping[str, JobModel]
-    """Per job, its online throughput model."""
-
-
-class Recorder(Protocol):
-    """What the decision loop asks of the transition log each tick (in the transaction
-    that commits the round's decisions) and when it stops."""
-
-    def record(
-        self,
-        session: Session,
-        *,
-        acted: ActedStep | None,
-        outcome: RoundOutcome | None,
-        snapshot: ClusterSnapshot,
-        round_: DecisionRound,
-        overrides: Mapping[str, repo.OverrideRecord],
-        stored: list[Any],
-    ) -> None:
-        """Measure the previous round with ``outcome`` (what the backend reported of it,
-        ``None`` where it reports none), then log this one if the daemon's own policy
-        acted on it (``acted``; ``None``: the fallback decided, or the policy did not act
-        through the reinforcement-learning contract)."""
-
-    def close(self, session: Session) -> None:
-        """The loop stopped: the round logged last will never be measured."""
-
-
-class Lifecycle(Protocol):
-    """What the decision loop asks of the policy registry (``autotune.daemon.lifecycle``)."""
-
-    def register(self, policy: Policy) -> None:
-        """At start: record ``policy`` in the registry with its checkpoint, so it can be
-        rolled back to once another is active."""
-
-    def before_tick(self, policy: Policy) -> Policy:
-        """The policy to decide this tick with: ``policy``, or the version activated
-        since (never raises for a checkpoint that cannot load: it logs and keeps
-        ``policy``)."""
-
-    def after_decide(self, inputs: RoundInput, active: PolicyRound, round_: DecisionRound) -> None:
-        """Let the shadow policy, if any, decide the same round (never applied)."""
-
-    def after_tick(self, *, succeeded: bool) -> None:
-        """The tick ended, its work committed if it ``succeeded``: store what the shadow
-        decided in it (not for a failed tick, nothing of whose round was applied)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class DaemonParts:
-    """What a daemon is built from: the command line assembles one (and tests do)."""
-
-    db: Database
-    """The decision loop's connections (the API has its own)."""
-    backend: Backend
-    policy: Policy
-    fallback: Policy | None = None
-    """Decides when ``policy`` fails after ``FALLBACK_AFTER`` failed ticks in a row
-    (``None``: failed ticks are only counted)."""
-    leadership: Leadership | None = None
-    """The leader lease, when several daemons may share the database (``run`` ticks only
-    while it leads, and fences its writes); ``None``: this daemon decides alone."""
-    backend_factory: Callable[[], Backend] | None = None
-    """Builds a fresh backend after the lease was lost to another daemon (the old one is
-    closed: its jobs are checkpointed and handed back)."""
-    lifecycle: Lifecycle | None = None
-    """The policy registry's hand on the loop: it may swap the policy before a tick
-    decides, and lets a shadow policy decide beside it."""
-    transitions: Recorder | None = None
-    """Where the learned policy's rounds are logged for offline learning
-    (``autotune.replay.log.TransitionLog``); ``None``: not logged."""
-    provisioner: Provisioner | None = None
-    """Parks idle nodes the demand forecast does not need (``autotune.provisioning``): on
-    a backend that can (``Provisionable``) before the tick decides; elsewhere its plan is
-    a recommendation, in the log and the metrics."""
-    job_metrics_every_s: float = 0.0
-    """Seconds between two ticks that record every running job's samples (goodput and
-    what the backend measured), the bulk of the metrics; 0: every tick. A job's first
-    measured tick and the tick it ends are recorded too; the cluster's own samples every
-    tick."""
 
 
 class Daemon:
