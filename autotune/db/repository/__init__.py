@@ -6,14 +6,12 @@ in and out where one exists.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, TypeVar, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
@@ -32,6 +30,8 @@ from autotune.core import (
     Placement,
     utc_now,
 )
+from autotune.db.repository.cursor import CursorError, decode_cursor, encode_cursor
+from autotune.db.repository.paging import COUNT_CAP, Page, bounded_count
 from autotune.db.tables import (
     ApiTokenRow,
     DecisionRow,
@@ -75,7 +75,9 @@ __all__ = [
     "create_override",
     "create_transition",
     "decision_counts",
+    "decode_cursor",
     "delete_override",
+    "encode_cursor",
     "get_decision",
     "get_job",
     "get_override",
@@ -120,71 +122,6 @@ __all__ = [
     "upsert_job",
     "upsert_nodes",
 ]
-
-
-T = TypeVar("T")
-
-COUNT_CAP = 10_000
-"""Listings count the rows that match up to this many: beyond it the count is a lower
-bound (``Page.count_exact`` is false), so no request's cost grows with the history."""
-
-
-class CursorError(ValueError):
-    """A pagination cursor this listing did not hand out."""
-
-
-@dataclass(frozen=True, slots=True)
-class Page(Generic[T]):
-    """One page of a listing, newest first.
-
-    ``next_cursor`` continues right after the page's last row (keyset pagination: the
-    cost of a page does not depend on how deep it is, and rows written meanwhile never
-    shift it); ``None`` on the last page. ``count`` is how many rows match, exact when
-    ``count_exact``, else at least ``COUNT_CAP``."""
-
-    rows: list[T]
-    count: int
-    count_exact: bool
-    next_cursor: str | None
-
-
-def encode_cursor(*values: str | int) -> str:
-    """An opaque cursor holding the sort key of a page's last row."""
-    raw = json.dumps(list(values), separators=(",", ":")).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-_MAX_KEY = 2**63 - 1
-
-
-def decode_cursor(cursor: str, *types: type) -> tuple[Any, ...]:
-    """The sort key in ``cursor``, checked against ``types``; ``CursorError`` if it is not
-    one this listing hands out."""
-    try:
-        values = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise CursorError(f"not a cursor: {cursor[:40]!r}") from None
-    if (
-        not isinstance(values, list)
-        or len(values) != len(types)
-        or not all(type(v) is t for v, t in zip(values, types, strict=True))
-        # what no listing hands out: ids beyond a 64-bit key, text with NUL (PostgreSQL
-        # refuses it) or longer than any key
-        or any(isinstance(v, int) and not 0 <= v <= _MAX_KEY for v in values)
-        or any(isinstance(v, str) and (len(v) > 256 or "\x00" in v) for v in values)
-    ):
-        raise CursorError(f"not a cursor of this listing: {cursor[:40]!r}")
-    return tuple(values)
-
-
-def _bounded_count(
-    session: Session, key: Any, conditions: Sequence[ColumnElement[bool]]
-) -> tuple[int, bool]:
-    """How many rows match ``conditions``, reading at most ``COUNT_CAP + 1`` entries of
-    an index that holds ``key``: ``(count, exact)``."""
-    sub = select(key).where(*conditions).limit(COUNT_CAP + 1).subquery()
-    n = int(session.scalar(select(func.count()).select_from(sub)) or 0)
-    return (COUNT_CAP, False) if n > COUNT_CAP else (n, True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -506,7 +443,7 @@ def list_jobs(
     if state is not None:
         _check_state(state)
         conditions.append(JobRow.state == state)
-    count, exact = _bounded_count(session, JobRow.job_id, conditions)
+    count, exact = bounded_count(session, JobRow.job_id, conditions)
     if cursor is not None:
         at, job_id = decode_cursor(cursor, str, str)
         try:
@@ -690,7 +627,7 @@ def _decision_page(
     policy_version: str | None = None,
 ) -> tuple[list[Any], int, bool, str | None]:
     conditions, positioned = _decision_conditions(job_id, source, since, cursor, policy_version)
-    count, exact = _bounded_count(session, DecisionRow.id, conditions)
+    count, exact = bounded_count(session, DecisionRow.id, conditions)
     rows = list(
         session.execute(
             select(*columns)
@@ -1535,7 +1472,7 @@ def list_metric_samples(
     """Samples newest first, of the named metrics (all when ``names`` is empty) and of
     ``job_id`` (when given); ``cursor``: the page after the one that handed it out."""
     conditions = _metric_conditions(names, job_id, since)
-    count, exact = _bounded_count(session, MetricRow.id, conditions)
+    count, exact = bounded_count(session, MetricRow.id, conditions)
     if cursor is not None:
         (before,) = decode_cursor(cursor, int)
         conditions.append(MetricRow.id < before)
