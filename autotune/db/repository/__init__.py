@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, cast
 
-import numpy as np
 from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
@@ -31,6 +30,7 @@ from autotune.core import (
     utc_now,
 )
 from autotune.db.repository.cursor import CursorError, decode_cursor, encode_cursor
+from autotune.db.repository.observations import pack_observation, unpack_observation
 from autotune.db.repository.paging import COUNT_CAP, Page, bounded_count
 from autotune.db.tables import (
     ApiTokenRow,
@@ -791,21 +791,6 @@ def record_metrics(
     ]
     if rows:
         session.execute(insert(MetricRow), rows)
-
-
-def pack_observation(observation: np.ndarray, used: int) -> bytes:
-    """An observation as a transition stores it: its first ``used`` entries (the header
-    and the occupied slots; the rest are zeros) as zlib-compressed float32."""
-    head = np.ascontiguousarray(np.asarray(observation, dtype=np.float32)[:used])
-    return zlib.compress(head.tobytes(), 1)
-
-
-def unpack_observation(blob: bytes, size: int) -> np.ndarray:
-    """The observation ``pack_observation`` stored, zero-padded to ``size`` entries."""
-    head = np.frombuffer(zlib.decompress(blob), dtype=np.float32)
-    out = np.zeros(size, dtype=np.float32)
-    out[: len(head)] = head[:size]
-    return out
 
 
 def create_transition(
