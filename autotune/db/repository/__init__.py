@@ -2,14 +2,26 @@
 
 Keyword-only, one session per call site (the caller owns the transaction), core types
 in and out where one exists.
+
+One module per resource; every public name is re-exported here, so callers write
+``from autotune.db import repository as repo`` and ``repo.create_decisions(...)``:
+
+- ``jobs``: job records, their states and times, submission, cancellation, listings;
+- ``nodes``: the backend's machines, alive, parked, waking or lost;
+- ``decisions``: decisions stored a round at a time, applied, listed, the newest taken;
+- ``overrides``: pins on a job's configuration until they expire;
+- ``policies``: the policy registry, versions and the events of every change;
+- ``metrics``: metric samples, recorded per tick, summarised, listed;
+- ``transitions``: logged decision rounds for replay, their rewards and exports;
+- ``tokens``: API token digests;
+- ``observations``: how a transition packs its observation;
+- ``cursor``: the codec of pagination cursors;
+- ``paging``: ``Page`` and the count bounded by ``COUNT_CAP`` every listing shares.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select
-from sqlalchemy.orm import Session
-
-from autotune.core import ACTIVE_STATES, JOB_STATES, utc_now
+from autotune.core import ACTIVE_STATES, JOB_STATES
 from autotune.db.repository.cursor import CursorError, decode_cursor, encode_cursor
 from autotune.db.repository.decisions import (
     DecisionRecord,
@@ -80,6 +92,7 @@ from autotune.db.repository.policies import (
     rollback_policy,
     set_shadow_policy,
 )
+from autotune.db.repository.tokens import add_token_hash, replace_token_hashes, token_hashes
 from autotune.db.repository.transitions import (
     create_transition,
     pack_transition,
@@ -88,7 +101,6 @@ from autotune.db.repository.transitions import (
     transition_payload,
     truncate_open_transitions,
 )
-from autotune.db.tables import ApiTokenRow
 
 __all__ = [
     "ACTIVE_STATES",
@@ -170,22 +182,3 @@ __all__ = [
     "upsert_job",
     "upsert_nodes",
 ]
-
-
-# --- API token ------------------------------------------------------------------------
-
-
-def token_hashes(*, session: Session) -> list[str]:
-    """SHA-256 hex digests of the stored API tokens."""
-    return list(session.scalars(select(ApiTokenRow.token_sha256)))
-
-
-def add_token_hash(*, session: Session, token_sha256: str) -> None:
-    session.add(ApiTokenRow(token_sha256=token_sha256, created_at=utc_now()))
-
-
-def replace_token_hashes(*, session: Session, token_sha256: str) -> int:
-    """Make ``token_sha256`` the only stored token; returns how many were removed."""
-    removed = len(session.scalars(delete(ApiTokenRow).returning(ApiTokenRow.id)).all())
-    add_token_hash(session=session, token_sha256=token_sha256)
-    return removed
