@@ -122,7 +122,8 @@ def test_bad_cursors_and_deep_offsets_are_422_and_huge_ids_404(
 def test_counts_stop_at_the_cap_and_say_so(
     any_database: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(repo, "COUNT_CAP", 5)
+    # The cap is read where the bounded count is: the paging module.
+    monkeypatch.setattr("autotune.db.repository.paging.COUNT_CAP", 5)
     spec = JobSpec(job_id="j")
     decision = Decision(
         job_id="j",

@@ -274,7 +274,7 @@ def test_later_runs_fold_only_new_samples_and_never_refold(any_database: Databas
 def test_the_search_starts_folding_next_to_the_oldest_sample_left(
     any_database: Database,
 ) -> None:
-    from autotune.db.retention import _fold_start, _LabelCache
+    from autotune.db.downsampling import _fold_start, _LabelCache
 
     database = any_database
     add_samples(database, history())
