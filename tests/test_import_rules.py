@@ -20,6 +20,7 @@ FOLDERS = {
     "kernels": "autotune.kernels",
     "api": "autotune.api",
     "studies": "autotune.studies",
+    "benchmarks": "autotune.benchmarks",
 }
 
 
@@ -167,10 +168,12 @@ def test_the_core_imports_no_daemon_storage_or_command_line() -> None:
 
 
 @pytest.mark.parametrize("folder", ["autotune", "envs", "policies", "executor", "kernels", "api"])
-def test_the_product_imports_no_study(folder: str) -> None:
+def test_the_product_imports_no_study_and_no_benchmark(folder: str) -> None:
     """Studies plug in from outside (entry points, a physics passed to the simulator, an
-    environment wrapper): nothing of the product names them in an import."""
-    assert _violations(folder, lambda _p, m: not m.startswith("autotune.studies")) == []
+    environment wrapper) and benchmarks measure from outside: nothing of the product
+    names them in an import."""
+    outside = ("autotune.studies", "autotune.benchmarks")
+    assert _violations(folder, lambda _p, m: not m.startswith(outside)) == []
 
 
 def test_a_study_reaches_storage_and_the_daemon_only_through_the_product() -> None:

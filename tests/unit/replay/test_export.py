@@ -4,7 +4,6 @@ probability, and what it got."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -12,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import REPO
 from replay_log import EPISODE_ROUNDS, TICKS, run_daemon
 from sqlalchemy import func, select
 
@@ -184,13 +182,8 @@ def test_a_daemon_that_restarts_closes_the_round_it_left_open(tmp_path: Path) ->
 def test_the_export_benchmark_writes_one_row_per_job_decision(tmp_path: Path) -> None:
     """``bench/replay_export.py`` at a small size: every logged job decision is a row, in
     at most ``MAX_FILES`` files (its timing is in bench/RESULTS.md, not asserted here)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_replay_export", REPO / "bench" / "replay_export.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from autotune.benchmarks import replay_export as bench
+
     result = bench.main(["--rounds", "600", "--jobs", "7", "--json-out", str(tmp_path / "r.json")])
     assert result["rows"] == 600 * 7
     assert 1 <= result["files"] <= MAX_FILES

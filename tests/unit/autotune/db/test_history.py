@@ -4,9 +4,7 @@ would leave after days of deciding, through the repository, on SQLite and Postgr
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -15,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import REPO
 from sqlalchemy import func, select
 
 from autotune.catalog.devices import node_info
@@ -36,16 +33,10 @@ THEN = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 
 
 def _history() -> ModuleType:
-    """``bench/history.py`` as a module (bench is not a package)."""
-    name = "bench_history"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "bench" / "history.py")
-        assert spec is not None
-        assert spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up while it executes
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The history builder (``autotune.benchmarks.history``, ``bench/history.py``)."""
+    from autotune.benchmarks import history
+
+    return history
 
 
 # --- the repository's ``at`` ----------------------------------------------------------

@@ -1,0 +1,21 @@
+"""The benchmarks behind ``bench/RESULTS.md``: each module measures one thing and has a
+``main`` that ``python bench/<name>.py`` runs (the scripts in ``bench/`` are thin), so
+that tests import them as any other module.
+
+They are tools of a source checkout: they write under ``bench/out`` (``OUT``) and read
+the public traces beside the checkout (``../shared/data``). Nothing of the product
+imports them. ``bench/gpu_suite.py`` stays a script of its own: it assembles the package
+on a machine where it is not installed, before anything can be imported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+__all__ = ["OUT", "REPO"]
+
+REPO: Final = Path(__file__).resolve().parents[1]
+"""The source checkout (through an editable install's links)."""
+OUT: Final = REPO / "bench" / "out"
+"""Where the benchmarks write their JSON by default."""
