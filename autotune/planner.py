@@ -79,8 +79,8 @@ from autotune.perf.model import effective_peak_tflops
 
 __all__ = [
     "UNPLACED_COST",
-    "ClusterState",
     "CostWeights",
+    "FreeCapacity",
     "PlanResult",
     "WorkloadClasses",
     "first_fit",
@@ -134,12 +134,15 @@ class PlanResult:
 
 
 # --------------------------------------------------------------------------------------
-# Cluster state as arrays
+# Free capacity as arrays
 # --------------------------------------------------------------------------------------
 
 
-class ClusterState:
-    """Free resources of the cluster as arrays, updated as units are placed."""
+class FreeCapacity:
+    """What is free on each node during one planning call: the milli of each GPU, the
+    CPU and the memory, as arrays updated as units are placed, beside the nodes' GPU
+    models and capacities. It lives for one ``plan()`` or ``first_fit()`` call; the
+    daemon's view of the cluster is ``autotune.interfaces.ClusterSnapshot``."""
 
     def __init__(self, nodes: Sequence[NodeInfo]) -> None:
         ids = [n.node_id for n in nodes]
@@ -420,7 +423,7 @@ class _ShapeCosts:
 
 
 class _CostModel:
-    def __init__(self, state: ClusterState, classes: WorkloadClasses, weights: CostWeights) -> None:
+    def __init__(self, state: FreeCapacity, classes: WorkloadClasses, weights: CostWeights) -> None:
         self.state = state
         self.classes = classes
         self.weights = weights
@@ -589,7 +592,7 @@ def _workload_classes(jobs: Sequence[_Job], n_models: int) -> WorkloadClasses:
     )
 
 
-def _pressure(jobs: Sequence[_Job], state: ClusterState) -> FloatArray:
+def _pressure(jobs: Sequence[_Job], state: FreeCapacity) -> FloatArray:
     """Per GPU model: pending GPU demand that can go there / its free GPUs. Each job's
     demand is spread over its allowed models in proportion to their free capacity."""
     if not jobs:
@@ -599,7 +602,7 @@ def _pressure(jobs: Sequence[_Job], state: ClusterState) -> FloatArray:
     return _pressure_of(allowed, demand, state)
 
 
-def _pressure_of(allowed: BoolArray, demand: FloatArray, state: ClusterState) -> FloatArray:
+def _pressure_of(allowed: BoolArray, demand: FloatArray, state: FreeCapacity) -> FloatArray:
     free = state.free_gpus_by_model()
     if not len(allowed) or not len(free):
         return np.zeros(len(free))
@@ -615,7 +618,7 @@ class _Pending:
     their demand per model (for the pressure) and their GPU count (for the check that
     they can fit at all)."""
 
-    def __init__(self, jobs: Sequence[_Job], state: ClusterState) -> None:
+    def __init__(self, jobs: Sequence[_Job], state: FreeCapacity) -> None:
         self.jobs = list(jobs)
         for i, job in enumerate(self.jobs):
             job.index = i
@@ -663,7 +666,7 @@ class _Pending:
         return out
 
 
-def _waiting_reason(job: _Job, have: int, state: ClusterState) -> str:
+def _waiting_reason(job: _Job, have: int, state: FreeCapacity) -> str:
     if _spans_nodes(job) and int(job.allowed.sum()) > 1:
         milli = job.spec.gpu_milli
         usable = state.usable_gpus_by_model(milli)
@@ -694,7 +697,7 @@ class _Preparer:
     """``_prepare`` with the work shared between jobs of equal requests: jobs that
     differ only in id, priority and submission time get the same answer."""
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: FreeCapacity) -> None:
         self.state = state
         self._results: dict[Hashable, _Prepared | str] = {}
         self._type_ok: dict[tuple[str, ...] | None, BoolArray] = {}
@@ -848,7 +851,7 @@ class _Preparer:
         return allowed, compute, headroom, block, terms
 
 
-def _reserve(state: ClusterState, spec: JobSpec, placement: Placement) -> None:
+def _reserve(state: FreeCapacity, spec: JobSpec, placement: Placement) -> None:
     """Take a placement's resources as they are (clipped at zero: never an error)."""
     world = placement.world_size
     for slot in placement.ranks:
@@ -870,7 +873,7 @@ successive plans on one cluster (a daemon's ticks, an environment's steps) share
 _MAX_PREPARERS = 8
 
 
-def _preparer(state: ClusterState) -> _Preparer:
+def _preparer(state: FreeCapacity) -> _Preparer:
     key = tuple(
         (
             n.node_id,
@@ -893,7 +896,7 @@ def _preparer(state: ClusterState) -> _Preparer:
 
 
 def _prepare_all(
-    jobs: Sequence[JobSpec], configs: Mapping[str, JobConfig], state: ClusterState
+    jobs: Sequence[JobSpec], configs: Mapping[str, JobConfig], state: FreeCapacity
 ) -> tuple[list[_Job], dict[str, str]]:
     """The jobs that can be placed somewhere, in queue order (higher priority first,
     then earlier submission, then the order given), and why the others cannot."""
@@ -916,11 +919,11 @@ def _prepare_all(
     return prepared, unplaced
 
 
-def _max_gpus_per_node(job: _Job, state: ClusterState) -> int:
+def _max_gpus_per_node(job: _Job, state: FreeCapacity) -> int:
     return state.max_gpus_per_node(job.allowed)
 
 
-def _unplaced_reason(job: _Job, state: ClusterState) -> str:
+def _unplaced_reason(job: _Job, state: FreeCapacity) -> str:
     """Which resource kept the job out, against the state it was given up in."""
     gpus, milli, cpu, mem = job.shape
     eligible = state.gpu_nodes & job.allowed[state.model_safe]
@@ -1133,7 +1136,7 @@ def _round_costs(
 
 
 def _one_model(
-    batch: Sequence[_Job], costs: _RoundCosts, state: ClusterState
+    batch: Sequence[_Job], costs: _RoundCosts, state: FreeCapacity
 ) -> tuple[FloatArray, IntArray, set[int]]:
     """The round's rows with each job of several units held to one GPU model, the rows
     of its units, and the batch positions of the hopeless jobs (no node, or for a job of
@@ -1290,7 +1293,7 @@ def plan(
     if round_size < 1:
         raise ValueError(f"round_size={round_size!r}: must be >= 1")
     current = current or {}
-    state = ClusterState(nodes)
+    state = FreeCapacity(nodes)
     placements: dict[str, Placement] = {}
     kept: set[str] = set()
     pending: list[_Job] = []
@@ -1394,7 +1397,7 @@ def plan(
     )
 
 
-def _pack_greedy(job: _Job, state: ClusterState) -> Placement | None:
+def _pack_greedy(job: _Job, state: FreeCapacity) -> Placement | None:
     """Whole-GPU ranks without tensor parallelism on nodes of one allowed model, the
     nodes with the most free GPUs first (ties: the first node), as many ranks on each as
     it has room for (GPUs, and each rank's share of the job's CPU and memory), within
@@ -1438,7 +1441,7 @@ def _pack_greedy(job: _Job, state: ClusterState) -> Placement | None:
     return None
 
 
-def _keep(job: _Job, placement: Placement, state: ClusterState) -> bool:
+def _keep(job: _Job, placement: Placement, state: FreeCapacity) -> bool:
     """Keep a running job where it is if the placement still fits its config and the
     cluster; then its resources are taken."""
     if len(placement.ranks) != job.world:
@@ -1541,7 +1544,7 @@ def first_fit(
     """The baseline: each job in queue order on the first nodes, in the order given,
     that have room (GPUs in index order). Same units, constraints and gang rule."""
     started = time.perf_counter()
-    state = ClusterState(nodes)
+    state = FreeCapacity(nodes)
     placements: dict[str, Placement] = {}
     prepared, unplaced = _prepare_all(jobs, configs, state)
     for job in prepared:
@@ -1565,7 +1568,7 @@ def first_fit(
     )
 
 
-def _first_fit_job(job: _Job, state: ClusterState) -> Placement | None:
+def _first_fit_job(job: _Job, state: FreeCapacity) -> Placement | None:
     gpus_needed, milli, cpu, mem = job.shape
     eligible = state.gpu_nodes & job.allowed[state.model_safe]
     chosen: list[tuple[int, list[int]]] = []

@@ -33,8 +33,8 @@ from autotune.perf.memory import rank_memory
 from autotune.perf.model import effective_peak_tflops, shape_of
 from autotune.planner import (
     UNPLACED_COST,
-    ClusterState,
     CostWeights,
+    FreeCapacity,
     _CostModel,
     _Job,
     _prepare_all,
@@ -536,7 +536,7 @@ def test_with_no_gpu_free_running_jobs_are_kept_and_no_round_runs() -> None:
 def reference_row(
     job: _Job,
     unit: int,
-    state: ClusterState,
+    state: FreeCapacity,
     classes: list[tuple],  # type: ignore[type-arg]
     pressure: Sequence[float],
     weights: CostWeights,
@@ -611,7 +611,7 @@ def test_vectorised_round_costs_equal_the_per_unit_definition(
             JobSpec(job_id="m0", min_gpus=4, max_gpus=4, cpu_milli=4000, submitted_at=10),
             JobSpec(job_id="m1", min_gpus=2, max_gpus=2, gpu_types=("A100", "T4"), submitted_at=11),
         ]
-    state = ClusterState(nodes)
+    state = FreeCapacity(nodes)
     # Some capacity already taken, whole and shared GPUs.
     for n, node in enumerate(nodes):
         for g in range(node.gpu_count):
