@@ -919,10 +919,6 @@ def _prepare_all(
     return prepared, unplaced
 
 
-def _max_gpus_per_node(job: _Job, state: FreeCapacity) -> int:
-    return state.max_gpus_per_node(job.allowed)
-
-
 def _unplaced_reason(job: _Job, state: FreeCapacity) -> str:
     """Which resource kept the job out, against the state it was given up in."""
     gpus, milli, cpu, mem = job.shape
@@ -1362,7 +1358,9 @@ def plan(
                 # try smaller blocks, else give up on it.
                 settled = True
                 smaller = [
-                    b for b in _block_sizes(job, _max_gpus_per_node(job, state)) if b < job.block
+                    b
+                    for b in _block_sizes(job, state.max_gpus_per_node(job.allowed))
+                    if b < job.block
                 ]
                 if smaller:
                     job.set_block(smaller[0])
@@ -1549,7 +1547,7 @@ def first_fit(
     prepared, unplaced = _prepare_all(jobs, configs, state)
     for job in prepared:
         placement = None
-        for block in _block_sizes(job, _max_gpus_per_node(job, state)):
+        for block in _block_sizes(job, state.max_gpus_per_node(job.allowed)):
             job.set_block(block)
             placement = _first_fit_job(job, state)
             if placement is not None:
