@@ -35,15 +35,15 @@ from autotune.planner import (
     UNPLACED_COST,
     CostWeights,
     FreeCapacity,
-    _CostModel,
-    _Job,
-    _prepare_all,
-    _pressure,
     _round_costs,
-    _workload_classes,
     first_fit,
     plan,
 )
+from autotune.planner.costs import _CostModel
+from autotune.planner.feasibility import _prepare_all
+from autotune.planner.fragmentation import _workload_classes
+from autotune.planner.jobs import _Job
+from autotune.planner.pending import _pressure
 
 MODELS = ("A100", "T4", "V100M32")
 
