@@ -31,18 +31,12 @@ from autotune.core import (
 from autotune.envs.presets import default_nodes
 from autotune.perf.memory import rank_memory
 from autotune.perf.model import effective_peak_tflops, shape_of
-from autotune.planner import (
-    UNPLACED_COST,
-    CostWeights,
-    FreeCapacity,
-    _round_costs,
-    first_fit,
-    plan,
-)
+from autotune.planner import UNPLACED_COST, CostWeights, FreeCapacity, first_fit, plan
 from autotune.planner.costs import _CostModel
 from autotune.planner.feasibility import _prepare_all
 from autotune.planner.fragmentation import _workload_classes
 from autotune.planner.jobs import _Job
+from autotune.planner.matching import _round_costs
 from autotune.planner.pending import _pressure
 
 MODELS = ("A100", "T4", "V100M32")
