@@ -10,9 +10,9 @@ import numpy as np
 
 from autotune.core import JobConfig, JobSpec, NodeInfo, Placement, RankSlot
 from autotune.planner.capacity import FreeCapacity
-from autotune.planner.feasibility import _prepare_all
-from autotune.planner.jobs import _block_sizes, _Job
-from autotune.planner.reasons import _unplaced_reason
+from autotune.planner.feasibility import prepare_all
+from autotune.planner.jobs import PreparedJob, block_sizes
+from autotune.planner.reasons import unplaced_reason
 from autotune.planner.rounds import PlanResult
 
 
@@ -24,16 +24,16 @@ def first_fit(
     started = time.perf_counter()
     state = FreeCapacity(nodes)
     placements: dict[str, Placement] = {}
-    prepared, unplaced = _prepare_all(jobs, configs, state)
+    prepared, unplaced = prepare_all(jobs, configs, state)
     for job in prepared:
         placement = None
-        for block in _block_sizes(job, state.max_gpus_per_node(job.allowed)):
+        for block in block_sizes(job, state.max_gpus_per_node(job.allowed)):
             job.set_block(block)
             placement = _first_fit_job(job, state)
             if placement is not None:
                 break
         if placement is None:
-            unplaced[job.spec.job_id] = _unplaced_reason(job, state)
+            unplaced[job.spec.job_id] = unplaced_reason(job, state)
         else:
             placements[job.spec.job_id] = placement
     return PlanResult(
@@ -46,7 +46,7 @@ def first_fit(
     )
 
 
-def _first_fit_job(job: _Job, state: FreeCapacity) -> Placement | None:
+def _first_fit_job(job: PreparedJob, state: FreeCapacity) -> Placement | None:
     gpus_needed, milli, cpu, mem = job.shape
     eligible = state.gpu_nodes & job.allowed[state.model_safe]
     chosen: list[tuple[int, list[int]]] = []

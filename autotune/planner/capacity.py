@@ -10,7 +10,7 @@ import numpy as np
 
 from autotune.core import MILLI_PER_GPU, JobSpec, NodeInfo, Placement
 from autotune.planner.arrays import BoolArray, FloatArray, IntArray
-from autotune.planner.jobs import _Job
+from autotune.planner.jobs import PreparedJob
 
 
 class FreeCapacity:
@@ -109,7 +109,7 @@ class FreeCapacity:
         return found
 
 
-def _reserve(state: FreeCapacity, spec: JobSpec, placement: Placement) -> None:
+def reserve_placement(state: FreeCapacity, spec: JobSpec, placement: Placement) -> None:
     """Take a placement's resources as they are (clipped at zero: never an error)."""
     world = placement.world_size
     for slot in placement.ranks:
@@ -124,7 +124,7 @@ def _reserve(state: FreeCapacity, spec: JobSpec, placement: Placement) -> None:
         state.version[node] += 1
 
 
-def _keep(job: _Job, placement: Placement, state: FreeCapacity) -> bool:
+def keep_placement(job: PreparedJob, placement: Placement, state: FreeCapacity) -> bool:
     """Keep a running job where it is if the placement still fits its config and the
     cluster; then its resources are taken."""
     if len(placement.ranks) != job.world:

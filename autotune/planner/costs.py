@@ -14,11 +14,11 @@ from autotune.planner.arrays import BoolArray, FloatArray, IntArray
 from autotune.planner.capacity import FreeCapacity
 from autotune.planner.fragmentation import (
     WorkloadClasses,
-    _class_terms,
-    _expected_fragment,
-    _fragmentation_one_gpu,
+    class_terms,
+    expected_fragment,
+    fragmentation_one_gpu,
 )
-from autotune.planner.jobs import _Job
+from autotune.planner.jobs import PreparedJob
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +35,7 @@ class CostWeights:
     moving: float = 2.0
 
 
-class _ShapeCosts:
+class ShapeCosts:
     """Per node: fragmentation growth and GPU choice for one request shape, kept up to
     date lazily through the nodes' version counters."""
 
@@ -45,12 +45,12 @@ class _ShapeCosts:
         self.version: IntArray = np.full(n_nodes, -1, dtype=np.int64)
 
 
-class _CostModel:
+class CostModel:
     def __init__(self, state: FreeCapacity, classes: WorkloadClasses, weights: CostWeights) -> None:
         self.state = state
         self.classes = classes
         self.weights = weights
-        self.shapes: dict[tuple[int, int, int, int], _ShapeCosts] = {}
+        self.shapes: dict[tuple[int, int, int, int], ShapeCosts] = {}
         self.gpu_nodes: IntArray = np.nonzero(state.gpu_nodes)[0]
         n, k = len(state.nodes), len(classes.weight)
         # The class terms of every node's current state, shared by all shapes and kept
@@ -62,10 +62,10 @@ class _CostModel:
         self._closed: dict[int, BoolArray] = {}
         self._last_before: tuple[tuple[bytes, bytes], FloatArray] | None = None
 
-    def shape_costs(self, shape: tuple[int, int, int, int]) -> _ShapeCosts:
+    def shape_costs(self, shape: tuple[int, int, int, int]) -> ShapeCosts:
         entry = self.shapes.get(shape)
         if entry is None:
-            entry = self.shapes[shape] = _ShapeCosts(len(self.state.nodes))
+            entry = self.shapes[shape] = ShapeCosts(len(self.state.nodes))
         nodes = self.gpu_nodes
         stale = nodes[entry.version[nodes] != self.state.version[nodes]]
         if len(stale):
@@ -73,11 +73,11 @@ class _CostModel:
         return entry
 
     def _node_terms(self, nodes: IntArray) -> tuple[IntArray, IntArray, IntArray]:
-        """``_class_terms`` of the nodes as they are now."""
+        """``class_terms`` of the nodes as they are now."""
         s = self.state
         stale = nodes[self._node_version[nodes] != s.version[nodes]]
         if len(stale):
-            usable, fragment, total = _class_terms(s.free_milli[stale], self.classes)
+            usable, fragment, total = class_terms(s.free_milli[stale], self.classes)
             self._usable[stale] = usable
             self._fragment[stale] = fragment
             self._total[stale] = total
@@ -87,21 +87,21 @@ class _CostModel:
     def _before(
         self, nodes: IntArray, terms: tuple[IntArray, IntArray, IntArray], model: IntArray
     ) -> FloatArray:
-        """``_fragmentation`` of the nodes as they are now. The shapes of a round are
+        """``fragmentation`` of the nodes as they are now. The shapes of a round are
         refreshed one after the other, mostly on the same nodes: the last answer is kept
         for the same nodes at the same versions."""
         s = self.state
         key = (nodes.tobytes(), s.version[nodes].tobytes())
         if self._last_before is not None and self._last_before[0] == key:
             return self._last_before[1]
-        before = _expected_fragment(
+        before = expected_fragment(
             *terms, s.free_cpu[nodes], s.free_mem[nodes], model, self.classes
         )
         self._last_before = (key, before)
         return before
 
     def _refresh(
-        self, shape: tuple[int, int, int, int], entry: _ShapeCosts, nodes: IntArray
+        self, shape: tuple[int, int, int, int], entry: ShapeCosts, nodes: IntArray
     ) -> None:
         gpus, milli, cpu, mem = shape
         s = self.state
@@ -115,7 +115,7 @@ class _CostModel:
         n, _width = free.shape
         if gpus == 1:
             # Try every GPU as the one the rank goes to; keep the best per node.
-            after = _fragmentation_one_gpu(
+            after = fragmentation_one_gpu(
                 free, terms, milli, cpu_left, mem_left, model, self.classes
             )
             fits = free >= milli
@@ -131,7 +131,7 @@ class _CostModel:
             # neither: the class terms follow without recounting.
             usable, fragment, total = terms
             enough = (free >= MILLI_PER_GPU).sum(axis=1) >= gpus
-            after = _expected_fragment(
+            after = expected_fragment(
                 usable - gpus,
                 fragment,
                 total - gpus * MILLI_PER_GPU,
@@ -146,7 +146,7 @@ class _CostModel:
         entry.option[nodes] = option
         entry.version[nodes] = s.version[nodes]
 
-    def closed(self, job: _Job) -> BoolArray:
+    def closed(self, job: PreparedJob) -> BoolArray:
         """Nodes the job's units can never use: no GPUs, or a model it may not use."""
         found = self._closed.get(job.terms) if job.terms >= 0 else None
         if found is None:
@@ -156,7 +156,7 @@ class _CostModel:
                 self._closed[job.terms] = found
         return found
 
-    def base_row(self, job: _Job, pressure: FloatArray) -> FloatArray:
+    def base_row(self, job: PreparedJob, pressure: FloatArray) -> FloatArray:
         """Cost of one of the job's units on every node (inf where it cannot go), before
         the moving term: equal for every unit of a job, and for jobs of equal shape and
         terms."""
@@ -172,7 +172,7 @@ class _CostModel:
         cost[self.closed(job)] = np.inf
         return cost
 
-    def moving(self, job: _Job) -> FloatArray:
+    def moving(self, job: PreparedJob) -> FloatArray:
         """(units, nodes): the moving term of each of the job's units on every node,
         from the ranks of its current placement that each node holds."""
         s = self.state

@@ -17,7 +17,7 @@ from autotune.perf.memory import rank_memory
 from autotune.perf.model import effective_peak_tflops
 from autotune.planner.arrays import BoolArray, FloatArray
 from autotune.planner.capacity import FreeCapacity
-from autotune.planner.jobs import _block_sizes, _Job
+from autotune.planner.jobs import PreparedJob, block_sizes
 
 # The 90% line of GPU memory: above it a rank is one allocator spike from OOM.
 _HEADROOM_LINE: Final = 0.9
@@ -48,7 +48,7 @@ class _Preparer:
             found = self._data_parallel[spec.min_gpus] = JobConfig.data_parallel(spec.min_gpus)
         return found
 
-    def job(self, spec: JobSpec, config: JobConfig) -> tuple[_Job | None, str]:
+    def job(self, spec: JobSpec, config: JobConfig) -> tuple[PreparedJob | None, str]:
         key: Hashable = (
             spec.model,
             spec.global_batch if spec.model is not None else 0,
@@ -74,7 +74,7 @@ class _Preparer:
         if isinstance(found, str):
             return None, found
         allowed, compute, headroom, block, terms = found
-        job = _Job(
+        job = PreparedJob(
             spec=spec,
             config=config,
             allowed=allowed,
@@ -148,7 +148,7 @@ class _Preparer:
                     f"{largest * spec.gpu_milli / MILLI_PER_GPU / (1 << 30):.1f} GiB for the job"
                 )
         allowed = type_ok & memory_ok
-        job = _Job(
+        job = PreparedJob(
             spec=spec,
             config=config,
             allowed=allowed,
@@ -156,7 +156,7 @@ class _Preparer:
             headroom=headroom,
             block=world,
         )
-        sizes = _block_sizes(job, state.max_gpus_per_node(allowed))
+        sizes = block_sizes(job, state.max_gpus_per_node(allowed))
         if not sizes:
             return (
                 f"{world} ranks with tp={config.layout.tp} cannot be split over at most "
@@ -216,9 +216,9 @@ def _preparer(state: FreeCapacity) -> _Preparer:
     return found
 
 
-def _prepare_all(
+def prepare_all(
     jobs: Sequence[JobSpec], configs: Mapping[str, JobConfig], state: FreeCapacity
-) -> tuple[list[_Job], dict[str, str]]:
+) -> tuple[list[PreparedJob], dict[str, str]]:
     """The jobs that can be placed somewhere, in queue order (higher priority first,
     then earlier submission, then the order given), and why the others cannot."""
     ids = {j.job_id for j in jobs}
@@ -227,7 +227,7 @@ def _prepare_all(
         duplicate = next(i for i in names if names.count(i) > 1)
         raise ValueError(f"jobs: job_id {duplicate!r} appears twice")
     preparer = _preparer(state)
-    prepared: list[_Job] = []
+    prepared: list[PreparedJob] = []
     unplaced: dict[str, str] = {}
     order = sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, jobs[i].submitted_at, i))
     for i in order:

@@ -13,7 +13,7 @@ import numpy as np
 
 from autotune.core import MILLI_PER_GPU
 from autotune.planner.arrays import BoolArray, FloatArray, IntArray
-from autotune.planner.jobs import _Job
+from autotune.planner.jobs import PreparedJob
 
 # Workload classes kept for the fragmentation measure: the 64 largest request shapes
 # hold 82% (gpuspec33, 405 shapes) to 98% (the other Alibaba v2023 pod files, about
@@ -37,7 +37,7 @@ class WorkloadClasses:
     eight-GPU pods unplaced and allocated 5,695 GPUs; the GPU weighting, 5,812."""
 
 
-def _workload_classes(jobs: Sequence[_Job], n_models: int) -> WorkloadClasses:
+def workload_classes(jobs: Sequence[PreparedJob], n_models: int) -> WorkloadClasses:
     counts: dict[tuple[int, int, int, int, bytes], float] = {}
     masks: dict[bytes, BoolArray] = {}
     for job in jobs:
@@ -65,7 +65,7 @@ def _workload_classes(jobs: Sequence[_Job], n_models: int) -> WorkloadClasses:
     )
 
 
-def _class_terms(free_milli: IntArray, c: WorkloadClasses) -> tuple[IntArray, IntArray, IntArray]:
+def class_terms(free_milli: IntArray, c: WorkloadClasses) -> tuple[IntArray, IntArray, IntArray]:
     """Per node state and class: GPUs with enough free milli for the class, the free
     milli of the others (the fragments), and the node's total free milli."""
     free = np.clip(free_milli, 0, None)
@@ -74,7 +74,7 @@ def _class_terms(free_milli: IntArray, c: WorkloadClasses) -> tuple[IntArray, In
     return usable.sum(axis=2), fragment, free.sum(axis=1)
 
 
-def _expected_fragment(
+def expected_fragment(
     usable: IntArray,
     fragment: IntArray,
     total: IntArray,
@@ -97,7 +97,7 @@ def _expected_fragment(
     return result
 
 
-def _fragmentation(
+def fragmentation(
     free_milli: IntArray, cpu: IntArray, mem: IntArray, model: IntArray, c: WorkloadClasses
 ) -> FloatArray:
     """Expected GPU capacity (milli) of each of K node states, (K, G) -> (K,), that a
@@ -107,10 +107,10 @@ def _fragmentation(
     asks per GPU, enough CPU and memory), the GPUs with less free than that are
     fragments; for a class it cannot host, all its free GPU capacity is.
     """
-    return _expected_fragment(*_class_terms(free_milli, c), cpu, mem, model, c)
+    return expected_fragment(*class_terms(free_milli, c), cpu, mem, model, c)
 
 
-def _fragmentation_one_gpu(
+def fragmentation_one_gpu(
     free_milli: IntArray,
     terms: tuple[IntArray, IntArray, IntArray],
     milli: int,
@@ -119,15 +119,15 @@ def _fragmentation_one_gpu(
     model: IntArray,
     c: WorkloadClasses,
 ) -> FloatArray:
-    """``_fragmentation`` of each node after ``milli`` is taken from each of its GPUs in
-    turn, (K, G) -> (K, G), updating the node's class terms (``_class_terms``) for the
+    """``fragmentation`` of each node after ``milli`` is taken from each of its GPUs in
+    turn, (K, G) -> (K, G), updating the node's class terms (``class_terms``) for the
     one GPU that changes instead of recounting all of them."""
     usable, fragment, total = terms
     before = np.clip(free_milli, 0, None)[:, :, None]  # (K, G, 1)
     after = before - milli
     was = before >= c.milli
     now = after >= c.milli
-    return _expected_fragment(
+    return expected_fragment(
         usable[:, None, :] - was + now,
         fragment[:, None, :] - np.where(was, 0, before) + np.where(now, 0, after),
         (total - milli)[:, None],

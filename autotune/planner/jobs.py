@@ -10,7 +10,7 @@ from autotune.core import JobConfig, JobSpec, Placement
 from autotune.planner.arrays import BoolArray, FloatArray
 
 
-class _Job:
+class PreparedJob:
     """A job being placed: its per-model terms and its current unit size."""
 
     __slots__ = (
@@ -70,7 +70,7 @@ class _Job:
         self.shape = (block, spec.gpu_milli, self.unit_cpu, self.unit_mem)
 
 
-def _block_sizes(job: _Job, max_gpus_per_node: int) -> list[int]:
+def block_sizes(job: PreparedJob, max_gpus_per_node: int) -> list[int]:
     """Unit sizes to try, largest first: multiples of tp dividing the world size."""
     world, tp = job.world, job.config.layout.tp
     if job.spec.max_nodes == 1:
@@ -83,7 +83,7 @@ def _block_sizes(job: _Job, max_gpus_per_node: int) -> list[int]:
     return sizes
 
 
-def _spans_nodes(job: _Job) -> bool:
+def spans_nodes(job: PreparedJob) -> bool:
     """Whether the job's ranks may go to more than one node. Synchronous training runs
     at the pace of its slowest GPU, so such a job's ranks all go to one GPU model."""
     return job.spec.max_nodes != 1 and job.world > 1

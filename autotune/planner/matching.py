@@ -14,8 +14,8 @@ from scipy.optimize import linear_sum_assignment
 from autotune.core import MILLI_PER_GPU, Placement, RankSlot
 from autotune.planner.arrays import BoolArray, FloatArray, IntArray
 from autotune.planner.capacity import FreeCapacity
-from autotune.planner.costs import _CostModel
-from autotune.planner.jobs import _Job
+from autotune.planner.costs import CostModel
+from autotune.planner.jobs import PreparedJob
 
 # Cost of leaving a unit unmatched in a round: far above any real entry (real entries
 # are a few GPU-equivalents), so the matching first maximises the units it places.
@@ -27,7 +27,7 @@ _INFEASIBLE: Final = 1.0e9
 
 
 @dataclass(frozen=True, slots=True)
-class _RoundCosts:
+class RoundCosts:
     rows: FloatArray
     """(distinct rows, nodes): the distinct cost rows of the round's units."""
     row_of: IntArray
@@ -38,9 +38,9 @@ class _RoundCosts:
     """Per batch position: the row of its base costs (without the moving term)."""
 
 
-def _round_costs(
-    batch: Sequence[_Job], cost_model: _CostModel, pressure: FloatArray
-) -> _RoundCosts:
+def round_costs(
+    batch: Sequence[PreparedJob], cost_model: CostModel, pressure: FloatArray
+) -> RoundCosts:
     """The cost of every unit of the batch on every node, built once per distinct
     request (shape and per-model terms) and once per unit of a running job."""
     rows: list[FloatArray] = []
@@ -65,7 +65,7 @@ def _round_costs(
             for unit in range(job.units):
                 row_of.append(len(rows))
                 rows.append(rows[base] + moving[unit])
-    return _RoundCosts(
+    return RoundCosts(
         rows=np.array(rows).reshape(len(rows), len(cost_model.state.nodes)),
         row_of=np.array(row_of, dtype=np.int64),
         owner=np.array(owner, dtype=np.int64),
@@ -73,8 +73,8 @@ def _round_costs(
     )
 
 
-def _one_model(
-    batch: Sequence[_Job], costs: _RoundCosts, state: FreeCapacity
+def _hold_to_one_model(
+    batch: Sequence[PreparedJob], costs: RoundCosts, state: FreeCapacity
 ) -> tuple[FloatArray, IntArray, set[int]]:
     """The round's rows with each job of several units held to one GPU model, the rows
     of its units, and the batch positions of the hopeless jobs (no node, or for a job of
@@ -166,7 +166,7 @@ def _one_model(
     return rows[used], row_of.astype(np.int64), hopeless
 
 
-def _unmatched_costs(batch: Sequence[_Job]) -> FloatArray:
+def _unmatched_costs(batch: Sequence[PreparedJob]) -> FloatArray:
     """Cost of leaving one of each job's units out of the round: ``UNPLACED_COST`` per
     GPU of the unit, up to 1.5x for the first job of the batch. The matching so
     allocates as many GPUs as it can, and on equal terms serves earlier jobs first.
@@ -183,7 +183,7 @@ def _unmatched_costs(batch: Sequence[_Job]) -> FloatArray:
 
 
 @dataclass(frozen=True, slots=True)
-class _RoundOutcome:
+class RoundOutcome:
     nodes: dict[int, list[int]]
     """Batch position -> node of each unit, for the jobs matched whole."""
     cost: float
@@ -192,12 +192,12 @@ class _RoundOutcome:
     """Batch positions of jobs with a unit that no node can take."""
 
 
-def _solve_round(
-    batch: Sequence[_Job], cost_model: _CostModel, pressure: FloatArray
-) -> _RoundOutcome:
+def solve_round(
+    batch: Sequence[PreparedJob], cost_model: CostModel, pressure: FloatArray
+) -> RoundOutcome:
     """Match the batch's units to nodes with one linear assignment."""
-    costs = _round_costs(batch, cost_model, pressure)
-    rows, row_of, hopeless = _one_model(batch, costs, cost_model.state)
+    costs = round_costs(batch, cost_model, pressure)
+    rows, row_of, hopeless = _hold_to_one_model(batch, costs, cost_model.state)
     owner = costs.owner
     finite: BoolArray = np.isfinite(rows)
     n_rows = len(row_of)
@@ -224,11 +224,11 @@ def _solve_round(
     nodes: dict[int, list[int]] = {}
     for r, node in zip(row_ind[take].tolist(), columns[col_ind[take]].tolist(), strict=True):
         nodes.setdefault(int(owner[r]), []).append(node)
-    return _RoundOutcome(nodes=nodes, cost=sum(values[take].tolist()), hopeless=hopeless)
+    return RoundOutcome(nodes=nodes, cost=sum(values[take].tolist()), hopeless=hopeless)
 
 
-def _commit(
-    matched: Sequence[tuple[_Job, Sequence[int]]], cost_model: _CostModel
+def commit(
+    matched: Sequence[tuple[PreparedJob, Sequence[int]]], cost_model: CostModel
 ) -> list[Placement]:
     """Take the GPUs of the jobs matched whole in a round, each job's units on the given
     nodes. Nodes are untouched since the round's costs were computed and each takes at

@@ -9,16 +9,16 @@ import numpy as np
 
 from autotune.core import MILLI_PER_GPU, Placement, RankSlot
 from autotune.planner.capacity import FreeCapacity
-from autotune.planner.jobs import _Job, _spans_nodes
+from autotune.planner.jobs import PreparedJob, spans_nodes
 
 
-def _pack_greedy(job: _Job, state: FreeCapacity) -> Placement | None:
+def pack_greedy(job: PreparedJob, state: FreeCapacity) -> Placement | None:
     """Whole-GPU ranks without tensor parallelism on nodes of one allowed model, the
     nodes with the most free GPUs first (ties: the first node), as many ranks on each as
     it has room for (GPUs, and each rank's share of the job's CPU and memory), within
     ``max_nodes``. ``None`` when no model has room for every rank."""
     spec, world = job.spec, job.world
-    if spec.gpu_milli < MILLI_PER_GPU or not _spans_nodes(job) or job.config.layout.tp > 1:
+    if spec.gpu_milli < MILLI_PER_GPU or not spans_nodes(job) or job.config.layout.tp > 1:
         return None
     cpu = math.ceil(spec.cpu_milli / world)
     mem = math.ceil(spec.memory_mib / world)

@@ -11,20 +11,22 @@ import numpy as np
 from autotune.core import MILLI_PER_GPU
 from autotune.planner.arrays import BoolArray, FloatArray, IntArray
 from autotune.planner.capacity import FreeCapacity
-from autotune.planner.jobs import _Job, _spans_nodes
+from autotune.planner.jobs import PreparedJob, spans_nodes
 
 
-def _pressure(jobs: Sequence[_Job], state: FreeCapacity) -> FloatArray:
+def pressure_by_model(jobs: Sequence[PreparedJob], state: FreeCapacity) -> FloatArray:
     """Per GPU model: pending GPU demand that can go there / its free GPUs. Each job's
     demand is spread over its allowed models in proportion to their free capacity."""
     if not jobs:
         return np.zeros(len(state.models))
     allowed = np.array([j.allowed for j in jobs], dtype=bool)
     demand = np.array([j.world * j.spec.gpu_milli / MILLI_PER_GPU for j in jobs])
-    return _pressure_of(allowed, demand, state)
+    return _pressure_from_demand(allowed, demand, state)
 
 
-def _pressure_of(allowed: BoolArray, demand: FloatArray, state: FreeCapacity) -> FloatArray:
+def _pressure_from_demand(
+    allowed: BoolArray, demand: FloatArray, state: FreeCapacity
+) -> FloatArray:
     free = state.free_gpus_by_model()
     if not len(allowed) or not len(free):
         return np.zeros(len(free))
@@ -35,12 +37,12 @@ def _pressure_of(allowed: BoolArray, demand: FloatArray, state: FreeCapacity) ->
     return result
 
 
-class _Pending:
+class PendingJobs:
     """The pending jobs as arrays, in queue order: which are still waiting for a round,
     their demand per model (for the pressure) and their GPU count (for the check that
     they can fit at all)."""
 
-    def __init__(self, jobs: Sequence[_Job], state: FreeCapacity) -> None:
+    def __init__(self, jobs: Sequence[PreparedJob], state: FreeCapacity) -> None:
         self.jobs = list(jobs)
         for i, job in enumerate(self.jobs):
             job.index = i
@@ -53,23 +55,23 @@ class _Pending:
         self.demand: FloatArray = self.world * milli / MILLI_PER_GPU
         self.milli_values, self.milli_index = np.unique(milli, return_inverse=True)
         self.spans: BoolArray = np.fromiter(
-            (_spans_nodes(j) for j in self.jobs), dtype=bool, count=n
+            (spans_nodes(j) for j in self.jobs), dtype=bool, count=n
         )
         """Jobs whose ranks may go to several nodes: all on one GPU model."""
         self.alive: BoolArray = np.ones(n, dtype=bool)
         self.state = state
 
     def pressure(self) -> FloatArray:
-        """``_pressure`` of the jobs still alive, in queue order."""
+        """``pressure_by_model`` of the jobs still alive, in queue order."""
         alive = self.alive
         if alive.all():
-            return _pressure_of(self.allowed, self.demand, self.state)
-        return _pressure_of(self.allowed[alive], self.demand[alive], self.state)
+            return _pressure_from_demand(self.allowed, self.demand, self.state)
+        return _pressure_from_demand(self.allowed[alive], self.demand[alive], self.state)
 
-    def settle(self, job: _Job) -> None:
+    def settle(self, job: PreparedJob) -> None:
         self.alive[job.index] = False
 
-    def cannot_fit(self) -> list[tuple[_Job, int]]:
+    def cannot_fit(self) -> list[tuple[PreparedJob, int]]:
         """The alive jobs asking for more GPUs than their allowed models have with their
         milli free (a job that may span nodes: than one of its allowed models has), each
         with that count; they are no longer alive."""

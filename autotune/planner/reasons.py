@@ -9,11 +9,11 @@ import numpy as np
 from autotune.core import MILLI_PER_GPU
 from autotune.planner.arrays import BoolArray
 from autotune.planner.capacity import FreeCapacity
-from autotune.planner.jobs import _Job, _spans_nodes
+from autotune.planner.jobs import PreparedJob, spans_nodes
 
 
-def _waiting_reason(job: _Job, have: int, state: FreeCapacity) -> str:
-    if _spans_nodes(job) and int(job.allowed.sum()) > 1:
+def waiting_reason(job: PreparedJob, have: int, state: FreeCapacity) -> str:
+    if spans_nodes(job) and int(job.allowed.sum()) > 1:
         milli = job.spec.gpu_milli
         usable = state.usable_gpus_by_model(milli)
         ok = "free" if milli >= MILLI_PER_GPU else "have it"
@@ -31,7 +31,7 @@ def _waiting_reason(job: _Job, have: int, state: FreeCapacity) -> str:
     )
 
 
-def _unplaced_reason(job: _Job, state: FreeCapacity) -> str:
+def unplaced_reason(job: PreparedJob, state: FreeCapacity) -> str:
     """Which resource kept the job out, against the state it was given up in."""
     gpus, milli, cpu, mem = job.shape
     eligible = state.gpu_nodes & job.allowed[state.model_safe]

@@ -9,15 +9,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from autotune.core import JobConfig, JobSpec, NodeInfo, Placement
-from autotune.planner.capacity import FreeCapacity, _keep, _reserve
-from autotune.planner.costs import CostWeights, _CostModel
-from autotune.planner.feasibility import _prepare_all
-from autotune.planner.fragmentation import _workload_classes
-from autotune.planner.jobs import _block_sizes, _Job
-from autotune.planner.matching import _commit, _solve_round
-from autotune.planner.packing import _pack_greedy
-from autotune.planner.pending import _Pending
-from autotune.planner.reasons import _unplaced_reason, _waiting_reason
+from autotune.planner.capacity import FreeCapacity, keep_placement, reserve_placement
+from autotune.planner.costs import CostModel, CostWeights
+from autotune.planner.feasibility import prepare_all
+from autotune.planner.fragmentation import workload_classes
+from autotune.planner.jobs import PreparedJob, block_sizes
+from autotune.planner.matching import commit, solve_round
+from autotune.planner.packing import pack_greedy
+from autotune.planner.pending import PendingJobs
+from autotune.planner.reasons import unplaced_reason, waiting_reason
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,19 +67,19 @@ def plan(
     state = FreeCapacity(nodes)
     placements: dict[str, Placement] = {}
     kept: set[str] = set()
-    pending: list[_Job] = []
+    pending: list[PreparedJob] = []
     if reserved:
         by_id = {j.job_id: j for j in jobs}
         for job_id, fixed in reserved.items():
-            _reserve(state, by_id[job_id], fixed)
+            reserve_placement(state, by_id[job_id], fixed)
             placements[job_id] = fixed
             kept.add(job_id)
         jobs = [j for j in jobs if j.job_id not in reserved]
-    prepared, unplaced = _prepare_all(jobs, configs, state)
+    prepared, unplaced = prepare_all(jobs, configs, state)
     # Running jobs keep what still holds before anything new is placed.
     for job in prepared:
         placement = current.get(job.spec.job_id)
-        if placement is not None and _keep(job, placement, state):
+        if placement is not None and keep_placement(job, placement, state):
             placements[job.spec.job_id] = placement
             kept.add(job.spec.job_id)
         else:
@@ -96,14 +96,14 @@ def plan(
             total_cost=0.0,
             solve_s=time.perf_counter() - started,
         )
-    tracker = _Pending(pending, state)
+    tracker = PendingJobs(pending, state)
     # The cluster only fills from here on: a job asking for more GPUs than are free
     # for it now never fits in this plan.
     for job, have in tracker.cannot_fit():
-        unplaced[job.spec.job_id] = _waiting_reason(job, have, state)
-    queue: deque[_Job] = deque(job for job in pending if tracker.alive[job.index])
+        unplaced[job.spec.job_id] = waiting_reason(job, have, state)
+    queue: deque[PreparedJob] = deque(job for job in pending if tracker.alive[job.index])
     cost_model = (
-        _CostModel(state, _workload_classes(pending, len(state.models)), weights or CostWeights())
+        CostModel(state, workload_classes(pending, len(state.models)), weights or CostWeights())
         if queue
         else None
     )
@@ -115,15 +115,15 @@ def plan(
         while not alone and queue and units + queue[0].units <= round_size:
             units += queue[0].units
             batch.append(queue.popleft())
-        outcome = _solve_round(batch, cost_model, tracker.pressure())
+        outcome = solve_round(batch, cost_model, tracker.pressure())
         rounds += 1
         total_cost += outcome.cost
         matched = [(batch[p], outcome.nodes[p]) for p in sorted(outcome.nodes)]
-        for (job, _), placement in zip(matched, _commit(matched, cost_model), strict=True):
+        for (job, _), placement in zip(matched, commit(matched, cost_model), strict=True):
             placements[job.spec.job_id] = placement
             tracker.settle(job)
         reasons: dict[tuple[tuple[int, int, int, int], int, bytes], str] = {}
-        retry: list[_Job] = []
+        retry: list[PreparedJob] = []
         settled = False
         for position, job in enumerate(batch):
             if position in outcome.nodes:
@@ -134,13 +134,13 @@ def plan(
                 settled = True
                 smaller = [
                     b
-                    for b in _block_sizes(job, state.max_gpus_per_node(job.allowed))
+                    for b in block_sizes(job, state.max_gpus_per_node(job.allowed))
                     if b < job.block
                 ]
                 if smaller:
                     job.set_block(smaller[0])
                     retry.append(job)
-                elif (packed := _pack_greedy(job, state)) is not None:
+                elif (packed := pack_greedy(job, state)) is not None:
                     # 6. No equal blocks fit: the free GPUs as they are, before later jobs.
                     placements[job.spec.job_id] = packed
                     tracker.settle(job)
@@ -149,7 +149,7 @@ def plan(
                     key = (job.shape, job.units, job.allowed.tobytes())
                     reason = reasons.get(key)
                     if reason is None:
-                        reason = reasons[key] = _unplaced_reason(job, state)
+                        reason = reasons[key] = unplaced_reason(job, state)
                     unplaced[job.spec.job_id] = reason
                     tracker.settle(job)
             else:

@@ -32,12 +32,12 @@ from autotune.envs.presets import default_nodes
 from autotune.perf.memory import rank_memory
 from autotune.perf.model import effective_peak_tflops, shape_of
 from autotune.planner import UNPLACED_COST, CostWeights, FreeCapacity, first_fit, plan
-from autotune.planner.costs import _CostModel
-from autotune.planner.feasibility import _prepare_all
-from autotune.planner.fragmentation import _workload_classes
-from autotune.planner.jobs import _Job
-from autotune.planner.matching import _round_costs
-from autotune.planner.pending import _pressure
+from autotune.planner.costs import CostModel
+from autotune.planner.feasibility import prepare_all
+from autotune.planner.fragmentation import workload_classes
+from autotune.planner.jobs import PreparedJob
+from autotune.planner.matching import round_costs
+from autotune.planner.pending import pressure_by_model
 
 MODELS = ("A100", "T4", "V100M32")
 
@@ -528,7 +528,7 @@ def test_with_no_gpu_free_running_jobs_are_kept_and_no_round_runs() -> None:
 
 
 def reference_row(
-    job: _Job,
+    job: PreparedJob,
     unit: int,
     state: FreeCapacity,
     classes: list[tuple],  # type: ignore[type-arg]
@@ -612,7 +612,7 @@ def test_vectorised_round_costs_equal_the_per_unit_definition(
             if rng.random() < 0.4:
                 state.take(n, [g], rng.choice([300, 500, 1000]), 0, 0)
         state.take(n, [], 0, rng.choice([0, 1000, 4000]), rng.choice([0, 4096]))
-    prepared, _ = _prepare_all(jobs, {}, state)
+    prepared, _ = prepare_all(jobs, {}, state)
     assume(prepared)
     for job in prepared:
         if job.world > 1 and job.spec.max_nodes != 1:
@@ -631,7 +631,7 @@ def test_vectorised_round_costs_equal_the_per_unit_definition(
                 ),
             )
     weights = CostWeights(moving=rng.choice([0.0, 2.0, 3.5]))
-    c = _workload_classes(prepared, len(state.models))
+    c = workload_classes(prepared, len(state.models))
     classes = [
         (
             float(c.weight[k]),
@@ -643,8 +643,8 @@ def test_vectorised_round_costs_equal_the_per_unit_definition(
         )
         for k in range(len(c.weight))
     ]
-    pressure = _pressure(prepared, state)
-    costs = _round_costs(prepared, _CostModel(state, c, weights), pressure)
+    pressure = pressure_by_model(prepared, state)
+    costs = round_costs(prepared, CostModel(state, c, weights), pressure)
     unit_rows = costs.rows[costs.row_of]
     assert len(unit_rows) == sum(job.units for job in prepared)
     r = 0
