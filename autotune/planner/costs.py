@@ -40,12 +40,19 @@ class ShapeCosts:
     date lazily through the nodes' version counters."""
 
     def __init__(self, n_nodes: int) -> None:
-        self.delta: FloatArray = np.full(n_nodes, np.inf)
-        self.option: IntArray = np.full(n_nodes, -1, dtype=np.int64)
+        self.growth: FloatArray = np.full(n_nodes, np.inf)
+        """Fragmentation growth (milli) when a unit of the shape goes to the node; inf
+        where it cannot."""
+        self.best_gpu: IntArray = np.full(n_nodes, -1, dtype=np.int64)
+        """For a one-GPU shape, the GPU of the node the unit takes; -1 otherwise."""
         self.version: IntArray = np.full(n_nodes, -1, dtype=np.int64)
 
 
 class CostModel:
+    """The costs of units on nodes during one planning call, against its
+    ``FreeCapacity``: per request shape, the fragmentation growth on every node
+    (``ShapeCosts``); per job, its row of costs."""
+
     def __init__(self, state: FreeCapacity, classes: WorkloadClasses, weights: CostWeights) -> None:
         self.state = state
         self.classes = classes
@@ -59,8 +66,8 @@ class CostModel:
         self._usable: IntArray = np.zeros((n, k), dtype=np.int64)
         self._fragment: IntArray = np.zeros((n, k), dtype=np.int64)
         self._total: IntArray = np.zeros(n, dtype=np.int64)
-        self._closed: dict[int, BoolArray] = {}
-        self._last_before: tuple[tuple[bytes, bytes], FloatArray] | None = None
+        self._closed_nodes: dict[int, BoolArray] = {}
+        self._last_fragmentation_now: tuple[tuple[bytes, bytes], FloatArray] | None = None
 
     def shape_costs(self, shape: tuple[int, int, int, int]) -> ShapeCosts:
         entry = self.shapes.get(shape)
@@ -84,7 +91,7 @@ class CostModel:
             self._node_version[stale] = s.version[stale]
         return self._usable[nodes], self._fragment[nodes], self._total[nodes]
 
-    def _before(
+    def _fragmentation_now(
         self, nodes: IntArray, terms: tuple[IntArray, IntArray, IntArray], model: IntArray
     ) -> FloatArray:
         """``fragmentation`` of the nodes as they are now. The shapes of a round are
@@ -92,12 +99,13 @@ class CostModel:
         for the same nodes at the same versions."""
         s = self.state
         key = (nodes.tobytes(), s.version[nodes].tobytes())
-        if self._last_before is not None and self._last_before[0] == key:
-            return self._last_before[1]
+        last = self._last_fragmentation_now
+        if last is not None and last[0] == key:
+            return last[1]
         before = expected_fragment(
             *terms, s.free_cpu[nodes], s.free_mem[nodes], model, self.classes
         )
-        self._last_before = (key, before)
+        self._last_fragmentation_now = (key, before)
         return before
 
     def _refresh(
@@ -110,7 +118,7 @@ class CostModel:
         mem_left = s.free_mem[nodes] - mem
         model = s.model_of[nodes]
         terms = self._node_terms(nodes)
-        before = self._before(nodes, terms, model)
+        before = self._fragmentation_now(nodes, terms, model)
         host_ok = (cpu_left >= 0) & (mem_left >= 0)
         n, _width = free.shape
         if gpus == 1:
@@ -123,8 +131,8 @@ class CostModel:
             # Among the GPUs that grow fragmentation least, the one left with the least
             # free capacity (best fit), then the lowest index.
             tied = fits & (score <= score.min(axis=1, keepdims=True) + 1e-9)
-            option = np.argmin(np.where(tied, free - milli, MILLI_PER_GPU + 1), axis=1)
-            delta = score[np.arange(n), option]
+            best_gpu = np.argmin(np.where(tied, free - milli, MILLI_PER_GPU + 1), axis=1)
+            growth = score[np.arange(n), best_gpu]
         else:
             # Whole GPUs: any set of free GPUs gives the same node state up to order. A
             # whole free GPU is usable by every class and no fragment; once taken, it is
@@ -140,20 +148,20 @@ class CostModel:
                 model,
                 self.classes,
             )
-            delta = np.where(enough, after - before, np.inf)
-            option = np.full(n, -1, dtype=np.int64)
-        entry.delta[nodes] = np.where(host_ok, delta, np.inf)
-        entry.option[nodes] = option
+            growth = np.where(enough, after - before, np.inf)
+            best_gpu = np.full(n, -1, dtype=np.int64)
+        entry.growth[nodes] = np.where(host_ok, growth, np.inf)
+        entry.best_gpu[nodes] = best_gpu
         entry.version[nodes] = s.version[nodes]
 
-    def closed(self, job: PreparedJob) -> BoolArray:
+    def closed_nodes(self, job: PreparedJob) -> BoolArray:
         """Nodes the job's units can never use: no GPUs, or a model it may not use."""
-        found = self._closed.get(job.terms) if job.terms >= 0 else None
+        found = self._closed_nodes.get(job.terms_id) if job.terms_id >= 0 else None
         if found is None:
             s = self.state
             found = ~(s.gpu_nodes & job.allowed[s.model_safe])
-            if job.terms >= 0:
-                self._closed[job.terms] = found
+            if job.terms_id >= 0:
+                self._closed_nodes[job.terms_id] = found
         return found
 
     def base_row(self, job: PreparedJob, pressure: FloatArray) -> FloatArray:
@@ -168,8 +176,8 @@ class CostModel:
             + w.compute * job.compute * job.block
             + w.memory_headroom * job.headroom * job.block
         )
-        cost: FloatArray = w.fragmentation * entry.delta / MILLI_PER_GPU + per_model[s.model_safe]
-        cost[self.closed(job)] = np.inf
+        cost: FloatArray = w.fragmentation * entry.growth / MILLI_PER_GPU + per_model[s.model_safe]
+        cost[self.closed_nodes(job)] = np.inf
         return cost
 
     def moving(self, job: PreparedJob) -> FloatArray:

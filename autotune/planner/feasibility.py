@@ -24,11 +24,11 @@ _HEADROOM_LINE: Final = 0.9
 
 
 _Prepared = tuple[BoolArray, FloatArray, FloatArray, int, int]
-"""allowed, compute, headroom, first block size, terms id."""
+"""allowed, compute, headroom, first block size, terms id (``PreparedJob.terms_id``)."""
 
 
 class _Preparer:
-    """``_prepare`` with the work shared between jobs of equal requests: jobs that
+    """``_assess`` with the work shared between jobs of equal requests: jobs that
     differ only in id, priority and submission time get the same answer."""
 
     def __init__(self, state: FreeCapacity) -> None:
@@ -36,7 +36,7 @@ class _Preparer:
         self._results: dict[Hashable, _Prepared | str] = {}
         self._type_ok: dict[tuple[str, ...] | None, BoolArray] = {}
         self._hostable: dict[tuple[int, int, int], BoolArray] = {}
-        self._terms: dict[tuple[bytes, bytes, bytes], int] = {}
+        self._terms_ids: dict[tuple[bytes, bytes, bytes], int] = {}
         self._data_parallel: dict[int, JobConfig] = {}
 
     def config(self, spec: JobSpec, configs: Mapping[str, JobConfig]) -> JobConfig:
@@ -48,7 +48,7 @@ class _Preparer:
             found = self._data_parallel[spec.min_gpus] = JobConfig.data_parallel(spec.min_gpus)
         return found
 
-    def job(self, spec: JobSpec, config: JobConfig) -> tuple[PreparedJob | None, str]:
+    def prepare(self, spec: JobSpec, config: JobConfig) -> tuple[PreparedJob | None, str]:
         key: Hashable = (
             spec.model,
             spec.global_batch if spec.model is not None else 0,
@@ -66,14 +66,14 @@ class _Preparer:
         except TypeError:  # an unhashable field: no sharing
             key, found = None, None
         if found is None:
-            found = self._prepare(spec, config)
+            found = self._assess(spec, config)
             if key is not None:
                 if len(self._results) > 100_000:
                     self._results.clear()
                 self._results[key] = found
         if isinstance(found, str):
             return None, found
-        allowed, compute, headroom, block, terms = found
+        allowed, compute, headroom, block, terms_id = found
         job = PreparedJob(
             spec=spec,
             config=config,
@@ -81,7 +81,7 @@ class _Preparer:
             compute=compute,
             headroom=headroom,
             block=block,
-            terms=terms,
+            terms_id=terms_id,
         )
         return job, ""
 
@@ -113,7 +113,7 @@ class _Preparer:
             self._hostable[key] = found
         return found
 
-    def _prepare(self, spec: JobSpec, config: JobConfig) -> _Prepared | str:
+    def _assess(self, spec: JobSpec, config: JobConfig) -> _Prepared | str:
         """The job's per-model feasibility and cost terms, or the reason it cannot be
         placed. Per-model figures (memory, peak) come from the first node of each model."""
         state = self.state
@@ -181,8 +181,8 @@ class _Preparer:
             )
         allowed = allowed & hostable
         key = (allowed.tobytes(), compute.tobytes(), headroom.tobytes())
-        terms = self._terms.setdefault(key, len(self._terms))
-        return allowed, compute, headroom, block, terms
+        terms_id = self._terms_ids.setdefault(key, len(self._terms_ids))
+        return allowed, compute, headroom, block, terms_id
 
 
 _PREPARERS: dict[Hashable, _Preparer] = {}
@@ -232,7 +232,7 @@ def prepare_all(
     order = sorted(range(len(jobs)), key=lambda i: (-jobs[i].priority, jobs[i].submitted_at, i))
     for i in order:
         spec = jobs[i]
-        job, reason = preparer.job(spec, preparer.config(spec, configs))
+        job, reason = preparer.prepare(spec, preparer.config(spec, configs))
         if job is None:
             unplaced[spec.job_id] = reason
         else:

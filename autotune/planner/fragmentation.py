@@ -65,11 +65,13 @@ def workload_classes(jobs: Sequence[PreparedJob], n_models: int) -> WorkloadClas
     )
 
 
-def class_terms(free_milli: IntArray, c: WorkloadClasses) -> tuple[IntArray, IntArray, IntArray]:
+def class_terms(
+    free_milli: IntArray, classes: WorkloadClasses
+) -> tuple[IntArray, IntArray, IntArray]:
     """Per node state and class: GPUs with enough free milli for the class, the free
     milli of the others (the fragments), and the node's total free milli."""
     free = np.clip(free_milli, 0, None)
-    usable = free[:, None, :] >= c.milli[None, :, None]  # (K, M, G)
+    usable = free[:, None, :] >= classes.milli[None, :, None]  # (K, M, G)
     fragment = np.where(usable, 0, free[:, None, :]).sum(axis=2)
     return usable.sum(axis=2), fragment, free.sum(axis=1)
 
@@ -81,24 +83,24 @@ def expected_fragment(
     cpu: IntArray,
     mem: IntArray,
     model: IntArray,
-    c: WorkloadClasses,
+    classes: WorkloadClasses,
 ) -> FloatArray:
     """Expected fragment over the classes; leading axes broadcast, classes last.
     ``usable`` and ``fragment`` carry the class axis; ``total``, ``cpu``, ``mem`` and
     ``model`` do not."""
     fits = (
-        (usable >= c.gpus)
-        & (cpu[..., None] >= c.cpu)
-        & (mem[..., None] >= c.mem)
-        & c.allowed.T[model]
+        (usable >= classes.gpus)
+        & (cpu[..., None] >= classes.cpu)
+        & (mem[..., None] >= classes.mem)
+        & classes.allowed.T[model]
     )
     per_class = np.where(fits, fragment, total[..., None])
-    result: FloatArray = per_class.astype(np.float64) @ c.weight
+    result: FloatArray = per_class.astype(np.float64) @ classes.weight
     return result
 
 
 def fragmentation(
-    free_milli: IntArray, cpu: IntArray, mem: IntArray, model: IntArray, c: WorkloadClasses
+    free_milli: IntArray, cpu: IntArray, mem: IntArray, model: IntArray, classes: WorkloadClasses
 ) -> FloatArray:
     """Expected GPU capacity (milli) of each of K node states, (K, G) -> (K,), that a
     request drawn from the workload classes could not use.
@@ -106,8 +108,11 @@ def fragmentation(
     For a class the node can host (model allowed, enough GPUs with the free milli it
     asks per GPU, enough CPU and memory), the GPUs with less free than that are
     fragments; for a class it cannot host, all its free GPU capacity is.
+
+    The measure's definition in one call; the cost model computes it in parts, the
+    class terms kept per node (``class_terms``) and then ``expected_fragment``.
     """
-    return expected_fragment(*class_terms(free_milli, c), cpu, mem, model, c)
+    return expected_fragment(*class_terms(free_milli, classes), cpu, mem, model, classes)
 
 
 def fragmentation_one_gpu(
@@ -117,7 +122,7 @@ def fragmentation_one_gpu(
     cpu: IntArray,
     mem: IntArray,
     model: IntArray,
-    c: WorkloadClasses,
+    classes: WorkloadClasses,
 ) -> FloatArray:
     """``fragmentation`` of each node after ``milli`` is taken from each of its GPUs in
     turn, (K, G) -> (K, G), updating the node's class terms (``class_terms``) for the
@@ -125,8 +130,8 @@ def fragmentation_one_gpu(
     usable, fragment, total = terms
     before = np.clip(free_milli, 0, None)[:, :, None]  # (K, G, 1)
     after = before - milli
-    was = before >= c.milli
-    now = after >= c.milli
+    was = before >= classes.milli
+    now = after >= classes.milli
     return expected_fragment(
         usable[:, None, :] - was + now,
         fragment[:, None, :] - np.where(was, 0, before) + np.where(now, 0, after),
@@ -134,5 +139,5 @@ def fragmentation_one_gpu(
         cpu[:, None],
         mem[:, None],
         model[:, None],
-        c,
+        classes,
     )

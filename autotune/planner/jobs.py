@@ -23,7 +23,7 @@ class PreparedJob:
         "index",
         "shape",
         "spec",
-        "terms",
+        "terms_id",
         "unit_cpu",
         "unit_mem",
         "units",
@@ -39,7 +39,7 @@ class PreparedJob:
         compute: FloatArray,
         headroom: FloatArray,
         block: int,
-        terms: int = -1,
+        terms_id: int = -1,
     ) -> None:
         self.spec = spec
         self.config = config
@@ -49,9 +49,9 @@ class PreparedJob:
         """Per GPU model: compute-fit cost of one GPU."""
         self.headroom = headroom
         """Per GPU model: memory-headroom cost of one GPU."""
-        self.terms = terms
-        """Equal for jobs with equal ``allowed``, ``compute`` and ``headroom``: with equal
-        shapes, their units have equal costs everywhere."""
+        self.terms_id = terms_id
+        """An id equal for jobs with equal ``allowed``, ``compute`` and ``headroom``: with
+        equal shapes, their units have equal costs everywhere (-1: shared with none)."""
         self.world: int = config.world_size
         self.current: Placement | None = None
         self.index = -1

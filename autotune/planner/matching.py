@@ -49,12 +49,12 @@ def round_costs(
     job_row: list[int] = []
     distinct: dict[tuple[tuple[int, int, int, int], int], int] = {}
     for position, job in enumerate(batch):
-        key = (job.shape, job.terms)
-        base = distinct.get(key) if job.terms >= 0 else None
+        key = (job.shape, job.terms_id)
+        base = distinct.get(key) if job.terms_id >= 0 else None
         if base is None:
             base = len(rows)
             rows.append(cost_model.base_row(job, pressure))
-            if job.terms >= 0:
+            if job.terms_id >= 0:
                 distinct[key] = base
         job_row.append(base)
         owner.extend([position] * job.units)
@@ -258,7 +258,7 @@ def commit(
             if job.block == 1:
                 by_shape.setdefault(job.shape, []).extend(range(first_unit[i], first_unit[i + 1]))
         for shape, units in by_shape.items():
-            gpu[units] = cost_model.shapes[shape].option[node[units]]
+            gpu[units] = cost_model.shapes[shape].best_gpu[node[units]]
         rows = np.arange(len(node))[single]
         if (gpu[single] < 0).any() or (free[rows, gpu[single]] < milli[single]).any():
             raise ValueError("a matched GPU lacks the milli asked")
