@@ -189,8 +189,6 @@ _PREPARERS: dict[Hashable, _Preparer] = {}
 """Preparers by the cluster's static shape: what a job's request means for a cluster
 depends on its nodes' GPU models, memories and capacities only, not on what is free, so
 successive plans on one cluster (a daemon's ticks, an environment's steps) share it."""
-
-
 _MAX_PREPARERS = 8
 
 

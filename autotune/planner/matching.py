@@ -20,8 +20,6 @@ from autotune.planner.jobs import PreparedJob
 # Cost of leaving a unit unmatched in a round: far above any real entry (real entries
 # are a few GPU-equivalents), so the matching first maximises the units it places.
 UNPLACED_COST: Final = 1.0e6
-
-
 # Entries for impossible unit/node pairs: above UNPLACED_COST, never chosen over it.
 _INFEASIBLE: Final = 1.0e9
 
