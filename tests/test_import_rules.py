@@ -149,7 +149,7 @@ def test_the_core_imports_no_daemon_storage_or_command_line() -> None:
     core = [
         "core.py",
         "interfaces.py",
-        "planner.py",
+        "planner",
         "serde.py",
         "errors.py",
         "csvfile.py",

@@ -31,19 +31,13 @@ from autotune.core import (
 from autotune.envs.presets import default_nodes
 from autotune.perf.memory import rank_memory
 from autotune.perf.model import effective_peak_tflops, shape_of
-from autotune.planner import (
-    UNPLACED_COST,
-    ClusterState,
-    CostWeights,
-    _CostModel,
-    _Job,
-    _prepare_all,
-    _pressure,
-    _round_costs,
-    _workload_classes,
-    first_fit,
-    plan,
-)
+from autotune.planner import UNPLACED_COST, CostWeights, FreeCapacity, first_fit, plan
+from autotune.planner.costs import CostModel
+from autotune.planner.feasibility import prepare_all
+from autotune.planner.fragmentation import workload_classes
+from autotune.planner.jobs import PreparedJob
+from autotune.planner.matching import round_costs
+from autotune.planner.pending import pressure_by_model
 
 MODELS = ("A100", "T4", "V100M32")
 
@@ -534,9 +528,9 @@ def test_with_no_gpu_free_running_jobs_are_kept_and_no_round_runs() -> None:
 
 
 def reference_row(
-    job: _Job,
+    job: PreparedJob,
     unit: int,
-    state: ClusterState,
+    state: FreeCapacity,
     classes: list[tuple],  # type: ignore[type-arg]
     pressure: Sequence[float],
     weights: CostWeights,
@@ -611,14 +605,14 @@ def test_vectorised_round_costs_equal_the_per_unit_definition(
             JobSpec(job_id="m0", min_gpus=4, max_gpus=4, cpu_milli=4000, submitted_at=10),
             JobSpec(job_id="m1", min_gpus=2, max_gpus=2, gpu_types=("A100", "T4"), submitted_at=11),
         ]
-    state = ClusterState(nodes)
+    state = FreeCapacity(nodes)
     # Some capacity already taken, whole and shared GPUs.
     for n, node in enumerate(nodes):
         for g in range(node.gpu_count):
             if rng.random() < 0.4:
                 state.take(n, [g], rng.choice([300, 500, 1000]), 0, 0)
         state.take(n, [], 0, rng.choice([0, 1000, 4000]), rng.choice([0, 4096]))
-    prepared, _ = _prepare_all(jobs, {}, state)
+    prepared, _ = prepare_all(jobs, {}, state)
     assume(prepared)
     for job in prepared:
         if job.world > 1 and job.spec.max_nodes != 1:
@@ -637,7 +631,7 @@ def test_vectorised_round_costs_equal_the_per_unit_definition(
                 ),
             )
     weights = CostWeights(moving=rng.choice([0.0, 2.0, 3.5]))
-    c = _workload_classes(prepared, len(state.models))
+    c = workload_classes(prepared, len(state.models))
     classes = [
         (
             float(c.weight[k]),
@@ -649,8 +643,8 @@ def test_vectorised_round_costs_equal_the_per_unit_definition(
         )
         for k in range(len(c.weight))
     ]
-    pressure = _pressure(prepared, state)
-    costs = _round_costs(prepared, _CostModel(state, c, weights), pressure)
+    pressure = pressure_by_model(prepared, state)
+    costs = round_costs(prepared, CostModel(state, c, weights), pressure)
     unit_rows = costs.rows[costs.row_of]
     assert len(unit_rows) == sum(job.units for job in prepared)
     r = 0
