@@ -15,8 +15,14 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from planner_helpers import (
+    assert_valid,
+    cluster,
+    jobs_strategy,
+    nodes_strategy,
+    running,
+)
 
-from autotune.catalog.devices import node_info
 from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import (
     MILLI_PER_GPU,
@@ -28,9 +34,8 @@ from autotune.core import (
     PrecisionMap,
     RankSlot,
 )
-from autotune.envs.presets import default_nodes
 from autotune.perf.memory import rank_memory
-from autotune.perf.model import effective_peak_tflops, shape_of
+from autotune.perf.model import effective_peak_tflops
 from autotune.planner import UNPLACED_COST, CostWeights, FreeCapacity, first_fit, plan
 from autotune.planner.costs import CostModel
 from autotune.planner.feasibility import prepare_all
@@ -38,100 +43,6 @@ from autotune.planner.fragmentation import workload_classes
 from autotune.planner.jobs import PreparedJob
 from autotune.planner.matching import round_costs
 from autotune.planner.pending import pressure_by_model
-
-MODELS = ("A100", "T4", "V100M32")
-
-
-# --------------------------------------------------------------------------------------
-# An independent checker of placements
-# --------------------------------------------------------------------------------------
-
-
-def assert_valid(
-    jobs: Sequence[JobSpec],
-    nodes: Sequence[NodeInfo],
-    configs: dict[str, JobConfig],
-    placements: dict[str, Placement],
-) -> None:
-    by_id = {n.node_id: n for n in nodes}
-    milli: dict[tuple[str, int], int] = {}
-    cpu: dict[str, float] = {}
-    mem: dict[str, float] = {}
-    for job in jobs:
-        placement = placements.get(job.job_id)
-        if placement is None:
-            continue
-        config = configs.get(job.job_id) or JobConfig.data_parallel(job.min_gpus)
-        # gang: every rank of the config, each once
-        assert sorted(s.rank for s in placement.ranks) == list(range(config.world_size))
-        tp = config.layout.tp
-        for group in range(config.world_size // tp):
-            members = placement.ranks[group * tp : (group + 1) * tp]
-            assert len({s.node_id for s in members}) == 1, "a TP group spans nodes"
-        if job.max_nodes is not None:
-            assert len({s.node_id for s in placement.ranks}) <= job.max_nodes
-        for slot in placement.ranks:
-            node = by_id[slot.node_id]
-            assert slot.gpu_index < node.gpu_count
-            assert job.gpu_types is None or node.gpu_model in job.gpu_types
-            assert slot.gpu_milli == job.gpu_milli
-            if job.model is not None:
-                estimate = rank_memory(job.model, config, job.global_batch)
-                assert estimate.fits(node.gpu_memory_bytes, job.gpu_milli)
-            key = (slot.node_id, slot.gpu_index)
-            milli[key] = milli.get(key, 0) + slot.gpu_milli
-            cpu[slot.node_id] = cpu.get(slot.node_id, 0) + job.cpu_milli / config.world_size
-            mem[slot.node_id] = mem.get(slot.node_id, 0) + job.memory_mib / config.world_size
-    assert all(v <= 1000 for v in milli.values()), "a GPU is over-committed"
-    assert all(v <= by_id[n].cpu_milli + 1e-6 for n, v in cpu.items()), "CPU over-committed"
-    assert all(v <= by_id[n].memory_mib + 1e-6 for n, v in mem.items()), "memory over-committed"
-
-
-# --------------------------------------------------------------------------------------
-# Random instances
-# --------------------------------------------------------------------------------------
-
-
-@st.composite
-def nodes_strategy(draw: st.DrawFn, max_nodes: int = 4) -> list[NodeInfo]:
-    count = draw(st.integers(1, max_nodes))
-    return [
-        node_info(
-            f"n{i}",
-            gpu_model=draw(st.sampled_from(MODELS)),
-            gpu_count=draw(st.integers(1, 4)),
-            cpu_milli=draw(st.sampled_from([8000, 16000, 32000])),
-            memory_mib=draw(st.sampled_from([16384, 65536])),
-        )
-        for i in range(count)
-    ]
-
-
-@st.composite
-def job_strategy(draw: st.DrawFn, index: int) -> JobSpec:
-    shared = draw(st.booleans())
-    gpus = 1 if shared else draw(st.integers(1, 4))
-    types = draw(st.none() | st.sets(st.sampled_from(MODELS), min_size=1).map(tuple))
-    model = draw(st.sampled_from([None, "gpt-350m", "gpt-1.3b"]))
-    return JobSpec(
-        job_id=f"j{index}",
-        model=None if model is None else MODEL_CATALOG[model],
-        global_batch=8,
-        min_gpus=gpus,
-        max_gpus=gpus,
-        gpu_milli=draw(st.sampled_from([200, 450, 500, 700, 1000])) if shared else 1000,
-        gpu_types=types,
-        max_nodes=1,
-        cpu_milli=draw(st.sampled_from([0, 2000, 6000, 12000])),
-        memory_mib=draw(st.sampled_from([0, 8192, 32768])),
-        submitted_at=float(index),
-    )
-
-
-@st.composite
-def jobs_strategy(draw: st.DrawFn, max_jobs: int = 4) -> list[JobSpec]:
-    return [draw(job_strategy(i)) for i in range(draw(st.integers(1, max_jobs)))]
-
 
 # --------------------------------------------------------------------------------------
 # The oracle
@@ -319,13 +230,6 @@ def test_first_fit_obeys_the_same_constraints(nodes: list[NodeInfo], jobs: list[
     assert_valid(jobs, nodes, {}, result.placements)
 
 
-def cluster(*specs: tuple[str, int]) -> list[NodeInfo]:
-    return [
-        node_info(f"n{i}", gpu_model=model, gpu_count=gpus, cpu_milli=64000, memory_mib=262144)
-        for i, (model, gpus) in enumerate(specs)
-    ]
-
-
 def test_gang_all_ranks_or_none() -> None:
     nodes = cluster(("A100", 2))
     jobs = [
@@ -459,13 +363,6 @@ def test_unmatched_cost_exceeds_any_real_entry() -> None:
 # --------------------------------------------------------------------------------------
 # Waiting jobs and the vectorised rounds
 # --------------------------------------------------------------------------------------
-
-
-def running(job_id: str, node: str, gpus: Sequence[int]) -> Placement:
-    return Placement(
-        job_id=job_id,
-        ranks=tuple(RankSlot(rank=r, node_id=node, gpu_index=g) for r, g in enumerate(gpus)),
-    )
 
 
 def test_a_job_larger_than_the_free_gpus_waits_with_the_count_and_smaller_ones_still_fit() -> None:
@@ -654,181 +551,3 @@ def test_vectorised_round_costs_equal_the_per_unit_definition(
             expected = reference_row(job, unit, state, classes, pressure.tolist(), weights)
             assert unit_rows[r].tolist() == pytest.approx(expected, rel=1e-9, abs=1e-9)
             r += 1
-
-
-# --------------------------------------------------------------------------------------
-# One GPU model per job
-# --------------------------------------------------------------------------------------
-
-
-def models_of(placement: Placement, nodes: Sequence[NodeInfo]) -> set[str]:
-    by_id = {n.node_id: n for n in nodes}
-    return {by_id[node].gpu_model for node in placement.nodes}
-
-
-def test_a_multi_node_job_runs_on_one_gpu_model_of_a_partly_busy_mixed_cluster() -> None:
-    # default_nodes(): 2 x 8 A100, 8 V100M32, 2 x 4 T4. Running jobs leave 4 A100 GPUs
-    # free on each A100 node and none on the V100 node; the T4 nodes are free. The
-    # 8-GPU job cannot have one node, so it goes in two blocks of 4, and the 4-GPU job
-    # takes an A100 node first: 4 A100 + 4 T4 GPUs would run at T4 pace.
-    nodes = default_nodes()
-    model = MODEL_CATALOG["gpt-350m"]
-    jobs = [
-        JobSpec(job_id="ra", min_gpus=4, max_gpus=4, submitted_at=0),
-        JobSpec(job_id="rb", min_gpus=4, max_gpus=4, submitted_at=1),
-        JobSpec(job_id="rv", min_gpus=8, max_gpus=8, submitted_at=2),
-        JobSpec(job_id="big", model=model, global_batch=8, min_gpus=8, max_gpus=8, submitted_at=3),
-        JobSpec(
-            job_id="small", model=model, global_batch=8, min_gpus=4, max_gpus=4, submitted_at=4
-        ),
-    ]
-    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
-    current = {
-        "ra": running("ra", "a100-0", range(4)),
-        "rb": running("rb", "a100-1", range(4)),
-        "rv": running("rv", "v100-0", range(8)),
-    }
-    result = plan(jobs, nodes, configs, current)
-    assert set(result.placements) == {"ra", "rb", "rv", "big", "small"}
-    assert_valid(jobs, nodes, configs, result.placements)
-    big = result.placements["big"]
-    assert len(big.nodes) == 2
-    assert models_of(big, nodes) == {"T4"}
-    # Its pace is that of every one of its GPUs.
-    assert shape_of(big, {n.node_id: n for n in nodes}).gpu_model == "T4"
-    assert models_of(result.placements["small"], nodes) == {"A100"}
-
-
-def test_a_multi_node_job_takes_the_fastest_model_with_room_for_all_its_units() -> None:
-    nodes = default_nodes()
-    model = MODEL_CATALOG["gpt-350m"]
-    jobs = [
-        JobSpec(job_id="ra", min_gpus=4, max_gpus=4, submitted_at=0),
-        JobSpec(job_id="rb", min_gpus=4, max_gpus=4, submitted_at=1),
-        JobSpec(job_id="rv", min_gpus=4, max_gpus=4, submitted_at=2),
-        JobSpec(job_id="big", model=model, global_batch=8, min_gpus=8, max_gpus=8, submitted_at=3),
-    ]
-    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
-    current = {
-        "ra": running("ra", "a100-0", range(4)),
-        "rb": running("rb", "a100-1", range(4)),
-        "rv": running("rv", "v100-0", range(4)),
-    }
-    result = plan(jobs, nodes, configs, current)
-    assert models_of(result.placements["big"], nodes) == {"A100"}
-    assert_valid(jobs, nodes, configs, result.placements)
-
-
-def test_a_moving_multi_node_job_stays_on_one_model_and_keeps_a_node() -> None:
-    nodes = default_nodes()
-    model = MODEL_CATALOG["gpt-350m"]
-    jobs = [
-        JobSpec(job_id="ra", min_gpus=4, max_gpus=4, submitted_at=0),
-        JobSpec(job_id="rb", min_gpus=4, max_gpus=4, submitted_at=1),
-        JobSpec(job_id="rv", min_gpus=8, max_gpus=8, submitted_at=2),
-        JobSpec(job_id="grow", model=model, global_batch=8, min_gpus=4, max_gpus=8, submitted_at=3),
-    ]
-    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
-    configs["grow"] = JobConfig.data_parallel(8)  # from 4 GPUs to 8: it is placed anew
-    current = {
-        "ra": running("ra", "a100-0", range(4)),
-        "rb": running("rb", "a100-1", range(4)),
-        "rv": running("rv", "v100-0", range(8)),
-        "grow": running("grow", "a100-0", range(4, 8)),
-    }
-    result = plan(jobs, nodes, configs, current)
-    assert "grow" not in result.kept
-    grown = result.placements["grow"]
-    assert models_of(grown, nodes) == {"A100"}
-    assert "a100-0" in grown.nodes
-    assert_valid(jobs, nodes, configs, result.placements)
-
-
-def test_a_job_waits_when_no_single_model_has_room_though_the_gpus_exist_across_models() -> None:
-    # 8 GPUs are free, 6 A100 and 2 T4, but no model has 8 free.
-    nodes = default_nodes()
-    jobs = [
-        JobSpec(job_id="ra", min_gpus=8, max_gpus=8, submitted_at=0),
-        JobSpec(job_id="rb", min_gpus=2, max_gpus=2, submitted_at=1),
-        JobSpec(job_id="rv", min_gpus=8, max_gpus=8, submitted_at=2),
-        JobSpec(job_id="rt", min_gpus=6, max_gpus=6, submitted_at=3),
-        JobSpec(job_id="big", min_gpus=8, max_gpus=8, submitted_at=4),
-    ]
-    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
-    current = {
-        "ra": running("ra", "a100-0", range(8)),
-        "rb": running("rb", "a100-1", range(2)),
-        "rv": running("rv", "v100-0", range(8)),
-        "rt": Placement(
-            job_id="rt",
-            ranks=tuple(
-                RankSlot(rank=r, node_id=f"t4-{r // 4}", gpu_index=r % 4) for r in range(6)
-            ),
-        ),
-    }
-    result = plan(jobs, nodes, configs, current)
-    assert result.kept == {"ra", "rb", "rv", "rt"}
-    assert result.unplaced == {
-        "big": "no capacity: waiting for 8 GPU(s) of one model "
-        "(A100: 6 free, T4: 2 free, V100M32: 0 free)"
-    }
-    assert result.rounds == 0
-
-
-def test_a_job_whose_blocks_fit_no_single_model_is_unplaced_with_the_count_per_model() -> None:
-    # 8 A100 GPUs are free, as 6 + 2, and 6 T4, as 4 + 2: blocks of 4 ranks (tp=4) need
-    # two nodes with 4 free of one model; each model has one.
-    nodes = default_nodes()
-    jobs = [
-        JobSpec(job_id="ra", min_gpus=2, max_gpus=2, submitted_at=0),
-        JobSpec(job_id="rb", min_gpus=6, max_gpus=6, submitted_at=1),
-        JobSpec(job_id="rv", min_gpus=8, max_gpus=8, submitted_at=2),
-        JobSpec(job_id="rt", min_gpus=2, max_gpus=2, submitted_at=3),
-        JobSpec(job_id="tp", min_gpus=8, max_gpus=8, max_nodes=2, submitted_at=4),
-    ]
-    configs = {j.job_id: JobConfig.data_parallel(j.min_gpus) for j in jobs}
-    configs["tp"] = JobConfig(layout=Layout(world_size=8, tp=4))
-    current = {
-        "ra": running("ra", "a100-0", range(2)),
-        "rb": running("rb", "a100-1", range(6)),
-        "rv": running("rv", "v100-0", range(8)),
-        "rt": running("rt", "t4-1", range(2)),
-    }
-    result = plan(jobs, nodes, configs, current)
-    assert result.unplaced == {
-        "tp": "no capacity: needs 2 node(s) with 4 free GPU(s) of one allowed model; "
-        "A100: 1, T4: 1, V100M32: 0 have it"
-    }
-
-
-@settings(max_examples=80, deadline=None)
-@given(
-    nodes=nodes_strategy(max_nodes=6),
-    pods=jobs_strategy(max_jobs=4),
-    sizes=st.lists(st.integers(2, 8), min_size=1, max_size=4),
-    typed=st.booleans(),
-)
-def test_every_multi_node_job_is_placed_on_one_gpu_model(
-    nodes: list[NodeInfo], pods: list[JobSpec], sizes: list[int], typed: bool
-) -> None:
-    spanning = [
-        JobSpec(
-            job_id=f"m{i}",
-            model=MODEL_CATALOG["gpt-350m"] if i % 2 else None,
-            global_batch=8 * size,
-            min_gpus=size,
-            max_gpus=size,
-            gpu_types=("A100", "T4") if typed and i % 2 == 0 else None,
-            cpu_milli=1000 * size,
-            submitted_at=0.5 + i,
-        )
-        for i, size in enumerate(sizes)
-    ]
-    jobs = [*pods, *spanning]
-    result = plan(jobs, nodes, {}, round_size=4)
-    assert set(result.placements) | set(result.unplaced) == {j.job_id for j in jobs}
-    assert_valid(jobs, nodes, {}, result.placements)
-    for job in spanning:
-        placement = result.placements.get(job.job_id)
-        if placement is not None:
-            assert len(models_of(placement, nodes)) == 1, placement
