@@ -1,6 +1,6 @@
 """The transition log: what offline learning needs of every decision round the learned
 policy takes in the daemon (``autotune replay export`` reads it back). The command line
-hands one to the daemon (``Daemon.transitions``, the loop's ``Recorder``).
+hands one to the daemon (``DaemonParts.transitions``, the loop's ``Recorder``).
 
 Each tick the acting policy decides, one ``transitions`` row is written in the same
 transaction as the round's decisions: the encoded observation, per acted slot the job,

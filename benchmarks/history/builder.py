@@ -244,7 +244,7 @@ class History:
         )
 
     def _fallback_core(self, template: Template, error: str, began_s: float, now_s: float) -> str:
-        # The daemon's wording (autotune.daemon.loop's fallback): failed ticks, the error.
+        # The daemon's wording (autotune.daemon.tick's fallback): failed ticks, the error.
         failed = FALLBACK_AFTER + int((now_s - began_s) / self.tick_s)
         why = f"{failed} consecutive failed ticks ({error}); deciding with rules"
         return f"{why}: {template.core}"
