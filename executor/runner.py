@@ -39,7 +39,7 @@ import torch
 
 from autotune.core import JobConfig, Placement
 from autotune.executor.cluster import node_name, ray_node_id
-from autotune.executor.parallel import ParallelError
+from autotune.executor.errors import ParallelError
 from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
 from autotune.executor.worker import RankWorker, WorkerSpec
 

@@ -52,20 +52,14 @@ from autotune.executor.compression import (
     named_powersgd_hook,
     stop_counting_powersgd_traffic,
 )
-from autotune.executor.parallel import (
-    BuiltStage,
-    ParallelError,
-    StageModule,
-    apply_activation_checkpointing,
-    apply_tensor_parallel,
-    build_stage,
-    derive_split_points,
-    find_blocks,
-    parameter_bytes,
-    replay,
-)
+from autotune.executor.errors import ParallelError
+from autotune.executor.parallelize import apply_activation_checkpointing
+from autotune.executor.pipeline import StageModule, replay
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
+from autotune.executor.stage_build import BuiltStage, build_stage, parameter_bytes
+from autotune.executor.stage_plan import derive_split_points, find_blocks
 from autotune.executor.tasks import TrainingTask, count_samples, load_task
+from autotune.executor.tensor_parallel import apply_tensor_parallel
 
 __all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts", "merge_rank_states"]
 

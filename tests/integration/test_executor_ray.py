@@ -13,7 +13,7 @@ import ray
 from helpers import REPO, train
 
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
-from autotune.executor.parallel import ParallelError
+from autotune.executor.errors import ParallelError
 from autotune.executor.runner import JobRunner
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
