@@ -1,4 +1,5 @@
-"""Pipeline parallelism: a stage's forward over the model's whole module tree.
+"""Pipeline parallelism: a stage's forward over the model's whole module tree, and the
+schedule that runs the stages (``torch.distributed.pipelining``'s GPipe).
 
 Each stage keeps the whole module tree (the names the checkpoints, the tensor-parallel
 plan and the precision classes use), and runs the model's own forward: blocks outside
@@ -23,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from autotune.executor.errors import ParallelError
+from autotune.executor.stage_plan import StagePlan
 
-__all__ = ["StageModule", "replay"]
+__all__ = ["StageModule", "build_schedule", "replay", "stage_module"]
 
 
 def _passthrough(x: Any, *args: Any, **kwargs: Any) -> Any:
@@ -54,6 +56,10 @@ class StageModule(nn.Module):
     ) -> None:
         super().__init__()
         self.model = model
+        self.span = span
+        """The indices of the blocks this stage runs."""
+        self.own_blocks = tuple(blocks[i] for i in span)
+        """The blocks this stage runs (a tuple: not registered as submodules again)."""
         self.first = span.start == 0
         self.last = last
         self.prefix_context = prefix_context
@@ -117,6 +123,64 @@ class StageModule(nn.Module):
                 "connection around the block stack) or a parameter of another stage"
             )
         return out
+
+
+def stage_module(
+    model: nn.Module,
+    plan: StagePlan,
+    stage: int,
+    *,
+    prefix_context: Callable[[], AbstractContextManager[Any]] | None = None,
+) -> StageModule:
+    """Pipeline stage ``stage`` of ``model`` as ``plan`` splits it (``plan.parent``, the
+    block stack, and ``plan.ranges[stage]``, its blocks)."""
+    if plan.parent is None:
+        raise ValueError("a single-stage plan has no block stack to split")
+    blocks = dict(model.named_modules())[plan.parent]
+    assert isinstance(blocks, nn.ModuleList)
+    return StageModule(
+        model,
+        blocks,
+        plan.ranges[stage],
+        last=stage == plan.stages - 1,
+        prefix_context=prefix_context,
+    )
+
+
+def build_schedule(
+    module: nn.Module,
+    *,
+    stage: int,
+    stages: int,
+    device: torch.device,
+    group: Any,
+    micro_batches: int,
+    loss_fn: Callable[[Tensor, Tensor], Tensor],
+    unwatched: Callable[[], AbstractContextManager[Any]],
+) -> Any:
+    """GPipe over the pipeline's process ``group``: this rank runs stage ``stage`` of
+    ``stages`` (``module``, the ``StageModule``, DDP-wrapped or not), ``micro_batches``
+    per step, and the last stage's ``loss_fn(output, target)``. ``unwatched()`` is
+    entered around the stage's shape inference (see below)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    pipeline_stage = PipelineStage(module, stage, stages, device, group=group)
+    # The stage infers shapes by running its module on uninitialised tensors: what those
+    # produce is not watched for NaN/Inf.
+    inference = getattr(pipeline_stage, "_forward_metadata_inference", None)
+    if inference is not None:
+
+        def quiet_inference(*args: Any, **kwargs: Any) -> Any:
+            with unwatched():
+                return inference(*args, **kwargs)
+
+        pipeline_stage._forward_metadata_inference = quiet_inference  # type: ignore[method-assign]
+    return ScheduleGPipe(
+        pipeline_stage,
+        n_microbatches=micro_batches,
+        loss_fn=loss_fn,
+        scale_grads=True,
+    )
 
 
 def replay(output: Tensor) -> nn.Module:
