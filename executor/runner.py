@@ -40,6 +40,7 @@ import torch
 from autotune.core import JobConfig, Placement
 from autotune.executor.cluster import node_name, ray_node_id
 from autotune.executor.errors import ParallelError
+from autotune.executor.reports import RankStep, distinct_events
 from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
 from autotune.executor.worker import RankWorker, WorkerSpec
 
@@ -495,7 +496,7 @@ class JobRunner:
                 raise _WorkerDied(_first_line(exc)) from None
         return list(ray.get(refs))
 
-    def _step_all(self) -> list[dict[str, Any]]:
+    def _step_all(self) -> list[RankStep]:
         return self._wait_all(
             [w.step.remote() for w in self.workers], timeout_s=self.run_config.step_timeout_s
         )
@@ -589,16 +590,16 @@ class JobRunner:
 
     # ----------------------------------------------------------------- metrics
 
-    def _record(self, metrics: list[dict[str, Any]], *, wall_s: float) -> None:
-        """Account one step: ``metrics`` from every rank, ``wall_s`` the step's wall time
+    def _record(self, reports: list[RankStep], *, wall_s: float) -> None:
+        """Account one step: ``reports`` from every rank, ``wall_s`` the step's wall time
         as the job sees it (from asking the ranks to step to the last one's answer)."""
-        losses = [m["loss"] for m in metrics if m["loss"] is not None]
-        step_time = max(m["step_time_s"] for m in metrics)
+        losses = [r.loss for r in reports if r.loss is not None]
+        step_time = max(r.step_time_s for r in reports)
         result = self._result
         if losses:
             result.losses.append(sum(losses) / len(losses))
         result.step_times_s.append(step_time)
-        samples = self.samples_per_step or sum(m["samples"] or 0 for m in metrics)
+        samples = self.samples_per_step or sum(r.samples or 0 for r in reports)
         if samples < 1:
             raise ExecutorError(
                 f"step {self.step}: the task's batches held no samples "
@@ -607,32 +608,26 @@ class JobRunner:
         result.samples.append(samples)
         result.wall_times_s.append(wall_s)
         rate = samples / wall_s
-        result.bytes_sent += sum(m["bytes_sent"] for m in metrics)
-        result.bytes_dense += sum(m["bytes_dense"] for m in metrics)
+        sent = sum(r.bytes_sent for r in reports)
+        dense = sum(r.bytes_dense for r in reports)
+        result.bytes_sent += sent
+        result.bytes_dense += dense
         result.peak_memory_bytes = max(
-            result.peak_memory_bytes, *(m["peak_memory_bytes"] for m in metrics)
+            result.peak_memory_bytes, *(r.peak_memory_bytes for r in reports)
         )
-        power = [m["power_watts"] for m in metrics if m["power_watts"] is not None]
+        power = [r.power_watts for r in reports if r.power_watts is not None]
         if power:
             result.power_watts.append(sum(power))
-        seen = set()
-        for m in metrics:
-            for event in m["events"]:
-                key = (event["step"], event["kind"], event.get("module_class"))
-                if key not in seen:  # every rank reports the agreed events
-                    seen.add(key)
-                    result.events.append(event)
+        result.events.extend(distinct_events(reports))  # every rank reports the agreed ones
         self._last = {
             "step": self.step,
             "loss": result.losses[-1] if losses else None,
             "step_time_s": step_time,
             "samples_per_s": rate,
             **({"tokens_per_s": rate * self.tokens_per_sample} if self.tokens_per_sample else {}),
-            "bytes_sent": sum(m["bytes_sent"] for m in metrics),
-            "bytes_dense": sum(m["bytes_dense"] for m in metrics),
-            "nan_events": sum(
-                1 for m in metrics[:1] for e in m["events"] if e["kind"] == "nonfinite"
-            ),
+            "bytes_sent": sent,
+            "bytes_dense": dense,
+            "nan_events": sum(1 for r in reports[:1] for e in r.events if e["kind"] == "nonfinite"),
             "peak_memory_bytes": result.peak_memory_bytes,
             "power_watts": sum(power) if power else None,
         }

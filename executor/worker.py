@@ -9,6 +9,7 @@ process group and device mesh, builds its pipeline stage's part of the model, ap
 precision map, makes the stage a ``StageModule`` (pp > 1), makes it parallel
 (``parallelize``: tensor parallelism, activation checkpointing, data parallelism), then
 makes the optimizer, restores the checkpoint and builds the pipeline schedule (pp > 1).
+Each step it reports a ``RankStep``.
 
 A rank of pipeline stage ``s`` holds stage ``s``'s parameters only (``build_stage``):
 the rest of the model is a skeleton on the ``meta`` device. Its part of a checkpoint
@@ -52,6 +53,7 @@ from autotune.executor.mesh import RankCoordinates, init_mesh
 from autotune.executor.parallelize import parallelize
 from autotune.executor.pipeline import StageModule, build_schedule, replay, stage_module
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
+from autotune.executor.reports import RankStep
 from autotune.executor.stage_build import BuiltStage, build_stage, parameter_bytes
 from autotune.executor.stage_plan import derive_split_points
 from autotune.executor.tasks import TrainingTask, count_samples, load_task
@@ -449,7 +451,7 @@ class RankWorker:
             total += float(loss.detach())
         return total
 
-    def step(self) -> dict[str, Any]:
+    def step(self) -> RankStep:
         from autotune.kernels import use_backend
 
         start = time.perf_counter()
@@ -505,19 +507,19 @@ class RankWorker:
         # One rank per data-parallel replica counts its share of the batch (tensor- and
         # pipeline-parallel peers see the same samples).
         counts = self.pp_index == 0 and self.tp_index == 0
-        return {
-            "samples": count_samples(batch) if counts else None,
-            "rank": self.rank,
-            "step": self.step_count,
-            "loss": loss if reports_loss else None,
-            "step_time_s": elapsed,
-            "bytes_sent": int(sent),
-            "bytes_dense": int(dense),
-            "events": events,
-            "peak_memory_bytes": self._peak_memory(),
-            "power_watts": gpu_power_watts(0) if self.spec.device == "cuda" else None,
-            "fp8_mode": self.precision.fp8_mode if self.precision.uses_fp8 else None,
-        }
+        return RankStep(
+            samples=count_samples(batch) if counts else None,
+            rank=self.rank,
+            step=self.step_count,
+            loss=loss if reports_loss else None,
+            step_time_s=elapsed,
+            bytes_sent=int(sent),
+            bytes_dense=int(dense),
+            events=tuple(events),
+            peak_memory_bytes=self._peak_memory(),
+            power_watts=gpu_power_watts(0) if self.spec.device == "cuda" else None,
+            fp8_mode=self.precision.fp8_mode if self.precision.uses_fp8 else None,
+        )
 
     def _peak_memory(self) -> int:
         if self.spec.device == "cuda":

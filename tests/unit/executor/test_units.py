@@ -350,7 +350,7 @@ def run_one_rank(config_kwargs: dict[str, object], steps: int = 3) -> list[float
         port = s.getsockname()[1]
     worker.setup("127.0.0.1", port)
     try:
-        losses = [worker.step()["loss"] for _ in range(steps)]
+        losses = [worker.step().loss for _ in range(steps)]
         if config.precision.optimizer_state == "bf16":
             for state in worker.optimizer.state.values():
                 moment = state["exp_avg"]
