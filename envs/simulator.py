@@ -33,7 +33,7 @@ Provisioning may **park** idle nodes (``park``): a parked node draws
 ``parked_power_fraction`` of its GPUs' TDP (0: powered off) and jobs cannot use it; one
 woken (``wake``) draws idle power and becomes usable ``wake_s`` later.
 
-Measurements: each running job reports its step time (``metrics["step_time_s"]``) with
+Measurements: each running job reports its step time (``metrics.step_time_s``) with
 ``MEASUREMENT_NOISE`` (when ``noise``), as a backend that trains it would; the daemon
 fits each job's throughput model online from these reports.
 """
@@ -60,7 +60,7 @@ from autotune.core import (
     PrecisionMap,
 )
 from autotune.envs.presets import default_nodes
-from autotune.interfaces import ClusterSnapshot, JobStatus, JobSubmission
+from autotune.interfaces import ClusterSnapshot, JobMetrics, JobStatus, JobSubmission
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import (
     DEFAULT_COEFFICIENTS,
@@ -598,7 +598,7 @@ class SimulatedCluster:
                     placement=None,
                     samples_per_s=0.0,
                     finished_s=self.now,
-                    metrics={"oom": 1.0},
+                    metrics=JobMetrics(oom=True),
                 )
                 continue
             rate = est.divergence_per_hour * run_s / 3600
@@ -636,12 +636,12 @@ class SimulatedCluster:
             job.goodput = goodput
             if self.config.noise:  # what a backend measures: the step, give or take
                 step_s *= float(np.exp(self._measure.normal(0.0, MEASUREMENT_NOISE)))
-            metrics = {
-                "goodput": goodput,
-                "power_watts": est.power_watts,
-                "step_time_s": step_s,
-                "nan_events": float(job.nan_events),
-            }
+            metrics = JobMetrics(
+                goodput=goodput,
+                power_watts=est.power_watts,
+                step_time_s=step_s,
+                nan_events=job.nan_events,
+            )
             if gained >= need:
                 used = used_s + (dt - run_s) if used_s is not None else dt
                 share = need / job.reference_goodput / dt

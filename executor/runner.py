@@ -43,6 +43,7 @@ from autotune.executor.errors import ParallelError
 from autotune.executor.reports import RankStep, distinct_events
 from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
 from autotune.executor.worker import RankWorker, WorkerSpec
+from autotune.interfaces import JobMetrics
 
 __all__ = [
     "ExecutorError",
@@ -236,8 +237,8 @@ class JobRunner:
     rank; ``None`` lets Ray pack the ranks) for ``run_config.steps`` steps.
 
     ``on_step(runner, step, metrics)`` is called after every step (from the training
-    thread); ``apply`` may be called from it or from any thread and takes effect before
-    the next step.
+    thread) with what the step measured (``JobMetrics``); ``apply`` may be called from it
+    or from any thread and takes effect before the next step.
     """
 
     def __init__(
@@ -246,7 +247,7 @@ class JobRunner:
         config: JobConfig,
         *,
         placement: Placement | None = None,
-        on_step: Callable[[JobRunner, int, dict[str, Any]], None] | None = None,
+        on_step: Callable[[JobRunner, int, JobMetrics], None] | None = None,
     ) -> None:
         probe = load_task(run_config.task, batch_size=run_config.batch_size)  # fail fast
         # Global samples per step the task declares; None: counted from its batches.
@@ -619,18 +620,17 @@ class JobRunner:
         if power:
             result.power_watts.append(sum(power))
         result.events.extend(distinct_events(reports))  # every rank reports the agreed ones
-        self._last = {
-            "step": self.step,
-            "loss": result.losses[-1] if losses else None,
-            "step_time_s": step_time,
-            "samples_per_s": rate,
-            **({"tokens_per_s": rate * self.tokens_per_sample} if self.tokens_per_sample else {}),
-            "bytes_sent": sent,
-            "bytes_dense": dense,
-            "nan_events": sum(1 for r in reports[:1] for e in r.events if e["kind"] == "nonfinite"),
-            "peak_memory_bytes": result.peak_memory_bytes,
-            "power_watts": sum(power) if power else None,
-        }
+        self._last = JobMetrics(
+            loss=result.losses[-1] if losses else None,
+            step_time_s=step_time,
+            samples_per_s=rate,
+            tokens_per_s=rate * self.tokens_per_sample if self.tokens_per_sample else None,
+            bytes_sent=sent,
+            bytes_dense=dense,
+            nan_events=sum(1 for r in reports[:1] for e in r.events if e["kind"] == "nonfinite"),
+            peak_memory_bytes=result.peak_memory_bytes,
+            power_watts=sum(power) if power else None,
+        )
 
 
 def _check_countable(task: Any, run: RunnerConfig, dp: int) -> None:

@@ -874,7 +874,7 @@ def _measured(jobs: Sequence[JobStatus]) -> list[tuple[str, float, str | None]]:
     return [
         (f"job_{name}", float(value), job.spec.job_id)
         for job in jobs
-        for name, value in sorted(job.metrics.items())
+        for name, value in job.metrics.measured()
         if name != "goodput"
     ]
 
