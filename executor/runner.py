@@ -1,6 +1,7 @@
 """Runs one job on Ray: one actor per rank, in a placement group whose bundles are pinned
-to the nodes the Planner chose; checkpoints, restarts after a rank dies, and reconfigures
-a running job (``apply``) without losing its step or optimizer state.
+to the nodes the Planner chose and ask for the GPU share it chose, each rank on the GPU it
+chose (``placement``); checkpoints, restarts after a rank dies, and reconfigures a running
+job (``apply``) without losing its step or optimizer state.
 
 A rank that dies is restarted from the newest checkpoint on the same nodes; when one of
 those nodes is gone (Ray declares it dead: a killed raylet, a lost machine), ``run`` raises
@@ -40,6 +41,7 @@ import torch
 from autotune.core import JobConfig, Placement
 from autotune.executor.cluster import node_name, ray_node_id
 from autotune.executor.errors import ParallelError
+from autotune.executor.placement import bundle_totals, describe_bundles, rank_resources
 from autotune.executor.reports import RankStep, distinct_events
 from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
 from autotune.executor.worker import RankWorker, WorkerSpec
@@ -381,7 +383,8 @@ class JobRunner:
         world = config.world_size
         run = self.run_config
         gpu = run.device == "cuda"
-        bundles = [{"CPU": 1.0, **({"GPU": 1.0} if gpu else {})} for _ in range(world)]
+        ranks = rank_resources(world, placement, gpu=gpu)
+        bundles = [dict(r.bundle) for r in ranks]
         selectors = None
         if placement is not None:
             selectors = [{NODE_ID_LABEL: ray_node_id(slot.node_id)} for slot in placement.ranks]
@@ -389,14 +392,14 @@ class JobRunner:
         if lost:
             raise NodeLost(lost, self.step)
         total = ray.cluster_resources()  # type: ignore[no-untyped-call]
-        for resource in bundles[0]:
-            if total.get(resource, 0) < world * bundles[0][resource]:
+        for resource, need in bundle_totals(bundles).items():
+            if total.get(resource, 0) < need:
                 raise ExecutorError(
-                    f"the job needs {world} ranks with {bundles[0]} each, but the Ray cluster "
-                    f"has {total.get(resource, 0):g} {resource} in all"
+                    f"the job needs {world} ranks with {describe_bundles(bundles)}, but the "
+                    f"Ray cluster has {total.get(resource, 0):g} {resource} in all"
                 )
         self._group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
-        self._await_group(world, bundles[0])
+        self._await_group(world, bundles)
         spec = WorkerSpec(
             task=run.task,
             config=config,
@@ -406,20 +409,22 @@ class JobRunner:
             kernel_backend="auto" if gpu else "reference",
             learning_rate=run.learning_rate,
         )
-        env = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
+        passed = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
         actor = ray.remote(RankWorker)
-        self.workers = [
-            actor.options(
-                num_cpus=1,
-                num_gpus=1 if gpu else 0,
-                max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._group, placement_group_bundle_index=rank
-                ),
-                runtime_env={"env_vars": env} if env else None,
-            ).remote(rank, spec)
-            for rank in range(world)
-        ]
+        self.workers = []
+        for rank, resources in enumerate(ranks):
+            env = {**passed, **resources.env_vars}
+            self.workers.append(
+                actor.options(
+                    num_cpus=1,
+                    num_gpus=resources.num_gpus,
+                    max_restarts=0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self._group, placement_group_bundle_index=rank
+                    ),
+                    runtime_env={"env_vars": env} if env else None,
+                ).remote(rank, spec, cuda_index=resources.cuda_index or 0)
+            )
         try:
             where = ray.get([w.where.remote() for w in self.workers])
             address, port = ray.get(self.workers[0].rendezvous.remote())
@@ -433,7 +438,7 @@ class JobRunner:
         self._result.placement = [{"rank": w["rank"], "node": node_name(w["node"])} for w in where]
         self.step = int(state["step"]) if state is not None else 0
 
-    def _await_group(self, world: int, bundle: dict[str, float]) -> None:
+    def _await_group(self, world: int, bundles: list[dict[str, float]]) -> None:
         """Wait for Ray to reserve the placement group. A group pinned to a node that is
         gone never becomes ready: Ray's node table is read meanwhile, and ``NodeLost``
         raised as soon as it says one of the placement's nodes is dead (a killed raylet
@@ -456,8 +461,8 @@ class JobRunner:
                 wanted = "the nodes asked for" if placement is not None else "the cluster"
                 self._remove_group()
                 raise ExecutorError(
-                    f"could not reserve {world} rank slots ({bundle} each) on {wanted} "
-                    f"within {run.placement_timeout_s:.0f} s"
+                    f"could not reserve {world} rank slots ({describe_bundles(bundles)}) on "
+                    f"{wanted} within {run.placement_timeout_s:.0f} s"
                 )
 
     def _lost_nodes(self) -> list[str]:

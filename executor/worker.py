@@ -52,6 +52,7 @@ from autotune.executor.errors import ParallelError
 from autotune.executor.mesh import RankCoordinates, init_mesh
 from autotune.executor.parallelize import parallelize
 from autotune.executor.pipeline import StageModule, build_schedule, replay, stage_module
+from autotune.executor.placement import nvml_index
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
 from autotune.executor.reports import RankStep
 from autotune.executor.stage_build import BuiltStage, build_stage, parameter_bytes
@@ -147,9 +148,14 @@ def _local_part(full: Tensor, like: Tensor) -> Tensor:
 
 
 class RankWorker:
-    def __init__(self, rank: int, spec: WorkerSpec) -> None:
+    """Rank ``rank`` of the job ``spec`` describes. ``cuda_index``: the CUDA device it
+    computes on where ``spec.device`` is ``cuda``, among those its process sees (the
+    Planner's GPU index, or 0 where Ray made one GPU visible; ``placement``)."""
+
+    def __init__(self, rank: int, spec: WorkerSpec, *, cuda_index: int = 0) -> None:
         self.rank = rank
         self.spec = spec
+        self.cuda_index = cuda_index
         layout = spec.config.layout
         self.pp, self.dp, self.tp = layout.pp, layout.dp, layout.tp
         where = RankCoordinates.of(rank, layout)
@@ -237,12 +243,15 @@ class RankWorker:
         }
 
     def _select_device(self) -> torch.device:
-        """The device this rank computes on, made current (before the process group
-        starts, so that NCCL binds to it)."""
+        """The device this rank computes on, made current: on ``cuda``, GPU
+        ``cuda_index`` of those the process sees (before the process group starts, so
+        that NCCL binds to it)."""
+        self._nvml_index: int | None = None
         if self.spec.device != "cuda":
             return torch.device("cpu")
-        torch.cuda.set_device(0)  # Ray gives each actor its own visible GPU
-        return torch.device("cuda", 0)
+        torch.cuda.set_device(self.cuda_index)
+        self._nvml_index = nvml_index(self.cuda_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return torch.device("cuda", self.cuda_index)
 
     def _build_stage(self, state: dict[str, Any] | None) -> BuiltStage:
         """The model with this rank's stage's parameters only (all of them when pp = 1),
@@ -517,7 +526,7 @@ class RankWorker:
             bytes_dense=int(dense),
             events=tuple(events),
             peak_memory_bytes=self._peak_memory(),
-            power_watts=gpu_power_watts(0) if self.spec.device == "cuda" else None,
+            power_watts=gpu_power_watts(self._nvml_index) if self._nvml_index is not None else None,
             fp8_mode=self.precision.fp8_mode if self.precision.uses_fp8 else None,
         )
 
