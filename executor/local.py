@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
+from autotune.executor.checkpoint import merge_rank_states
 from autotune.executor.reports import RankStep, distinct_events
-from autotune.executor.worker import RankWorker, WorkerSpec, _free_port, merge_rank_states
+from autotune.executor.worker import RankWorker, WorkerSpec, _free_port
 
 __all__ = ["LocalRun", "run_local", "single_rank"]
 

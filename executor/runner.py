@@ -564,7 +564,7 @@ class JobRunner:
     def _gather_state(self) -> dict[str, Any]:
         """The job's checkpoint: every rank's part (each pipeline stage's own weights, every
         data-parallel rank's compression state) joined by ``merge_rank_states``."""
-        from autotune.executor.worker import merge_rank_states
+        from autotune.executor.checkpoint import merge_rank_states
 
         return merge_rank_states(self._wait_all([w.state.remote() for w in self.workers]))
 

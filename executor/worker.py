@@ -14,8 +14,8 @@ Each step it reports a ``RankStep``.
 A rank of pipeline stage ``s`` holds stage ``s``'s parameters only (``build_stage``):
 the rest of the model is a skeleton on the ``meta`` device. Its part of a checkpoint
 (``state``) is layout-independent: full tensors under the whole model's parameter
-names, so ``merge_rank_states`` joins the stages' parts into the checkpoint a single
-rank would write, which any other layout restores.
+names, so ``merge_rank_states`` (``checkpoint``) joins the stages' parts into the
+checkpoint a single rank would write, which any other layout restores.
 
 Compression state is part of the checkpoint too: every data-parallel rank's
 error-feedback residual (top-k's, PowerSGD's), by parameter name, as a full tensor, and
@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from autotune.core import JobConfig, PrecisionMap
+from autotune.executor.checkpoint import full_from_part, full_tensor, local_part
 from autotune.executor.compression import NamedPowerSGD, local_grad
 from autotune.executor.errors import ParallelError
 from autotune.executor.mesh import RankCoordinates, init_mesh
@@ -59,7 +60,7 @@ from autotune.executor.stage_build import BuiltStage, build_stage, parameter_byt
 from autotune.executor.stage_plan import derive_split_points
 from autotune.executor.tasks import TrainingTask, count_samples, load_task
 
-__all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts", "merge_rank_states"]
+__all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
 
 _FEEDBACK = ("topk", "powersgd")
 """Compressions with error feedback: their residuals are checkpointed."""
@@ -115,36 +116,6 @@ def _split(value: Any, parts: int) -> list[Any]:
         columns = [_split(v, parts) for v in value]
         return [type(value)(c[i] for c in columns) for i in range(parts)]
     raise ParallelError("micro-batches need batches made of tensors (or tuples of them)")
-
-
-def _full(t: Tensor) -> Tensor:
-    full_tensor = getattr(t, "full_tensor", None)
-    out = full_tensor() if full_tensor is not None else t
-    return out.detach().cpu().clone()
-
-
-def _full_part(part: Tensor, like: Tensor) -> Tensor:
-    """The full tensor of which ``part`` is this rank's local block, laid out as the
-    parameter ``like`` is (every tensor-parallel peer must call it)."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(like, DTensor):
-        part = DTensor.from_local(
-            part.reshape(like.to_local().shape), like.device_mesh, like.placements, run_check=False
-        ).full_tensor()
-    return part.detach().cpu().clone().reshape(like.shape)
-
-
-def _local_part(full: Tensor, like: Tensor) -> Tensor:
-    """This rank's block of ``full``, laid out as the parameter ``like`` is."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(like, DTensor):
-        local: Tensor = distribute_tensor(
-            full, like.device_mesh, like.placements, src_data_rank=None
-        ).to_local()
-        return local
-    return full
 
 
 class RankWorker:
@@ -416,7 +387,7 @@ class RankWorker:
             self.powersgd.load(powersgd, {n: t.to(self.device) for n, t in own.items()})
             return
         parts = {
-            i: _local_part(own[name].to(self.device), p)
+            i: local_part(own[name].to(self.device), p)
             for i, (name, p) in enumerate(self.named)
             if name in own
         }
@@ -570,18 +541,18 @@ class RankWorker:
         if compression is not None:
             part["compression"] = compression
         if self.dp_index == 0:
-            weights = {name: _full(p) for name, p in self.named}
+            weights = {name: full_tensor(p) for name, p in self.named}
             optim: dict[str, dict[str, Tensor]] = {}
             for name, p in self.named:
                 entry = self.optimizer.state.get(p)
                 if entry:
                     optim[name] = {
-                        k: _full(v) if isinstance(v, Tensor) else v for k, v in entry.items()
+                        k: full_tensor(v) if isinstance(v, Tensor) else v for k, v in entry.items()
                     }
             held = self.plan.buffers(self.pp_index)
             part.update(
                 model=weights,
-                buffers={n: _full(b) for n, b in self.model.named_buffers() if n in held},
+                buffers={n: full_tensor(b) for n, b in self.model.named_buffers() if n in held},
                 optim=optim,
                 precision=self.precision.precision.as_dict(),
                 scaler=self.scaler.state() if self.scaler is not None else None,
@@ -605,56 +576,15 @@ class RankWorker:
         else:
             params = [p for _, p in self.named]
             parts = self.reducer.residual_parts(params)
-            residuals = {self.named[i][0]: _full_part(parts[i], params[i]) for i in sorted(parts)}
+            residuals = {
+                self.named[i][0]: full_from_part(parts[i], params[i]) for i in sorted(parts)
+            }
         return {"kind": kind, "dp": self.dp, "residuals": residuals, "powersgd": powersgd}
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.unfreeze()  # a process that trains another job next can collect this one
-
-
-def merge_rank_states(parts: list[dict[str, Any] | None]) -> dict[str, Any]:
-    """One checkpoint from every rank's ``RankWorker.state()``: the stages' weights,
-    buffers and optimizer moments joined under the whole model's names, and the
-    compression state of every data-parallel rank (``residuals``: name -> one tensor per
-    data-parallel rank, ``None`` where a rank had none; PowerSGD's factors and counters
-    from the first rank)."""
-    given = [p for p in parts if p]
-    main = sorted((p for p in given if "model" in p), key=lambda p: p["stage"])
-    if not main:
-        raise ValueError("no rank of the first data-parallel replica gave its state")
-    merged: dict[str, Any] = {
-        "step": main[0]["step"],
-        "model": {},
-        "buffers": {},
-        "optim": {},
-        "precision": main[0]["precision"],
-        "scaler": main[0]["scaler"],
-    }
-    for part in main:
-        merged["model"].update(part["model"])
-        merged["buffers"].update(part.get("buffers", {}))
-        merged["optim"].update(part["optim"])
-    compressed = [p for p in given if p.get("compression")]
-    if compressed:
-        first = compressed[0]["compression"]
-        dp = int(first["dp"])
-        residuals: dict[str, list[Tensor | None]] = {}
-        powersgd = None
-        for part in compressed:
-            state = part["compression"]
-            for name, tensor in state["residuals"].items():
-                residuals.setdefault(name, [None] * dp)[part["dp_index"]] = tensor
-            if part["dp_index"] == 0 and state.get("powersgd") is not None:
-                powersgd = state["powersgd"]
-        merged["compression"] = {
-            "kind": first["kind"],
-            "dp": dp,
-            "residuals": residuals,
-            "powersgd": powersgd,
-        }
-    return merged
 
 
 def _to(value: Any, device: torch.device) -> Any:
