@@ -19,8 +19,8 @@ A ``Policy`` chooses each job's configuration (``autotune.policies``) and answer
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from autotune.core import (
@@ -43,6 +43,7 @@ __all__ = [
     "Backend",
     "ClusterSnapshot",
     "JobControl",
+    "JobMetrics",
     "JobState",
     "JobStatus",
     "JobSubmission",
@@ -54,6 +55,60 @@ __all__ = [
     "Replayable",
     "SimulatedTime",
 ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobMetrics:
+    """What a backend measured of a job, as of its last step; ``None`` where it did not
+    measure it. The Ray backend trains the job for real and measures the step; the
+    simulated cluster reports what its model predicts (``step_time_s`` with measurement
+    noise, ``power_watts``, ``nan_events``) and the ``goodput`` it charges. The daemon
+    stores each figure that is set as the metric sample ``job_<name>`` (``measured``)."""
+
+    loss: float | None = None
+    """Training loss of the last step (the mean of the data-parallel replicas')."""
+    step_time_s: float | None = None
+    """Seconds of the last step: the slowest rank's, as the ranks timed it."""
+    samples_per_s: float | None = None
+    """Samples per second of the last step, over its wall time as the job sees it (the
+    slowest rank plus the round trip to the ranks)."""
+    tokens_per_s: float | None = None
+    """``samples_per_s`` times the task's tokens per sample, where the task has a
+    sequence length."""
+    bytes_sent: int | None = None
+    """Bytes of gradients the ranks sent in the last step, as compressed, all ranks
+    together."""
+    bytes_dense: int | None = None
+    """Bytes the same reductions send uncompressed (fp32): ``bytes_sent / bytes_dense``
+    is the compression ratio achieved."""
+    nan_events: int | None = None
+    """Non-finite values that made the job fall back to a safer precision: on the Ray
+    backend those of the last step; in the simulated cluster the job's count so far."""
+    peak_memory_bytes: int | None = None
+    """The largest peak memory of any rank so far, in bytes (allocated GPU memory on
+    GPUs, resident set size on CPUs)."""
+    power_watts: float | None = None
+    """Power drawn by the job's GPUs, in watts: the sum over its ranks of NVML's reading
+    after the last step (Ray), or the modelled draw (simulated cluster)."""
+    steps_redone: int | None = None
+    """Steps trained again after the job's ranks restarted from a checkpoint (a rank
+    died, hung, or its node was lost), since the job was submitted."""
+    goodput: float | None = None
+    """The simulated cluster's own goodput of the job, in samples per second times
+    statistical efficiency; the daemon stores its own computation instead."""
+    oom: bool | None = None
+    """``True``: the job's ranks did not fit their GPUs' memory and it failed at start
+    (the simulated cluster's verdict)."""
+    sync_time_s: float | None = None
+    """Seconds of the last step spent synchronising gradients, where a backend measures
+    them apart (none does yet: the daemon's online fit then uses the step time alone)."""
+
+    def measured(self) -> Iterator[tuple[str, float]]:
+        """``(name, value)`` of every figure that is set, by name, as floats."""
+        for name in sorted(f.name for f in fields(self)):
+            value = getattr(self, name)
+            if value is not None:
+                yield name, float(value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,10 +128,8 @@ class JobStatus:
     """When the job first ran, on the backend's clock (``time_s``); ``None``: not yet."""
     finished_s: float | None = None
     """When the job reached a final state, on the backend's clock; ``None``: not yet."""
-    metrics: Mapping[str, float] = field(default_factory=dict)
-    """Measured figures of the job's last step, where a backend trains it for real:
-    ``loss``, ``step_time_s``, ``samples_per_s``, ``bytes_sent``, ``bytes_dense``,
-    ``nan_events``, ``peak_memory_bytes``, ``power_watts``."""
+    metrics: JobMetrics = field(default_factory=JobMetrics)
+    """What the backend measured of the job, as of its last step (``JobMetrics``)."""
     interrupted: str | None = None
     """Why a job that ran waits to be placed again (``node gpu-3 lost``), until it is;
     the decision that places it starts its reason with this."""

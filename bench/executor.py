@@ -137,6 +137,7 @@ def run_in_process(
     """One configuration on one ``RankWorker`` in this process; raises on failure."""
     from autotune.executor.local import single_rank
     from autotune.executor.precision import FP8_MODE_ENV
+    from autotune.executor.reports import RankStep
     from autotune.executor.worker import WorkerSpec
 
     if fp8_request == "auto":
@@ -165,7 +166,7 @@ def run_in_process(
         batch = int(task.batch_size)
         tokens_per_sample = int(getattr(task, "seq_len", 1))
         parameters = sum(p.numel() for p in worker.model.parameters())
-        metrics: list[dict[str, Any]] = []
+        metrics: list[RankStep] = []
         times: list[float] = []
         for i in range(warmup + steps):
             _sync(device)
@@ -176,8 +177,8 @@ def run_in_process(
                 times.append(time.perf_counter() - t0)
                 metrics.append(m)
         step = statistics.median(times)
-        power = [m["power_watts"] for m in metrics if m.get("power_watts") is not None]
-        losses = [m["loss"] for m in metrics if m.get("loss") is not None]
+        power = [m.power_watts for m in metrics if m.power_watts is not None]
+        losses = [m.loss for m in metrics if m.loss is not None]
         row = {
             "model": model,
             "precision": precision,
@@ -189,15 +190,15 @@ def run_in_process(
             "warmup": warmup,
             "step_time_s_median": step,
             "step_time_s_min": min(times),
-            "worker_step_time_s_median": statistics.median(m["step_time_s"] for m in metrics),
+            "worker_step_time_s_median": statistics.median(m.step_time_s for m in metrics),
             "samples_per_s": batch / step,
             "tokens_per_s": batch * tokens_per_sample / step,
-            "peak_memory_bytes": max(m["peak_memory_bytes"] for m in metrics),
-            "fp8_mode": metrics[-1].get("fp8_mode"),
+            "peak_memory_bytes": max(m.peak_memory_bytes for m in metrics),
+            "fp8_mode": metrics[-1].fp8_mode,
             "fp8_calls": dict(worker.precision.fp8_calls) if precision == "fp8" else None,
             "fp8_error": worker.precision.fp8_error,
             "precision_after": worker.precision.precision.as_dict(),
-            "events": [e for m in metrics for e in m["events"]][:20],
+            "events": [e for m in metrics for e in m.events][:20],
             "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None,
             "power_watts_mean": statistics.fmean(power) if power else None,

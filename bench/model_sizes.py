@@ -57,7 +57,7 @@ def measure(
         built = sum(p.numel() for p in worker.model.parameters())
         rows = [worker.step() for _ in range(steps)]
     del worker  # frees the model before the next task
-    times = [float(r["step_time_s"]) for r in rows]
+    times = [r.step_time_s for r in rows]
     step_s = statistics.median(times[warmup:])
     samples_per_s = batch_size / step_s
     return {
@@ -72,8 +72,8 @@ def measure(
         "samples_per_s": round(samples_per_s, 3),
         "tokens_per_s": round(samples_per_s * seq_len, 1) if seq_len else None,
         "model_gflops_per_s": round(samples_per_s * profile.flops_per_sample / 1e9, 2),
-        "losses": [None if r["loss"] is None else round(float(r["loss"]), 4) for r in rows],
-        "peak_memory_gib": round(max(int(r["peak_memory_bytes"]) for r in rows) / 2**30, 2),
+        "losses": [None if r.loss is None else round(r.loss, 4) for r in rows],
+        "peak_memory_gib": round(max(r.peak_memory_bytes for r in rows) / 2**30, 2),
     }
 
 

@@ -69,7 +69,8 @@ def _baseline(queue: Any) -> None:
 
 def _stage(queue: Any, pp: int, stage: int, device: str, seed: int) -> None:
     """Build one stage alone on ``device``, with gradients and AdamW moments."""
-    from autotune.executor.parallel import build_stage, derive_split_points, parameter_bytes
+    from autotune.executor.stage_build import build_stage, parameter_bytes
+    from autotune.executor.stage_plan import derive_split_points
     from autotune.executor.tasks import load_task
 
     task = load_task(f"{HERE}:BenchGPT")

@@ -43,7 +43,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.interfaces import JobMetrics
 
 from autotune.benchmarks import REPO
 
@@ -111,8 +114,8 @@ class _Harness:
         attach_daemon(app, self.daemon)
         self.api = TestClient(app)
 
-    def _on_step(self, job_id: str, step: int, metrics: dict[str, Any]) -> None:
-        loss = metrics.get("loss")
+    def _on_step(self, job_id: str, step: int, metrics: JobMetrics) -> None:
+        loss = metrics.loss
         with self._lock:
             self.steps.setdefault(job_id, []).append((time.time(), step, loss))
 

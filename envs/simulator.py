@@ -40,7 +40,7 @@ advances as its measurements say, not as the performance model does; a study's w
 plugs in this way (``autotune.studies.pollux``: Pollux's measured step times and
 gradient statistics). Energy still comes from the model.
 
-Measurements: each running job reports its step time (``metrics["step_time_s"]``) with
+Measurements: each running job reports its step time (``metrics.step_time_s``) with
 ``MEASUREMENT_NOISE`` (when ``noise``), as a backend that trains it would; the daemon
 fits each job's throughput model online from these reports.
 """
@@ -66,7 +66,13 @@ from autotune.core import (
     PrecisionMap,
 )
 from autotune.envs.presets import default_nodes
-from autotune.interfaces import ClusterSnapshot, JobStatus, JobSubmission, ReplayInfo
+from autotune.interfaces import (
+    ClusterSnapshot,
+    JobMetrics,
+    JobStatus,
+    JobSubmission,
+    ReplayInfo,
+)
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import (
     DEFAULT_COEFFICIENTS,
@@ -625,7 +631,7 @@ class SimulatedCluster:
                     placement=None,
                     samples_per_s=0.0,
                     finished_s=self.now,
-                    metrics={"oom": 1.0},
+                    metrics=JobMetrics(oom=True),
                 )
                 continue
             rate = est.divergence_per_hour * run_s / 3600
@@ -670,12 +676,12 @@ class SimulatedCluster:
             job.goodput = goodput
             if self.config.noise:  # what a backend measures: the step, give or take
                 step_s *= float(np.exp(self._measure.normal(0.0, MEASUREMENT_NOISE)))
-            metrics = {
-                "goodput": goodput,
-                "power_watts": est.power_watts,
-                "step_time_s": step_s,
-                "nan_events": float(job.nan_events),
-            }
+            metrics = JobMetrics(
+                goodput=goodput,
+                power_watts=est.power_watts,
+                step_time_s=step_s,
+                nan_events=job.nan_events,
+            )
             if gained >= need:
                 used = used_s + (dt - run_s) if used_s is not None else dt
                 share = need / job.reference_goodput / dt

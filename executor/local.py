@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-from autotune.executor.worker import RankWorker, WorkerSpec, _free_port, merge_rank_states
+from autotune.executor.checkpoint import merge_rank_states
+from autotune.executor.reports import RankStep, distinct_events
+from autotune.executor.worker import RankWorker, WorkerSpec, _free_port
 
 __all__ = ["LocalRun", "run_local", "single_rank"]
 
@@ -31,8 +33,8 @@ __all__ = ["LocalRun", "run_local", "single_rank"]
 class LocalRun:
     setup: list[dict[str, Any]]
     """Each rank's ``setup`` answer."""
-    metrics: list[list[dict[str, Any]]]
-    """Each rank's ``step`` answers."""
+    reports: list[list[RankStep]]
+    """Each rank's ``step`` reports, in step order."""
     memory_after_setup: list[dict[str, Any]]
     """Each rank's ``memory()`` once built, before the first step."""
     memory: list[dict[str, Any]]
@@ -43,22 +45,15 @@ class LocalRun:
     def losses(self) -> list[float]:
         """Each step's loss as ``JobRunner`` records it: the mean of the ranks' reports."""
         out = []
-        for step in zip(*self.metrics, strict=True):
-            reported = [m["loss"] for m in step if m["loss"] is not None]
+        for step in zip(*self.reports, strict=True):
+            reported = [r.loss for r in step if r.loss is not None]
             out.append(sum(reported) / len(reported))
         return out
 
     def events(self) -> list[dict[str, Any]]:
         """The ranks' events, each once (as ``JobRunner`` records them)."""
-        seen, out = set(), []
-        for rank in self.metrics:
-            for m in rank:
-                for event in m["events"]:
-                    key = (event["step"], event["kind"], event.get("module_class"))
-                    if key not in seen:
-                        seen.add(key)
-                        out.append(event)
-        return sorted(out, key=lambda e: e["step"])
+        every = distinct_events(report for rank in self.reports for report in rank)
+        return sorted(every, key=lambda e: e["step"])
 
 
 @contextmanager
@@ -85,11 +80,11 @@ def _rank_main(rank: int, spec: WorkerSpec, port: int, steps: int, folder: str, 
         answer = worker.setup("127.0.0.1", port, state)
         del state
         after_setup = worker.memory()
-        metrics = [worker.step() for _ in range(steps)]
+        reports = [worker.step() for _ in range(steps)]
         part = worker.state() if save else None
         result: dict[str, Any] = {
             "setup": answer,
-            "metrics": metrics,
+            "reports": reports,
             "memory_after_setup": after_setup,
             "memory": worker.memory(),
             "state": part,
@@ -168,7 +163,7 @@ def run_local(
         raise RuntimeError("\n".join(errors))
     return LocalRun(
         setup=[r["setup"] for r in results],
-        metrics=[r["metrics"] for r in results],
+        reports=[r["reports"] for r in results],
         memory_after_setup=[r["memory_after_setup"] for r in results],
         memory=[r["memory"] for r in results],
         state=merge_rank_states([r["state"] for r in results]) if save else None,

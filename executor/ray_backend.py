@@ -21,14 +21,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
 from autotune.executor.cluster import ray_cluster
 from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig
-from autotune.interfaces import ClusterSnapshot, JobState, JobStatus, JobSubmission
+from autotune.interfaces import ClusterSnapshot, JobMetrics, JobState, JobStatus, JobSubmission
 from autotune.ray_session import ensure_ray
 
 __all__ = ["RayBackend"]
@@ -45,7 +45,8 @@ class _Job:
     runner: JobRunner | None = None
     thread: threading.Thread | None = None
     step: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: JobMetrics = field(default_factory=JobMetrics)
+    """What its last step measured, with the steps redone over all its runs."""
     error: str | None = None
     interrupted: str | None = None
     """Why the job waits to be placed again (a lost node, a preemption), until it starts."""
@@ -68,7 +69,7 @@ class RayBackend:
         checkpoint_every: int = 25,
         device: str = "auto",
         step_timeout_s: float = 600.0,
-        on_step: Callable[[str, int, dict[str, Any]], None] | None = None,
+        on_step: Callable[[str, int, JobMetrics], None] | None = None,
     ) -> None:
         """``step_timeout_s``: a step that takes longer is taken for a hung rank (the job
         restarts from its checkpoint); ``on_step(job_id, step, metrics)`` is called after
@@ -158,10 +159,10 @@ class RayBackend:
             config=job.config,
             placement=job.placement,
             progress=min(1.0, job.step / steps),
-            samples_per_s=job.metrics.get("samples_per_s", 0.0),
+            samples_per_s=job.metrics.samples_per_s or 0.0,
             task=job.submission.task,
             steps=steps,
-            metrics=dict(job.metrics),
+            metrics=job.metrics,
             interrupted=job.interrupted if job.state == "pending" else None,
         )
 
@@ -219,7 +220,7 @@ class RayBackend:
 
         first = True
 
-        def on_step(runner: JobRunner, step: int, metrics: dict[str, Any]) -> None:
+        def on_step(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
             nonlocal first
             with self._lock:
                 if first and job.interrupted is not None:
@@ -238,12 +239,7 @@ class RayBackend:
                     job.interrupted = None
                 first = False
                 job.step = step
-                job.metrics = {
-                    key: float(value)
-                    for key, value in metrics.items()
-                    if isinstance(value, int | float) and key != "step"
-                }
-                job.metrics["steps_redone"] = float(job.steps_redone + runner.steps_redone)
+                job.metrics = replace(metrics, steps_redone=job.steps_redone + runner.steps_redone)
             if self._on_step is not None:
                 self._on_step(job_id, step, metrics)
 

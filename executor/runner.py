@@ -1,6 +1,7 @@
 """Runs one job on Ray: one actor per rank, in a placement group whose bundles are pinned
-to the nodes the Planner chose; checkpoints, restarts after a rank dies, and reconfigures
-a running job (``apply``) without losing its step or optimizer state.
+to the nodes the Planner chose and ask for the GPU share it chose, each rank on the GPU it
+chose (``placement``); checkpoints, restarts after a rank dies, and reconfigures a running
+job (``apply``) without losing its step or optimizer state.
 
 A rank that dies is restarted from the newest checkpoint on the same nodes; when one of
 those nodes is gone (Ray declares it dead: a killed raylet, a lost machine), ``run`` raises
@@ -39,9 +40,12 @@ import torch
 
 from autotune.core import JobConfig, Placement
 from autotune.executor.cluster import node_name, ray_node_id
-from autotune.executor.parallel import ParallelError
+from autotune.executor.errors import ParallelError
+from autotune.executor.placement import bundle_totals, describe_bundles, rank_resources
+from autotune.executor.reports import RankStep, distinct_events
 from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
 from autotune.executor.worker import RankWorker, WorkerSpec
+from autotune.interfaces import JobMetrics
 
 __all__ = [
     "ExecutorError",
@@ -200,8 +204,8 @@ class JobRunner:
     rank; ``None`` lets Ray pack the ranks) for ``run_config.steps`` steps.
 
     ``on_step(runner, step, metrics)`` is called after every step (from the training
-    thread); ``apply`` may be called from it or from any thread and takes effect before
-    the next step.
+    thread) with what the step measured (``JobMetrics``); ``apply`` may be called from it
+    or from any thread and takes effect before the next step.
     """
 
     def __init__(
@@ -210,7 +214,7 @@ class JobRunner:
         config: JobConfig,
         *,
         placement: Placement | None = None,
-        on_step: Callable[[JobRunner, int, dict[str, Any]], None] | None = None,
+        on_step: Callable[[JobRunner, int, JobMetrics], None] | None = None,
     ) -> None:
         probe = load_task(run_config.task, batch_size=run_config.batch_size)  # fail fast
         # Global samples per step the task declares; None: counted from its batches.
@@ -344,7 +348,8 @@ class JobRunner:
         world = config.world_size
         run = self.run_config
         gpu = run.device == "cuda"
-        bundles = [{"CPU": 1.0, **({"GPU": 1.0} if gpu else {})} for _ in range(world)]
+        ranks = rank_resources(world, placement, gpu=gpu)
+        bundles = [dict(r.bundle) for r in ranks]
         selectors = None
         if placement is not None:
             selectors = [{NODE_ID_LABEL: ray_node_id(slot.node_id)} for slot in placement.ranks]
@@ -352,14 +357,14 @@ class JobRunner:
         if lost:
             raise NodeLost(lost, self.step)
         total = ray.cluster_resources()  # type: ignore[no-untyped-call]
-        for resource in bundles[0]:
-            if total.get(resource, 0) < world * bundles[0][resource]:
+        for resource, need in bundle_totals(bundles).items():
+            if total.get(resource, 0) < need:
                 raise ExecutorError(
-                    f"the job needs {world} ranks with {bundles[0]} each, but the Ray cluster "
-                    f"has {total.get(resource, 0):g} {resource} in all"
+                    f"the job needs {world} ranks with {describe_bundles(bundles)}, but the "
+                    f"Ray cluster has {total.get(resource, 0):g} {resource} in all"
                 )
         self._group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
-        self._await_group(world, bundles[0])
+        self._await_group(world, bundles)
         spec = WorkerSpec(
             task=run.task,
             config=config,
@@ -369,20 +374,22 @@ class JobRunner:
             kernel_backend="auto" if gpu else "reference",
             learning_rate=run.learning_rate,
         )
-        env = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
+        passed = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
         actor = ray.remote(RankWorker)
-        self.workers = [
-            actor.options(
-                num_cpus=1,
-                num_gpus=1 if gpu else 0,
-                max_restarts=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=self._group, placement_group_bundle_index=rank
-                ),
-                runtime_env={"env_vars": env} if env else None,
-            ).remote(rank, spec)
-            for rank in range(world)
-        ]
+        self.workers = []
+        for rank, resources in enumerate(ranks):
+            env = {**passed, **resources.env_vars}
+            self.workers.append(
+                actor.options(
+                    num_cpus=1,
+                    num_gpus=resources.num_gpus,
+                    max_restarts=0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self._group, placement_group_bundle_index=rank
+                    ),
+                    runtime_env={"env_vars": env} if env else None,
+                ).remote(rank, spec, cuda_index=resources.cuda_index or 0)
+            )
         try:
             where = ray.get([w.where.remote() for w in self.workers])
             address, port = ray.get(self.workers[0].rendezvous.remote())
@@ -396,7 +403,7 @@ class JobRunner:
         self._result.placement = [{"rank": w["rank"], "node": node_name(w["node"])} for w in where]
         self.step = int(state["step"]) if state is not None else 0
 
-    def _await_group(self, world: int, bundle: dict[str, float]) -> None:
+    def _await_group(self, world: int, bundles: list[dict[str, float]]) -> None:
         """Wait for Ray to reserve the placement group. A group pinned to a node that is
         gone never becomes ready: Ray's node table is read meanwhile, and ``NodeLost``
         raised as soon as it says one of the placement's nodes is dead (a killed raylet
@@ -419,8 +426,8 @@ class JobRunner:
                 wanted = "the nodes asked for" if placement is not None else "the cluster"
                 self._remove_group()
                 raise ExecutorError(
-                    f"could not reserve {world} rank slots ({bundle} each) on {wanted} "
-                    f"within {run.placement_timeout_s:.0f} s"
+                    f"could not reserve {world} rank slots ({describe_bundles(bundles)}) on "
+                    f"{wanted} within {run.placement_timeout_s:.0f} s"
                 )
 
     def _lost_nodes(self) -> list[str]:
@@ -460,7 +467,7 @@ class JobRunner:
                 raise _WorkerDied(_first_line(exc)) from None
         return list(ray.get(refs))
 
-    def _step_all(self) -> list[dict[str, Any]]:
+    def _step_all(self) -> list[RankStep]:
         return self._wait_all(
             [w.step.remote() for w in self.workers], timeout_s=self.run_config.step_timeout_s
         )
@@ -522,7 +529,7 @@ class JobRunner:
     def _gather_state(self) -> dict[str, Any]:
         """The job's checkpoint: every rank's part (each pipeline stage's own weights, every
         data-parallel rank's compression state) joined by ``merge_rank_states``."""
-        from autotune.executor.worker import merge_rank_states
+        from autotune.executor.checkpoint import merge_rank_states
 
         return merge_rank_states(self._wait_all([w.state.remote() for w in self.workers]))
 
@@ -554,16 +561,16 @@ class JobRunner:
 
     # ----------------------------------------------------------------- metrics
 
-    def _record(self, metrics: list[dict[str, Any]], *, wall_s: float) -> None:
-        """Account one step: ``metrics`` from every rank, ``wall_s`` the step's wall time
+    def _record(self, reports: list[RankStep], *, wall_s: float) -> None:
+        """Account one step: ``reports`` from every rank, ``wall_s`` the step's wall time
         as the job sees it (from asking the ranks to step to the last one's answer)."""
-        losses = [m["loss"] for m in metrics if m["loss"] is not None]
-        step_time = max(m["step_time_s"] for m in metrics)
+        losses = [r.loss for r in reports if r.loss is not None]
+        step_time = max(r.step_time_s for r in reports)
         result = self._result
         if losses:
             result.losses.append(sum(losses) / len(losses))
         result.step_times_s.append(step_time)
-        samples = self.samples_per_step or sum(m["samples"] or 0 for m in metrics)
+        samples = self.samples_per_step or sum(r.samples or 0 for r in reports)
         if samples < 1:
             raise ExecutorError(
                 f"step {self.step}: the task's batches held no samples "
@@ -572,35 +579,28 @@ class JobRunner:
         result.samples.append(samples)
         result.wall_times_s.append(wall_s)
         rate = samples / wall_s
-        result.bytes_sent += sum(m["bytes_sent"] for m in metrics)
-        result.bytes_dense += sum(m["bytes_dense"] for m in metrics)
+        sent = sum(r.bytes_sent for r in reports)
+        dense = sum(r.bytes_dense for r in reports)
+        result.bytes_sent += sent
+        result.bytes_dense += dense
         result.peak_memory_bytes = max(
-            result.peak_memory_bytes, *(m["peak_memory_bytes"] for m in metrics)
+            result.peak_memory_bytes, *(r.peak_memory_bytes for r in reports)
         )
-        power = [m["power_watts"] for m in metrics if m["power_watts"] is not None]
+        power = [r.power_watts for r in reports if r.power_watts is not None]
         if power:
             result.power_watts.append(sum(power))
-        seen = set()
-        for m in metrics:
-            for event in m["events"]:
-                key = (event["step"], event["kind"], event.get("module_class"))
-                if key not in seen:  # every rank reports the agreed events
-                    seen.add(key)
-                    result.events.append(event)
-        self._last = {
-            "step": self.step,
-            "loss": result.losses[-1] if losses else None,
-            "step_time_s": step_time,
-            "samples_per_s": rate,
-            **({"tokens_per_s": rate * self.tokens_per_sample} if self.tokens_per_sample else {}),
-            "bytes_sent": sum(m["bytes_sent"] for m in metrics),
-            "bytes_dense": sum(m["bytes_dense"] for m in metrics),
-            "nan_events": sum(
-                1 for m in metrics[:1] for e in m["events"] if e["kind"] == "nonfinite"
-            ),
-            "peak_memory_bytes": result.peak_memory_bytes,
-            "power_watts": sum(power) if power else None,
-        }
+        result.events.extend(distinct_events(reports))  # every rank reports the agreed ones
+        self._last = JobMetrics(
+            loss=result.losses[-1] if losses else None,
+            step_time_s=step_time,
+            samples_per_s=rate,
+            tokens_per_s=rate * self.tokens_per_sample if self.tokens_per_sample else None,
+            bytes_sent=sent,
+            bytes_dense=dense,
+            nan_events=sum(1 for r in reports[:1] for e in r.events if e["kind"] == "nonfinite"),
+            peak_memory_bytes=result.peak_memory_bytes,
+            power_watts=sum(power) if power else None,
+        )
 
 
 def _check_countable(task: Any, run: RunnerConfig, dp: int) -> None:

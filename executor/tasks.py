@@ -59,7 +59,7 @@ from autotune.catalog.tasks import (
     trainable_tasks,
 )
 from autotune.errors import InputError
-from autotune.executor.parallel import ParallelError
+from autotune.executor.errors import ParallelError
 
 __all__ = [
     "BERT",

@@ -2,13 +2,20 @@
 step. The runner makes one Ray actor of this class per rank; it runs without Ray too.
 
 The rank's coordinates follow ``Layout``: ``rank = (pp_index * dp + dp_index) * tp +
-tp_index``, the device mesh ``("pp", "dp", "tp")``.
+tp_index``, the device mesh ``("pp", "dp", "tp")`` (``mesh``).
+
+``setup`` builds the rank top to bottom: it selects the rank's device, joins the job's
+process group and device mesh, builds its pipeline stage's part of the model, applies the
+precision map, makes the stage a ``StageModule`` (pp > 1), makes it parallel
+(``parallelize``: tensor parallelism, activation checkpointing, data parallelism), then
+makes the optimizer, restores the checkpoint and builds the pipeline schedule (pp > 1).
+Each step it reports a ``RankStep``.
 
 A rank of pipeline stage ``s`` holds stage ``s``'s parameters only (``build_stage``):
 the rest of the model is a skeleton on the ``meta`` device. Its part of a checkpoint
 (``state``) is layout-independent: full tensors under the whole model's parameter
-names, so ``merge_rank_states`` joins the stages' parts into the checkpoint a single
-rank would write, which any other layout restores.
+names, so ``merge_rank_states`` (``checkpoint``) joins the stages' parts into the
+checkpoint a single rank would write, which any other layout restores.
 
 Compression state is part of the checkpoint too: every data-parallel rank's
 error-feedback residual (top-k's, PowerSGD's), by parameter name, as a full tensor, and
@@ -31,8 +38,7 @@ import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -41,33 +47,20 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from autotune.core import JobConfig, PrecisionMap
-from autotune.executor.compression import (
-    ByteCounter,
-    CountingAllReduce,
-    GradientReducer,
-    NamedPowerSGD,
-    count_powersgd_traffic,
-    counting_allreduce_hook,
-    local_grad,
-    named_powersgd_hook,
-    stop_counting_powersgd_traffic,
-)
-from autotune.executor.parallel import (
-    BuiltStage,
-    ParallelError,
-    StageModule,
-    apply_activation_checkpointing,
-    apply_tensor_parallel,
-    build_stage,
-    derive_split_points,
-    find_blocks,
-    parameter_bytes,
-    replay,
-)
+from autotune.executor.checkpoint import full_from_part, full_tensor, local_part
+from autotune.executor.compression import NamedPowerSGD, local_grad
+from autotune.executor.errors import ParallelError
+from autotune.executor.mesh import RankCoordinates, init_mesh
+from autotune.executor.parallelize import parallelize
+from autotune.executor.pipeline import StageModule, build_schedule, replay, stage_module
+from autotune.executor.placement import nvml_index
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
+from autotune.executor.reports import RankStep
+from autotune.executor.stage_build import BuiltStage, build_stage, parameter_bytes
+from autotune.executor.stage_plan import derive_split_points
 from autotune.executor.tasks import TrainingTask, count_samples, load_task
 
-__all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts", "merge_rank_states"]
+__all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
 
 _FEEDBACK = ("topk", "powersgd")
 """Compressions with error feedback: their residuals are checkpointed."""
@@ -125,45 +118,19 @@ def _split(value: Any, parts: int) -> list[Any]:
     raise ParallelError("micro-batches need batches made of tensors (or tuples of them)")
 
 
-def _full(t: Tensor) -> Tensor:
-    full_tensor = getattr(t, "full_tensor", None)
-    out = full_tensor() if full_tensor is not None else t
-    return out.detach().cpu().clone()
-
-
-def _full_part(part: Tensor, like: Tensor) -> Tensor:
-    """The full tensor of which ``part`` is this rank's local block, laid out as the
-    parameter ``like`` is (every tensor-parallel peer must call it)."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(like, DTensor):
-        part = DTensor.from_local(
-            part.reshape(like.to_local().shape), like.device_mesh, like.placements, run_check=False
-        ).full_tensor()
-    return part.detach().cpu().clone().reshape(like.shape)
-
-
-def _local_part(full: Tensor, like: Tensor) -> Tensor:
-    """This rank's block of ``full``, laid out as the parameter ``like`` is."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(like, DTensor):
-        local: Tensor = distribute_tensor(
-            full, like.device_mesh, like.placements, src_data_rank=None
-        ).to_local()
-        return local
-    return full
-
-
 class RankWorker:
-    def __init__(self, rank: int, spec: WorkerSpec) -> None:
+    """Rank ``rank`` of the job ``spec`` describes. ``cuda_index``: the CUDA device it
+    computes on where ``spec.device`` is ``cuda``, among those its process sees (the
+    Planner's GPU index, or 0 where Ray made one GPU visible; ``placement``)."""
+
+    def __init__(self, rank: int, spec: WorkerSpec, *, cuda_index: int = 0) -> None:
         self.rank = rank
         self.spec = spec
+        self.cuda_index = cuda_index
         layout = spec.config.layout
         self.pp, self.dp, self.tp = layout.pp, layout.dp, layout.tp
-        self.pp_index = rank // (self.dp * self.tp)
-        self.dp_index = (rank // self.tp) % self.dp
-        self.tp_index = rank % self.tp
+        where = RankCoordinates.of(rank, layout)
+        self.pp_index, self.dp_index, self.tp_index = where.pp_index, where.dp_index, where.tp_index
         self.step_count = 0
         self.events: list[dict[str, Any]] = []
         self._restore_events: list[dict[str, Any]] = []
@@ -194,31 +161,45 @@ class RankWorker:
     # ----------------------------------------------------------------- building
 
     def setup(self, address: str, port: int, state: dict[str, Any] | None = None) -> dict[str, Any]:
-        spec = self.spec
-        world = spec.config.world_size
-        # On GPUs, CUDA tensors go through NCCL and the small CPU tensors the ranks agree
-        # on (the skip-step flags) through gloo: NCCL cannot reduce CPU tensors.
-        backend = "cpu:gloo,cuda:nccl" if spec.device == "cuda" else "gloo"
-        if spec.device == "cuda":
-            torch.cuda.set_device(0)  # Ray gives each actor its own visible GPU
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://{address}:{port}",
-            rank=self.rank,
-            world_size=world,
-            timeout=timedelta(seconds=300),
+        """Build this rank's part of the job (from the checkpoint ``state`` where given),
+        in the order the module docstring gives. Every rank of the job calls it; rank 0
+        listens at ``address:port``."""
+        spec, layout = self.spec, self.spec.config.layout
+        self.device = self._select_device()
+        self.mesh = init_mesh(
+            device=spec.device, layout=layout, rank=self.rank, address=address, port=port
         )
-        from torch.distributed.device_mesh import init_device_mesh
-
-        self.mesh = init_device_mesh(
-            spec.device, (self.pp, self.dp, self.tp), mesh_dim_names=("pp", "dp", "tp")
-        )
-        self.device = torch.device(spec.device, 0) if spec.device == "cuda" else torch.device("cpu")
         self.task: TrainingTask = load_task(spec.task, batch_size=spec.batch_size)
         torch.manual_seed(spec.seed)
         self.built = self._build_stage(state)
-        model = self.model = self.built.model
-        self._build(model, state)
+        self.model, self.plan = self.built.model, self.built.plan
+        self.precision = self._precision_controller(state)
+        stage = self._stage_module()
+        self.stage_blocks = list(stage.span) if stage is not None else None
+        parallel = parallelize(
+            self.model,
+            layout,
+            self.mesh,
+            stage=stage if stage is not None else self.model,
+            stage_index=self.pp_index,
+            plan=self.plan,
+            blocks=stage.own_blocks if stage is not None else None,
+            tp_plan=self._task_tp_plan(),
+            compression=spec.config.compression,
+            seed=spec.seed,
+        )
+        self.train_module, self.tp_plan = parallel.module, parallel.tp_plan
+        self.ddp, self.reducer = parallel.ddp, parallel.reducer
+        self.powersgd, self.counter = parallel.powersgd, parallel.counter
+        self.named = self._own_parameters()
+        self.optimizer = self._optimizer()
+        self.scaler = LossScaler() if self.precision.uses_fp16 else None
+        if state is not None:
+            self._restore(state)
+        self.pipeline = self._schedule() if self.pp > 1 else None
+        self.batches: Iterator[Any] = islice(
+            self.task.batches(self.dp_index, self.dp, spec.seed), self.step_count, None
+        )
         # What setup built lives as long as the rank: keep it out of the collector's full
         # passes, which would walk it every time (planning pipeline stages on the meta
         # device imports torch's Python decompositions, ~130,000 objects: a 160 ms pause
@@ -231,6 +212,17 @@ class RankWorker:
             "stage_blocks": self.stage_blocks,
             "restore_events": list(self._restore_events),
         }
+
+    def _select_device(self) -> torch.device:
+        """The device this rank computes on, made current: on ``cuda``, GPU
+        ``cuda_index`` of those the process sees (before the process group starts, so
+        that NCCL binds to it)."""
+        self._nvml_index: int | None = None
+        if self.spec.device != "cuda":
+            return torch.device("cpu")
+        torch.cuda.set_device(self.cuda_index)
+        self._nvml_index = nvml_index(self.cuda_index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return torch.device("cuda", self.cuda_index)
 
     def _build_stage(self, state: dict[str, Any] | None) -> BuiltStage:
         """The model with this rank's stage's parameters only (all of them when pp = 1),
@@ -277,140 +269,48 @@ class RankWorker:
         finally:
             controller.precision, controller.watching = saved
 
-    def _build(self, model: nn.Module, state: dict[str, Any] | None) -> None:
-        spec, layout = self.spec, self.spec.config.layout
-        precision = spec.config.precision
+    def _precision_controller(self, state: dict[str, Any] | None) -> PrecisionController:
+        """The job's precision map (the checkpoint's, which may have fallen back to a
+        safer one) applied to the model."""
+        precision = self.spec.config.precision
         if state is not None and "precision" in state:
             precision = PrecisionMap(**state["precision"])
-        self.precision = PrecisionController(model, precision)
-        self.plan = plan = self.built.plan
-        train_module: nn.Module = model
-        self.stage_blocks: list[int] | None = None
-        blocks: nn.ModuleList | None = None
-        span: range | None = None
-        modules = dict(model.named_modules())
-        if self.pp > 1:
-            assert plan.parent is not None
-            blocks_module = modules[plan.parent]
-            assert isinstance(blocks_module, nn.ModuleList)
-            blocks, span = blocks_module, plan.ranges[self.pp_index]
-            self.stage_blocks = list(span)
-            train_module = StageModule(
-                model,
-                blocks,
-                span,
-                last=self.pp_index == self.pp - 1,
-                prefix_context=self._prefix_on_meta,
-            )
-        if layout.activation_checkpointing:
-            if blocks is None:
-                _, blocks = find_blocks(model)
-                span = range(len(blocks))
-            assert span is not None
-            apply_activation_checkpointing(nn.ModuleList(blocks[i] for i in span))
-        self.tp_plan: dict[str, str] = {}
-        if self.tp > 1:
-            plan_fn = getattr(self.task, "tp_plan", None)
-            index = self.pp_index
-            self.tp_plan = apply_tensor_parallel(
-                model,
-                self.mesh["tp"],
-                dict(plan_fn()) if callable(plan_fn) else None,
-                keep=lambda name: name in modules and plan.owns_module(modules[name], name, index),
-            )
-        compression = spec.config.compression
-        self.counter = ByteCounter()
-        self.ddp: nn.Module | None = None
-        dp_group = self.mesh["dp"].get_group()
-        stop_counting_powersgd_traffic()
-        if compression.kind == "powersgd":
-            if self.tp > 1 or self.pp > 1:
-                raise ParallelError(
-                    "PowerSGD runs as DDP's communication hook, here for data-parallel "
-                    "layouts only (tp = pp = 1): use topk, int8 or fp8 with tp or pp > 1"
-                )
-            if self.dp > 1:
-                from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
-                from torch.nn.parallel import DistributedDataParallel
+        return PrecisionController(self.model, precision)
 
-                count_powersgd_traffic(self.counter)
-                # One bucket: PowerSGD chains all-reduces in future callbacks, and with
-                # several buckets ranks can issue them in different orders.
-                size_mb = sum(p.numel() * 4 for p in model.parameters()) / 2**20 + 1
-                ddp = DistributedDataParallel(
-                    train_module,
-                    process_group=dp_group,
-                    bucket_cap_mb=size_mb,
-                )
-                assert compression.rank is not None
-                hook_state = powerSGD_hook.PowerSGDState(
-                    process_group=dp_group,
-                    matrix_approximation_rank=compression.rank,
-                    start_powerSGD_iter=2,
-                    random_seed=spec.seed,
-                )
-                # Torch's hook, with its memories kept by parameter name (checkpoints).
-                self.powersgd = NamedPowerSGD(
-                    hook_state, {id(p): n for n, p in model.named_parameters()}
-                )
-                ddp.register_comm_hook(self.powersgd, named_powersgd_hook)
-                self.ddp = train_module = ddp
-        elif compression.kind == "none" and self.dp > 1 and self.tp == 1 and self.pp == 1:
-            # Plain data parallelism is DDP's: its bucketed all-reduces overlap the
-            # backward pass. One flat all-reduce after the backward made the dp2 step
-            # 1.13-1.15x a plain DDP script's on gpt-char (2-core x86_64, gloo).
-            from torch.nn.parallel import DistributedDataParallel
-
-            ddp = DistributedDataParallel(train_module, process_group=dp_group)
-            ddp.register_comm_hook(
-                CountingAllReduce(self.counter, dp_group), counting_allreduce_hook
-            )
-            self.ddp = train_module = ddp
-        self.reducer = GradientReducer(
-            spec=compression
-            if compression.kind != "powersgd"
-            else replace(compression, kind="none", rank=None),
-            group=dp_group,
-            size=self.dp,
-            rank=self.dp_index,
+    def _stage_module(self) -> StageModule | None:
+        """This rank's pipeline stage over the model (``None`` when pp = 1: the rank runs
+        the whole model)."""
+        if self.pp == 1:
+            return None
+        return stage_module(
+            self.model, self.plan, self.pp_index, prefix_context=self._prefix_on_meta
         )
-        self.train_module = train_module
-        owned = plan.parameters(self.pp_index)
-        self.named = [(n, p) for n, p in model.named_parameters() if n in owned]
-        lr = spec.learning_rate or float(getattr(self.task, "learning_rate", 1e-3))
-        self.optimizer = torch.optim.AdamW([p for _, p in self.named], lr=lr, weight_decay=0.0)
-        self.scaler = LossScaler() if self.precision.uses_fp16 else None
-        if state is not None:
-            self._restore(state)
-        self.pipeline: Any = None
-        if self.pp > 1:
-            from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
-            stage = PipelineStage(
-                train_module,
-                self.pp_index,
-                self.pp,
-                self.device,
-                group=self.mesh["pp"].get_group(),
-            )
-            # The stage infers shapes by running its module on uninitialised tensors:
-            # what those produce is not watched for NaN/Inf.
-            inference = getattr(stage, "_forward_metadata_inference", None)
-            if inference is not None:
+    def _task_tp_plan(self) -> dict[str, Any] | None:
+        """The task's tensor-parallel plan (``None``: derived from the model)."""
+        plan_fn = getattr(self.task, "tp_plan", None)
+        return dict(plan_fn()) if callable(plan_fn) else None
 
-                def unwatched(*args: Any, **kwargs: Any) -> Any:
-                    with self.precision.paused():
-                        return inference(*args, **kwargs)
+    def _own_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters this rank's stage holds and trains, by name."""
+        owned = self.plan.parameters(self.pp_index)
+        return [(n, p) for n, p in self.model.named_parameters() if n in owned]
 
-                stage._forward_metadata_inference = unwatched  # type: ignore[method-assign]
-            self.pipeline = ScheduleGPipe(
-                stage,
-                n_microbatches=layout.micro_batches,
-                loss_fn=self._pipeline_loss,
-                scale_grads=True,
-            )
-        self.batches: Iterator[Any] = islice(
-            self.task.batches(self.dp_index, self.dp, spec.seed), self.step_count, None
+    def _optimizer(self) -> torch.optim.Optimizer:
+        lr = self.spec.learning_rate or float(getattr(self.task, "learning_rate", 1e-3))
+        return torch.optim.AdamW([p for _, p in self.named], lr=lr, weight_decay=0.0)
+
+    def _schedule(self) -> Any:
+        """The pipeline schedule over this rank's stage (pp > 1)."""
+        return build_schedule(
+            self.train_module,
+            stage=self.pp_index,
+            stages=self.pp,
+            device=self.device,
+            group=self.mesh["pp"].get_group(),
+            micro_batches=self.spec.config.layout.micro_batches,
+            loss_fn=self._pipeline_loss,
+            unwatched=self.precision.paused,
         )
 
     def _restore(self, state: dict[str, Any]) -> None:
@@ -487,7 +387,7 @@ class RankWorker:
             self.powersgd.load(powersgd, {n: t.to(self.device) for n, t in own.items()})
             return
         parts = {
-            i: _local_part(own[name].to(self.device), p)
+            i: local_part(own[name].to(self.device), p)
             for i, (name, p) in enumerate(self.named)
             if name in own
         }
@@ -525,13 +425,13 @@ class RankWorker:
             # Under DDP, gradients of all but the last micro-batch accumulate locally and
             # are reduced once, with the last one's.
             last = i == len(chunks) - 1
-            with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():  # type: ignore[operator]
+            with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():
                 loss = self.task.loss(self.train_module, chunk) / len(chunks)
                 torch.autograd.backward(loss * scale)
             total += float(loss.detach())
         return total
 
-    def step(self) -> dict[str, Any]:
+    def step(self) -> RankStep:
         from autotune.kernels import use_backend
 
         start = time.perf_counter()
@@ -587,19 +487,19 @@ class RankWorker:
         # One rank per data-parallel replica counts its share of the batch (tensor- and
         # pipeline-parallel peers see the same samples).
         counts = self.pp_index == 0 and self.tp_index == 0
-        return {
-            "samples": count_samples(batch) if counts else None,
-            "rank": self.rank,
-            "step": self.step_count,
-            "loss": loss if reports_loss else None,
-            "step_time_s": elapsed,
-            "bytes_sent": int(sent),
-            "bytes_dense": int(dense),
-            "events": events,
-            "peak_memory_bytes": self._peak_memory(),
-            "power_watts": gpu_power_watts(0) if self.spec.device == "cuda" else None,
-            "fp8_mode": self.precision.fp8_mode if self.precision.uses_fp8 else None,
-        }
+        return RankStep(
+            samples=count_samples(batch) if counts else None,
+            rank=self.rank,
+            step=self.step_count,
+            loss=loss if reports_loss else None,
+            step_time_s=elapsed,
+            bytes_sent=int(sent),
+            bytes_dense=int(dense),
+            events=tuple(events),
+            peak_memory_bytes=self._peak_memory(),
+            power_watts=gpu_power_watts(self._nvml_index) if self._nvml_index is not None else None,
+            fp8_mode=self.precision.fp8_mode if self.precision.uses_fp8 else None,
+        )
 
     def _peak_memory(self) -> int:
         if self.spec.device == "cuda":
@@ -641,18 +541,18 @@ class RankWorker:
         if compression is not None:
             part["compression"] = compression
         if self.dp_index == 0:
-            weights = {name: _full(p) for name, p in self.named}
+            weights = {name: full_tensor(p) for name, p in self.named}
             optim: dict[str, dict[str, Tensor]] = {}
             for name, p in self.named:
                 entry = self.optimizer.state.get(p)
                 if entry:
                     optim[name] = {
-                        k: _full(v) if isinstance(v, Tensor) else v for k, v in entry.items()
+                        k: full_tensor(v) if isinstance(v, Tensor) else v for k, v in entry.items()
                     }
             held = self.plan.buffers(self.pp_index)
             part.update(
                 model=weights,
-                buffers={n: _full(b) for n, b in self.model.named_buffers() if n in held},
+                buffers={n: full_tensor(b) for n, b in self.model.named_buffers() if n in held},
                 optim=optim,
                 precision=self.precision.precision.as_dict(),
                 scaler=self.scaler.state() if self.scaler is not None else None,
@@ -676,56 +576,15 @@ class RankWorker:
         else:
             params = [p for _, p in self.named]
             parts = self.reducer.residual_parts(params)
-            residuals = {self.named[i][0]: _full_part(parts[i], params[i]) for i in sorted(parts)}
+            residuals = {
+                self.named[i][0]: full_from_part(parts[i], params[i]) for i in sorted(parts)
+            }
         return {"kind": kind, "dp": self.dp, "residuals": residuals, "powersgd": powersgd}
 
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
         gc.unfreeze()  # a process that trains another job next can collect this one
-
-
-def merge_rank_states(parts: list[dict[str, Any] | None]) -> dict[str, Any]:
-    """One checkpoint from every rank's ``RankWorker.state()``: the stages' weights,
-    buffers and optimizer moments joined under the whole model's names, and the
-    compression state of every data-parallel rank (``residuals``: name -> one tensor per
-    data-parallel rank, ``None`` where a rank had none; PowerSGD's factors and counters
-    from the first rank)."""
-    given = [p for p in parts if p]
-    main = sorted((p for p in given if "model" in p), key=lambda p: p["stage"])
-    if not main:
-        raise ValueError("no rank of the first data-parallel replica gave its state")
-    merged: dict[str, Any] = {
-        "step": main[0]["step"],
-        "model": {},
-        "buffers": {},
-        "optim": {},
-        "precision": main[0]["precision"],
-        "scaler": main[0]["scaler"],
-    }
-    for part in main:
-        merged["model"].update(part["model"])
-        merged["buffers"].update(part.get("buffers", {}))
-        merged["optim"].update(part["optim"])
-    compressed = [p for p in given if p.get("compression")]
-    if compressed:
-        first = compressed[0]["compression"]
-        dp = int(first["dp"])
-        residuals: dict[str, list[Tensor | None]] = {}
-        powersgd = None
-        for part in compressed:
-            state = part["compression"]
-            for name, tensor in state["residuals"].items():
-                residuals.setdefault(name, [None] * dp)[part["dp_index"]] = tensor
-            if part["dp_index"] == 0 and state.get("powersgd") is not None:
-                powersgd = state["powersgd"]
-        merged["compression"] = {
-            "kind": first["kind"],
-            "dp": dp,
-            "residuals": residuals,
-            "powersgd": powersgd,
-        }
-    return merged
 
 
 def _to(value: Any, device: torch.device) -> Any:

@@ -18,6 +18,7 @@ from autotune.core import (
     PrecisionMap,
 )
 from autotune.errors import InputError
+from autotune.interfaces import JobMetrics
 
 __all__ = ["calibrate_command", "parse_precision", "run_command"]
 
@@ -130,8 +131,8 @@ def run_command(
     progress = progress_bar("training", "{task.completed}/{task.total} steps {task.fields[note]}")
     bar = progress.add_task("train", total=steps, note="")
 
-    def on_step(_runner: Any, step: int, metrics: dict[str, Any]) -> None:
-        loss = metrics.get("loss")
+    def on_step(_runner: Any, step: int, metrics: JobMetrics) -> None:
+        loss = metrics.loss
         progress.update(bar, completed=step, note=f"loss {loss:.4f}" if loss is not None else "")
 
     run = RunnerConfig(

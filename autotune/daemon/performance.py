@@ -52,7 +52,7 @@ class JobModels:
             del self._seen[job_id]
         changed: list[str] = []
         for job in snapshot.by_state("running"):
-            step_s = job.metrics.get("step_time_s")
+            step_s = job.metrics.step_time_s
             spec = job.spec
             now = (job.config, job.placement, job.progress)
             before = self._seen.get(spec.job_id)
@@ -73,7 +73,7 @@ class JobModels:
                 fit = self._fits[spec.job_id] = OnlineFit(
                     spec.model, catalog_coefficients(spec.model), min_points=self._min_points
                 )
-            sync = job.metrics.get("sync_time_s")
+            sync = job.metrics.sync_time_s
             fit.add(
                 StepSample(
                     shape=shape_of(job.placement, nodes),

@@ -23,7 +23,7 @@ def measured_samples(jobs: Sequence[JobStatus]) -> list[Sample]:
     return [
         (f"job_{name}", float(value), job.spec.job_id)
         for job in jobs
-        for name, value in sorted(job.metrics.items())
+        for name, value in job.metrics.measured()
         if name != "goodput"
     ]
 

@@ -13,6 +13,7 @@ from helpers import REPO, train
 
 from autotune.core import CompressionSpec, JobConfig, Layout
 from autotune.executor.runner import JobRunner
+from autotune.interfaces import JobMetrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
@@ -32,7 +33,7 @@ def test_moving_a_job_between_pp_1_2_and_4_keeps_its_trajectory() -> None:
     layout-independent checkpoint of stages that hold their own weights only."""
     switches = {2: config(pp=2), 4: config(pp=4), 6: config()}
 
-    def move(runner: JobRunner, step: int, metrics: dict[str, object]) -> None:
+    def move(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
         if step in switches:
             runner.apply(switches[step])
 
@@ -47,7 +48,7 @@ def test_a_killed_topk_rank_resumes_bit_for_bit(tmp_path: Path) -> None:
     uninterrupted run's exactly (they used to start from empty residuals)."""
     killed: list[int] = []
 
-    def kill(runner: JobRunner, step: int, metrics: dict[str, object]) -> None:
+    def kill(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
         if step == 5 and not killed:
             killed.append(step)
             ray.kill(runner.workers[1])
@@ -67,7 +68,7 @@ def test_a_killed_topk_rank_resumes_bit_for_bit(tmp_path: Path) -> None:
 
 
 def test_a_new_data_parallel_degree_reshards_the_residuals_and_says_so() -> None:
-    def grow(runner: JobRunner, step: int, metrics: dict[str, object]) -> None:
+    def grow(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
         if step == 3:
             runner.apply(config(dp=4, compression=TOPK))
 

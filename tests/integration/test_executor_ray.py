@@ -13,8 +13,9 @@ import ray
 from helpers import REPO, train
 
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
-from autotune.executor.parallel import ParallelError
+from autotune.executor.errors import ParallelError
 from autotune.executor.runner import JobRunner
+from autotune.interfaces import JobMetrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
@@ -57,7 +58,7 @@ def test_compressed_reductions_send_fewer_bytes_and_still_train() -> None:
 def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path: Path) -> None:
     killed: list[int] = []
 
-    def kill_rank_one(runner: JobRunner, step: int, metrics: dict[str, object]) -> None:
+    def kill_rank_one(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
         if step == 13 and not killed:
             killed.append(step)
             ray.kill(runner.workers[1])
@@ -99,7 +100,7 @@ def test_apply_reconfigures_without_losing_state() -> None:
     """Switching dp1 -> tp2 -> dp2 x pp2 mid-run continues the same trajectory."""
     switches = {3: config(tp=2), 6: config(dp=2, pp=2, micro_batches=2)}
 
-    def reconfigure(runner: JobRunner, step: int, metrics: dict[str, object]) -> None:
+    def reconfigure(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
         if step in switches:
             runner.apply(switches[step])
 

@@ -6,6 +6,7 @@ CUDA tests run on a GPU only and never decide whether the rest pass."""
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 
 import pytest
@@ -303,7 +304,7 @@ def test_worker_steps_say_which_fp8_path_ran(precision: str, expected: str | Non
         port = s.getsockname()[1]
     worker.setup("127.0.0.1", port)
     try:
-        metrics = worker.step()
+        metrics = dataclasses.asdict(worker.step())
     finally:
         worker.close()
     assert metrics["fp8_mode"] == expected

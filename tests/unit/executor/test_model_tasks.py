@@ -19,14 +19,11 @@ from autotune.catalog.profiles import MODEL_CATALOG, MODEL_SHAPES, ResNetConfig
 from autotune.catalog.tasks import BUILTIN_TASKS, resolve_task, trainable_tasks
 from autotune.daemon.auth import TokenCheck, hash_token
 from autotune.db import Database
-from autotune.executor.parallel import (
-    ParallelError,
-    StageModule,
-    build_stage,
-    derive_split_points,
-    derive_tp_plan,
-)
+from autotune.executor.errors import ParallelError
+from autotune.executor.pipeline import StageModule
 from autotune.executor.precision import classify_modules
+from autotune.executor.stage_build import build_stage
+from autotune.executor.stage_plan import derive_split_points
 from autotune.executor.tasks import (
     IGNORE,
     MASK_ID,
@@ -36,6 +33,7 @@ from autotune.executor.tasks import (
     TaskError,
     load_task,
 )
+from autotune.executor.tensor_parallel import derive_tp_plan
 
 TRAINED = ("gpt-125m", "gpt-350m", "gpt-1.3b", "bert-large", "resnet-50", "resnet-152")
 SIMULATED = ("gpt-7b", "gpt-13b", "gpt-30b", "gpt-70b", *APPLICATIONS)

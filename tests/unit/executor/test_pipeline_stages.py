@@ -11,15 +11,12 @@ from helpers import REPO
 from torch import nn
 
 from autotune.core import JobConfig, Layout, PrecisionMap
+from autotune.executor.errors import ParallelError
 from autotune.executor.local import run_local
-from autotune.executor.parallel import (
-    ParallelError,
-    StageModule,
-    build_stage,
-    derive_split_points,
-    parameter_bytes,
-)
+from autotune.executor.pipeline import StageModule
 from autotune.executor.precision import PrecisionController, classify_modules
+from autotune.executor.stage_build import build_stage, parameter_bytes
+from autotune.executor.stage_plan import derive_split_points
 from autotune.executor.tasks import TrainingTask, load_task
 from autotune.executor.worker import WorkerSpec
 

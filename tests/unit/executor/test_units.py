@@ -16,15 +16,12 @@ from autotune.cli.common import parse_compression
 from autotune.cli.executor import parse_precision
 from autotune.core import CompressionSpec, PrecisionMap
 from autotune.errors import InputError
-from autotune.executor.parallel import (
-    ParallelError,
-    StageModule,
-    derive_split_points,
-    derive_tp_plan,
-    stage_ranges,
-)
+from autotune.executor.errors import ParallelError
+from autotune.executor.pipeline import StageModule
 from autotune.executor.precision import LossScaler, PrecisionController, classify_modules
+from autotune.executor.stage_plan import derive_split_points, stage_ranges
 from autotune.executor.tasks import GPTChar, MLPSynthetic, TaskError, load_task
+from autotune.executor.tensor_parallel import derive_tp_plan
 from autotune.executor.worker import _all_finite
 
 # ----------------------------------------------------------------------------- tasks
@@ -142,7 +139,7 @@ def test_tp_plan_for_torch_transformer_encoder_shards_the_feed_forward() -> None
 
 
 def test_models_without_a_pattern_are_refused_with_a_reason() -> None:
-    from autotune.executor.parallel import apply_tensor_parallel
+    from autotune.executor.tensor_parallel import apply_tensor_parallel
 
     class Flat(nn.Module):
         def __init__(self) -> None:
@@ -353,7 +350,7 @@ def run_one_rank(config_kwargs: dict[str, object], steps: int = 3) -> list[float
         port = s.getsockname()[1]
     worker.setup("127.0.0.1", port)
     try:
-        losses = [worker.step()["loss"] for _ in range(steps)]
+        losses = [worker.step().loss for _ in range(steps)]
         if config.precision.optimizer_state == "bf16":
             for state in worker.optimizer.state.values():
                 moment = state["exp_avg"]
