@@ -1,25 +1,6 @@
-"""The learned policy against Pollux in the Pollux-compatible mode, each workload held
-out of its own training: the protocol of ``autotune.studies.pollux.protocol``, run.
-
-For every held-out workload W: choose ``goodput-size``'s exponent and the allocation's
-fairness p (the teacher's two hyperparameters) among ``EXPONENTS`` x ``FAIRNESS`` by
-their mean average JCT on the other seven workloads. For every training seed S: train
-the learned policy (``autotune.policies.ppo.train_ppo``) on the other seven workloads in the
-Pollux-compatible mode (imitation of ``goodput-size``, then PPO on the average-JCT
-reward), pick between the imitation and the PPO checkpoint by their mean average JCT
-on those seven training workloads (never on W), and play W with it. The baselines
-(Tiresias, rules, the oracle, ``goodput``, ``goodput-size``, static) play W in the same
-mode. Every run reports the average JCT with a 95% bootstrap interval over the
-workload's jobs, every job's JCT, and per application the jobs' average wait before
-their first start, their GPUs while running and their JCT (where a policy loses time,
-and to which jobs). Pollux's own per-job JCTs (``data/pollux_jcts.json``, from the
-artifact's ``results-jobload/pollux-1.0/summary.json``) set every policy against Pollux
-job by job: the mean difference on the same 160 jobs, with a paired bootstrap interval,
-which says far more than two averages' overlapping intervals over jobs.
-
-Each fold is written to ``OUT/fold-W-seed-S.json`` as it ends (a rerun skips folds
-already there) and the baselines to ``OUT/baselines-W.json``; ``--table`` prints the
-Markdown table of whatever is in ``OUT``.
+"""The learned policy against Pollux in the Pollux-compatible world, each workload held
+out of its own training: the protocol of ``autotune.studies.pollux.protocol`` (its
+docstring says what is chosen on what), run and tabled.
 
     python bench/pollux_learned.py --pollux ../shared/data/pollux --held-out 6 --seeds 0,1,2
     python bench/pollux_learned.py --pollux ../shared/data/pollux --held-out 1-8 --seeds 0

@@ -32,6 +32,7 @@ __all__ = [
     "learned_policies",
     "run_training",
     "train_policy",
+    "training_settings",
     "tune_policy",
 ]
 
@@ -167,7 +168,10 @@ def train_policy(
         from autotune.daemon.settings import load_settings
 
         energy_weight = load_settings().energy_weight
-    settings = PPOSettings(
+    settings = training_settings(
+        sources,
+        warm_start=warm_start,
+        train_batch=train_batch,
         iterations=iterations,
         checkpoint_every=checkpoint_every,
         slots=slots,
@@ -177,15 +181,26 @@ def train_policy(
         forecast=forecast,
         lr=lr,
         entropy_coeff=entropy_coeff,
-        train_batch=train_batch,
-        minibatch=min(_PPO.minibatch, train_batch),
         hidden=hidden,
-        warm_start=None if warm_start == "none" else warm_start,
         warm_start_episodes=warm_start_episodes,
         seed=seed,
-        sources=tuple(sources),
     )
     run_training(settings, out, as_json=as_json)
+
+
+def training_settings(
+    sources: list[TraceSource], *, warm_start: str, train_batch: int, **options: Any
+) -> PPOSettings:
+    """The ``PPOSettings`` of a training command's options (``options``: any other
+    field): ``--warm-start none`` imitates nothing, and a step's minibatch is at most the
+    iteration's batch."""
+    return PPOSettings(
+        sources=tuple(sources),
+        warm_start=None if warm_start == "none" else warm_start,
+        train_batch=train_batch,
+        minibatch=min(_PPO.minibatch, train_batch),
+        **options,
+    )
 
 
 def run_training(settings: PPOSettings, out: Path, *, as_json: bool) -> None:

@@ -34,6 +34,7 @@ from autotune.cli.policy import (
     TrainBatchOption,
     WarmStartEpisodesOption,
     run_training,
+    training_settings,
 )
 from autotune.errors import InputError
 from autotune.policies.ppo_settings import PPOSettings, TraceSource
@@ -217,7 +218,10 @@ def train_policy(
                 weight=1.0 / len(workload),
             )
         )
-    settings = PPOSettings(
+    settings = training_settings(
+        sources,
+        warm_start=warm_start,
+        train_batch=train_batch,
         iterations=iterations,
         checkpoint_every=checkpoint_every,
         slots=slots,
@@ -225,13 +229,9 @@ def train_policy(
         forecast=forecast,
         lr=lr,
         entropy_coeff=entropy_coeff,
-        train_batch=train_batch,
-        minibatch=min(_PPO.minibatch, train_batch),
         hidden=hidden,
-        warm_start=None if warm_start == "none" else warm_start,
         warm_start_episodes=warm_start_episodes,
         seed=seed,
-        sources=tuple(sources),
         world_options={"size_exponent": size_exponent, "fairness_p": fairness_p},
     )
     run_training(settings, out, as_json=as_json)
