@@ -1,9 +1,9 @@
 """Online per-job fitting on Pollux's traces: how well a job's model predicts its other
 placements after the scheduler has seen it on a few small ones.
 
-For each of the six applications (``autotune.studies.pollux.online_fit.evaluate``): observe it
-on 1 GPU, then one whole node ("4"), then two ("44"), fitting ``OnlineFit`` online
-after each; report the step-time MAPE on every row of ``placements.csv`` at a placement
+For each of the six applications
+(``autotune.studies.pollux.online_fit.score_online_fit``): observe it on 1 GPU, then one
+whole node ("4"), then two ("44"), fitting ``OnlineFit`` online after each; report the step-time MAPE on every row of ``placements.csv`` at a placement
 it was not observed on and on all of ``scalability.csv`` (6-16 nodes), after 1, 2 and 3
 placements; for one local batch per placement (the median traced one) and for every
 traced local batch; from a leave-one-application-out prior and from the literature
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.studies.pollux.online_fit import SEQUENCE, VARIANTS, evaluate
+from autotune.studies.pollux.online_fit import SEQUENCE, VARIANTS, score_online_fit
 
 HERE = Path(__file__).resolve().parent
 ALTERNATIVES = (("1", "2", "4"), ("1", "4", "444"))
@@ -71,13 +71,13 @@ def main() -> int:
     )
     args = parser.parse_args()
     began = time.perf_counter()
-    main_report = evaluate(args.pollux)
+    main_report = score_online_fit(args.pollux)
     print_table(main_report)
     alternatives = [tuple(s.split(",")) for s in args.sequence] if args.sequence else ALTERNATIVES
     others: dict[str, Any] = {}
     print("\nother observation orders: mean (median) MAPE after 1 / 2 / 3 placements")
     for seq in alternatives:
-        report = evaluate(args.pollux, sequence=seq, placements=len(seq))
+        report = score_online_fit(args.pollux, sequence=seq, placements=len(seq))
         name = "-".join(seq)
         others[name] = report
         for prior in ("loo", "defaults"):

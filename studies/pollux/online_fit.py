@@ -1,6 +1,6 @@
 """The online fit (``autotune.perf.online.OnlineFit``) measured on Pollux's traces: how
 well a job's coefficients, refitted from the steps it has run, predict the step times of
-every placement it has not (``evaluate``, ``bench/online_fit.py``). The choices of the
+every placement it has not (``score_online_fit``, ``bench/online_fit.py``). The choices of the
 online fit's free coefficients, prior weight and pooled prior were measured here (see
 ``autotune.perf.online``'s docstring)."""
 
@@ -22,7 +22,7 @@ from autotune.perf.model import Coefficients, Shape, step_time
 from autotune.perf.online import FREE, MAX_SAMPLES, PRIOR_WEIGHT, OnlineFit, StepSample
 from autotune.studies.pollux.fit import AppMeasurements, load_app, load_scalability
 
-__all__ = ["POOL", "SEQUENCE", "VARIANTS", "evaluate", "pooled_prior"]
+__all__ = ["POOL", "SEQUENCE", "VARIANTS", "pooled_prior", "score_online_fit"]
 
 
 SEQUENCE: Final = ("1", "4", "44")
@@ -100,7 +100,7 @@ def _across(values: Sequence[Any]) -> dict[str, Any]:
     }
 
 
-def evaluate(
+def score_online_fit(
     directory: str | Path,
     *,
     placements: int = 3,

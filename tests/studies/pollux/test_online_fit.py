@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.perf.model import Coefficients
-from autotune.studies.pollux.online_fit import evaluate as evaluate_pollux
-from autotune.studies.pollux.online_fit import pooled_prior
+from autotune.studies.pollux.online_fit import pooled_prior, score_online_fit
 
 PRIOR = Coefficients()
 
@@ -29,7 +28,7 @@ def test_pollux_after_three_placements(pollux_dir: Path) -> None:
     mean step-time MAPE 10.6% (one batch per placement) and 8.6% (every traced batch)
     on the other placements and on 6-16 nodes, against 6.0% for the offline fit on all
     rows."""
-    report = evaluate_pollux(pollux_dir / "traces")
+    report = score_online_fit(pollux_dir / "traces")
     assert report["sequence"] == ["1", "4", "44"]
     summary = report["summary"]
     assert summary["loo"]["one_batch"]["mean"][-1] <= 0.115
