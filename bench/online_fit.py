@@ -3,14 +3,14 @@ placements after the scheduler has seen it on a few small ones.
 
 For each of the six applications
 (``autotune.studies.pollux.online_fit.score_online_fit``): observe it on 1 GPU, then one
-whole node ("4"), then two ("44"), fitting ``OnlineFit`` online after each; report the step-time MAPE on every row of ``placements.csv`` at a placement
-it was not observed on and on all of ``scalability.csv`` (6-16 nodes), after 1, 2 and 3
-placements; for one local batch per placement (the median traced one) and for every
-traced local batch; from a leave-one-application-out prior and from the literature
-defaults; beside the prior alone and the offline fit (the shipped coefficients, fitted
-on all rows, the test rows included). Then the means for the other observation orders
-(``--sequence``, repeatable; by default also 1 -> 2 -> 4 and 1 -> 4 -> 444).
-Deterministic: no randomness anywhere.
+whole node ("4"), then two ("44"), fitting ``OnlineFit`` online after each; report the
+step-time MAPE on every row of ``placements.csv`` at a placement it was not observed on
+and on all of ``scalability.csv`` (6-16 nodes), after 1, 2 and 3 placements; for one
+local batch per placement (the median traced one) and for every traced local batch; from
+a leave-one-application-out prior and from the literature defaults; beside the prior
+alone and the offline fit (the shipped coefficients, fitted on all rows, the test rows
+included). Then the means for the other observation orders (``--sequence``, repeatable;
+by default also 1 -> 2 -> 4 and 1 -> 4 -> 444). Deterministic: no randomness anywhere.
 
     python bench/online_fit.py [--pollux ../shared/data/pollux/traces]
         [--json-out bench/out/online_fit.json]
