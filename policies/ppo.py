@@ -21,10 +21,11 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import gymnasium as gym
 import numpy as np
@@ -36,8 +37,10 @@ from torch import nn
 
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import Arrival
+from autotune.interfaces import ClusterSnapshot, Policy, PolicyChoice
 from autotune.policies.ppo_settings import (
     DEFAULT_WORLD_KINDS,
+    Demonstrations,
     PPOSettings,
     TraceSource,
     World,
@@ -47,13 +50,18 @@ from autotune.ray_session import ensure_ray
 from autotune.rl.action import ACTION_DIMS, encode_config
 from autotune.rl.observation import HEADER, SLOT, slot_jobs
 
+if TYPE_CHECKING:
+    from autotune.policies.evaluate import PlayedEnv
+
 GLOBAL_FEATURES: Final = HEADER
 SLOT_FEATURES: Final = len(SLOT)
 
 __all__ = [
     "ENV_NAME",
     "MODULE_PATH",
+    "DemonstrationRecorder",
     "SlotPolicyModule",
+    "TeacherRound",
     "behaviour_clone",
     "discounted",
     "make_train_env",
@@ -321,9 +329,7 @@ def module_dir(checkpoint: str | Path) -> Path:
 # -- behaviour cloning ---------------------------------------------------------------
 
 
-def _demonstrations(
-    settings: PPOSettings, teacher_name: str, episodes: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _demonstrations(settings: PPOSettings, teacher_name: str, episodes: int) -> Demonstrations:
     """Observations, teacher actions, a mask of slots whose config the teacher set, and
     the discounted return from each observation on (the training reward, ``gamma``):
     the critic's target, so that PPO starts with a value function that fits the policy
@@ -338,47 +344,79 @@ def _demonstrations(
                 f"{', '.join(env.world.teachers)}"
             )
         return env.world.demonstrations(settings, env.envs, teacher_name, episodes)
-    obs_list: list[np.ndarray] = []
-    act_list: list[np.ndarray] = []
-    set_list: list[np.ndarray] = []
-    ret_list: list[float] = []
-    width = len(ACTION_DIMS)
+    recorder = DemonstrationRecorder(settings)
     for episode in range(episodes):
         obs, _ = env.reset(seed=settings.seed * 10_000 + episode)
         inner = env.current
         teacher = make_policy(teacher_name, inner, settings.seed + episode)
+        recorder.play(inner, obs, partial(_config_round, teacher, settings.slots))
+    return recorder.arrays()
+
+
+def _config_round(teacher: Policy, slots: int, snapshot: ClusterSnapshot) -> TeacherRound:
+    """A default-world teacher's round: every slot job's config it chose (the mask set),
+    or the job's current config kept (``change=False``)."""
+    width = len(ACTION_DIMS)
+    choices = teacher.decide(snapshot).choices
+    action = np.zeros(width * slots, dtype=np.int64)
+    decided = np.zeros(slots, dtype=np.float32)
+    for slot, job in enumerate(slot_jobs(snapshot, slots)):
+        choice = choices.get(job.spec.job_id)
+        if choice is not None and choice.config is not None:
+            action[slot * width : (slot + 1) * width] = encode_config(choice.config, job.spec)
+            decided[slot] = 1.0
+        elif job.config is not None:
+            action[slot * width : (slot + 1) * width] = encode_config(
+                job.config, job.spec, change=False
+            )
+    return choices, action, decided
+
+
+TeacherRound = tuple[Mapping[str, PolicyChoice], np.ndarray, np.ndarray]
+"""One round of a teacher: its choices, the action that encodes them, and the mask of
+slots whose action it set."""
+
+
+class DemonstrationRecorder:
+    """A teacher's episodes as imitation data (``Demonstrations``): each round's
+    observation, the teacher's action and mask, and the discounted return from it on
+    (the training reward, ``gamma``): the critic's target. The default world and a
+    study's (``World.demonstrations``) record through it."""
+
+    def __init__(self, settings: PPOSettings) -> None:
+        self.settings = settings
+        self._obs: list[np.ndarray] = []
+        self._actions: list[np.ndarray] = []
+        self._masks: list[np.ndarray] = []
+        self._returns: list[float] = []
+
+    def play(
+        self, env: PlayedEnv, obs: np.ndarray, teach: Callable[[ClusterSnapshot], TeacherRound]
+    ) -> None:
+        """One episode of ``env`` from ``obs`` (its reset observation) to its end, the
+        teacher ``teach`` choosing every round."""
         rewards: list[float] = []
         while True:
-            snapshot = inner.snapshot
+            snapshot = env.snapshot
             assert snapshot is not None
-            choices = teacher.decide(snapshot).choices
-            action = np.zeros(width * settings.slots, dtype=np.int64)
-            decided = np.zeros(settings.slots, dtype=np.float32)
-            for slot, job in enumerate(slot_jobs(snapshot, settings.slots)):
-                choice = choices.get(job.spec.job_id)
-                if choice is not None and choice.config is not None:
-                    action[slot * width : (slot + 1) * width] = encode_config(
-                        choice.config, job.spec
-                    )
-                    decided[slot] = 1.0
-                elif job.config is not None:
-                    action[slot * width : (slot + 1) * width] = encode_config(
-                        job.config, job.spec, change=False
-                    )
-            obs_list.append(obs)
-            act_list.append(action)
-            set_list.append(decided)
-            obs, reward, terminated, truncated, _ = inner.step_choices(choices)
-            rewards.append(float(reward) * settings.reward_scale)
+            choices, action, mask = teach(snapshot)
+            self._obs.append(obs)
+            self._actions.append(action)
+            self._masks.append(mask)
+            obs, reward, terminated, truncated, _ = env.step_choices(choices)
+            rewards.append(float(reward) * self.settings.reward_scale)
             if terminated or truncated:
                 break
-        ret_list.extend(discounted(rewards, settings.gamma))
-    return (
-        np.stack(obs_list),
-        np.stack(act_list),
-        np.stack(set_list),
-        np.asarray(ret_list, dtype=np.float32),
-    )
+        self._returns.extend(discounted(rewards, self.settings.gamma))
+
+    def arrays(self) -> Demonstrations:
+        """Observations, actions, masks and returns, stacked."""
+        return (
+            np.stack(self._obs),
+            np.stack(self._actions),
+            np.stack(self._masks),
+            np.asarray(self._returns, dtype=np.float32),
+        )
 
 
 def discounted(rewards: Sequence[float], gamma: float) -> list[float]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
@@ -22,7 +23,7 @@ from typing import Any, Final
 import numpy as np
 
 from autotune.interfaces import ClusterSnapshot, PolicyRound
-from autotune.policies.ppo import discounted
+from autotune.policies.ppo import DemonstrationRecorder, TeacherRound
 from autotune.policies.ppo_settings import Demonstrations, PPOSettings, TraceSource
 from autotune.policies.serving import IncompatiblePolicyError, PolicyServer, checkpoint_hash
 from autotune.rl.observation import ObservationEncoder, slot_jobs
@@ -78,10 +79,7 @@ class PolluxWorld:
         """The teacher ``goodput-size``'s episodes, its action every slot job's log2
         weight; each workload is played ``episodes`` times at most (the world has no
         noise: one play of a workload is all there is)."""
-        obs_list: list[np.ndarray] = []
-        act_list: list[np.ndarray] = []
-        set_list: list[np.ndarray] = []
-        ret_list: list[float] = []
+        recorder = DemonstrationRecorder(settings)
         for inner in envs[: max(1, episodes)]:
             obs, _ = inner.reset(seed=settings.seed)
             policy = SizedGoodputPolicy(
@@ -89,33 +87,24 @@ class PolluxWorld:
                 exponent=self.option(settings, "size_exponent"),
                 p=self.option(settings, "fairness_p"),
             )
-            rewards: list[float] = []
-            while True:
-                snapshot = inner.snapshot
-                assert snapshot is not None
-                weights = policy.weights(snapshot)
-                choices = policy.allocate(snapshot, weights)
-                obs_list.append(obs)
-                act_list.append(encode_weights(weights, snapshot, settings.slots))
-                occupied = np.zeros(settings.slots, dtype=np.float32)
-                occupied[: len(slot_jobs(snapshot, settings.slots))] = 1.0
-                set_list.append(occupied)
-                obs, reward, terminated, truncated, _ = inner.step_choices(choices)
-                rewards.append(float(reward) * settings.reward_scale)
-                if terminated or truncated:
-                    break
-            ret_list.extend(discounted(rewards, settings.gamma))
-        return (
-            np.stack(obs_list),
-            np.stack(act_list),
-            np.stack(set_list),
-            np.asarray(ret_list, dtype=np.float32),
-        )
+            recorder.play(inner, obs, partial(_weights_round, policy, settings.slots))
+        return recorder.arrays()
 
     def save_beside(self, module: Path, settings: PPOSettings) -> None:
         (module / ALLOCATION_FILE).write_text(
             json.dumps({"fairness_p": self.option(settings, "fairness_p")})
         )
+
+
+def _weights_round(
+    teacher: SizedGoodputPolicy, slots: int, snapshot: ClusterSnapshot
+) -> TeacherRound:
+    """A round of the teacher ``goodput-size``: its allocation, every slot job's log2
+    weight as the action, every occupied slot in the mask."""
+    weights = teacher.weights(snapshot)
+    occupied = np.zeros(slots, dtype=np.float32)
+    occupied[: len(slot_jobs(snapshot, slots))] = 1.0
+    return teacher.allocate(snapshot, weights), encode_weights(weights, snapshot, slots), occupied
 
 
 WORLD: Final = PolluxWorld()
