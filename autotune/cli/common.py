@@ -9,7 +9,8 @@ import inspect
 import itertools
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from functools import cache, wraps
 from pathlib import Path
 from typing import Annotated, NoReturn, ParamSpec, TypeVar
@@ -75,6 +76,35 @@ def progress_bar(
         transient=True,
         disable=not (enabled and err.is_terminal),
     )
+
+
+@contextmanager
+def runs_progress(total: int, *, enabled: bool) -> Iterator[Callable[[str, int], None]]:
+    """A progress bar over ``total`` evaluation runs (``progress_bar``); yields the
+    callback an evaluation calls after each run of a policy under a seed."""
+    progress = progress_bar(
+        "{task.description}", "{task.completed}/{task.total} runs", enabled=enabled
+    )
+    with progress:
+        task = progress.add_task("evaluating", total=total)
+        yield lambda name, seed: progress.update(task, advance=1, description=f"{name} seed {seed}")
+
+
+def print_policy_table(
+    out: Console,
+    rows: Mapping[str, Mapping[str, float]],
+    columns: Sequence[tuple[str, str, str]],
+    *,
+    min_width: int,
+) -> None:
+    """One line per policy of an evaluation report: ``columns`` are (header, metric,
+    format), the format's leading digits its width (``"10.0f"``, ``"8.1%"``)."""
+    width = max(min_width, *(len(name) for name in rows))
+    heads = [f"{head:>{int(spec.split('.')[0])}s}" for head, _, spec in columns]
+    out.print(" ".join([f"{'policy':{width}s}", *heads]))
+    for name, row in rows.items():
+        cells = [format(row[key], spec) for _, key, spec in columns]
+        out.print(" ".join([f"{name:{width}s}", *cells]))
 
 
 @cache

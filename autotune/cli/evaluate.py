@@ -10,7 +10,13 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from autotune.cli.common import JsonOption, field_docs, progress_bar, user_errors
+from autotune.cli.common import (
+    JsonOption,
+    field_docs,
+    print_policy_table,
+    runs_progress,
+    user_errors,
+)
 from autotune.cli.policy import learned_policies
 from autotune.errors import InputError
 from autotune.rl.environment import EVALUATION, EnvConfig
@@ -152,13 +158,8 @@ def eval_policies(
     if "tune" in names:
         info["tune_budget_s"] = tune_budget_s
         info["tune_charge"] = tune_charge
-    progress = progress_bar(
-        "{task.description}", "{task.completed}/{task.total} runs", enabled=not as_json
-    )
-    with progress:
-        task = progress.add_task(
-            "evaluating", total=len(names) * seeds * max(1, len(modes)) * len(forecasts)
-        )
+    total = len(names) * seeds * max(1, len(modes)) * len(forecasts)
+    with runs_progress(total, enabled=not as_json) as advance:
         report = evaluate_policies(
             nodes=node_list,
             jobs=sim_jobs,
@@ -171,9 +172,7 @@ def eval_policies(
             forecasts=forecasts,
             provisioning=modes,
             wake_s=wake_s,
-            progress=lambda name, seed: progress.update(
-                task, advance=1, description=f"{name} seed {seed}"
-            ),
+            progress=advance,
         )
     if as_json:
         typer.echo(json.dumps(report))
@@ -183,17 +182,21 @@ def eval_policies(
         f"{report['trace']['jobs']} jobs on {report['trace']['gpus']} GPUs, "
         f"{seeds} seed(s); means over seeds"
     )
-    width = max(10, *(len(name) for name in report["policies"]))
-    out.print(
-        f"{'policy':{width}s} {'avg JCT s':>10s} {'p99 JCT s':>10s} {'makespan s':>11s} "
-        f"{'goodput':>8s} {'GPU util':>8s} {'kWh':>8s} {'idle kWh':>8s} {'done':>6s}"
+    print_policy_table(
+        out,
+        report["policies"],
+        [
+            ("avg JCT s", "avg_jct_s", "10.0f"),
+            ("p99 JCT s", "p99_jct_s", "10.0f"),
+            ("makespan s", "makespan_s", "11.0f"),
+            ("goodput", "goodput", "8.2f"),
+            ("GPU util", "gpu_util", "8.1%"),
+            ("kWh", "energy_kwh", "8.1f"),
+            ("idle kWh", "idle_energy_kwh", "8.1f"),
+            ("done", "n_jobs_done", "6.0f"),
+        ],
+        min_width=10,
     )
-    for name, row in report["policies"].items():
-        out.print(
-            f"{name:{width}s} {row['avg_jct_s']:10.0f} {row['p99_jct_s']:10.0f} "
-            f"{row['makespan_s']:11.0f} {row['goodput']:8.2f} {row['gpu_util']:8.1%} "
-            f"{row['energy_kwh']:8.1f} {row['idle_energy_kwh']:8.1f} {row['n_jobs_done']:6.0f}"
-        )
 
 
 def _window(trace: list[Any], skip: int, limit: int | None) -> list[Any]:

@@ -21,7 +21,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from autotune.cli.common import JsonOption, err, fail, progress_bar, user_errors
+from autotune.cli.common import (
+    JsonOption,
+    err,
+    fail,
+    print_policy_table,
+    runs_progress,
+    user_errors,
+)
 from autotune.cli.policy import (
     CheckpointEveryOption,
     EntropyOption,
@@ -117,11 +124,7 @@ def eval_command(
             "ppo needs --policy-checkpoint: a policy trained in this world "
             "(autotune pollux train-policy); the shipped one acts in the default world"
         )
-    progress = progress_bar(
-        "{task.description}", "{task.completed}/{task.total} runs", enabled=not as_json
-    )
-    with progress:
-        task = progress.add_task("evaluating", total=len(names) * seeds)
+    with runs_progress(len(names) * seeds, enabled=not as_json) as advance:
         report = evaluate_compat(
             workload,
             _traces(workload, traces),
@@ -133,22 +136,23 @@ def eval_command(
             skip_jobs=skip_jobs,
             limit_jobs=limit_jobs,
             forecast=forecast,
-            progress=lambda name, seed: progress.update(
-                task, advance=1, description=f"{name} seed {seed}"
-            ),
+            progress=advance,
         )
     if as_json:
         typer.echo(json.dumps(report))
         return
     out = Console()
     out.print(f"{report['trace']['jobs']} jobs on {report['trace']['gpus']} GPUs")
-    width = max(12, *(len(name) for name in report["policies"]))
-    out.print(f"{'policy':{width}s} {'avg JCT s':>10s} {'p99 JCT s':>10s} {'makespan s':>11s}")
-    for name, row in report["policies"].items():
-        out.print(
-            f"{name:{width}s} {row['avg_jct_s']:10.0f} {row['p99_jct_s']:10.0f} "
-            f"{row['makespan_s']:11.0f}"
-        )
+    print_policy_table(
+        out,
+        report["policies"],
+        [
+            ("avg JCT s", "avg_jct_s", "10.0f"),
+            ("p99 JCT s", "p99_jct_s", "10.0f"),
+            ("makespan s", "makespan_s", "11.0f"),
+        ],
+        min_width=12,
+    )
 
 
 @app.command("train-policy")
