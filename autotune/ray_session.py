@@ -42,6 +42,9 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bo
         else:
             cpus = max(num_cpus or 1, os.cpu_count() or 1)
             ray.init(
+                # "local": a new Ray of this process's own, even where the address file of
+                # a cluster started on this host (``ray start``) is found, running or not.
+                address="local",
                 num_cpus=cpus,
                 include_dashboard=False,
                 logging_level=logging.WARNING,

@@ -9,13 +9,21 @@ and pipeline groups.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from autotune.core import Layout
 
-__all__ = ["MESH_DIMS", "RankCoordinates", "init_mesh", "process_group_backend"]
+__all__ = [
+    "MESH_DIMS",
+    "RankCoordinates",
+    "bind_interface",
+    "init_mesh",
+    "interface_of",
+    "process_group_backend",
+]
 
 MESH_DIMS = ("pp", "dp", "tp")
 """The device mesh's dimensions, outermost first."""
@@ -50,6 +58,38 @@ def process_group_backend(device: str) -> str:
     CUDA tensors go through NCCL and the small CPU tensors the ranks agree on (the
     skip-step flags) through gloo: NCCL cannot reduce CPU tensors."""
     return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+
+
+_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+"""Where gloo and NCCL read the network interface to talk on."""
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface of this machine that holds ``address``, or ``None``."""
+    import socket
+
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(
+            a.family in (socket.AF_INET, socket.AF_INET6) and a.address == address
+            for a in addresses
+        ):
+            return name
+    return None
+
+
+def bind_interface(address: str) -> str | None:
+    """Make gloo and NCCL talk on the interface that holds ``address`` (the address the
+    cluster knows this rank's node by), unless the user chose one (``GLOO_SOCKET_IFNAME``,
+    ``NCCL_SOCKET_IFNAME``). Without it, gloo advertises the address the host name
+    resolves to, which on many hosts is a loopback address the other nodes cannot reach.
+    Returns the interface chosen (``None``: none holds the address, nothing set)."""
+    interface = interface_of(address)
+    if interface is not None:
+        for var in _IFNAME_VARS:
+            os.environ.setdefault(var, interface)
+    return interface
 
 
 def init_mesh(*, device: str, layout: Layout, rank: int, address: str, port: int) -> Any:

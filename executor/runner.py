@@ -397,9 +397,9 @@ class JobRunner:
         except _WorkerDied as died:
             self._stop()
             raise ExecutorError(f"starting the job's ranks failed: {died}") from None
-        except ray.exceptions.RayActorError as exc:
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
             self._stop()
-            raise ExecutorError(f"starting the job's ranks failed: {exc}") from None
+            raise ExecutorError(f"starting the job's ranks failed: {_cause(exc)}") from None
         self._result.placement = [{"rank": w["rank"], "node": node_name(w["node"])} for w in where]
         self.step = int(state["step"]) if state is not None else 0
 
@@ -464,7 +464,7 @@ class JobRunner:
                 if isinstance(cause, TaskError | ParallelError):
                     self._stop()
                     raise cause from None
-                raise _WorkerDied(_first_line(exc)) from None
+                raise _WorkerDied(_cause(exc)) from None
         return list(ray.get(refs))
 
     def _step_all(self) -> list[RankStep]:
@@ -630,6 +630,20 @@ def _describe(config: JobConfig) -> dict[str, Any]:
         "compression": config.compression.kind,
         "precision": config.precision.as_dict(),
     }
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong in a rank, in one line: for an exception raised in the rank, the
+    rank's node and the exception itself (Ray's first line names only the method)."""
+    import ray
+
+    if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
+        cause = exc.cause
+        where = f" on {exc.ip}" if getattr(exc, "ip", None) else ""
+        text = _first_line(cause)
+        name = type(cause).__name__
+        return f"{exc.function_name}{where}: {text if text.startswith(name) else f'{name}: {text}'}"
+    return _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

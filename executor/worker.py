@@ -50,7 +50,7 @@ from autotune.core import JobConfig, PrecisionMap
 from autotune.executor.checkpoint import full_from_part, full_tensor, local_part
 from autotune.executor.compression import NamedPowerSGD, local_grad
 from autotune.executor.errors import ParallelError
-from autotune.executor.mesh import RankCoordinates, init_mesh
+from autotune.executor.mesh import RankCoordinates, bind_interface, init_mesh
 from autotune.executor.parallelize import parallelize
 from autotune.executor.pipeline import StageModule, build_schedule, replay, stage_module
 from autotune.executor.placement import nvml_index
@@ -149,14 +149,20 @@ class RankWorker:
             node = socket.gethostname()
         return {"rank": self.rank, "node": node, "pid": os.getpid()}
 
-    def rendezvous(self) -> tuple[str, int]:
+    @staticmethod
+    def _node_address() -> str | None:
+        """The address Ray knows this rank's node by, when the rank is a Ray actor."""
         try:
             import ray
 
-            address = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+            if not ray.is_initialized() or ray.get_runtime_context().get_actor_id() is None:
+                return None
+            return str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]
         except Exception:
-            address = "127.0.0.1"
-        return address, _free_port()
+            return None
+
+    def rendezvous(self) -> tuple[str, int]:
+        return self._node_address() or "127.0.0.1", _free_port()
 
     # ----------------------------------------------------------------- building
 
@@ -166,6 +172,9 @@ class RankWorker:
         listens at ``address:port``."""
         spec, layout = self.spec, self.spec.config.layout
         self.device = self._select_device()
+        node = self._node_address()
+        if node is not None:  # talk to the other ranks on the node's own network
+            bind_interface(node)
         self.mesh = init_mesh(
             device=spec.device, layout=layout, rank=self.rank, address=address, port=port
         )

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REQUIRE_POSTGRES, SHARED_DATA, PostgresServer
+from helpers import REQUIRE_POSTGRES, REQUIRE_TESTBED, SHARED_DATA, PostgresServer
 
 from autotune.db import Database, sqlite_url
 
@@ -165,3 +165,32 @@ def any_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Dat
         db.dispose()
     else:
         yield request.getfixturevalue("postgres_database")
+
+
+# --- The testbed ----------------------------------------------------------------------
+# Tests on machines of network namespaces (autotune.benchmarks.testbed) need root, `ip`
+# and `tc`. Without them they skip, saying why, unless AUTOTUNE_REQUIRE_TESTBED is set
+# (CI sets it): then they fail. After the whole run, nothing a testbed made may be left.
+
+
+@pytest.fixture
+def testbed_host() -> None:
+    """Skip (or fail, where the testbed is required) on a host that cannot build one."""
+    from autotune.benchmarks.testbed import missing
+
+    why = missing()
+    if why:
+        if os.environ.get(REQUIRE_TESTBED):
+            pytest.fail(f"{why} ({REQUIRE_TESTBED} is set)")
+        pytest.skip(why)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from autotune.benchmarks.testbed import leftovers, missing
+
+    if missing() is not None:
+        return
+    left = leftovers()
+    if left:
+        print("\nthe testbed left behind:\n  " + "\n  ".join(left))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -99,6 +99,9 @@ def train(
 REQUIRE_POSTGRES = "AUTOTUNE_REQUIRE_POSTGRES"
 """Set (CI sets it) to make the tests that need a PostgreSQL server fail, not skip, when
 they cannot start one."""
+REQUIRE_TESTBED = "AUTOTUNE_REQUIRE_TESTBED"
+"""Set (CI sets it) to make the testbed's tests fail, not skip, on a host that cannot
+build one (no root, no ``ip netns``, no ``tc``)."""
 
 
 def postgres_bin() -> Path | None:
