@@ -54,9 +54,9 @@ def test_machines_run_ray_with_token_auth_and_leave_nothing_behind() -> None:
         build_s = time.monotonic() - started
         assert build_s <= 30, f"the testbed took {build_s:.1f} s to build"
         ask = (
-            "import json, ray; ray.init(address='{a}', log_to_driver=False); "
+            f"import json, ray; ray.init(address='{bed.ray_address}', log_to_driver=False); "
             "print(json.dumps(sorted((n['NodeManagerAddress'], n['Alive']) for n in ray.nodes())))"
-        ).format(a=bed.ray_address)
+        )
         seen = bed.python("control", ask, timeout=120)
         assert seen.returncode == 0, seen.stderr[-2000:]
         assert seen.stdout.strip().splitlines()[-1] == (
