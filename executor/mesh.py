@@ -75,7 +75,7 @@ def interface_of(address: str) -> str | None:
             a.family in (socket.AF_INET, socket.AF_INET6) and a.address == address
             for a in addresses
         ):
-            return name
+            return str(name)
     return None
 
 
