@@ -146,10 +146,11 @@ class Machine:
 class Testbed:
     """``machines`` machines (2 to 4; the first is Ray's head) with ``cpus`` Ray CPUs
     each (or one count per machine), on links of ``mbit`` Mbit/s (``None``: unshaped).
-    ``control``: one more machine, ``control``, that runs no Ray (the operator's: the
-    daemon and its database, a benchmark's driver). ``system_config``: Ray's system
-    config for the head (``ray start --system-config``). ``ray=False`` builds the network
-    and cgroups only."""
+    ``control``: one more machine, ``control``, that runs no Ray (an operator's machine:
+    a database, an API client; a Ray driver such as the daemon or ``autotune job run``
+    must run on a Ray machine, since a driver needs a raylet beside it).
+    ``system_config``: Ray's system config for the head (``ray start --system-config``).
+    ``ray=False`` builds the network and cgroups only."""
 
     def __init__(
         self,

@@ -3,11 +3,13 @@ real ``ray start`` with token authentication, the fault and shape verbs, and tea
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -161,3 +163,25 @@ def test_ctrl_c_on_the_command_tears_the_testbed_down() -> None:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
     assert set(leftovers()) - before == set()
+
+
+def test_a_job_trains_across_machines_without_interface_settings() -> None:
+    """Two ranks on two machines talk over the link on their nodes' own addresses (no
+    GLOO_SOCKET_IFNAME: this host's name resolves to a loopback address)."""
+    autotune = str(Path(sys.executable).with_name("autotune"))
+    with tb.Testbed(2, mbit=100, control=True) as bed:
+        argv = [
+            autotune, "job", "run", "--task", "gpt-char", "--dp", "2", "--steps", "4",
+            "--ray-address", bed.ray_address, "--json",
+        ]  # fmt: skip
+        proc = bed.run("head", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 0, err[-3000:]
+        result = json.loads(out)
+        assert result["steps"] == 4
+        assert len({p["node"] for p in result["placement"]}) == 2
+        assert result["bytes_sent"] > 0
