@@ -138,10 +138,6 @@ class Machine:
     def is_head(self) -> bool:
         return self.index == 0
 
-    @property
-    def runs_ray(self) -> bool:
-        return self.index != CONTROL
-
 
 class Testbed:
     """``machines`` machines (2 to 4; the first is Ray's head) with ``cpus`` Ray CPUs
@@ -301,10 +297,6 @@ class Testbed:
     def workers(self) -> list[Machine]:
         """The Ray machines other than the head."""
         return [m for m in self.machines[1:] if m.index != CONTROL]
-
-    def machine_of(self, ray_address: str) -> Machine:
-        """The machine whose address Ray reports for a node (``NodeManagerAddress``)."""
-        return self.machine(ray_address)
 
     @property
     def ray_address(self) -> str:
