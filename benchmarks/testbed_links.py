@@ -1,0 +1,231 @@
+"""The testbed's links are real: all-reduce time against the bandwidth bound.
+
+    python bench/testbed_links.py [--mbit 100] [--sizes-mib 1 4 16] [--steps 20]
+                                  [--json bench/out/testbed_links.json]
+
+Two machines of the testbed (``autotune.benchmarks.testbed``: network namespaces on a
+link shaped with ``tbf`` to ``--mbit`` Mbit/s each way, each running ``ray start``):
+
+1. **All-reduce of known bytes.** One process per machine joins a gloo group over the
+   link and times ``all_reduce`` of ``--sizes-mib`` MiB of fp32 (median of ``--repeats``
+   after one warm-up). The bound for a ring of n ranks is 2·(n−1)/n · bytes · 8 / rate.
+2. **A training step.** ``autotune job run --task gpt-char --dp 2`` across the two
+   machines, the driver on the head: dense on the shaped link, dense on the unshaped link
+   (the step's compute: the link is a veth pair, GB/s), and top-k 1% on the shaped link.
+   The dense step's all-reduce is the shaped step minus the unshaped one; it is set
+   against the bound for the gradient's bytes, and the shaped step against compute plus
+   that bound.
+
+Everything is printed and written as JSON to ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from autotune.benchmarks import REPO
+from autotune.benchmarks.testbed import Testbed
+
+PORT = 29555
+
+ALL_REDUCE = """
+import json, os, statistics, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://{master}:{port}", rank={rank},
+                        world_size={world}, timeout=__import__("datetime").timedelta(seconds=120))
+out = {{}}
+for mib in {sizes}:
+    x = torch.ones(int(mib * 2**20) // 4)
+    dist.all_reduce(x)  # warm-up: connections and buffers
+    times = []
+    for _ in range({repeats}):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        times.append(time.perf_counter() - t0)
+    out[str(mib)] = statistics.median(times)
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+def ring_bound_s(nbytes: float, ranks: int, mbit: float) -> float:
+    """A ring all-reduce's time on links of ``mbit`` Mbit/s each way: every rank sends
+    and receives 2·(n−1)/n of the buffer."""
+    return 2 * (ranks - 1) / ranks * nbytes * 8 / (mbit * 1e6)
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Measure all-reduce and training steps across testbed machines "
+        "against the bandwidth bound.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--mbit", type=float, default=100.0, help="link bandwidth, Mbit/s")
+    parser.add_argument(
+        "--sizes-mib", type=float, nargs="+", default=[1.0, 4.0, 16.0], help="all-reduce sizes"
+    )
+    parser.add_argument("--repeats", type=int, default=5, help="timed all-reduces per size")
+    parser.add_argument("--steps", type=int, default=20, help="steps of each training run")
+    parser.add_argument(
+        "--no-train", action="store_true", help="measure the all-reduce only, not the job"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=REPO / "bench" / "out" / "testbed_links.json", help="output"
+    )
+    args = parser.parse_args(argv)
+    if args.mbit <= 0 or min(args.sizes_mib) <= 0 or args.repeats < 1 or args.steps < 2:
+        parser.error("--mbit and --sizes-mib must be > 0, --repeats >= 1, --steps >= 2")
+    return args
+
+
+def _all_reduce(bed: Testbed, sizes: list[float], repeats: int) -> dict[str, float]:
+    machines = [bed.head, *bed.workers]
+    procs = []
+    for rank, m in enumerate(machines):
+        code = ALL_REDUCE.format(
+            master=bed.head.address,
+            port=PORT,
+            rank=rank,
+            world=len(machines),
+            sizes=sizes,
+            repeats=repeats,
+        )
+        env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
+        procs.append(
+            bed.run(
+                m,
+                [sys.executable, "-c", code],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    outs = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        if proc.returncode != 0:
+            raise RuntimeError(f"the all-reduce failed: {err[-2000:]}")
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    # The group's time is its slowest rank's.
+    return {size: max(o[size] for o in outs) for size in outs[0]}
+
+
+def _job(bed: Testbed, steps: int, compression: str) -> dict[str, Any]:
+    autotune = str(Path(sys.executable).with_name("autotune"))
+    argv = [
+        autotune, "job", "run", "--task", "gpt-char", "--dp", "2", "--steps", str(steps),
+        "--compression", compression, "--ray-address", bed.ray_address, "--json",
+    ]  # fmt: skip
+    proc = bed.run("head", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"`autotune job run --compression {compression}` failed: {err[-3000:]}")
+    summary: dict[str, Any] = json.loads(out)
+    nodes = {p["node"] for p in summary["placement"]}
+    if len(nodes) != 2:
+        raise RuntimeError(f"the job's ranks did not span both machines: {sorted(nodes)}")
+    return summary
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {"mbit": args.mbit}
+    with Testbed(2, mbit=args.mbit, cpus=1) as bed:
+        result["testbed_built_s"] = round(bed.built_s, 2)
+        ranks = 2
+        reduce = _all_reduce(bed, args.sizes_mib, args.repeats)
+        result["all_reduce"] = []
+        for size, seconds in reduce.items():
+            bound = ring_bound_s(float(size) * 2**20, ranks, args.mbit)
+            result["all_reduce"].append(
+                {
+                    "mib": float(size),
+                    "measured_s": round(seconds, 4),
+                    "bound_s": round(bound, 4),
+                    "ratio": round(seconds / bound, 3),
+                    "effective_mbit": round(
+                        2 * (ranks - 1) / ranks * float(size) * 2**20 * 8 / seconds / 1e6, 1
+                    ),
+                }
+            )
+        if args.no_train:
+            return result
+        dense = _job(bed, args.steps, "none")
+        topk = _job(bed, args.steps, "topk:0.01")
+        for m in (bed.head, *bed.workers):
+            bed.shape(m, None)
+        compute = _job(bed, args.steps, "none")
+    grad_bytes = dense["bytes_dense"] / dense["steps"] / ranks
+    bound = ring_bound_s(grad_bytes, ranks, args.mbit)
+    step, step_compute = dense["step_time_s_median"], compute["step_time_s_median"]
+    comm = step - step_compute
+    result["training"] = {
+        "task": "gpt-char",
+        "dp": ranks,
+        "steps": args.steps,
+        "gradient_bytes_per_rank": int(grad_bytes),
+        "step_s_dense_shaped": round(step, 4),
+        "step_s_dense_unshaped": round(step_compute, 4),
+        "step_s_topk1pct_shaped": round(topk["step_time_s_median"], 4),
+        "topk_bytes_sent_fraction": round(topk["bytes_sent"] / topk["bytes_dense"], 4),
+        "all_reduce_s": round(comm, 4),
+        "all_reduce_bound_s": round(bound, 4),
+        "all_reduce_ratio": round(comm / bound, 3),
+        "step_over_compute_plus_bound": round(step / (step_compute + bound), 3),
+        "speedup_topk_over_dense": round(step / topk["step_time_s_median"], 2),
+        "loss_last_dense": dense["loss_last"],
+        "loss_last_topk": topk["loss_last"],
+        "nodes": sorted({p["node"] for p in dense["placement"]}),
+    }
+    return result
+
+
+def within(ratio: float, tolerance: float = 0.2) -> bool:
+    return abs(ratio - 1) <= tolerance
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
+    result = run(args)
+    goals = {
+        "all_reduce_within_20pct": all(within(r["ratio"]) for r in result["all_reduce"]),
+    }
+    if "training" in result:
+        t = result["training"]
+        goals["step_all_reduce_within_20pct"] = within(t["all_reduce_ratio"])
+        goals["step_within_20pct_of_compute_plus_bound"] = within(t["step_over_compute_plus_bound"])
+    out = {
+        "benchmark": "testbed_links",
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "command": " ".join(["python", "bench/testbed_links.py", *(argv or sys.argv[1:])]),
+        **result,
+        "goals": goals,
+        "median_note": "all-reduce: median of the timed repeats, slowest rank; "
+        "steps: the job's median step",
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    return 0 if all(goals.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""The testbed's links behave like a network of their bandwidth: all-reduce of known bytes
+and a dense data-parallel step across machines, against the bound 2·(n−1)/n·bytes/rate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.benchmarks import testbed_links
+
+pytestmark = [pytest.mark.testbed, pytest.mark.usefixtures("testbed_host")]
+
+
+def test_ring_bound() -> None:
+    # 2 ranks: each sends the whole buffer once; 4 ranks: 1.5 times.
+    assert testbed_links.ring_bound_s(12.5e6, 2, 100) == pytest.approx(1.0)
+    assert testbed_links.ring_bound_s(12.5e6, 4, 100) == pytest.approx(1.5)
+
+
+def test_all_reduce_and_a_dense_step_take_the_links_time(tmp_path: Path) -> None:
+    out = tmp_path / "links.json"
+    argv = ["--sizes-mib", "2", "--repeats", "3", "--steps", "8", "--json", str(out)]
+    code = testbed_links.main(argv)
+    result = json.loads(out.read_text())
+    assert code == 0, result
+    assert all(result["goals"].values()), result
+    (reduce,) = result["all_reduce"]
+    assert reduce["ratio"] == pytest.approx(1.0, abs=0.2)
+    training = result["training"]
+    assert training["all_reduce_ratio"] == pytest.approx(1.0, abs=0.2)
+    assert len(training["nodes"]) == 2
+    # Top-k 1% sends a few percent of the bytes, so its step is far shorter on this link.
+    assert training["step_s_topk1pct_shaped"] < 0.6 * training["step_s_dense_shaped"]
