@@ -1,30 +1,35 @@
-"""Node loss, end to end: the daemon re-plans a job whose node dies, and the job finishes.
+"""A machine lost under a running job: the daemon re-plans it, and the job finishes.
 
-    python bench/recovery.py [--steps 120] [--checkpoint-every 10] [--kill-at 45]
-                             [--health-check-ms 500] [--no-comeback] [--json FILE]
+    python bench/recovery.py [--fault kill|partition] [--partition-s 60] [--steps 120]
+                             [--checkpoint-every 10] [--fault-at 45] [--mbit 1000]
+                             [--health-check-ms 500] [--json FILE]
 
-A real 3-node Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head with one
-rank slot, two workers with two each; CPU ranks), the daemon (SQLite, the ``ray``
-backend, the rules policy) ticking every ``--tick-s``, and the API in-process. A
-``gpt-char`` job of 2 to 4 ranks is submitted through the API and trained twice:
+On the testbed (``autotune.benchmarks.testbed``: three machines of network namespaces on
+links of ``--mbit`` Mbit/s, each running ``ray start`` with token authentication; a head
+with one CPU rank slot, two workers with two each): the daemon (SQLite, the ``ray``
+backend, the rules policy) runs on the head machine, ticking every ``--tick-s``, with its
+API in-process. A ``gpt-char`` job of 2 to 4 ranks is submitted through the API and
+trained twice:
 
 1. uninterrupted, to the end: the reference loss curve;
-2. again from scratch, and at step ``--kill-at`` the raylet of a worker node that hosts
-   ranks of the job is SIGKILLed. Ray declares the node dead, the runner reports it lost,
-   the daemon marks it ``lost`` in the database and ``/api/v1/cluster``, places the job
-   on the surviving nodes (a smaller layout: 3 slots are left for 4 ranks), and the job
-   resumes from its newest checkpoint.
+2. again from scratch, and after step ``--fault-at`` a worker machine that hosts ranks of
+   the job fails: ``kill`` SIGKILLs every process on it (a power cut); ``partition`` takes
+   its link down for ``--partition-s`` seconds and then heals it. Ray declares the node
+   dead, the runner reports it lost, the daemon marks it ``lost`` in the database and
+   ``/api/v1/cluster``, places the job on the surviving machines (a smaller layout: 3
+   slots are left for 4 ranks), and the job resumes from its newest checkpoint.
 
-Then (unless ``--no-comeback``) a new node joins and a third job of 4 ranks is placed
-with ranks on it: the capacity lost is used again.
+3. The machine comes back: a Ray node the cluster declared dead does not rejoin (its
+   raylet exits when it learns so: reported as ``rejoined_by_itself`` after a partition),
+   so the machine's Ray is started again, and a job of 4 ranks is placed with ranks on it.
 
-Reported (JSON, printed and written to ``--json``): MTTR, the time from the kill to the
-first step completed on the new placement, split into detection (kill to ``node_lost``)
+Reported (JSON, printed and written to ``--json``): MTTR, the time from the fault to the
+first step completed on the new placement, split into detection (fault to ``node_lost``)
 and restart; steps redone; both runs' final losses (mean of the last 10 steps) and their
-relative difference; the lost node's state in the API; the decision's reason. Ray's
-default health check declares a killed raylet dead after about 15 s;
-``--health-check-ms`` sets the period of its checks (3 misses declare a node dead; 0
-keeps Ray's defaults).
+relative difference; the lost node's state in the API; the decision's reason; whether
+every checkpoint written still loads. Ray's default health check declares a dead node
+after about 15 s; ``--health-check-ms`` sets the period and timeout of its checks (3
+misses declare a node dead; 0 keeps Ray's defaults).
 """
 
 from __future__ import annotations
@@ -34,10 +39,8 @@ import json
 import logging
 import os
 import platform
-import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
     from autotune.interfaces import JobMetrics
 
 from autotune.benchmarks import REPO
+from autotune.benchmarks.testbed import Machine, Testbed
 
 TOKEN = "recovery-bench"
 LAST = 10  # final loss: mean of the last LAST steps
@@ -61,7 +65,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--steps", type=int, default=120, help="steps of the job")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps per checkpoint")
-    parser.add_argument("--kill-at", type=int, default=45, help="kill the node after this step")
+    parser.add_argument(
+        "--fault", choices=["kill", "partition"], default="kill", help="what happens to a machine"
+    )
+    parser.add_argument("--fault-at", type=int, default=45, help="the fault after this step")
+    parser.add_argument(
+        "--partition-s", type=float, default=60.0, help="how long a partition lasts"
+    )
+    parser.add_argument("--mbit", type=float, default=1000.0, help="the links' Mbit/s")
     parser.add_argument(
         "--health-check-ms",
         type=int,
@@ -71,22 +82,21 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--tick-s", type=float, default=0.5, help="the daemon's tick period")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--no-comeback", action="store_true", help="skip adding a node back afterwards"
-    )
-    parser.add_argument(
         "--json", type=Path, default=REPO / "bench" / "out" / "recovery.json", help="output"
     )
     parser.add_argument("--timeout-s", type=float, default=900.0, help="give up after this")
     args = parser.parse_args(argv)
-    if not 0 < args.kill_at < args.steps:
-        parser.error("--kill-at must be between 0 and --steps")
+    if not 0 < args.fault_at < args.steps:
+        parser.error("--fault-at must be between 0 and --steps")
+    if args.partition_s <= 0 or args.mbit <= 0:
+        parser.error("--partition-s and --mbit must be > 0")
     return args
 
 
 class _Harness:
     """The daemon, its API and the job's steps as they happen."""
 
-    def __init__(self, cluster: Any, root: Path, args: argparse.Namespace) -> None:
+    def __init__(self, address: str, root: Path, args: argparse.Namespace) -> None:
         from fastapi.testclient import TestClient
 
         from autotune.api.app import attach_daemon, create_app
@@ -103,7 +113,7 @@ class _Harness:
         self._lock = threading.Lock()
         self.backend = RayBackend(
             checkpoint_root=root / "checkpoints",
-            address=cluster.address,
+            address=address,
             checkpoint_every=args.checkpoint_every,
             device="cpu",
             on_step=self._on_step,
@@ -183,157 +193,209 @@ def _final_loss(curve: dict[int, float]) -> float:
     return statistics.fmean(list(curve.values())[-LAST:])
 
 
-def _ray_id(node: Any) -> str:
-    """Ray's node id of a ``ray.cluster_utils`` node (matched by its raylet's port)."""
+def _machine_of(bed: Testbed, name: str) -> Machine:
+    """The testbed machine of a node the daemon names ``name``."""
     import ray
-
-    for entry in ray.nodes():  # type: ignore[no-untyped-call]
-        if entry["Alive"] and entry["NodeManagerPort"] == node.node_manager_port:
-            return str(entry["NodeID"])
-    raise RuntimeError(f"no alive Ray node has raylet port {node.node_manager_port}")
-
-
-def _kill_raylet(node: Any) -> int:
-    raylet = node.all_processes["raylet"][0].process
-    os.kill(raylet.pid, signal.SIGKILL)
-    return int(raylet.pid)
-
-
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    import ray
-    from ray.cluster_utils import Cluster
 
     from autotune.executor.cluster import ray_node_id
 
+    ray_id = ray_node_id(name)
+    for entry in ray.nodes():  # type: ignore[no-untyped-call]
+        if entry["NodeID"] == ray_id:
+            return bed.machine(str(entry["NodeManagerAddress"]))
+    raise RuntimeError(f"Ray knows no node {name} ({ray_id})")
+
+
+def _alive_on(address: str) -> bool:
+    import ray
+
+    return any(
+        e["Alive"] and e["NodeManagerAddress"] == address
+        for e in ray.nodes()  # type: ignore[no-untyped-call]
+    )
+
+
+def _checkpoints(root: Path) -> dict[str, Any]:
+    """Every checkpoint the jobs wrote, and whether each one loads."""
+    import torch
+
+    files = sorted(p for p in (root / "checkpoints").rglob("*") if p.is_file())
+    bad = []
+    for path in files:
+        if path.suffix not in (".pt", ".pth"):
+            continue
+        try:
+            torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:
+            bad.append(f"{path.relative_to(root)}: {type(exc).__name__}: {exc}")
+    partial = [str(p.relative_to(root)) for p in files if p.suffix == ".tmp"]
+    return {"files": len(files), "unreadable": bad, "partial": partial}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     system_config: dict[str, Any] = {}
     if args.health_check_ms:
         system_config = {
             "health_check_period_ms": args.health_check_ms,
+            "health_check_timeout_ms": args.health_check_ms,
             "health_check_failure_threshold": 3,
         }
-    head_args: dict[str, Any] = {"num_cpus": 1}
-    if system_config:
-        head_args["_system_config"] = system_config
     started = time.perf_counter()
-    cluster = Cluster(initialize_head=True, head_node_args=head_args)
-    result: dict[str, Any] = {}
+    bed = Testbed(3, mbit=args.mbit, cpus=[1, 2, 2], system_config=system_config)
+    result: dict[str, Any] = {"testbed_built_s": round(bed.built_s, 2), "mbit": args.mbit}
     harness: _Harness | None = None
-    root = Path(tempfile.mkdtemp(prefix="autotune-recovery-"))
+    root = bed.root / "daemon"
+    root.mkdir()
     try:
-        workers = [cluster.add_node(num_cpus=2) for _ in range(2)]
-        cluster.wait_for_nodes()
-        result["cluster_start_s"] = round(time.perf_counter() - started, 1)
-        harness = _Harness(cluster, root, args)
-        h = harness
-        deadline = time.monotonic() + args.timeout_s
+        with bed.client("head"):  # the daemon runs on the head machine, as a user's would
+            import ray  # after ``client`` sets RAY_AUTH_MODE: Ray reads it on import
 
-        def finished(job_id: str) -> Callable[[], Any]:
-            return lambda: (j := h.job(job_id))["state"] in ("finished", "failed") and j
-
-        # 1. The reference: the same job, never interrupted.
-        h.submit("reference", min_gpus=2, max_gpus=4)
-        ref = h.tick_until(
-            "the reference job", finished("reference"), deadline - time.monotonic(), lambda: None
-        )
-        if ref["state"] != "finished":
-            raise RuntimeError(f"the reference job failed: {ref['state_reason']}")
-        ref_layout = h.decisions("reference")[-1]["config"]["layout"]
-
-        # 2. The same job; a node under it is killed at --kill-at.
-        killed: dict[str, Any] = {}
-
-        def kill_when_due() -> None:
-            if killed:
-                return
-            with h._lock:
-                done = [s for _, s, _ in h.steps.get("victim", [])]
-            if not done or max(done) < args.kill_at:
-                return
-            placement = h.decisions("victim")[0]["placement"]
-            names = sorted({slot["node_id"] for slot in placement["ranks"]})
-            by_id = {_ray_id(w): w for w in workers}
-            victim = next(n for n in names if ray_node_id(n) in by_id)
-            killed["at"] = time.time()
-            killed["node"] = victim
-            killed["step"] = max(done)
-            killed["raylet_pid"] = _kill_raylet(by_id[ray_node_id(victim)])
-            killed["cluster_node"] = by_id[ray_node_id(victim)]
-
-        h.submit("victim", min_gpus=2, max_gpus=4)
-        victim = h.tick_until(
-            "the interrupted job", finished("victim"), deadline - time.monotonic(), kill_when_due
-        )
-        if not killed:
-            raise RuntimeError("the job finished before the node was killed: lower --kill-at")
-        events = h.backend.job_events("victim")
-        lost = next(e for e in events if e["kind"] == "node_lost")
-        resumed = next(e for e in events if e["kind"] == "resumed")
-        decisions = h.decisions("victim")
-        replaced = next(d for d in decisions if "lost" in d["reason"])
-        cluster_view = h.get("/cluster")
-        lost_node = next(n for n in cluster_view["nodes"] if n["node_id"] == killed["node"])
-        with h._lock:
-            ref_steps, victim_steps = list(h.steps["reference"]), list(h.steps["victim"])
-        ref_curve, victim_curve = _curve(ref_steps), _curve(victim_steps)
-        ref_loss, victim_loss = _final_loss(ref_curve), _final_loss(victim_curve)
-        result.update(
-            {
-                "job_state": victim["state"],
-                "steps": args.steps,
-                "checkpoint_every": args.checkpoint_every,
-                "killed_node": killed["node"],
-                "killed_after_step": killed["step"],
-                "layout_before": decisions[-1]["config"]["layout"],
-                "layout_after": replaced["config"]["layout"],
-                "reference_layout": ref_layout,
-                "placement_after": sorted({s["node_id"] for s in replaced["placement"]["ranks"]}),
-                "detect_s": round(lost["at"] - killed["at"], 2),
-                "mttr_s": round(resumed["at"] - killed["at"], 2),
-                "restart_s": round(resumed["at"] - lost["at"], 2),
-                "steps_redone": resumed["steps_redone"],
-                "resumed_from_step": resumed["resumed_from"],
-                "final_loss_reference": round(ref_loss, 4),
-                "final_loss_interrupted": round(victim_loss, 4),
-                "final_loss_rel_diff": round(abs(victim_loss - ref_loss) / ref_loss, 4),
-                "loss_curve_reference": [round(v, 4) for v in ref_curve.values()],
-                "loss_curve_interrupted": [round(v, 4) for v in victim_curve.values()],
-                "decision_reason": replaced["reason"],
-                "lost_node_state": lost_node["state"],
-                "lost_node_lost_at": lost_node["lost_at"],
-            }
-        )
-
-        # 3. A node joins: a 4-rank job is placed with ranks on it.
-        if not args.no_comeback:
-            before = {n["node_id"] for n in h.get("/cluster")["nodes"]}
-            # The rest of the killed node's processes go first (its raylet is dead already).
-            cluster.remove_node(killed["cluster_node"], allow_graceful=False)
-            cluster.add_node(num_cpus=2)
-            cluster.wait_for_nodes()
-            h.submit("after", min_gpus=4, max_gpus=4, steps=5)
-            after = h.tick_until(
-                "a job on the node that joined",
-                finished("after"),
-                deadline - time.monotonic(),
-                lambda: None,
-            )
-            placed = h.decisions("after")[-1]["placement"]["ranks"]
-            nodes_after = {n["node_id"]: n for n in h.get("/cluster")["nodes"]}
-            joined = sorted(set(nodes_after) - before)
-            result["comeback"] = {
-                "joined": joined,
-                "job_state": after["state"],
-                "placed_on": sorted({s["node_id"] for s in placed}),
-                "uses_joined": bool(set(joined) & {s["node_id"] for s in placed}),
-            }
-        result["wall_s"] = round(time.perf_counter() - started, 1)
+            harness = _Harness(bed.ray_address, root, args)
+            _scenario(bed, harness, args, result, root)
+            result["wall_s"] = round(time.perf_counter() - started, 1)
+            harness.close()
+            harness = None
+            if ray.is_initialized():
+                ray.shutdown()
     finally:
         if harness is not None:
             harness.close()
-        if ray.is_initialized():
-            ray.shutdown()
-        cluster.shutdown()  # type: ignore[no-untyped-call]
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            sys.modules["ray"].shutdown()
+        bed.close()
     return result
+
+
+def _scenario(
+    bed: Testbed, h: _Harness, args: argparse.Namespace, result: dict[str, Any], root: Path
+) -> None:
+    deadline = time.monotonic() + args.timeout_s
+
+    def finished(job_id: str) -> Callable[[], Any]:
+        return lambda: (j := h.job(job_id))["state"] in ("finished", "failed") and j
+
+    # 1. The reference: the same job, never interrupted.
+    h.submit("reference", min_gpus=2, max_gpus=4)
+    ref = h.tick_until(
+        "the reference job", finished("reference"), deadline - time.monotonic(), lambda: None
+    )
+    if ref["state"] != "finished":
+        raise RuntimeError(f"the reference job failed: {ref['state_reason']}")
+    ref_layout = h.decisions("reference")[-1]["config"]["layout"]
+
+    # 2. The same job; a worker machine under it fails after --fault-at.
+    fault: dict[str, Any] = {}
+
+    def inject_when_due() -> None:
+        if fault.get("healed_at") or (fault and args.fault == "kill"):
+            return
+        if fault:  # partitioned: heal once --partition-s has passed
+            if time.time() - fault["at"] >= args.partition_s:
+                bed.heal(fault["machine"])
+                fault["healed_at"] = time.time()
+            return
+        with h._lock:
+            done = [s for _, s, _ in h.steps.get("victim", [])]
+        if not done or max(done) < args.fault_at:
+            return
+        placement = h.decisions("victim")[0]["placement"]
+        names = sorted({slot["node_id"] for slot in placement["ranks"]})
+        machines = {name: _machine_of(bed, name) for name in names}
+        victim = next(n for n in names if not machines[n].is_head)
+        fault.update(node=victim, machine=machines[victim].name, step=max(done), at=time.time())
+        if args.fault == "kill":
+            fault["pids_killed"] = len(bed.kill(machines[victim]))
+        else:
+            bed.partition(machines[victim])
+
+    h.submit("victim", min_gpus=2, max_gpus=4)
+    victim = h.tick_until(
+        "the interrupted job", finished("victim"), deadline - time.monotonic(), inject_when_due
+    )
+    if not fault:
+        raise RuntimeError("the job finished before the fault: lower --fault-at")
+    if args.fault == "partition" and "healed_at" not in fault:
+        # The job finished on the survivors before the partition was over.
+        remaining = args.partition_s - (time.time() - fault["at"])
+        time.sleep(max(0.0, remaining))
+        bed.heal(fault["machine"])
+        fault["healed_at"] = time.time()
+    events = h.backend.job_events("victim")
+    lost = next(e for e in events if e["kind"] == "node_lost")
+    resumed = next(e for e in events if e["kind"] == "resumed")
+    decisions = h.decisions("victim")
+    replaced = next(d for d in decisions if "lost" in d["reason"])
+    cluster_view = h.get("/cluster")
+    lost_node = next(n for n in cluster_view["nodes"] if n["node_id"] == fault["node"])
+    with h._lock:
+        ref_steps, victim_steps = list(h.steps["reference"]), list(h.steps["victim"])
+    ref_curve, victim_curve = _curve(ref_steps), _curve(victim_steps)
+    ref_loss, victim_loss = _final_loss(ref_curve), _final_loss(victim_curve)
+    result.update(
+        {
+            "fault": args.fault,
+            "job_state": victim["state"],
+            "steps": args.steps,
+            "checkpoint_every": args.checkpoint_every,
+            "failed_node": fault["node"],
+            "failed_machine": fault["machine"],
+            "failed_after_step": fault["step"],
+            "layout_before": decisions[-1]["config"]["layout"],
+            "layout_after": replaced["config"]["layout"],
+            "reference_layout": ref_layout,
+            "placement_after": sorted({s["node_id"] for s in replaced["placement"]["ranks"]}),
+            "detect_s": round(lost["at"] - fault["at"], 2),
+            "mttr_s": round(resumed["at"] - fault["at"], 2),
+            "restart_s": round(resumed["at"] - lost["at"], 2),
+            "steps_redone": resumed["steps_redone"],
+            "resumed_from_step": resumed["resumed_from"],
+            "final_loss_reference": round(ref_loss, 4),
+            "final_loss_interrupted": round(victim_loss, 4),
+            "final_loss_rel_diff": round(abs(victim_loss - ref_loss) / ref_loss, 4),
+            "loss_curve_reference": [round(v, 4) for v in ref_curve.values()],
+            "loss_curve_interrupted": [round(v, 4) for v in victim_curve.values()],
+            "decision_reason": replaced["reason"],
+            "lost_node_state": lost_node["state"],
+            "lost_node_lost_at": lost_node["lost_at"],
+        }
+    )
+    if args.fault == "partition":
+        result["partition_s"] = round(fault["healed_at"] - fault["at"], 1)
+        result["finished_during_partition"] = victim_steps[-1][0] < fault["healed_at"]
+
+    # 3. The machine comes back. A Ray node that the cluster declared dead never rejoins
+    # (its raylet exits once it hears so); the machine's Ray is started again, as a
+    # cluster manager would, and a 4-rank job is placed with ranks on the new node.
+    machine = bed.machine(fault["machine"])
+    if args.fault == "partition":
+        waited = time.monotonic()
+        while time.monotonic() - waited < 30 and not _alive_on(machine.address):
+            time.sleep(0.5)  # the healed raylet rejoining by itself, if Ray allowed it
+        result["rejoined_by_itself"] = _alive_on(machine.address)
+        result["processes_left_after_heal"] = len(bed.pids(machine))
+    if not _alive_on(machine.address):
+        bed.kill(machine)  # what is left of the old node's processes
+        bed.restart(machine)
+    before = {n["node_id"] for n in h.get("/cluster")["nodes"]}
+    h.submit("after", min_gpus=4, max_gpus=4, steps=5)
+    after = h.tick_until(
+        "a job on the machine that came back",
+        finished("after"),
+        deadline - time.monotonic(),
+        lambda: None,
+    )
+    placed = h.decisions("after")[-1]["placement"]["ranks"]
+    nodes_after = {n["node_id"]: n for n in h.get("/cluster")["nodes"]}
+    joined = sorted(set(nodes_after) - before)
+    placed_on = {s["node_id"] for s in placed}
+    result["comeback"] = {
+        "joined": joined,
+        "job_state": after["state"],
+        "placed_on": sorted(placed_on),
+        "uses_joined": bool(set(joined) & placed_on),
+        "uses_machine": any(_machine_of(bed, name).name == machine.name for name in placed_on),
+    }
+    result["checkpoints"] = _checkpoints(root)
 
 
 def main(argv: list[str] | None = None) -> int:
