@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "ClusterSnapshot",
+    "Fenceable",
     "JobControl",
     "JobMetrics",
     "JobState",
@@ -245,6 +246,18 @@ class JobControl(Protocol):
         """Before the first ``observe()``: resume ``jobs`` as they were (state,
         progress, config and placement), and never create a job whose id is in
         ``taken_ids`` (the database already holds it)."""
+        ...
+
+
+@runtime_checkable
+class Fenceable(Protocol):
+    """A backend whose jobs outlive the daemon's leadership (Ray actors keep training
+    when their daemon loses the database): it fences the jobs it starts by the leader
+    term it is told, so that a newer leader's start of a job stops this one's ranks
+    first (``autotune.executor.fencing``)."""
+
+    def lead(self, term: int | None) -> None:
+        """Start jobs as the leader of ``term`` from now on (``None``: unfenced)."""
         ...
 
 

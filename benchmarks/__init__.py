@@ -13,9 +13,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-__all__ = ["OUT", "REPO"]
+__all__ = ["OUT", "REPO", "postgres_bin"]
 
 REPO: Final = Path(__file__).resolve().parents[1]
 """The source checkout (through an editable install's links)."""
 OUT: Final = REPO / "bench" / "out"
 """Where the benchmarks write their JSON by default."""
+
+
+def postgres_bin() -> Path | None:
+    """Where ``pg_ctl`` and ``initdb`` are (Debian's postgresql package), if anywhere: for
+    the throwaway PostgreSQL servers of tests and benchmarks."""
+    import shutil
+
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(found).resolve().parent
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    return candidates[-1].parent if candidates else None

@@ -198,10 +198,20 @@ class Connection:
 
 class Load:
     """The open-loop client: a pool of keep-alive connections per daemon, grown on demand;
-    requests go to the daemons (``ports``) in turn."""
+    requests go to the daemons (``ports``; on ``hosts[port]``, 127.0.0.1 by default) in
+    turn, of the kinds of ``mix`` (``MIX`` by default) in its shares."""
 
-    def __init__(self, ports: list[int], targets: Targets, seed: int) -> None:
+    def __init__(
+        self,
+        ports: list[int],
+        targets: Targets,
+        seed: int,
+        *,
+        hosts: dict[int, str] | None = None,
+        mix: dict[str, float] | None = None,
+    ) -> None:
         self.ports = ports
+        self.hosts = dict(hosts or {})
         self.targets = targets
         self.idle: dict[int, list[Connection]] = {port: [] for port in ports}
         self.sent = 0
@@ -209,8 +219,9 @@ class Load:
         self.latency: dict[str, list[float]] = defaultdict(list)
         self.status: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.seen_ids: set[int] = set()
-        self.kinds = list(MIX)
-        self.weights = [MIX[k] for k in self.kinds]
+        mix = MIX if mix is None else mix
+        self.kinds = list(mix)
+        self.weights = [mix[k] for k in self.kinds]
         self.rng = random.Random(seed)
         self.signalled_at: float | None = None
         self.after_signal: dict[str, int] = defaultdict(int)
@@ -231,7 +242,7 @@ class Load:
             if time.perf_counter() - connection.used_at < IDLE_S:
                 return connection
             connection.writer.close()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = await asyncio.open_connection(self.hosts.get(port, "127.0.0.1"), port)
         self.opened += 1
         return Connection(reader, writer)
 

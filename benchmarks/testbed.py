@@ -21,10 +21,12 @@ system.
 
 Verbs, usable from tests and benchmarks: ``kill`` (SIGKILL every process of a machine:
 its raylet, its workers, anything run there), ``restart`` (``ray start`` again),
-``partition``/``heal`` (the machine's link down/up), ``slow`` (a CPU quota), ``shape``
-(a link's bandwidth, while running). ``run``/``python`` start commands on a machine;
-``inside`` runs the calling thread in a machine's network namespace (to reach its
-addresses, the daemon's API for one). Everything is torn down on ``close`` (and on
+``partition``/``heal`` (the machine's link down/up), ``cut``/``mend`` (the path between
+two machines only: a daemon cut off from its database while it still reaches Ray),
+``slow`` (a CPU quota), ``shape`` (a link's bandwidth, while running). ``run``/``python``
+start commands on a machine; ``inside`` runs the calling thread in a machine's network
+namespace (to reach its addresses, the daemon's API for one), and ``client`` makes this
+process a Ray driver on a machine. Everything is torn down on ``close`` (and on
 leaving the ``with`` block, on an error or Ctrl-C): processes, namespaces, links,
 cgroups, directories. ``leftovers()`` lists what any testbed of this host left.
 """
@@ -406,11 +408,27 @@ class Testbed:
     def heal(self, which: str | int | Machine) -> None:
         _sh("ip", "link", "set", self.machine(which).port, "up", netns=self.bridge_netns)
 
+    def cut(self, a: str | int | Machine, b: str | int | Machine) -> None:
+        """Drop every packet between two machines, both ways, while each still reaches
+        the others (a blackhole route on each side); ``mend`` undoes it."""
+        ma, mb = self.machine(a), self.machine(b)
+        for here, there in ((ma, mb), (mb, ma)):
+            _sh("ip", "route", "replace", "blackhole", f"{there.address}/32", netns=here.netns)
+
+    def mend(self, a: str | int | Machine, b: str | int | Machine) -> None:
+        ma, mb = self.machine(a), self.machine(b)
+        for here, there in ((ma, mb), (mb, ma)):
+            _sh(
+                "ip", "route", "del", "blackhole", f"{there.address}/32",
+                netns=here.netns, check=False,
+            )  # fmt: skip
+
     @contextmanager
-    def client(self, which: str | int | Machine = "control") -> Iterator[None]:
-        """This process as a Ray client of the testbed on a machine: the calling thread
-        in the machine's network namespace (threads it starts inherit it) and the
-        cluster's ``env`` in ``os.environ``, both restored afterwards."""
+    def client(self, which: str | int | Machine = "head") -> Iterator[None]:
+        """This process as a Ray driver of the testbed on a Ray machine: the calling
+        thread in the machine's network namespace (threads it starts inherit it) and the
+        cluster's ``env`` in ``os.environ``, both restored afterwards. Import Ray inside
+        it, not before: Ray reads ``RAY_AUTH_MODE`` when it is imported."""
         saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
         try:

@@ -12,7 +12,12 @@ When a node that runs ranks of a job is lost (Ray declares it dead), the job goe
 the nodes that are left (the Planner never sees a lost node) and it starts again from its
 newest checkpoint. ``observe()`` reports lost nodes beside the alive ones; a node that
 comes back is offered again. ``job_events(job_id)`` lists what happened to a job here
-(``node_lost``, ``resumed``) with wall-clock times.
+(``node_lost``, ``resumed``, ``fenced``) with wall-clock times.
+
+Under a leader daemon (``lead(term)``) every job is fenced by the term that starts it
+(``autotune.executor.fencing``): starting a job first stops its ranks of any older term,
+and a job that a newer term claims stops here (``fenced``). Each rank logs its steps
+(job, term, rank, node, step, wall times) in ``<checkpoint root>/<job id>/steps``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from typing import Any
 
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
 from autotune.executor.cluster import ray_cluster
+from autotune.executor.fencing import Fence, Fenced
 from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig
 from autotune.interfaces import ClusterSnapshot, JobMetrics, JobState, JobStatus, JobSubmission
 from autotune.ray_session import ensure_ray
@@ -88,6 +94,11 @@ class RayBackend:
         self._taken: set[str] = set()
         self._lock = threading.Lock()
         self._clock = time.monotonic()
+        self._term: int | None = None
+
+    def lead(self, term: int | None) -> None:
+        """Fence the jobs started from now on by leader term ``term``."""
+        self._term = term
 
     # ----------------------------------------------------------------- JobControl
 
@@ -251,6 +262,8 @@ class RayBackend:
             checkpoint_every=self._every,
             device=self._device,
             step_timeout_s=self._step_timeout_s,
+            fence=None if self._term is None else Fence(job_id, self._term),
+            step_log_dir=self._root / job_id / "steps",
         )
         runner = JobRunner(run, config, placement=placement, on_step=on_step)
         job.runner, job.config, job.placement, job.state = runner, config, placement, "running"
@@ -274,6 +287,16 @@ class RayBackend:
                     job.state, job.placement, job.runner = "pending", None, None
                     job.interrupted = why
                     job.step = lost.step
+            return
+        except Fenced as fenced:  # a newer leader runs it now
+            log.warning("job %s: %s", job.submission.spec.job_id, fenced)
+            with self._lock:
+                job.events.append(
+                    {"kind": "fenced", "term": fenced.term, "by": fenced.holder, "at": time.time()}
+                )
+                if job.state == "running":
+                    job.state, job.placement, job.runner = "pending", None, None
+                    job.interrupted = f"fenced by leader term {fenced.holder}"
             return
         except Exception as exc:  # the job fails; the daemon keeps going
             log.warning("job %s failed: %s", job.submission.spec.job_id, exc)

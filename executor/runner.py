@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import statistics
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -40,7 +42,8 @@ import torch
 
 from autotune.core import JobConfig, Placement
 from autotune.executor.cluster import node_name, ray_node_id
-from autotune.executor.errors import ParallelError
+from autotune.executor.errors import ExecutorError, ParallelError
+from autotune.executor.fencing import NAMESPACE, Fence, Fenced
 from autotune.executor.placement import bundle_totals, describe_bundles, rank_resources
 from autotune.executor.reports import RankStep, distinct_events
 from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
@@ -59,10 +62,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NODE_ID_LABEL = "ray.io/node-id"
-
-
-class ExecutorError(RuntimeError):
-    """The job could not be started or continued; the message says why."""
 
 
 class NodeLost(ExecutorError):  # noqa: N818 - named for what happened, like Ray's errors
@@ -190,6 +189,16 @@ class RunnerConfig:
     """Seconds a step may take before the ranks that have not answered are taken for
     hung: the job restarts from its checkpoint as if they had died."""
 
+    fence: Fence | None = None
+    """The job's fence (``autotune.executor.fencing``): the runner claims it and stops
+    the job's ranks of older leader terms before it starts, and stops with ``Fenced``
+    once a newer term claims the job. ``None``: not fenced (one daemon, or a user's
+    ``autotune job run``)."""
+
+    step_log_dir: Path | None = None
+    """Where each rank appends a JSON line per step (job, term, rank, node, step, start
+    and end wall times): ``<dir>/t<term>-r<rank>-<attempt>.jsonl``. ``None``: no log."""
+
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ExecutorError(f"steps must be >= 1, not {self.steps}")
@@ -297,7 +306,15 @@ class JobRunner:
 
     def run(self) -> JobResult:
         restarts = 0
+        fence = self.run_config.fence
         try:
+            if fence is not None:
+                fence.claim()
+                stopped = fence.stop_older(self.run_config.placement_timeout_s)
+                if stopped:
+                    self._result.events.append(
+                        {"step": 0, "kind": "fenced_older", "term": fence.term, "ranks": stopped}
+                    )
             self._start(self._load_checkpoint())
             self.resumed_from = self.step
             while self.step < self.steps and not self._stopping.is_set():
@@ -308,6 +325,8 @@ class JobRunner:
                     if pending is not None:
                         self._reconfigure(*pending)
                         started = time.perf_counter()
+                    if fence is not None:
+                        fence.check()
                     metrics = self._step_all()
                     self.step += 1
                     self._record(metrics, wall_s=time.perf_counter() - started)
@@ -328,8 +347,8 @@ class JobRunner:
             if self._stopping.is_set() and self._checkpoint_on_stop and self.step:
                 try:
                     self._save_checkpoint()
-                except _WorkerDied as died:  # the newest periodic checkpoint stands
-                    log.warning("no checkpoint at stop (step %d): %s", self.step, died)
+                except (_WorkerDied, Fenced) as why:  # the newest periodic checkpoint stands
+                    log.warning("no checkpoint at stop (step %d): %s", self.step, why)
         finally:
             self._stop()
             if self._own_dir:
@@ -373,14 +392,25 @@ class JobRunner:
             device=run.device,
             kernel_backend="auto" if gpu else "reference",
             learning_rate=run.learning_rate,
+            step_log=None if run.step_log_dir is None else str(run.step_log_dir),
+            job=None if run.fence is None else run.fence.job_id,
+            term=None if run.fence is None else run.fence.term,
         )
         passed = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
         actor = ray.remote(RankWorker)
+        fence = run.fence
+        attempt = uuid.uuid4().hex[:8]
+        named: dict[str, Any] = {}
+        if fence is not None:
+            fence.check()  # before any rank exists: see ``autotune.executor.fencing``
         self.workers = []
         for rank, resources in enumerate(ranks):
             env = {**passed, **resources.env_vars}
+            if fence is not None:
+                named = {"name": fence.actor_name(rank, attempt), "namespace": NAMESPACE}
             self.workers.append(
                 actor.options(
+                    **named,
                     num_cpus=1,
                     num_gpus=resources.num_gpus,
                     max_restarts=0,
@@ -388,7 +418,7 @@ class JobRunner:
                         placement_group=self._group, placement_group_bundle_index=rank
                     ),
                     runtime_env={"env_vars": env} if env else None,
-                ).remote(rank, spec, cuda_index=resources.cuda_index or 0)
+                ).remote(rank, spec, cuda_index=resources.cuda_index or 0, attempt=attempt)
             )
         try:
             where = ray.get([w.where.remote() for w in self.workers])
@@ -534,10 +564,19 @@ class JobRunner:
         return merge_rank_states(self._wait_all([w.state.remote() for w in self.workers]))
 
     def _save_checkpoint(self) -> None:
+        fence = self.run_config.fence
+        if fence is not None:
+            fence.check()
         state = self._gather_state()
         path = self.checkpoint_dir / f"step-{self.step:08d}.pt"
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp")
         torch.save(state, tmp)
+        if fence is not None:
+            try:
+                fence.check()  # a newer term may have started from the checkpoint before
+            except Fenced:
+                tmp.unlink(missing_ok=True)
+                raise
         os.replace(tmp, path)
         for old in sorted(self.checkpoint_dir.glob("step-*.pt"))[:-2]:
             old.unlink(missing_ok=True)
@@ -634,16 +673,27 @@ def _describe(config: JobConfig) -> dict[str, Any]:
 
 def _cause(exc: BaseException) -> str:
     """What went wrong in a rank, in one line: for an exception raised in the rank, the
-    rank's node and the exception itself (Ray's first line names only the method)."""
+    rank's method and node and the exception itself (Ray's first line names only the
+    method)."""
     import ray
 
     if isinstance(exc, ray.exceptions.RayTaskError) and exc.cause is not None:
         cause = exc.cause
-        where = f" on {exc.ip}" if getattr(exc, "ip", None) else ""
+        # ``ray.get`` raises a copy that is also an instance of the cause's class
+        # (``as_instanceof_cause``): it keeps only the cause and Ray's text, whose first
+        # line is ``ray::Class.method() (pid=…, ip=…, …)``.
+        fields = vars(exc)
+        head = _RAY_HEAD.match(str(exc).lstrip())
+        method = fields.get("function_name") or (head and head["method"]) or "a rank"
+        ip = fields.get("ip") or (head and head["ip"])
+        where = f" on {ip}" if ip else ""
         text = _first_line(cause)
         name = type(cause).__name__
-        return f"{exc.function_name}{where}: {text if text.startswith(name) else f'{name}: {text}'}"
+        return f"{method}{where}: {text if text.startswith(name) else f'{name}: {text}'}"
     return _first_line(exc)
+
+
+_RAY_HEAD = re.compile(r"ray::(?P<method>[\w.]+)\(\)[^\n]*?\bip=(?P<ip>[^,\s)]+)")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -32,6 +32,7 @@ dropped with a ``compression_state_reset`` event.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import resource
 import socket
@@ -40,7 +41,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
@@ -79,6 +81,14 @@ class WorkerSpec:
     Triton interpreter is for correctness tests), ``auto`` on GPUs."""
     learning_rate: float | None = None
     threads: int = 1
+    step_log: str | None = None
+    """A directory each rank appends one JSON line per step to (``RunnerConfig.
+    step_log_dir``); ``None``: no log."""
+    job: str | None = None
+    """The job's id, for the step log."""
+    term: int | None = None
+    """The leader term that started the ranks (``autotune.executor.fencing``), for the
+    step log."""
 
 
 def _all_finite(grads: list[Tensor]) -> bool:
@@ -123,8 +133,16 @@ class RankWorker:
     computes on where ``spec.device`` is ``cuda``, among those its process sees (the
     Planner's GPU index, or 0 where Ray made one GPU visible; ``placement``)."""
 
-    def __init__(self, rank: int, spec: WorkerSpec, *, cuda_index: int = 0) -> None:
+    def __init__(
+        self, rank: int, spec: WorkerSpec, *, cuda_index: int = 0, attempt: str = ""
+    ) -> None:
         self.rank = rank
+        self._log: IO[str] | None = None
+        if spec.step_log is not None:
+            folder = Path(spec.step_log)
+            folder.mkdir(parents=True, exist_ok=True)
+            name = f"t{spec.term if spec.term is not None else 0}-r{rank}-{attempt or os.getpid()}"
+            self._log = (folder / f"{name}.jsonl").open("a", buffering=1)
         self.spec = spec
         self.cuda_index = cuda_index
         layout = spec.config.layout
@@ -443,6 +461,7 @@ class RankWorker:
     def step(self) -> RankStep:
         from autotune.kernels import use_backend
 
+        began = time.time()
         start = time.perf_counter()
         batch = next(self.batches)
         self.optimizer.zero_grad(set_to_none=True)
@@ -489,6 +508,8 @@ class RankWorker:
                 if self.scaler is not None:
                     self.scaler.update(False)
         self.step_count += 1
+        if self._log is not None:
+            self._log_step(began, time.time())
         events[:0], self._restore_events = self._restore_events, []
         self.events.extend(events)
         elapsed = time.perf_counter() - start
@@ -509,6 +530,20 @@ class RankWorker:
             power_watts=gpu_power_watts(self._nvml_index) if self._nvml_index is not None else None,
             fp8_mode=self.precision.fp8_mode if self.precision.uses_fp8 else None,
         )
+
+    def _log_step(self, began: float, ended: float) -> None:
+        assert self._log is not None
+        line = {
+            "job": self.spec.job,
+            "term": self.spec.term,
+            "rank": self.rank,
+            "node": self._node_address() or socket.gethostname(),
+            "pid": os.getpid(),
+            "step": self.step_count,
+            "start": round(began, 6),
+            "end": round(ended, 6),
+        }
+        self._log.write(json.dumps(line) + "\n")
 
     def _peak_memory(self) -> int:
         if self.spec.device == "cuda":

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.benchmarks import postgres_bin
+
 REPO = Path(__file__).resolve().parents[1]
 """The repository's root."""
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -102,17 +104,6 @@ they cannot start one."""
 REQUIRE_TESTBED = "AUTOTUNE_REQUIRE_TESTBED"
 """Set (CI sets it) to make the testbed's tests fail, not skip, on a host that cannot
 build one (no root, no ``ip netns``, no ``tc``)."""
-
-
-def postgres_bin() -> Path | None:
-    """Where ``pg_ctl`` and ``initdb`` are (Debian's postgresql package), if anywhere."""
-    import shutil
-
-    found = shutil.which("pg_ctl")
-    if found:
-        return Path(found).resolve().parent
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
-    return candidates[-1].parent if candidates else None
 
 
 class PostgresServer:

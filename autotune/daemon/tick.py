@@ -57,6 +57,7 @@ from autotune.decision.fallback import fallback_choices
 from autotune.decision.step import DecisionRound, decide, placement_summary, policy_view
 from autotune.interfaces import (
     ClusterSnapshot,
+    Fenceable,
     JobControl,
     JobStatus,
     JobSubmission,
@@ -193,6 +194,8 @@ class Daemon:
         """Start deciding as the leader of ``term``: resume the database's jobs on this
         daemon's backend (``start``)."""
         self._term = term
+        if isinstance(self.backend, Fenceable):
+            self.backend.lead(term)
         self.start(activate=activate)
         event("leader.took_over", term=term, backend=self.backend.name)
 

@@ -148,7 +148,8 @@ def test_ctrl_c_on_the_command_tears_the_testbed_down() -> None:
         text=True,
     )
     try:
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         lines = []
         for line in proc.stdout:
             lines.append(line)
