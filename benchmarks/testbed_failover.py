@@ -290,6 +290,12 @@ def _decision_ids(url: str) -> set[int]:
         database.dispose()
 
 
+def _newest_checkpoint(data: Path, job_id: str) -> int | None:
+    """The step of the job's newest checkpoint file (``step-XXXXXXXX.pt``)."""
+    steps = [int(p.stem[5:]) for p in (data / "checkpoints" / job_id).glob("step-*.pt")]
+    return max(steps) if steps else None
+
+
 def _steps_done(data: Path, job_id: str) -> int:
     return max((e["step"] for e in step_log(data, job_id)), default=0)
 
@@ -388,7 +394,7 @@ def kill_phase(
         hosts={a.port: a.machine.address, b.port: b.machine.address},
         mix=READS,
     )
-    killed: dict[str, float] = {}
+    killed: dict[str, Any] = {}
     took: dict[str, Any] = {}
 
     def on_time(elapsed: float) -> None:
@@ -396,6 +402,7 @@ def kill_phase(
             killed["at"] = time.time()
             b.kill()
             load.killed = b.port
+            killed["checkpoints"] = {j: _newest_checkpoint(data, j) for j in jobs}
 
     def watch() -> None:
         with bed.inside("control"):
@@ -445,7 +452,7 @@ def kill_phase(
             "state": status["state"],
             **overlaps(entries),
             "old_term_last_step": last_old,
-            "newest_checkpoint_before": last_old - last_old % CHECKPOINT_EVERY,
+            "newest_checkpoint_before": killed["checkpoints"][job],
             "resumed_from_step": min(e["step"] for e in new) - 1 if new else None,
             "starts_after_kill": len({(e["term"], e["attempt"]) for e in new}),
             "first_step_after_kill_s": round(min(e["end"] for e in new) - killed["at"], 2)
@@ -456,14 +463,24 @@ def kill_phase(
 
 
 def head_phase(
-    bed: Testbed, a: Daemon, b: Daemon, url: str, data: Path, args: argparse.Namespace
+    bed: Testbed,
+    a: Daemon,
+    b: Daemon,
+    url: str,
+    data: Path,
+    logs: Path,
+    args: argparse.Namespace,
 ) -> dict[str, Any]:
-    _wait("daemon B to serve", b.readiness, 180)
-    _submit(a, "head-1", 100_000)
-    _wait("the job to train 10 steps", lambda: _steps_done(data, "head-1") >= 10, 300)
+    """The head machine dies under daemon A (the leader) and a job; daemon B, on a
+    worker, is watched; then the cluster is started again as an operator would (Ray on
+    every machine, a daemon on the head) and the job resumes from its checkpoint."""
+    job = "head-1"
+    _submit(a, job, 100_000)
+    _wait("the job to train 10 steps", lambda: _steps_done(data, job) >= 10, 300)
     before = _decision_ids(url)
     killed_at = time.time()
     bed.kill("head")  # the Ray head (GCS, raylet) and daemon A with it
+    checkpoint = _newest_checkpoint(data, job)
     seen: list[dict[str, Any]] = []
     while time.time() - killed_at < args.head_watch_s:
         ready = b.readiness()
@@ -473,26 +490,58 @@ def head_phase(
                 "process_alive": b.process.poll() is None,
                 "answers": ready is not None,
                 "leading": bool(((ready or {}).get("leader") or {}).get("leading")),
+                "tick": (ready or {}).get("tick"),
             }
         )
         time.sleep(1.0)
     after = _decision_ids(url)
-    steps_after = [e for e in step_log(data, "head-1") if e["end"] > killed_at and e["rank"] == 0]
-    events = Counter(e["event"] for e in b.events() if e.get("level") in ("WARNING", "ERROR"))
-    exit_code = b.process.poll()
-    return {
+    steps_after = [e for e in step_log(data, job) if e["end"] > killed_at and e["rank"] == 0]
+    answering = [s for s in seen if s["answers"]]
+    last = answering[-1] if answering else {}
+    job_seen = _job(b, job) if b.readiness() is not None else None
+    result: dict[str, Any] = {
         "watched_s": args.head_watch_s,
-        "daemon_b_exit_code": exit_code,
-        "daemon_b_first_unanswered_s": next((s["t"] for s in seen if not s["answers"]), None),
+        "daemon_b_exit_code": b.process.poll(),
         "daemon_b_led_at_s": next((s["t"] for s in seen if s["leading"]), None),
-        "daemon_b_alive_at_end": seen[-1]["process_alive"] if seen else None,
-        "daemon_b_answers_at_end": seen[-1]["answers"] if seen else None,
+        "daemon_b_answered_until_s": last.get("t"),
+        "daemon_b_tick_at_end": last.get("tick"),
+        "daemon_b_job_state": None if job_seen is None else job_seen["state"],
+        "daemon_b_events": sorted(
+            {str(e["event"])[:120] for e in b.events() if e.get("level") in ("warning", "error")}
+        )[:20],
         "decisions_before": len(before),
         "decisions_lost": len(before - after),
-        "decisions_after": len(after),
         "steps_after_the_kill": len(steps_after),
-        "daemon_b_warnings": dict(events.most_common(12)),
+        "last_step_before": max(e["step"] for e in step_log(data, job)),
+        "newest_checkpoint_before": checkpoint,
     }
+    # Start again: Ray on every machine (the workers' raylets exit once the head is gone
+    # for good), daemon B stopped, a daemon on the head.
+    b.kill()
+    restarted_at = time.time()
+    for machine in bed.machines:
+        if machine.name != "control":
+            bed.kill(machine)
+    bed.restart("head")
+    for worker in bed.workers:
+        bed.restart(worker)
+    fresh = Daemon(bed, "head", 8003, url, data, logs)
+    try:
+        term = _wait("the new daemon to lead", fresh.leading, 180)
+        first = _wait(
+            "the job's first step after the restart",
+            lambda: _first_step_of(step_log(data, job), term),
+            300,
+        )
+    finally:
+        fresh.kill()
+    result["restart"] = {
+        "term": term,
+        "first_step_after_restart_s": round(first["end"] - restarted_at, 1),
+        "resumed_from_step": first["step"] - 1,
+        "decisions_lost": len(before - _decision_ids(url)),
+    }
+    return result
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -502,8 +551,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["testbed_built_s"] = round(bed.built_s, 2)
         data = bed.root / "shared"
         data.mkdir()
-        logs = bed.root / "logs"
-        logs.mkdir()
+        logs = Path(tempfile.mkdtemp(prefix="autotune-failover-logs-"))  # kept: to read after
+        result["daemon_logs"] = str(logs)
         database = Postgres(bed)
         daemons: list[Daemon] = []
         try:
@@ -518,7 +567,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 result["leader_killed"] = kill_phase(bed, a, b, database.url, data, args)
                 b = Daemon(bed, "worker1", 8002, database.url, data, logs)
                 daemons.append(b)
-                result["head_killed"] = head_phase(bed, a, b, database.url, data, args)
+                result["head_killed"] = head_phase(bed, a, b, database.url, data, logs, args)
         except BaseException:
             for d in daemons:
                 sys.stderr.write(f"--- {d.name} ({d.log}):\n")
@@ -549,10 +598,15 @@ def goals(result: dict[str, Any]) -> dict[str, bool]:
         "kill_takeover_within_10s": kill["takeover_s"] <= 10,
         "kill_no_5xx_but_503": kill["server_errors_not_503"] == 0,
         "kill_each_job_resumed_once": all(
-            j["starts_after_kill"] == 1 and j["concurrent_step_pairs"] == 0
+            j["starts_after_kill"] == 1
+            and j["concurrent_step_pairs"] == 0
+            and j["resumed_from_step"] == j["newest_checkpoint_before"]
             for j in kill["jobs"].values()
         ),
-        "head_no_decision_lost": head["decisions_lost"] == 0,
+        "head_no_decision_lost": head["decisions_lost"] == 0
+        and head["restart"]["decisions_lost"] == 0,
+        "head_job_resumes_after_restart": head["restart"]["resumed_from_step"]
+        == head["newest_checkpoint_before"],
     }
 
 

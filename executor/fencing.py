@@ -13,9 +13,10 @@ once. A ``Fence`` prevents that, in Ray itself, whatever the database says:
   dispatches and before it writes a checkpoint; a newer term raises ``Fenced`` and the
   runner stops (its ranks are killed).
 * **Stop the older.** Ranks are named actors (``<job>@t<term>/r<rank>/<attempt>`` in the
-  ``autotune`` namespace), so after claiming, the new leader kills every rank of the job
-  started in an older term and waits until Ray reports each one dead before it starts its
-  own.
+  ``autotune`` namespace) in named placement groups (``<job>@t<term>/pg/<attempt>``), so
+  after claiming, the new leader kills every rank of the job started in an older term
+  and waits until Ray reports each one dead, then removes their placement groups (whose
+  slots its own ranks need), before it starts its own.
 
 Why no step can run on two placements at once: a step is dispatched only after a check,
 on ranks that existed before that check. If the check came before the claim, those ranks
@@ -40,7 +41,7 @@ NAMESPACE = "autotune"
 """The Ray namespace of fenced jobs' rank actors and of their fence keys."""
 
 _KEY = "fence/{job}/"
-_ACTOR = re.compile(r"@t(?P<term>\d+)/r(?P<rank>\d+)/")
+_NAME = re.compile(r"@t(?P<term>\d+)/(?:r\d+|pg)/")
 
 
 class Fenced(ExecutorError):  # noqa: N818 - named for what happened, like Ray's errors
@@ -86,23 +87,46 @@ class Fence:
         """The name of this term's rank ``rank`` (``attempt``: unique per start)."""
         return f"{self.job_id}@t{self.term}/r{rank}/{attempt}"
 
+    def group_name(self, attempt: str) -> str:
+        """The name of this term's placement group of the job's ranks."""
+        return f"{self.job_id}@t{self.term}/pg/{attempt}"
+
+    def _older(self, name: str) -> bool:
+        if not name.startswith(self.job_id):
+            return False
+        found = _NAME.match(name, len(self.job_id))
+        return found is not None and int(found["term"]) < self.term
+
     def _older_ranks(self) -> list[str]:
         import ray
 
-        names = []
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            name = str(actor["name"])
-            if actor["namespace"] != NAMESPACE or not name.startswith(self.job_id):
-                continue
-            found = _ACTOR.match(name, len(self.job_id))
-            if found is not None and int(found["term"]) < self.term:
-                names.append(name)
-        return names
+        return [
+            str(actor["name"])
+            for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == NAMESPACE and self._older(str(actor["name"]))
+        ]
+
+    def _remove_older_groups(self) -> list[str]:
+        import ray
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+        removed = []
+        for group_id, group in ray.util.placement_group_table().items():
+            name = str(group.get("name") or "")
+            if group.get("state") != "REMOVED" and self._older(name):
+                with suppress(Exception):  # removed meanwhile
+                    remove_placement_group(
+                        PlacementGroup(PlacementGroupID(bytes.fromhex(group_id)))
+                    )
+                removed.append(name)
+        return removed
 
     def stop_older(self, timeout_s: float = 60.0) -> list[str]:
-        """Kill the job's ranks of older terms and wait until Ray reports them dead;
-        returns their names. ``ExecutorError`` if one is still alive after ``timeout_s``
-        (the job must not start: the caller tries again later)."""
+        """Kill the job's ranks of older terms, wait until Ray reports them dead, and
+        remove their placement groups; returns the names of both. ``ExecutorError`` if a
+        rank is still alive after ``timeout_s`` (the job must not start: the caller tries
+        again later)."""
         import ray
 
         killed = self._older_ranks()
@@ -117,4 +141,4 @@ class Fence:
                     f"after {timeout_s:g} s ({', '.join(alive[:4])})"
                 )
             time.sleep(0.1)
-        return killed
+        return killed + self._remove_older_groups()

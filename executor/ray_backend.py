@@ -12,11 +12,12 @@ When a node that runs ranks of a job is lost (Ray declares it dead), the job goe
 the nodes that are left (the Planner never sees a lost node) and it starts again from its
 newest checkpoint. ``observe()`` reports lost nodes beside the alive ones; a node that
 comes back is offered again. ``job_events(job_id)`` lists what happened to a job here
-(``node_lost``, ``resumed``, ``fenced``) with wall-clock times.
+(``node_lost``, ``resumed``, ``fenced``, ``fenced_older``) with wall-clock times.
 
 Under a leader daemon (``lead(term)``) every job is fenced by the term that starts it
-(``autotune.executor.fencing``): starting a job first stops its ranks of any older term,
-and a job that a newer term claims stops here (``fenced``). Each rank logs its steps
+(``autotune.executor.fencing``): taking the jobs over (``restore``) and starting one
+first stop its ranks of any older term, and a job that a newer term claims stops here
+(``fenced``). Each rank logs its steps
 (job, term, rank, node, step, wall times) in ``<checkpoint root>/<job id>/steps``.
 """
 
@@ -125,14 +126,38 @@ class RayBackend:
         self, jobs: Sequence[tuple[JobSubmission, JobStatus]], *, taken_ids: Collection[str]
     ) -> None:
         """Jobs that were pending or running wait for the daemon's next decision, which
-        starts them again from their checkpoint; ended jobs are remembered as they were."""
+        starts them again from their checkpoint; ended jobs are remembered as they were.
+        Under a leader term (``lead``), each active job is claimed for the term first and
+        its ranks of older terms stopped, their slots freed (``Fence.stop_older``): the
+        ranks of a leader that lost the lease, still training, stop before this daemon
+        decides where the job goes."""
+        active = []
         with self._lock:
             self._taken.update(taken_ids)
             for submission, status in jobs:
                 job = _Job(submission=submission, config=status.config, placement=status.placement)
                 if status.state in ("finished", "failed", "cancelled"):
                     job.state = status.state
+                else:  # it holds no slots here: placed again, like a job whose node was lost
+                    job.placement = None
+                    job.interrupted = (
+                        "resumed after the daemon restarted"
+                        if self._term is None
+                        else f"taken over by leader term {self._term}"
+                    )
+                    active.append(job)
                 self._jobs[submission.spec.job_id] = job
+        if self._term is None:
+            return
+        for job in active:
+            fence = Fence(job.submission.spec.job_id, self._term)
+            fence.claim()
+            stopped = fence.stop_older(self._step_timeout_s)
+            if stopped:
+                log.warning("job %s: stopped %s of an older term", fence.job_id, stopped)
+                with self._lock:
+                    event = {"kind": "fenced_older", "term": self._term, "stopped": stopped}
+                    job.events.append({**event, "at": time.time()})
 
     # ----------------------------------------------------------------- Backend
 

@@ -382,7 +382,16 @@ class JobRunner:
                     f"the job needs {world} ranks with {describe_bundles(bundles)}, but the "
                     f"Ray cluster has {total.get(resource, 0):g} {resource} in all"
                 )
-        self._group = placement_group(bundles, strategy="PACK", bundle_label_selector=selectors)
+        fence = run.fence
+        attempt = uuid.uuid4().hex[:8]
+        if fence is not None:
+            fence.check()  # before any rank exists: see ``autotune.executor.fencing``
+        self._group = placement_group(
+            bundles,
+            strategy="PACK",
+            bundle_label_selector=selectors,
+            name="" if fence is None else fence.group_name(attempt),
+        )
         self._await_group(world, bundles)
         spec = WorkerSpec(
             task=run.task,
@@ -398,11 +407,7 @@ class JobRunner:
         )
         passed = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
         actor = ray.remote(RankWorker)
-        fence = run.fence
-        attempt = uuid.uuid4().hex[:8]
         named: dict[str, Any] = {}
-        if fence is not None:
-            fence.check()  # before any rank exists: see ``autotune.executor.fencing``
         self.workers = []
         for rank, resources in enumerate(ranks):
             env = {**passed, **resources.env_vars}

@@ -77,7 +77,10 @@ def test_a_newer_term_stops_the_older_ranks_before_its_own_start(
     assert result.steps == 30
     fenced = [e for e in result.events if e["kind"] == "fenced_older"]
     assert len(fenced) == 1
-    assert fenced[0]["ranks"][0].startswith(f"{job}@t1/r0/")
+    stopped = sorted(fenced[0]["ranks"])
+    assert len(stopped) == 2
+    assert stopped[0].startswith(f"{job}@t1/pg/")  # its slots, freed for term 2's ranks
+    assert stopped[1].startswith(f"{job}@t1/r0/")
     steps = _steps(logs)
     by_term = {t: [s for s in steps if s["term"] == t] for t in (1, 2)}
     assert by_term[1]
