@@ -243,11 +243,9 @@ class Testbed:
             _sh("ip", "link", "set", m.port, "master", "br0", "up", netns=br)
             _sh("ip", "addr", "add", f"{m.address}/24", "dev", "eth0", netns=m.netns)
             _sh("ip", "link", "set", "eth0", "up", netns=m.netns)
-            # A default route, as a real machine has: Ray finds a node's own address by
-            # the route to a public one (without sending anything); without it, a driver
-            # on a worker takes the head's address and attaches to the head's raylet.
-            # Nothing leaves: the bridge has no uplink.
-            _sh("ip", "route", "add", "default", "dev", "eth0", netns=m.netns)
+            # No default route: a lookup of the host's name server then fails at once
+            # (with one, its packets would be dropped at the bridge and every DNS lookup
+            # would wait out the resolver's timeouts).
             m.cgroup.mkdir()
             m.temp_dir.mkdir()
             self.shape(m, mbit)
