@@ -37,6 +37,5 @@ def test_the_copy_ray_get_raises_is_reported_from_rays_text() -> None:
     ).as_instanceof_cause()
     assert isinstance(failure, RuntimeError)
     assert _cause(failure) == (
-        "RankWorker.step on 198.18.0.3: RuntimeError: "
-        "Connection closed by peer [198.18.0.2]:41234"
+        "RankWorker.step on 198.18.0.3: RuntimeError: Connection closed by peer [198.18.0.2]:41234"
     )
