@@ -412,6 +412,21 @@ def failed_ticks(port: int) -> int | None:
     return int(float(match.group(1))) if match else None
 
 
+def decision_ids(url: str) -> set[int]:
+    """Every decision id the database holds."""
+    from sqlalchemy import select
+
+    from autotune.db import Database
+    from autotune.db.tables import DecisionRow
+
+    database = Database(url)
+    try:
+        with database.session() as session:
+            return set(session.scalars(select(DecisionRow.id)))
+    finally:
+        database.dispose()
+
+
 def missing_decisions(url: str, ids: set[int]) -> int:
     """How many of ``ids`` the database no longer holds."""
     from sqlalchemy import select

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.benchmarks import REPO, postgres_bin
+from autotune.benchmarks.api_load import decision_ids
 from autotune.benchmarks.testbed import Testbed
 
 TOKEN = "failover-bench"
@@ -276,20 +277,6 @@ def _first_step_of(entries: list[dict[str, Any]], term: int) -> dict[str, Any] |
     return min(mine, key=lambda e: e["start"]) if mine else None
 
 
-def _decision_ids(url: str) -> set[int]:
-    from sqlalchemy import select
-
-    from autotune.db import Database
-    from autotune.db.tables import DecisionRow
-
-    database = Database(url)
-    try:
-        with database.session() as session:
-            return set(session.scalars(select(DecisionRow.id)))
-    finally:
-        database.dispose()
-
-
 def _newest_checkpoint(data: Path, job_id: str) -> int | None:
     """The step of the job's newest checkpoint file (``step-XXXXXXXX.pt``)."""
     steps = [int(p.stem[5:]) for p in (data / "checkpoints" / job_id).glob("step-*.pt")]
@@ -303,19 +290,24 @@ def _steps_done(data: Path, job_id: str) -> int:
 # ----------------------------------------------------------------- the scenarios
 
 
-def partition_phase(
-    bed: Testbed, a: Daemon, b: Daemon, url: str, data: Path, args: argparse.Namespace
-) -> dict[str, Any]:
-    jobs = ["cut-1", "cut-2"]
+def _start_jobs(daemon: Daemon, jobs: list[str], data: Path, steps: int) -> list[str]:
+    """Submit ``jobs`` through ``daemon`` and wait until each has trained 15 steps."""
     for job in jobs:
-        _submit(a, job, args.steps)
+        _submit(daemon, job, steps)
     _wait(
-        "both jobs to train 15 steps",
+        f"{', '.join(jobs)} to train 15 steps",
         lambda: all(_steps_done(data, j) >= 15 for j in jobs),
         300,
     )
+    return jobs
+
+
+def partition_phase(
+    bed: Testbed, a: Daemon, b: Daemon, url: str, data: Path, args: argparse.Namespace
+) -> dict[str, Any]:
+    jobs = _start_jobs(a, ["cut-1", "cut-2"], data, args.steps)
     old_term = a.leading()
-    seen_before = _decision_ids(url)
+    seen_before = decision_ids(url)
     cut_at = time.time()
     bed.cut(a.machine, "control")
     new_term = _wait("the follower to lead", b.leading, args.partition_s + 60)
@@ -345,7 +337,7 @@ def partition_phase(
         args.timeout_s,
         every_s=1.0,
     )
-    seen_after = _decision_ids(url)
+    seen_after = decision_ids(url)
     result: dict[str, Any] = {
         "partition_s": round(mended_at - cut_at, 1),
         "old_term": old_term,
@@ -378,14 +370,7 @@ def kill_phase(
 ) -> dict[str, Any]:
     from autotune.benchmarks.api_load import Load, Targets
 
-    jobs = ["kill-1", "kill-2"]
-    for job in jobs:
-        _submit(b, job, args.steps)
-    _wait(
-        "both jobs to train 15 steps",
-        lambda: all(_steps_done(data, j) >= 15 for j in jobs),
-        300,
-    )
+    jobs = _start_jobs(b, ["kill-1", "kill-2"], data, args.steps)
     old_term = b.leading()
     load = Load(
         [a.port, b.port],
@@ -477,7 +462,7 @@ def head_phase(
     job = "head-1"
     _submit(a, job, 100_000)
     _wait("the job to train 10 steps", lambda: _steps_done(data, job) >= 10, 300)
-    before = _decision_ids(url)
+    before = decision_ids(url)
     killed_at = time.time()
     bed.kill("head")  # the Ray head (GCS, raylet) and daemon A with it
     checkpoint = _newest_checkpoint(data, job)
@@ -494,7 +479,7 @@ def head_phase(
             }
         )
         time.sleep(1.0)
-    after = _decision_ids(url)
+    after = decision_ids(url)
     steps_after = [e for e in step_log(data, job) if e["end"] > killed_at and e["rank"] == 0]
     answering = [s for s in seen if s["answers"]]
     last = answering[-1] if answering else {}
@@ -539,7 +524,7 @@ def head_phase(
         "term": term,
         "first_step_after_restart_s": round(first["end"] - restarted_at, 1),
         "resumed_from_step": first["step"] - 1,
-        "decisions_lost": len(before - _decision_ids(url)),
+        "decisions_lost": len(before - decision_ids(url)),
     }
     return result
 

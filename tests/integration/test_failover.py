@@ -17,6 +17,7 @@ import pytest
 from helpers import DaemonProcess, PostgresServer, free_port, wait_for
 from sqlalchemy import func, select
 
+from autotune.benchmarks.api_load import decision_ids
 from autotune.db import Database
 from autotune.db import lease as leases
 from autotune.db.tables import DecisionRow
@@ -93,15 +94,6 @@ class Load:
         return Counter(status for p, _, status, _ in self.answers if p == port)
 
 
-def _decision_ids(url: str) -> set[int]:
-    database = Database(url)
-    try:
-        with database.session() as session:
-            return set(session.scalars(select(DecisionRow.id)))
-    finally:
-        database.dispose()
-
-
 def _daemon(tmp_path: Path, name: str, url: str) -> DaemonProcess:
     return DaemonProcess(
         tmp_path,
@@ -147,7 +139,7 @@ def test_a_follower_takes_over_a_sigkilled_leader_within_10_s_and_no_decision_is
             lambda: _get(b.port, "/api/v1/jobs/through-b")[1]["state"] == "running",
             timeout_s=30,
         )
-        wait_for("decisions", lambda: len(_decision_ids(url)) >= 10, timeout_s=60)
+        wait_for("decisions", lambda: len(decision_ids(url)) >= 10, timeout_s=60)
         a.process.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         wait_for(
@@ -182,7 +174,7 @@ def test_a_follower_takes_over_a_sigkilled_leader_within_10_s_and_no_decision_is
         # Every decision a client was shown is still there; none was ever left unapplied
         # but the killed leader's last round.
         assert load.seen_decisions
-        assert load.seen_decisions <= _decision_ids(url)
+        assert load.seen_decisions <= decision_ids(url)
         assert unapplied <= 10
         statuses_b = load.statuses(b.port)
         assert set(statuses_b) == {200}, statuses_b  # the follower answered throughout
@@ -208,15 +200,15 @@ def test_the_database_stopped_under_load_gives_503s_pauses_ticks_and_loses_nothi
     try:
         wait_for("ready", lambda: _ready(daemon.port), timeout_s=120)
         load = Load([daemon.port])
-        wait_for("decisions", lambda: len(_decision_ids(url)) >= 5, timeout_s=60)
-        before = _decision_ids(url)
+        wait_for("decisions", lambda: len(decision_ids(url)) >= 5, timeout_s=60)
+        before = decision_ids(url)
         private_postgres.stop("fast")
         time.sleep(8)  # longer than the leader lease: it must renew its own term after
         assert daemon.process.poll() is None
         private_postgres.start()
         back = time.monotonic()
         wait_for("ready again", lambda: _ready(daemon.port), timeout_s=30)
-        wait_for("a new decision", lambda: max(_decision_ids(url)) > max(before), timeout_s=30)
+        wait_for("a new decision", lambda: max(decision_ids(url)) > max(before), timeout_s=30)
         recovered_s = time.monotonic() - back
         time.sleep(1)
         load.stop()
@@ -225,8 +217,8 @@ def test_the_database_stopped_under_load_gives_503s_pauses_ticks_and_loses_nothi
         assert statuses[503] > 0, statuses  # the outage was seen
         assert set(statuses) <= {200, 503}, statuses  # never a 500, never a hang
         assert max(seconds for *_, seconds in load.answers) < 10
-        assert before <= _decision_ids(url)
-        assert load.seen_decisions <= _decision_ids(url)
+        assert before <= decision_ids(url)
+        assert load.seen_decisions <= decision_ids(url)
         events = [e["event"] for e in daemon.log_events()]
         assert "tick.paused" in events
         assert "tick.resumed" in events
