@@ -613,6 +613,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(f"removed {f}" for f in found) if found else "nothing to remove")
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Ctrl-C tears down even where SIGINT came ignored (a command started in the
+    # background of a script inherits that, and Python then leaves it ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with Testbed(args.machines, mbit=args.mbit, cpus=args.cpus) as bed:
             print(json.dumps(bed.describe(), indent=2))
