@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REQUIRE_POSTGRES, REQUIRE_TESTBED, SHARED_DATA, PostgresServer
+from helpers import REQUIRE_TESTBED, SHARED_DATA, PostgresServer, no_postgres
 
 from autotune.db import Database, sqlite_url
 
@@ -85,13 +85,6 @@ def database(tmp_path: Path) -> Database:
 # throwaway server started from the PostgreSQL binaries when initdb and pg_ctl are
 # found (Debian's postgresql package). Otherwise those tests skip, saying why, unless
 # AUTOTUNE_REQUIRE_POSTGRES is set (CI sets it): then they fail.
-
-
-def no_postgres(why: str) -> None:
-    """Skip the test for want of PostgreSQL, or fail it where PostgreSQL is required."""
-    if os.environ.get(REQUIRE_POSTGRES):
-        pytest.fail(f"{why} ({REQUIRE_POSTGRES} is set)")
-    pytest.skip(why)
 
 
 def _postgres_server() -> PostgresServer:

@@ -106,6 +106,17 @@ REQUIRE_TESTBED = "AUTOTUNE_REQUIRE_TESTBED"
 build one (no root, no ``ip netns``, no ``tc``)."""
 
 
+def no_postgres(why: str) -> None:
+    """Skip the test for want of PostgreSQL, or fail it where PostgreSQL is required."""
+    import os
+
+    import pytest
+
+    if os.environ.get(REQUIRE_POSTGRES):
+        pytest.fail(f"{why} ({REQUIRE_POSTGRES} is set)")
+    pytest.skip(why)
+
+
 class PostgresServer:
     """A throwaway PostgreSQL server from the installed binaries, on a free port, that a
     test (or a benchmark) can stop and start again: ``url`` is its admin database.

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import no_postgres
 
 from autotune.benchmarks import REPO, postgres_bin
 
@@ -22,7 +23,7 @@ def test_no_job_trains_on_two_placements_and_a_new_leader_resumes_each_once(
     tmp_path: Path,
 ) -> None:
     if postgres_bin() is None or shutil.which("runuser") is None:
-        pytest.skip("needs the PostgreSQL binaries (initdb, pg_ctl) and runuser")
+        no_postgres("the fail-over bench needs PostgreSQL's binaries (initdb, pg_ctl) and runuser")
     out = tmp_path / "failover.json"
     argv = [
         sys.executable, str(REPO / "bench" / "testbed_failover.py"),
