@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "ClusterSnapshot",
+    "ConfigChange",
     "Fenceable",
     "JobControl",
     "JobMetrics",
@@ -101,8 +102,10 @@ class JobMetrics:
     """``True``: the job's ranks did not fit their GPUs' memory and it failed at start
     (the simulated cluster's verdict)."""
     sync_time_s: float | None = None
-    """Seconds of the last step spent synchronising gradients, where a backend measures
-    them apart (none does yet: the daemon's online fit then uses the step time alone)."""
+    """Seconds of the last step spent synchronising gradients that computation did not
+    hide (``autotune.executor.reports.RankStep.sync_time_s``, the least of the ranks'),
+    where a backend measures them apart (the Ray backend for data-parallel jobs; the daemon's
+    online fit otherwise uses the step time alone)."""
 
     def measured(self) -> Iterator[tuple[str, float]]:
         """``(name, value)`` of every figure that is set, by name, as floats."""
@@ -110,6 +113,24 @@ class JobMetrics:
             value = getattr(self, name)
             if value is not None:
                 yield name, float(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConfigChange:
+    """A running job's last reconfiguration and what it measured before and after, as
+    the backend saw it: the decision step changes the job again only after this one
+    showed a gain (``autotune.decision.step``)."""
+
+    previous: JobConfig
+    """The configuration the job ran before the change."""
+    at_s: float
+    """When the change was applied, on the backend's clock."""
+    samples_per_s_before: float | None
+    """The job's throughput before the change (the median of its last steps), where
+    measured."""
+    samples_per_s_after: float | None = None
+    """Its throughput since (the median of its steps after the first under the new
+    configuration), once enough steps ran to tell (``None`` until then)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +155,8 @@ class JobStatus:
     interrupted: str | None = None
     """Why a job that ran waits to be placed again (``node gpu-3 lost``), until it is;
     the decision that places it starts its reason with this."""
+    last_change: ConfigChange | None = None
+    """The job's last reconfiguration while it ran, where the backend tracks them."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -169,6 +192,12 @@ class ClusterSnapshot:
     use them until they are woken."""
     waking_nodes: Sequence[NodeInfo] = ()
     """Parked nodes woken and not usable yet."""
+    restart_s: float | None = None
+    """Seconds a reconfiguration of a running job costs on this backend (state saved,
+    ranks torn down, started and restored), as measured: the median of its recent
+    reconfigurations, or of its jobs' first starts until one is measured. ``None``: the
+    backend does not measure it (the simulated cluster charges its own ``restart_s``),
+    and the decision step does not weigh a change against it."""
 
     def by_state(self, *states: JobState) -> list[JobStatus]:
         return [j for j in self.jobs if j.state in states]

@@ -93,10 +93,20 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-class _Harness:
-    """The daemon, its API and the job's steps as they happen."""
+class DaemonHarness:
+    """The daemon (``policy``: the rules by default), its API and the jobs' steps as they
+    happen, in this process, on the Ray cluster at ``address``."""
 
-    def __init__(self, address: str, root: Path, args: argparse.Namespace) -> None:
+    def __init__(
+        self,
+        address: str,
+        root: Path,
+        *,
+        checkpoint_every: int,
+        tick_s: float,
+        policy: Any = None,
+        steps: int = 100,
+    ) -> None:
         from fastapi.testclient import TestClient
 
         from autotune.api.app import attach_daemon, create_app
@@ -106,7 +116,7 @@ class _Harness:
         from autotune.executor.ray_backend import RayBackend
         from autotune.policies.rules import RulesPolicy
 
-        self.args = args
+        self.tick_s, self.default_steps = tick_s, steps
         self.db = Database(sqlite_url(root / "autotune.db"))
         self.db.upgrade()
         self.steps: dict[str, list[tuple[float, int, float | None]]] = {}
@@ -114,15 +124,27 @@ class _Harness:
         self.backend = RayBackend(
             checkpoint_root=root / "checkpoints",
             address=address,
-            checkpoint_every=args.checkpoint_every,
+            checkpoint_every=checkpoint_every,
             device="cpu",
             on_step=self._on_step,
         )
-        self.daemon = Daemon(DaemonParts(db=self.db, backend=self.backend, policy=RulesPolicy()))
+        self.daemon = Daemon(
+            DaemonParts(
+                db=self.db,
+                backend=self.backend,
+                policy=policy if policy is not None else RulesPolicy(),
+                fallback=RulesPolicy(),
+            )
+        )
         self.daemon.start()
         app = create_app(db=self.db, telemetry="ray", token_check=TokenCheck([hash_token(TOKEN)]))
         attach_daemon(app, self.daemon)
         self.api = TestClient(app)
+
+    def steps_of(self, job_id: str) -> list[tuple[float, int, float | None]]:
+        """``(time, step, loss)`` of every step of the job so far."""
+        with self._lock:
+            return list(self.steps.get(job_id, []))
 
     def _on_step(self, job_id: str, step: int, metrics: JobMetrics) -> None:
         loss = metrics.loss
@@ -130,15 +152,22 @@ class _Harness:
             self.steps.setdefault(job_id, []).append((time.time(), step, loss))
 
     def submit(
-        self, job_id: str, *, min_gpus: int, max_gpus: int, steps: int | None = None
+        self,
+        job_id: str,
+        *,
+        min_gpus: int,
+        max_gpus: int,
+        steps: int | None = None,
+        task: str = "gpt-char",
+        global_batch: int = 16,
     ) -> None:
         response = self.api.post(
             "/api/v1/jobs",
             json={
                 "job_id": job_id,
-                "task": "gpt-char",
-                "steps": steps or self.args.steps,
-                "global_batch": 16,
+                "task": task,
+                "steps": steps or self.default_steps,
+                "global_batch": global_batch,
                 "min_gpus": min_gpus,
                 "max_gpus": max_gpus,
             },
@@ -165,7 +194,7 @@ class _Harness:
             result = done()
             if result:
                 return result
-            time.sleep(self.args.tick_s)
+            time.sleep(self.tick_s)
         raise TimeoutError(f"timed out waiting for {what}")
 
     def job(self, job_id: str) -> dict[str, Any]:
@@ -173,6 +202,13 @@ class _Harness:
 
     def decisions(self, job_id: str) -> list[dict[str, Any]]:
         return list(self.get(f"/decisions?job={job_id}&limit=100")["data"])
+
+    def cancel(self, job_id: str) -> None:
+        response = self.api.delete(
+            f"/api/v1/jobs/{job_id}", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        if response.status_code not in (202, 409):  # 409: it ended already
+            raise RuntimeError(f"cancelling {job_id}: {response.status_code} {response.text}")
 
     def close(self) -> None:
         self.api.close()
@@ -243,14 +279,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     bed = Testbed(3, mbit=args.mbit, cpus=[1, 2, 2], system_config=system_config)
     result: dict[str, Any] = {"testbed_built_s": round(bed.built_s, 2), "mbit": args.mbit}
-    harness: _Harness | None = None
+    harness: DaemonHarness | None = None
     root = bed.root / "daemon"
     root.mkdir()
     try:
         with bed.client("head"):  # the daemon runs on the head machine, as a user's would
             import ray  # after ``client`` sets RAY_AUTH_MODE: Ray reads it on import
 
-            harness = _Harness(bed.ray_address, root, args)
+            harness = DaemonHarness(
+                bed.ray_address,
+                root,
+                checkpoint_every=args.checkpoint_every,
+                tick_s=args.tick_s,
+                steps=args.steps,
+            )
             _scenario(bed, harness, args, result, root)
             result["wall_s"] = round(time.perf_counter() - started, 1)
             harness.close()
@@ -267,7 +309,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _scenario(
-    bed: Testbed, h: _Harness, args: argparse.Namespace, result: dict[str, Any], root: Path
+    bed: Testbed, h: DaemonHarness, args: argparse.Namespace, result: dict[str, Any], root: Path
 ) -> None:
     deadline = time.monotonic() + args.timeout_s
 

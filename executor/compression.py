@@ -25,6 +25,7 @@ seeded by step and rank): they have no state.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,10 @@ def local_grad(p: Tensor) -> Tensor | None:
 class ByteCounter:
     sent: int = 0
     dense: int = 0
+    handed_at: float | None = None
+    """``time.perf_counter()`` when DDP last handed a gradient bucket to its hook (the
+    bucket's gradients were ready): what the backward pass does after the last one is
+    waiting for the reductions, the synchronisation it did not hide."""
 
     def take(self) -> tuple[int, int]:
         out = (self.sent, self.dense)
@@ -242,6 +247,7 @@ def counting_allreduce_hook(
 
     buffer = bucket.buffer()
     state.counter.sent += buffer.numel() * buffer.element_size()
+    state.counter.handed_at = time.perf_counter()
     return allreduce_hook(state.group, bucket)
 
 
@@ -273,6 +279,8 @@ class NamedPowerSGD:
     state: Any
     names: dict[int, str]
     """``id(parameter)`` -> parameter name."""
+    counter: ByteCounter | None = None
+    """Where the hook notes when it was handed a bucket (``ByteCounter.handed_at``)."""
     layouts: dict[int, tuple[_Entry, ...]] = field(default_factory=dict)
     pending: dict[str, dict[str, Tensor]] | None = None
     """``{"error" | "p" | "q": {name: tensor}}`` loaded from a checkpoint, laid into each
@@ -422,6 +430,8 @@ def named_powersgd_hook(state: NamedPowerSGD, bucket: GradBucket) -> torch.futur
     from ``state.pending`` the first time a bucket is seen."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
+    if state.counter is not None:
+        state.counter.handed_at = time.perf_counter()
     index = bucket.index()
     layout = state.layout(bucket)
     previous = state.layouts.get(index)

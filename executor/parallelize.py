@@ -216,6 +216,8 @@ def _powersgd_ddp(
         start_powerSGD_iter=2,
         random_seed=seed,
     )
-    powersgd = NamedPowerSGD(hook_state, {id(p): n for n, p in model.named_parameters()})
+    powersgd = NamedPowerSGD(
+        hook_state, {id(p): n for n, p in model.named_parameters()}, counter=counter
+    )
     ddp.register_comm_hook(powersgd, named_powersgd_hook)
     return ddp, ddp, powersgd

@@ -24,23 +24,39 @@ first stop its ranks of any older term, and a job that a newer term claims stops
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
 from autotune.executor.cluster import ray_cluster
 from autotune.executor.fencing import Fence, Fenced
 from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig
-from autotune.interfaces import ClusterSnapshot, JobMetrics, JobState, JobStatus, JobSubmission
+from autotune.interfaces import (
+    ClusterSnapshot,
+    ConfigChange,
+    JobMetrics,
+    JobState,
+    JobStatus,
+    JobSubmission,
+)
 from autotune.ray_session import ensure_ray
 
 __all__ = ["RayBackend"]
 
 log = logging.getLogger(__name__)
+
+_RATE_STEPS: Final = 5
+"""Steps whose throughput tells a configuration's: a change is measured after this many
+steps under it, beside the two it skips (the step in progress when it was applied, and
+the first after the restart, which builds kernels and caches)."""
+_RESTARTS_KEPT: Final = 20
+"""Recent restarts whose median is the backend's restart cost."""
 
 
 @dataclass
@@ -58,6 +74,10 @@ class _Job:
     interrupted: str | None = None
     """Why the job waits to be placed again (a lost node, a preemption), until it starts."""
     events: list[dict[str, Any]] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    """Throughput of its steps since it started or was last reconfigured."""
+    change: ConfigChange | None = None
+    """Its last reconfiguration while running, with what it measured."""
     steps_redone: int = 0
     preempted: bool = False
     """Stopped by a preemption: it waits without a configuration once stopped."""
@@ -96,6 +116,8 @@ class RayBackend:
         self._lock = threading.Lock()
         self._clock = time.monotonic()
         self._term: int | None = None
+        self._starts: deque[float] = deque(maxlen=_RESTARTS_KEPT)
+        self._reconfigures: deque[float] = deque(maxlen=_RESTARTS_KEPT)
 
     def lead(self, term: int | None) -> None:
         """Fence the jobs started from now on by leader term ``term``."""
@@ -185,7 +207,15 @@ class RayBackend:
             telemetry="ray",
             gpu_utilization=min(1.0, used / capacity),
             lost_nodes=cluster.lost,
+            restart_s=self.restart_s(),
         )
+
+    def restart_s(self) -> float | None:
+        """What a reconfiguration costs here: the median of the recent ones, or of the
+        jobs' first starts until one is measured; ``None`` before any job started."""
+        with self._lock:
+            measured = self._reconfigures or self._starts
+            return statistics.median(measured) if measured else None
 
     def _status(self, job: _Job) -> JobStatus:
         steps = job.submission.steps
@@ -200,6 +230,7 @@ class RayBackend:
             steps=steps,
             metrics=job.metrics,
             interrupted=job.interrupted if job.state == "pending" else None,
+            last_change=job.change if job.state == "running" else None,
         )
 
     def apply(self, decisions: Sequence[Decision]) -> None:
@@ -248,6 +279,15 @@ class RayBackend:
                     self._start(job, decision.config, decision.placement)
                 elif (decision.config, decision.placement) != (job.config, job.placement):
                     assert job.runner is not None
+                    if decision.config != job.config and job.config is not None:
+                        job.change = ConfigChange(
+                            previous=job.config,
+                            at_s=time.monotonic() - self._clock,
+                            samples_per_s_before=(
+                                statistics.median(job.rates[-_RATE_STEPS:]) if job.rates else None
+                            ),
+                        )
+                        job.rates = []
                     job.runner.apply(decision.config, decision.placement)
                     job.config, job.placement = decision.config, decision.placement
 
@@ -255,6 +295,8 @@ class RayBackend:
         job_id = job.submission.spec.job_id
 
         first = True
+        seen: list[float] = []
+        job.change, job.rates = None, []  # a start, not a change of a running job
 
         def on_step(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
             nonlocal first
@@ -273,8 +315,22 @@ class RayBackend:
                         }
                     )
                     job.interrupted = None
+                if first and runner.start_s is not None:
+                    self._starts.append(runner.start_s)
+                self._reconfigures.extend(runner.reconfigure_s[len(seen) :])
+                seen[:] = runner.reconfigure_s
                 first = False
                 job.step = step
+                if metrics.samples_per_s:
+                    job.rates.append(metrics.samples_per_s)
+                    steady = job.rates[2:]
+                    change = job.change
+                    if (
+                        change is not None
+                        and change.samples_per_s_after is None
+                        and len(steady) >= _RATE_STEPS
+                    ):
+                        job.change = replace(change, samples_per_s_after=statistics.median(steady))
                 job.metrics = replace(metrics, steps_redone=job.steps_redone + runner.steps_redone)
             if self._on_step is not None:
                 self._on_step(job_id, step, metrics)

@@ -29,6 +29,12 @@ class RankStep:
     the same samples), ``None`` on the others and where the batch cannot be counted."""
     step_time_s: float
     """Seconds the step took on this rank (forward, backward, reduction, optimizer)."""
+    sync_time_s: float | None
+    """Seconds of the step this rank spent synchronising gradients across data-parallel
+    ranks that it did not hide behind computation: under DDP (dense, PowerSGD) from the
+    moment backward handed over its last gradient bucket to the end of backward; for
+    top-k, int8 and fp8 the whole reduction after backward, compression included.
+    ``None`` without data parallelism and on a skipped step."""
     bytes_sent: int
     """Bytes of gradients this rank sent to reduce them across data-parallel ranks, as
     compressed; 0 on a step skipped for a non-finite value."""

@@ -104,9 +104,20 @@ class JobResult:
     steps_redone: int = 0
     peak_memory_bytes: int = 0
     power_watts: list[float] = field(default_factory=list)
+    start_s: float | None = None
+    """Seconds the job's ranks took to start the first time (placement group, actors,
+    process groups, restore), up to their first step."""
+    reconfigure_s: list[float] = field(default_factory=list)
+    """Seconds each reconfiguration took: state gathered from the ranks, ranks stopped,
+    the new layout's started and restored (what a change costs on this backend, besides
+    the slower first step that builds kernels and caches)."""
+    sync_times_s: list[float] = field(default_factory=list)
+    """Each step's gradient synchronisation that no rank hid (``JobMetrics.sync_time_s``),
+    where the job is data-parallel."""
 
     def summary(self) -> dict[str, Any]:
         median = statistics.median(self.step_times_s) if self.step_times_s else 0.0
+        sync = statistics.median(self.sync_times_s) if self.sync_times_s else None
         # Throughput over every step but the first (which builds the model's kernels and
         # caches): samples trained over the wall time they took, as a user would time it.
         skip = 1 if len(self.samples) > 1 else 0
@@ -119,6 +130,8 @@ class JobResult:
             "bytes_sent": self.bytes_sent,
             "bytes_dense": self.bytes_dense,
             "step_time_s_median": median,
+            "sync_time_s_median": sync,
+            "communication_share": sync / median if sync is not None and median > 0 else None,
             "samples_per_step": statistics.median(self.samples) if self.samples else None,
             "samples_per_s": samples_per_s,
             "tokens_per_s": (
@@ -315,7 +328,9 @@ class JobRunner:
                     self._result.events.append(
                         {"step": 0, "kind": "fenced_older", "term": fence.term, "ranks": stopped}
                     )
+            began = time.perf_counter()
             self._start(self._load_checkpoint())
+            self._result.start_s = time.perf_counter() - began
             self.resumed_from = self.step
             while self.step < self.steps and not self._stopping.is_set():
                 with self._lock:
@@ -545,19 +560,33 @@ class JobRunner:
         self._start(state)
 
     def _reconfigure(self, config: JobConfig, placement: Placement | None) -> None:
+        began = time.perf_counter()
         state = self._gather_state()
         old = self.config
         self._stop()
         self.config, self.placement = config, placement
         self._start(state)
+        seconds = time.perf_counter() - began
+        self._result.reconfigure_s.append(seconds)
         self._result.events.append(
             {
                 "step": self.step,
                 "kind": "reconfigured",
                 "from": _describe(old),
                 "to": _describe(config),
+                "seconds": round(seconds, 3),
             }
         )
+
+    @property
+    def start_s(self) -> float | None:
+        """Seconds the ranks took to start the first time (``JobResult.start_s``)."""
+        return self._result.start_s
+
+    @property
+    def reconfigure_s(self) -> list[float]:
+        """Seconds each reconfiguration took (``JobResult.reconfigure_s``)."""
+        return list(self._result.reconfigure_s)
 
     # ----------------------------------------------------------------- checkpoints
 
@@ -630,6 +659,11 @@ class JobRunner:
         result.peak_memory_bytes = max(
             result.peak_memory_bytes, *(r.peak_memory_bytes for r in reports)
         )
+        # The least any rank waited: the rest of a rank's wait is for a slower peer.
+        syncs = [r.sync_time_s for r in reports if r.sync_time_s is not None]
+        sync = min(syncs) if syncs else None
+        if sync is not None:
+            result.sync_times_s.append(sync)
         power = [r.power_watts for r in reports if r.power_watts is not None]
         if power:
             result.power_watts.append(sum(power))
@@ -644,6 +678,7 @@ class JobRunner:
             nan_events=sum(1 for r in reports[:1] for e in r.events if e["kind"] == "nonfinite"),
             peak_memory_bytes=result.peak_memory_bytes,
             power_watts=sum(power) if power else None,
+            sync_time_s=sync,
         )
 
 

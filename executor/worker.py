@@ -467,8 +467,11 @@ class RankWorker:
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.nonfinite.clear()
         scale = self.scaler.scale if self.scaler is not None else 1.0
+        self.counter.handed_at = None
         with use_backend(self.spec.kernel_backend):  # type: ignore[arg-type]
             loss = self._forward_backward(batch, scale)
+            backward_end = time.perf_counter()
+            sync_s: float | None = None
             params = [p for _, p in self.named]
             flags = torch.zeros(len(COMPUTE_CLASSES) + 1)
             for i, cls in enumerate(COMPUTE_CLASSES):
@@ -498,8 +501,16 @@ class RankWorker:
                 if self.ddp is not None:
                     sent, _ = self.counter.take()
                     dense = sum(g.numel() * 4 for g in grads) if self.dp > 1 else 0
+                    # DDP reduces buckets while backward goes on; after it handed over
+                    # the last one, backward only waits for the reductions.
+                    handed = self.counter.handed_at
+                    if self.dp > 1 and handed is not None:
+                        sync_s = max(0.0, backward_end - handed)
                 else:
+                    reduce_start = time.perf_counter()
                     sent, dense = self.reducer.reduce(params, self.step_count)
+                    if self.dp > 1:
+                        sync_s = time.perf_counter() - reduce_start
                 if scale != 1.0:
                     for g in grads:
                         g.div_(scale)
@@ -523,6 +534,7 @@ class RankWorker:
             step=self.step_count,
             loss=loss if reports_loss else None,
             step_time_s=elapsed,
+            sync_time_s=sync_s,
             bytes_sent=int(sent),
             bytes_dense=int(dense),
             events=tuple(events),

@@ -111,6 +111,8 @@ class Daemon:
         # honoured (None: the policy's); both rebuilt from the database at start().
         self._known: set[str] = set()
         self._honoured: dict[str, int | None] = {}
+        self._declined: dict[str, str] = {}
+        """Running jobs whose new configuration the last round declined, with the reason."""
         self._tick_observers: list[Callable[[TickReport], None]] = []
         self._after_tick: list[Callable[[], None]] = []
         self.models = JobModels()
@@ -485,6 +487,10 @@ class Daemon:
         decisions, unplaced, why = round_.decisions, round_.unplaced, round_.why
         for job_id, reason in round_.skipped_overrides.items():
             event("override.skipped", job=job_id, reason=reason)
+        for job_id, reason in round_.declined.items():
+            if self._declined.get(job_id) != reason:  # once per reason, not every tick
+                event("decision.declined", job=job_id, reason=reason)
+        self._declined = dict(round_.declined)
         reconciling = not self._reconciled
         with self._write_session() as session:  # committed before anything is applied
             if reconciling:

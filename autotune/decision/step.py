@@ -16,6 +16,10 @@ One round:
 3. the memory rule (``autotune.perf.memory.fit_memory``) adds gradient accumulation,
    then activation checkpointing, until a rank of each chosen configuration fits the
    smallest GPU the job may run on;
+   where the backend measures what restarting a job costs, a running job's new
+   configuration is taken only when it pays for its restart and the job's last change
+   showed a measured gain (``autotune.decision.payoff``); otherwise the job keeps its
+   configuration, with the reason;
 4. every active override's pin is merged into its job's configuration; an override that
    no longer composes with the configuration, or whose pinned GPUs are not free, is
    skipped with the reason and the job is planned as if it had none;
@@ -51,6 +55,7 @@ from autotune.core import (
 )
 from autotune.decision.explain import explain_decision
 from autotune.decision.overrides import pinned_config, pinned_placement
+from autotune.decision.payoff import Payoff, payoff, unproven_change
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
 from autotune.perf.online import JobModel
@@ -211,6 +216,14 @@ def decide(
     declined: dict[str, str] = _hopeless_resizes(planning, active, choices, overrides)
     for job_id in declined:
         choices.pop(job_id)
+    payoffs: dict[str, Payoff] = {}
+    if snapshot.restart_s is not None:
+        unpaid, payoffs = _unpaid_changes(
+            snapshot, active, choices, overrides, released, models or {}
+        )
+        for job_id, why_not in unpaid.items():
+            choices.pop(job_id)
+            declined[job_id] = why_not
     # 4-5. Pins merged, then the Planner; an override that cannot be applied this round is
     #      skipped with the reason and the round planned again without it, and so is a
     #      running job's new configuration that finds no room (it keeps its current one).
@@ -331,6 +344,8 @@ def decide(
         else:
             source = choice.source if choice else "policy"
             reason = choice.reason if choice else "re-placed: its GPUs are no longer available"
+            if (paid := payoffs.get(job_id)) is not None:
+                reason += f"; it pays for its restart: {paid.describe()}"
         if job.interrupted:
             reason = f"{job.interrupted}: {reason}"
         decisions.append(
@@ -343,9 +358,8 @@ def decide(
                 reason=f"{reason}; placed on {placement_summary(placement)}",
             )
         )
-        why[job_id] = Why(
-            override_id=override.override_id if override is not None else None,
-            explanation=explain_decision(
+        explanation = (
+            explain_decision(
                 spec=job.spec,
                 config=configs[job_id],
                 placement=placement,
@@ -355,7 +369,13 @@ def decide(
                 model=(models or {}).get(job_id),
             )
             if explain
-            else {},
+            else {}
+        )
+        if explain and job_id in payoffs and override is None:
+            explanation["reconfiguration"] = payoffs[job_id].as_dict()
+        why[job_id] = Why(
+            override_id=override.override_id if override is not None else None,
+            explanation=explanation,
         )
     return DecisionRound(
         decisions=decisions,
@@ -531,6 +551,51 @@ def _displacing_pins(
                     "else to go this round",
                 )
     return found
+
+
+def _unpaid_changes(
+    snapshot: ClusterSnapshot,
+    active: Sequence[JobStatus],
+    choices: Mapping[str, PolicyChoice],
+    overrides: Mapping[str, OverrideRecord],
+    released: Mapping[str, int],
+    models: Mapping[str, JobModel],
+) -> tuple[dict[str, str], dict[str, Payoff]]:
+    """Running jobs whose new configuration does not pay for its restart, or whose last
+    change showed no gain yet (``autotune.decision.payoff``), with the reason; and the
+    arithmetic of the changes that pass."""
+    assert snapshot.restart_s is not None
+    nodes = {n.node_id: n for n in snapshot.nodes}
+    declined: dict[str, str] = {}
+    paid: dict[str, Payoff] = {}
+    for job in active:
+        job_id = job.spec.job_id
+        choice = choices.get(job_id)
+        if (
+            job.state != "running"
+            or job.config is None
+            or job.placement is None
+            or choice is None
+            or choice.config is None
+            or choice.config == job.config
+            or job_id in overrides
+            or job_id in released
+        ):
+            continue
+        keep = f"kept its configuration rather than {_describe(choice)}: "
+        if (unproven := unproven_change(job, choice.config)) is not None:
+            declined[job_id] = keep + unproven
+            continue
+        arithmetic = payoff(job, choice.config, nodes, snapshot.restart_s, models.get(job_id))
+        if isinstance(arithmetic, str):
+            declined[job_id] = keep + arithmetic
+        elif not arithmetic.pays:
+            declined[job_id] = (
+                keep + "the change does not pay for its restart: " + (arithmetic.describe())
+            )
+        else:
+            paid[job_id] = arithmetic
+    return declined, paid
 
 
 def _hopeless_resizes(

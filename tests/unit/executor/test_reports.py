@@ -18,6 +18,7 @@ def report(rank: int, *events: dict[str, object], loss: float | None = None) -> 
         loss=loss,
         samples=8 if rank == 0 else None,
         step_time_s=0.25,
+        sync_time_s=0.05,
         bytes_sent=1024,
         bytes_dense=4096,
         events=tuple(events),
