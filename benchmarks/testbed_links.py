@@ -6,9 +6,11 @@
 Two machines of the testbed (``autotune.benchmarks.testbed``: network namespaces on a
 link shaped with ``tbf`` to ``--mbit`` Mbit/s each way, each running ``ray start``):
 
-1. **All-reduce of known bytes.** One process per machine joins a gloo group over the
-   link and times ``all_reduce`` of ``--sizes-mib`` MiB of fp32 (median of ``--repeats``
-   after one warm-up). The bound for a ring of n ranks is 2·(n−1)/n · bytes · 8 / rate.
+1. **All-reduce of known bytes.** ``autotune cluster describe --mib SIZE`` on the head,
+   as a user describes a cluster: a Ray actor on each machine joins a gloo group over
+   the link and times ``all_reduce`` of SIZE MiB of fp32 (median of 5 after one warm-up,
+   ``autotune.executor.links``), for each of ``--sizes-mib``. The bound for a ring of n
+   ranks is 2·(n−1)/n · bytes · 8 / rate.
 2. **A training step.** ``autotune job run --task gpt-char --dp 2`` across the two
    machines, the driver on the head: dense on the shaped link, dense on the unshaped link
    (the step's compute: the link is a veth pair, GB/s), and top-k 1% on the shaped link.
@@ -34,27 +36,6 @@ from typing import Any
 from autotune.benchmarks import REPO
 from autotune.benchmarks.testbed import Testbed
 
-PORT = 29555
-
-ALL_REDUCE = """
-import json, os, statistics, time, torch, torch.distributed as dist
-dist.init_process_group("gloo", init_method="tcp://{master}:{port}", rank={rank},
-                        world_size={world}, timeout=__import__("datetime").timedelta(seconds=120))
-out = {{}}
-for mib in {sizes}:
-    x = torch.ones(int(mib * 2**20) // 4)
-    dist.all_reduce(x)  # warm-up: connections and buffers
-    times = []
-    for _ in range({repeats}):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        times.append(time.perf_counter() - t0)
-    out[str(mib)] = statistics.median(times)
-dist.destroy_process_group()
-print(json.dumps(out))
-"""
-
 
 def ring_bound_s(nbytes: float, ranks: int, mbit: float) -> float:
     """A ring all-reduce's time on links of ``mbit`` Mbit/s each way: every rank sends
@@ -72,7 +53,6 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sizes-mib", type=float, nargs="+", default=[1.0, 4.0, 16.0], help="all-reduce sizes"
     )
-    parser.add_argument("--repeats", type=int, default=5, help="timed all-reduces per size")
     parser.add_argument("--steps", type=int, default=20, help="steps of each training run")
     parser.add_argument(
         "--no-train", action="store_true", help="measure the all-reduce only, not the job"
@@ -81,47 +61,33 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         "--json", type=Path, default=REPO / "bench" / "out" / "testbed_links.json", help="output"
     )
     args = parser.parse_args(argv)
-    if args.mbit <= 0 or min(args.sizes_mib) <= 0 or args.repeats < 1 or args.steps < 2:
-        parser.error("--mbit and --sizes-mib must be > 0, --repeats >= 1, --steps >= 2")
+    if args.mbit <= 0 or min(args.sizes_mib) <= 0 or args.steps < 2:
+        parser.error("--mbit and --sizes-mib must be > 0, --steps >= 2")
     return args
 
 
-def _all_reduce(bed: Testbed, sizes: list[float], repeats: int) -> dict[str, float]:
-    machines = [bed.head, *bed.workers]
-    procs = []
-    for rank, m in enumerate(machines):
-        code = ALL_REDUCE.format(
-            master=bed.head.address,
-            port=PORT,
-            rank=rank,
-            world=len(machines),
-            sizes=sizes,
-            repeats=repeats,
-        )
-        env = {"GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1"}
-        procs.append(
-            bed.run(
-                m,
-                [sys.executable, "-c", code],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
-    outs = []
-    for proc in procs:
+def _all_reduce(bed: Testbed, sizes: list[float]) -> dict[str, float]:
+    """The seconds of an all-reduce of each size between the two machines, as
+    ``autotune cluster describe`` measures the link (run on the head, as a user would)."""
+    autotune = str(Path(sys.executable).with_name("autotune"))
+    out: dict[str, float] = {}
+    for mib in sizes:
+        target = bed.root / f"cluster-{mib:g}.json"
+        argv = [
+            autotune, "cluster", "describe", "--ray-address", bed.ray_address,
+            "--mib", str(mib), "--out", str(target), "--json",
+        ]  # fmt: skip
+        proc = bed.run("head", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            out, err = proc.communicate(timeout=600)
+            stdout, err = proc.communicate(timeout=600)
         except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
+            proc.kill()
             raise
         if proc.returncode != 0:
-            raise RuntimeError(f"the all-reduce failed: {err[-2000:]}")
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    # The group's time is its slowest rank's.
-    return {size: max(o[size] for o in outs) for size in outs[0]}
+            raise RuntimeError(f"`autotune cluster describe` failed: {err[-3000:]}")
+        (link,) = json.loads(stdout)["links"]
+        out[str(mib)] = link["bytes"] / (link["gbps"] * 1e9)
+    return out
 
 
 def _job(bed: Testbed, steps: int, compression: str) -> dict[str, Any]:
@@ -150,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with Testbed(2, mbit=args.mbit, cpus=1) as bed:
         result["testbed_built_s"] = round(bed.built_s, 2)
         ranks = 2
-        reduce = _all_reduce(bed, args.sizes_mib, args.repeats)
+        reduce = _all_reduce(bed, args.sizes_mib)
         result["all_reduce"] = []
         for size, seconds in reduce.items():
             bound = ring_bound_s(float(size) * 2**20, ranks, args.mbit)
@@ -188,6 +154,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "all_reduce_s": round(comm, 4),
         "all_reduce_bound_s": round(bound, 4),
         "all_reduce_ratio": round(comm / bound, 3),
+        # What the ranks measured themselves: the synchronisation backward did not hide
+        # (DDP overlaps its all-reduce with backward, so at most the bound).
+        "sync_s_dense_shaped": dense["sync_time_s_median"],
+        "communication_share_dense_shaped": dense["communication_share"],
+        "communication_share_topk1pct_shaped": topk["communication_share"],
         "step_over_compute_plus_bound": round(step / (step_compute + bound), 3),
         "speedup_topk_over_dense": round(step / topk["step_time_s_median"], 2),
         "loss_last_dense": dense["loss_last"],
@@ -218,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python", "bench/testbed_links.py", *(argv or sys.argv[1:])]),
         **result,
         "goals": goals,
-        "median_note": "all-reduce: median of the timed repeats, slowest rank; "
+        "median_note": "all-reduce: median of 5 timed repeats, slowest rank; "
         "steps: the job's median step",
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)

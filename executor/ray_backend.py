@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
+from autotune.catalog.clusters import ClusterDescription
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
 from autotune.executor.cluster import ray_cluster
 from autotune.executor.fencing import Fence, Fenced
@@ -97,10 +98,13 @@ class RayBackend:
         device: str = "auto",
         step_timeout_s: float = 600.0,
         on_step: Callable[[str, int, JobMetrics], None] | None = None,
+        cluster: ClusterDescription | None = None,
     ) -> None:
         """``step_timeout_s``: a step that takes longer is taken for a hung rank (the job
         restarts from its checkpoint); ``on_step(job_id, step, metrics)`` is called after
-        every step of every job, from the job's thread."""
+        every step of every job, from the job's thread; ``cluster``: the cluster's
+        description (``autotune cluster describe``), whose nodes' measured inter-node
+        bandwidth replaces the catalog's default for the same Ray nodes."""
         import torch
 
         self._started_ray = ensure_ray(address)
@@ -116,6 +120,10 @@ class RayBackend:
         self._lock = threading.Lock()
         self._clock = time.monotonic()
         self._term: int | None = None
+        self._links: dict[str, float] = {}
+        if cluster is not None:
+            for node in cluster.with_measured_links().nodes:
+                self._links[node.backend_node_id or node.node_id] = node.inter_node_bandwidth_gbps
         self._starts: deque[float] = deque(maxlen=_RESTARTS_KEPT)
         self._reconfigures: deque[float] = deque(maxlen=_RESTARTS_KEPT)
 
@@ -191,7 +199,7 @@ class RayBackend:
 
     def observe(self) -> ClusterSnapshot:
         cluster = ray_cluster()
-        nodes: list[NodeInfo] = cluster.alive
+        nodes: list[NodeInfo] = [self._described(n) for n in cluster.alive]
         with self._lock:
             statuses = [self._status(job) for job in self._jobs.values()]
             used = sum(
@@ -209,6 +217,11 @@ class RayBackend:
             lost_nodes=cluster.lost,
             restart_s=self.restart_s(),
         )
+
+    def _described(self, node: NodeInfo) -> NodeInfo:
+        """``node`` with the link bandwidth the cluster file measured for it, if any."""
+        gbps = self._links.get(node.backend_node_id) or self._links.get(node.node_id)
+        return node if gbps is None else replace(node, inter_node_bandwidth_gbps=gbps)
 
     def restart_s(self) -> float | None:
         """What a reconfiguration costs here: the median of the recent ones, or of the

@@ -56,6 +56,14 @@ def daemon(
             help="The Ray cluster to join (ray backend) and whose state API to read (telemetry).",
         ),
     ] = None,
+    cluster_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--cluster-file",
+            help="A cluster file (autotune cluster describe): the ray backend charges its "
+            "measured links; the sim backend simulates its nodes.",
+        ),
+    ] = None,
     sim_initial_jobs: Annotated[
         int | None,
         typer.Option("--sim-initial-jobs", help="Jobs waiting when the simulator starts (6)."),
@@ -161,6 +169,7 @@ def daemon(
         seed=seed,
         backend=backend,
         ray_address=ray_address,
+        cluster_file=cluster_file,
         sim_initial_jobs=sim_initial_jobs,
         sim_max_jobs=sim_max_jobs,
         sim_workload=sim_workload,

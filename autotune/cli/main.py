@@ -20,6 +20,7 @@ import typer
 
 from autotune import __version__
 from autotune.cli.client import decisions_command, job_app, override_app
+from autotune.cli.cluster import cluster_app
 from autotune.cli.common import user_errors
 from autotune.cli.daemon import daemon, db_app, token_app
 from autotune.cli.evaluate import eval_policies
@@ -63,6 +64,7 @@ app.add_typer(replay_app, name="replay", rich_help_panel=_LEARN)
 # `job run` trains one job here, through the executor, beside the REST client's commands.
 job_app.command("run")(user_errors(run_command))
 app.command("calibrate", rich_help_panel=_EXECUTOR)(calibrate_command)
+app.add_typer(cluster_app, name="cluster", rich_help_panel=_EXECUTOR)
 
 _STUDIES = "Studies: other systems' worlds"
 COMMANDS_GROUP = "autotune.commands"

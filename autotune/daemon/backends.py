@@ -31,22 +31,33 @@ def _simulated(settings: Settings) -> Backend:
             ),
             arrivals=arrivals,
         )
-    return SimulatedCluster(
-        SimConfig(
-            seed=settings.seed,
-            round_s=settings.round_period_s,
-            mean_interarrival_s=settings.sim_mean_interarrival_s,
-            initial_jobs=settings.sim_initial_jobs,
-            max_jobs=settings.sim_max_jobs,
-            wake_s=settings.provisioning_wake_s,
-        )
+    config = SimConfig(
+        seed=settings.seed,
+        round_s=settings.round_period_s,
+        mean_interarrival_s=settings.sim_mean_interarrival_s,
+        initial_jobs=settings.sim_initial_jobs,
+        max_jobs=settings.sim_max_jobs,
+        wake_s=settings.provisioning_wake_s,
     )
+    if settings.cluster_file is not None:
+        from dataclasses import replace
+
+        from autotune.catalog.clusters import load_cluster
+
+        config = replace(config, nodes=load_cluster(settings.cluster_file).nodes)
+    return SimulatedCluster(config)
 
 
 def _ray(settings: Settings) -> Backend:
     from autotune.executor.ray_backend import RayBackend
 
+    cluster = None
+    if settings.cluster_file is not None:
+        from autotune.catalog.clusters import load_cluster
+
+        cluster = load_cluster(settings.cluster_file)
     return RayBackend(
+        cluster=cluster,
         checkpoint_root=settings.data_dir / "checkpoints",
         address=settings.ray_address,
         checkpoint_every=settings.checkpoint_every,

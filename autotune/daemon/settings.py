@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     ray_address: str | None = None
     """The Ray cluster to join (``auto``, ``HOST:PORT``); unset: the ``ray`` backend starts
     a local Ray, and telemetry reads no Ray state."""
+    cluster_file: Path | None = None
+    """A cluster file (``autotune cluster describe``, or written by hand;
+    ``autotune.catalog.clusters``): the ``ray`` backend charges its nodes' measured
+    links; the ``sim`` backend simulates its nodes instead of the built-in cluster."""
     checkpoint_every: int = Field(default=25, ge=1)
     """Steps between checkpoints of jobs the ``ray`` backend trains."""
     step_timeout_s: float = Field(default=600.0, gt=0)

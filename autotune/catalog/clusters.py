@@ -1,0 +1,149 @@
+"""A user's cluster, described in a file: its nodes, and the links between them as
+measured.
+
+``autotune cluster describe --ray-address ADDR`` writes one from a running Ray cluster
+(the nodes as the Ray backend sees them, and each machine's link to the first one
+measured by an all-reduce: ``autotune.executor.links``); a user may also write one by
+hand. The file is JSON::
+
+    {"nodes": [{"node_id": "box-1", "gpu_model": "A100", "gpu_count": 8,
+                "cpu_milli": 64000, "memory_mib": 524288,
+                "inter_node_bandwidth_gbps": 12.5}, ...],
+     "links": [{"a": "box-0", "b": "box-1", "gbps": 11.8, "latency_s": 4e-05,
+                "bytes": 16777216}],
+     "source": "ray://10.0.0.1:6379", "described_at": "2026-12-03T18:00:00+00:00"}
+
+A node written in short (as above) takes its GPU figures from the catalog
+(``autotune.catalog.devices.node_info``); a node written in full (every ``NodeInfo``
+field, as ``describe`` writes them) is taken as it is. A node's
+``inter_node_bandwidth_gbps`` is what the performance model charges its all-reduces:
+``describe`` sets it to the slowest link measured from the node.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.catalog.devices import node_info
+from autotune.core import NodeInfo
+from autotune.errors import InputError
+
+__all__ = ["ClusterDescription", "LinkMeasurement", "load_cluster", "save_cluster"]
+
+_SHORT_FIELDS = frozenset(
+    {"node_id", "gpu_model", "gpu_count", "cpu_milli", "memory_mib", "inter_node_bandwidth_gbps"}
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkMeasurement:
+    """One link as measured: an all-reduce of ``bytes`` between a process on ``a`` and
+    one on ``b``."""
+
+    a: str
+    b: str
+    gbps: float
+    """Bandwidth each way, GB/s: the bytes over the all-reduce's median time (a ring of
+    two ranks sends each rank's whole buffer once)."""
+    latency_s: float
+    """The median time of an all-reduce of 4 bytes, seconds."""
+    bytes: int
+
+    def __post_init__(self) -> None:
+        for name in ("gbps", "latency_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"LinkMeasurement.{name}={value!r}: must be finite and > 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterDescription:
+    nodes: tuple[NodeInfo, ...]
+    links: tuple[LinkMeasurement, ...] = ()
+    source: str = "hand-written"
+    described_at: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("a cluster needs at least one node")
+        ids = [n.node_id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"node ids repeat: {sorted({i for i in ids if ids.count(i) > 1})}")
+        known = set(ids)
+        for link in self.links:
+            if link.a not in known or link.b not in known:
+                raise ValueError(f"link {link.a}-{link.b}: not between nodes of the cluster")
+
+    def with_measured_links(self) -> ClusterDescription:
+        """The nodes with ``inter_node_bandwidth_gbps`` set to the slowest link measured
+        from each (nodes without a measurement keep theirs)."""
+        slowest: dict[str, float] = {}
+        for link in self.links:
+            for end in (link.a, link.b):
+                slowest[end] = min(slowest.get(end, math.inf), link.gbps)
+        nodes = tuple(
+            replace(n, inter_node_bandwidth_gbps=slowest[n.node_id]) if n.node_id in slowest else n
+            for n in self.nodes
+        )
+        return replace(self, nodes=nodes)
+
+    def to_json(self) -> dict[str, Any]:
+        from autotune.serde import to_json
+
+        return {
+            "nodes": [to_json(n) for n in self.nodes],
+            "links": [to_json(link) for link in self.links],
+            "source": self.source,
+            "described_at": self.described_at,
+        }
+
+
+def _node(entry: Any, where: str) -> NodeInfo:
+    from autotune.serde import from_json
+
+    if not isinstance(entry, dict):
+        raise InputError(f"{where}: a node is an object, not {type(entry).__name__}")
+    try:
+        if set(entry) <= _SHORT_FIELDS:
+            return node_info(**entry)
+        return from_json(NodeInfo, entry)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise InputError(f"{where}: {exc}") from None
+
+
+def load_cluster(path: str | Path) -> ClusterDescription:
+    """The cluster described in ``path``; ``InputError`` saying what is wrong otherwise."""
+    from autotune.serde import from_json
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such cluster file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: not a JSON cluster file: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise InputError(f'{path}: expected an object with a list of "nodes"')
+    nodes = tuple(_node(e, f"{path}: nodes[{i}]") for i, e in enumerate(data["nodes"]))
+    try:
+        links = tuple(from_json(LinkMeasurement, e) for e in data.get("links") or [])
+        return ClusterDescription(
+            nodes=nodes,
+            links=links,
+            source=str(data.get("source") or "hand-written"),
+            described_at=data.get("described_at"),
+        )
+    except ValueError as exc:
+        raise InputError(f"{path}: {exc}") from None
+
+
+def save_cluster(description: ClusterDescription, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(description.to_json(), indent=1) + "\n")
+    tmp.replace(path)
