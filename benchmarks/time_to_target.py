@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -262,7 +263,13 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def run(args: argparse.Namespace, progress: Callable[[str], None] = print) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace,
+    progress: Callable[[str], None] = print,
+    save: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """The whole benchmark; ``save(result)`` after every run (the runs so far), so that a
+    long benchmark stopped half-way keeps what it measured."""
     from autotune.catalog.tasks import BUILTIN_TASKS
 
     if args.task not in BUILTIN_TASKS:
@@ -303,7 +310,7 @@ def run(args: argparse.Namespace, progress: Callable[[str], None] = print) -> di
                 )  # fmt: skip
                 target = ref["target"]
                 progress(f"seed {seed}: target {target:.4f}; {_line(ref)}")
-                runs = [{"seed": seed, **ref}]
+                result["runs"].append({"seed": seed, **ref})
                 for label, recipe in chosen.items():
                     if label == REFERENCE:
                         continue
@@ -315,17 +322,23 @@ def run(args: argparse.Namespace, progress: Callable[[str], None] = print) -> di
                     except Exception as exc:  # a configuration this job cannot train
                         row = {"config": label, "recipe": recipe, "error": str(exc)[-500:]}
                     progress(f"seed {seed}: {_line(row)}")
-                    runs.append({"seed": seed, **row})
+                    result["runs"].append({"seed": seed, **row})
+                    if save is not None:
+                        save(result)
                 for name in args.policies:
-                    with tempfile.TemporaryDirectory(dir=bed.root) as tmp:
-                        row = run_served(
-                            bed.ray_address, args.task, args.machines, name, target=target,
-                            limit=3 * args.n_steps, round_s=args.round_s, root=Path(tmp),
-                            **common,
-                        )  # fmt: skip
+                    try:
+                        with tempfile.TemporaryDirectory(dir=bed.root) as tmp:
+                            row = run_served(
+                                bed.ray_address, args.task, args.machines, name,
+                                target=target, limit=3 * args.n_steps, round_s=args.round_s,
+                                root=Path(tmp), **common,
+                            )  # fmt: skip
+                    except Exception as exc:  # reported, and the benchmark goes on
+                        row = {"config": f"{name} (daemon)", "error": repr(exc)[-500:]}
                     progress(f"seed {seed}: {_line(row)}")
-                    runs.append({"seed": seed, **row})
-                result["runs"].extend(runs)
+                    result["runs"].append({"seed": seed, **row})
+                    if save is not None:
+                        save(result)
             ray.shutdown()
     finally:
         if "ray" in sys.modules and sys.modules["ray"].is_initialized():
@@ -434,10 +447,17 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
-    result = run(args, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    result["date"] = datetime.now(UTC).date().isoformat()
-    result["host"] = {"cpus": __import__("os").cpu_count(), "machine": platform.machine()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=1) + "\n")
+    about = {
+        "date": datetime.now(UTC).date().isoformat(),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine()},
+        "command": " ".join(["python", "bench/time_to_target.py", *(argv or sys.argv[1:])]),
+    }
+
+    def save(result: dict[str, Any]) -> None:
+        args.json.write_text(json.dumps({**about, **result}, indent=1) + "\n")
+
+    result = run(args, progress=lambda line: print(line, file=sys.stderr, flush=True), save=save)
+    save(result)
     print(json.dumps(result["summary"], indent=1))
     return 0

@@ -27,14 +27,16 @@ from autotune.catalog.devices import DeviceSpec, device
 from autotune.catalog.tasks import BUILTIN_TASKS, GPTConfig
 from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
 from autotune.perf.fit import Parameter, fit_bounded, mape
-from autotune.perf.model import Coefficients, Shape, step_time
+from autotune.perf.model import Coefficients, Shape, StepTime, step_time
 
 __all__ = [
     "GRID",
+    "LINK_FREE",
     "Measurement",
     "calibrate",
     "fit_profile",
     "load_profile",
+    "step_of",
 ]
 
 TASK = "gpt-char"
@@ -77,6 +79,11 @@ class Measurement:
     config: JobConfig
     step_time_s: float
     bytes_sent: int
+    shape: Shape | None = None
+    """Where its ranks ran (the ranks per machine and the link between machines);
+    ``None``: all on this machine."""
+    batch: int = BATCH
+    """Its global batch."""
 
 
 # Free parameters, all fitted on a log scale. One rank is one core on CPU: 0.5 TFLOP/s is
@@ -90,6 +97,13 @@ _FREE: tuple[Parameter, ...] = (
     Parameter(name="intra_bw_efficiency", start=0.1, low=1e-3, high=1.0),
     Parameter(name="overlap_gamma", start=1.5, low=1.0, high=10.0),
 )
+LINK_FREE: tuple[Parameter, ...] = (
+    *(p for p in _FREE if not p.name.startswith("intra_")),
+    Parameter(name="inter_latency_s", start=1e-4, low=1e-7, high=0.1),
+    Parameter(name="inter_bw_efficiency", start=0.7, low=1e-3, high=1.0),
+)
+"""The parameters of machines one rank each, on a network: their link's latency and
+achieved share of its bandwidth instead of the (unused) intra-node ones."""
 
 
 def _device(base: DeviceSpec, peak: float, bf16_speed: float) -> DeviceSpec:
@@ -106,33 +120,37 @@ def _split(values: Mapping[str, float], base: DeviceSpec) -> tuple[DeviceSpec, C
 def _predict(
     profile: ModelProfile, rows: Sequence[Measurement], spec: DeviceSpec, coeffs: Coefficients
 ) -> np.ndarray:
-    times: np.ndarray = np.array(
-        [
-            step_time(
-                profile,
-                m.config,
-                Shape(gpu_model=spec.name, ranks_per_node=(m.config.world_size,)),
-                BATCH,
-                coeffs=coeffs,
-                spec=spec,
-            ).step_s
-            for m in rows
-        ]
-    )
+    times: np.ndarray = np.array([step_of(profile, m, spec, coeffs).step_s for m in rows])
     return times
 
 
+def step_of(
+    profile: ModelProfile, m: Measurement, spec: DeviceSpec, coeffs: Coefficients
+) -> StepTime:
+    """The performance model's step of measurement ``m``'s configuration where it ran."""
+    shape = (
+        replace(m.shape, gpu_model=spec.name)
+        if m.shape is not None
+        else Shape(gpu_model=spec.name, ranks_per_node=(m.config.world_size,))
+    )
+    return step_time(profile, m.config, shape, m.batch, coeffs=coeffs, spec=spec)
+
+
 def fit_profile(
-    profile: ModelProfile, rows: Sequence[Measurement], base: DeviceSpec
+    profile: ModelProfile,
+    rows: Sequence[Measurement],
+    base: DeviceSpec,
+    free: Sequence[Parameter] = _FREE,
 ) -> tuple[DeviceSpec, Coefficients]:
-    """Least squares on log step time from the catalog device and literature defaults."""
+    """Least squares on log step time from the catalog device and literature defaults,
+    over the parameters ``free`` (``LINK_FREE`` for machines on a network)."""
     measured = np.log([m.step_time_s for m in rows])
 
     def residuals(values: Mapping[str, float]) -> np.ndarray:
         errors: np.ndarray = np.log(_predict(profile, rows, *_split(values, base))) - measured
         return errors
 
-    return _split(fit_bounded(_FREE, residuals), base)
+    return _split(fit_bounded(free, residuals), base)
 
 
 def measure(
