@@ -95,7 +95,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 
 class DaemonHarness:
     """The daemon (``policy``: the rules by default), its API and the jobs' steps as they
-    happen, in this process, on the Ray cluster at ``address``."""
+    happen, in this process, on the Ray cluster at ``address`` (``cluster``: its
+    description, ``autotune.catalog.clusters``, as ``--cluster-file`` gives it)."""
 
     def __init__(
         self,
@@ -106,6 +107,7 @@ class DaemonHarness:
         tick_s: float,
         policy: Any = None,
         steps: int = 100,
+        cluster: Any = None,
     ) -> None:
         from fastapi.testclient import TestClient
 
@@ -127,6 +129,7 @@ class DaemonHarness:
             checkpoint_every=checkpoint_every,
             device="cpu",
             on_step=self._on_step,
+            cluster=cluster,
         )
         self.daemon = Daemon(
             DaemonParts(

@@ -20,7 +20,9 @@ each), with the driver on the head machine:
    the daemon on ``--backend ray`` (in this process: its tick, decision step, policy and
    Ray backend, ``--round-s`` between ticks) with every machine's GPU within its reach,
    and cancelled when it reaches the target. Its restarts (each reconfiguration)
-   count in its time.
+   count in its time. The Ray backend knows the links as measured at the start
+   (``autotune cluster describe``'s measurement), as a user's daemon given
+   ``--cluster-file`` does.
 
 Each run reports the wall time from its start (ranks started, or the job submitted) to
 the step that reached the target, the steps, the bytes of gradients sent, the median step,
@@ -49,6 +51,7 @@ from typing import Any
 
 from autotune.benchmarks import OUT
 from autotune.benchmarks.testbed import Testbed
+from autotune.serde import to_json
 
 REFERENCE = "ddp-fp32"
 """Plain DDP in fp32 over every machine."""
@@ -211,14 +214,18 @@ def run_served(
     window: int,
     round_s: float,
     root: Path,
+    cluster: Any = None,
 ) -> dict[str, Any]:
-    """Submit the job to the daemon serving ``policy_name`` and follow it to the target."""
+    """Submit the job to the daemon serving ``policy_name`` (on the Ray backend told the
+    ``cluster``'s measured links) and follow it to the target."""
     from autotune.benchmarks.recovery import DaemonHarness
     from autotune.policies.rules import RulesPolicy
     from autotune.policies.serving import LearnedPolicy
 
     policy: Any = RulesPolicy() if policy_name == "rules" else LearnedPolicy(None, round_s=round_s)
-    harness = DaemonHarness(address, root, checkpoint_every=25, tick_s=round_s, policy=policy)
+    harness = DaemonHarness(
+        address, root, checkpoint_every=25, tick_s=round_s, policy=policy, cluster=cluster
+    )
     job = f"{task}-{policy_name}-s{seed}"
     curve = Curve(time.time(), window, {}, {})
     done: dict[str, Any] = {}
@@ -247,6 +254,19 @@ def run_served(
     finally:
         harness.close()
     return _summary(f"{policy_name} (daemon)", curve, target, limit, done)
+
+
+def describe_cluster(address: str) -> Any:
+    """The Ray cluster's description with its links measured, as
+    ``autotune cluster describe`` writes it (Ray connected)."""
+    from autotune.catalog.clusters import ClusterDescription
+    from autotune.executor.cluster import ray_cluster
+    from autotune.executor.links import measure_links
+
+    nodes = ray_cluster().alive
+    return ClusterDescription(
+        nodes=tuple(nodes), links=tuple(measure_links(nodes)), source=f"ray://{address}"
+    ).with_measured_links()
 
 
 def _describe(config: dict[str, Any]) -> str:
@@ -302,6 +322,10 @@ def run(
             from autotune.ray_session import ensure_ray
 
             ensure_ray(bed.ray_address)
+            # As a user describes the cluster before the daemon serves it: its nodes and
+            # measured links (``autotune cluster describe``).
+            cluster = describe_cluster(bed.ray_address)
+            result["links"] = [to_json(link) for link in cluster.links]
             for seed in args.seeds:
                 common = {"seed": seed, "batch": batch, "window": args.window}
                 ref = run_fixed(
@@ -331,7 +355,7 @@ def run(
                             row = run_served(
                                 bed.ray_address, args.task, args.machines, name,
                                 target=target, limit=3 * args.n_steps, round_s=args.round_s,
-                                root=Path(tmp), **common,
+                                root=Path(tmp), cluster=cluster, **common,
                             )  # fmt: skip
                     except Exception as exc:  # reported, and the benchmark goes on
                         row = {"config": f"{name} (daemon)", "error": repr(exc)[-500:]}
