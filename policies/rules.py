@@ -16,8 +16,10 @@ For every pending job, in queue order:
    ``autotune.perf.memory.fit_memory``). Pipelines run at least ``2 x pp`` micro-batches
    (bubble <= 1/3).
 4. **Compression.** int8 blockwise quantisation when the job cannot fit in one node of
-   its candidates (its all-reduce then crosses the network, 4x fewer bytes) and has more
-   than 100 M parameters; otherwise none.
+   its candidates (its gradients then cross the network: each rank's codes are a
+   quarter of its fp32 gradient, but the executor all-gathers them, so the replicas
+   receive fewer bytes than a dense ring's only below 8 of them) and has more than
+   100 M parameters; otherwise none.
 
 Running jobs keep their configuration.
 """

@@ -126,9 +126,7 @@ def test_compression_shrinks_bytes_sent() -> None:
     # dense ring's 2 (d - 1) / d x 4, fewer bytes below 8 ranks only.
     for ranks, fewer in ((4, True), (8, False)):
         spread = Shape(gpu_model="V100M32", ranks_per_node=(1,) * ranks)
-        int8 = step_time(
-            GPT, _config(ranks, compression=CompressionSpec(kind="int8")), spread, 64
-        )
+        int8 = step_time(GPT, _config(ranks, compression=CompressionSpec(kind="int8")), spread, 64)
         ring = step_time(GPT, _config(ranks), spread, 64)
         assert int8.bytes_sent == pytest.approx((ranks - 1) * (1 + 4 / 128) * GPT.parameters)
         assert (int8.bytes_sent < ring.bytes_sent) is fewer
