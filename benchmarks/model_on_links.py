@@ -12,8 +12,9 @@ over the seeds, and:
 1. fits the model's device and coefficients (``autotune.executor.calibrate.fit_profile``
    over ``LINK_FREE``: the CPU's fp32 peak and 16-bit speed, the per-step overhead, the
    link's latency and achieved bandwidth share, the overlap) to the ``--calibrate``
-   configurations, on the testbed's shape: one rank per machine, the link at its shaped
-   rate;
+   configurations' step times and, where measured, their compute (the step less the
+   synchronisation no rank hid), on the testbed's shape: one rank per machine, the link
+   at its shaped rate;
 2. predicts every other configuration's step time and communication share (the step
    time the synchronisation adds beyond compute, over the step: what the executor's
    ``sync_time_s`` measures), and its steps to the target: plain DDP's steps over the
@@ -76,12 +77,14 @@ def run(measured: dict[str, Any], calibrate: list[str]) -> dict[str, Any]:
         raise SystemExit("calibrate from at most 6 configurations")
 
     def measurement(label: str) -> Measurement:
+        share = rows[label]["communication_share"]
         return Measurement(
             job_config(machines, rows[label]["recipe"]),
             rows[label]["step_s"],
             0,
             shape=shape,
             batch=batch,
+            sync_s=None if share is None else share * rows[label]["step_s"],
         )
 
     spec, coeffs = fit_profile(

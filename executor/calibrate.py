@@ -84,6 +84,10 @@ class Measurement:
     ``None``: all on this machine."""
     batch: int = BATCH
     """Its global batch."""
+    sync_s: float | None = None
+    """The gradient synchronisation the step did not hide, where measured
+    (``JobMetrics.sync_time_s``): the fit then also matches the model's compute to the
+    step without it, as the Pollux fit does."""
 
 
 # Free parameters, all fitted on a log scale. One rank is one core on CPU: 0.5 TFLOP/s is
@@ -145,9 +149,15 @@ def fit_profile(
     """Least squares on log step time from the catalog device and literature defaults,
     over the parameters ``free`` (``LINK_FREE`` for machines on a network)."""
     measured = np.log([m.step_time_s for m in rows])
+    split = [m for m in rows if m.sync_s is not None and 0 <= m.sync_s < m.step_time_s]
+    compute = np.log([m.step_time_s - (m.sync_s or 0.0) for m in split])
 
     def residuals(values: Mapping[str, float]) -> np.ndarray:
-        errors: np.ndarray = np.log(_predict(profile, rows, *_split(values, base))) - measured
+        spec, coeffs = _split(values, base)
+        errors: np.ndarray = np.log(_predict(profile, rows, spec, coeffs)) - measured
+        if split:
+            modelled = [step_of(profile, m, spec, coeffs).compute_s for m in split]
+            errors = np.concatenate([errors, np.log(modelled) - compute])
         return errors
 
     return _split(fit_bounded(free, residuals), base)

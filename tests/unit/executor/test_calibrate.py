@@ -12,15 +12,18 @@ from helpers import autotune_command
 
 from autotune.catalog.devices import device
 from autotune.catalog.tasks import BUILTIN_TASKS
+from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.executor.calibrate import (
     GRID,
+    LINK_FREE,
     Measurement,
     _device,
     _predict,
     fit_profile,
     load_profile,
+    step_of,
 )
-from autotune.perf.model import Coefficients
+from autotune.perf.model import Coefficients, Shape
 
 
 def test_grid_spans_layouts_compression_and_precision() -> None:
@@ -57,6 +60,40 @@ def test_fit_recovers_step_times_of_a_known_machine() -> None:
     fitted = _predict(profile, noisy, spec, coeffs)
     assert np.mean(np.abs(fitted - times) / times) < 0.05
     assert spec.peak_tflops["bf16"] / spec.peak_tflops["fp32"] == pytest.approx(0.6, rel=0.1)
+
+
+def test_machines_on_a_network_are_fitted_from_steps_and_their_unhidden_sync() -> None:
+    # Two machines of one rank each on a 100 Mbit/s link: six configurations measured
+    # (step and the synchronisation no rank hid) predict the others' steps.
+    profile = BUILTIN_TASKS["gpt-char"].profile
+    base = device("CPU")
+    shape = Shape(gpu_model="CPU", ranks_per_node=(1, 1), inter_node_gbps=0.0125)
+    truth_spec = _device(base, 0.02, 0.8)
+    truth = Coefficients(
+        mfu=1.0, compute_overhead_s=0.05, inter_latency_s=5e-3, inter_bw_efficiency=0.85,
+        overlap_gamma=1.6,
+    )  # fmt: skip
+    configs = [
+        JobConfig(layout=Layout(world_size=2, dp=2), compression=c, precision=p)
+        for c in (
+            CompressionSpec(),
+            CompressionSpec(kind="topk", ratio=0.01),
+            CompressionSpec(kind="int8"),
+            CompressionSpec(kind="powersgd", rank=4),
+        )
+        for p in (PrecisionMap.uniform("fp32"), PrecisionMap.uniform("bf16"))
+    ]
+    truths = [
+        step_of(profile, Measurement(c, 1.0, 0, shape=shape, batch=64), truth_spec, truth)
+        for c in configs
+    ]
+    rows = [
+        Measurement(c, t.step_s, 0, shape=shape, batch=64, sync_s=t.step_s - t.compute_s)
+        for c, t in zip(configs, truths, strict=True)
+    ]
+    spec, coeffs = fit_profile(profile, rows[:6], base, LINK_FREE)
+    for row, t in zip(rows[6:], truths[6:], strict=True):
+        assert step_of(profile, row, spec, coeffs).step_s == pytest.approx(t.step_s, rel=0.05)
 
 
 @pytest.mark.ray
