@@ -125,6 +125,8 @@ class RayBackend:
             for node in cluster.with_measured_links().nodes:
                 self._links[node.backend_node_id or node.node_id] = node.inter_node_bandwidth_gbps
         self._starts: deque[float] = deque(maxlen=_RESTARTS_KEPT)
+        self._starting: dict[str, float] = {}
+        """Jobs whose ranks are starting, with when (monotonic), until their first step."""
         self._reconfigures: deque[float] = deque(maxlen=_RESTARTS_KEPT)
 
     def lead(self, term: int | None) -> None:
@@ -225,10 +227,16 @@ class RayBackend:
 
     def restart_s(self) -> float | None:
         """What a reconfiguration costs here: the median of the recent ones, or of the
-        jobs' first starts until one is measured; ``None`` before any job started."""
+        jobs' first starts until one is measured, or, while the first jobs are still
+        starting, how long they have been at it (a lower bound); ``None`` before any job
+        started."""
         with self._lock:
             measured = self._reconfigures or self._starts
-            return statistics.median(measured) if measured else None
+            if measured:
+                return statistics.median(measured)
+            if self._starting:
+                return time.monotonic() - min(self._starting.values())
+            return None
 
     def _status(self, job: _Job) -> JobStatus:
         steps = job.submission.steps
@@ -310,6 +318,7 @@ class RayBackend:
         first = True
         seen: list[float] = []
         job.change, job.rates = None, []  # a start, not a change of a running job
+        self._starting[job_id] = time.monotonic()
 
         def on_step(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
             nonlocal first
@@ -330,6 +339,7 @@ class RayBackend:
                     job.interrupted = None
                 if first and runner.start_s is not None:
                     self._starts.append(runner.start_s)
+                self._starting.pop(job_id, None)
                 self._reconfigures.extend(runner.reconfigure_s[len(seen) :])
                 seen[:] = runner.reconfigure_s
                 first = False
@@ -367,6 +377,13 @@ class RayBackend:
         job.thread.start()
 
     def _run(self, job: _Job) -> None:
+        try:
+            self._train(job)
+        finally:  # a job that never stepped is no longer starting
+            with self._lock:
+                self._starting.pop(job.submission.spec.job_id, None)
+
+    def _train(self, job: _Job) -> None:
         assert job.runner is not None
         try:
             result = job.runner.run()

@@ -10,9 +10,10 @@ policy's new configuration for a running job only when both hold:
 
        remaining   = (1 - progress) x steps x global batch            [samples]
        goodput(c)  = samples/s(c) x statistical efficiency(c)         [samples/s]
-       samples/s   = measured under the current configuration (the last step's); under
-                     the new one, that times the performance model's ratio new / current
-                     (the job's online fit where it has one, else the catalog's)
+       samples/s   = measured under the current configuration (the last step's: a job
+                     with no measured step is not changed); under the new one, that
+                     times the performance model's ratio new / current (the job's
+                     online fit where it has one, else the catalog's)
        saved       = remaining / goodput(current) - remaining / goodput(new)   [s]
        pays        = saved > RESTART_MARGIN x restart_s
 
@@ -57,7 +58,7 @@ class Payoff:
     new_s: float
     """Predicted seconds to finish under the new one (restart excluded)."""
     restart_s: float
-    measured_samples_per_s: float | None
+    measured_samples_per_s: float
     """The current configuration's measured throughput the prediction starts from."""
     margin: float = RESTART_MARGIN
 
@@ -122,7 +123,9 @@ def payoff(
         spec.model, new, _resized(shape, new.world_size), new.batch(spec), coeffs=coeffs
     )
     measured = job.metrics.samples_per_s or job.samples_per_s or None
-    scale = measured / now.step.samples_per_s if measured and now.step.samples_per_s > 0 else 1.0
+    if measured is None:
+        return "its current configuration has no measured step yet, so no gain can be told"
+    scale = measured / now.step.samples_per_s if now.step.samples_per_s > 0 else 1.0
     goodput_now, goodput_then = now.goodput * scale, then.goodput * scale
     if goodput_now <= 0 or goodput_then <= 0:
         return "the performance model predicts no progress under one of the configurations"
@@ -132,7 +135,7 @@ def payoff(
         current_s=remaining / goodput_now,
         new_s=remaining / goodput_then,
         restart_s=restart_s,
-        measured_samples_per_s=None if measured is None else round(measured, 3),
+        measured_samples_per_s=round(measured, 3),
     )
 
 

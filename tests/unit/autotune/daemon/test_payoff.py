@@ -114,6 +114,15 @@ def test_a_job_is_not_changed_again_before_its_last_change_measured_a_gain() -> 
     assert job.spec.job_id not in round_.declined
 
 
+def test_a_job_with_no_measured_step_is_not_changed() -> None:
+    snapshot, job = _running()
+    unmeasured = _with(
+        replace(snapshot, restart_s=1e-9), job, metrics=JobMetrics(), samples_per_s=0.0
+    )
+    round_ = _change(unmeasured, job, _compressed(job.config))  # type: ignore[arg-type]
+    assert "no measured step yet" in round_.declined[job.spec.job_id]
+
+
 def test_without_a_measured_restart_cost_nothing_is_weighed() -> None:
     snapshot, job = _running()
     assert snapshot.restart_s is None, "the simulated cluster charges its own restart_s"
