@@ -37,7 +37,7 @@ all call this one function.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Protocol
@@ -553,6 +553,25 @@ def _displacing_pins(
     return found
 
 
+def _policy_changes(
+    active: Sequence[JobStatus],
+    choices: Mapping[str, PolicyChoice],
+    overrides: Mapping[str, OverrideRecord],
+) -> Iterator[tuple[JobStatus, PolicyChoice]]:
+    """Each running, placed job the policy gives a configuration (no override holds it),
+    with that choice."""
+    for job in active:
+        choice = choices.get(job.spec.job_id)
+        if (
+            job.state == "running"
+            and job.placement is not None
+            and choice is not None
+            and choice.config is not None
+            and job.spec.job_id not in overrides
+        ):
+            yield job, choice
+
+
 def _unpaid_changes(
     snapshot: ClusterSnapshot,
     active: Sequence[JobStatus],
@@ -568,20 +587,11 @@ def _unpaid_changes(
     nodes = {n.node_id: n for n in snapshot.nodes}
     declined: dict[str, str] = {}
     paid: dict[str, Payoff] = {}
-    for job in active:
+    for job, choice in _policy_changes(active, choices, overrides):
         job_id = job.spec.job_id
-        choice = choices.get(job_id)
-        if (
-            job.state != "running"
-            or job.config is None
-            or job.placement is None
-            or choice is None
-            or choice.config is None
-            or choice.config == job.config
-            or job_id in overrides
-            or job_id in released
-        ):
+        if job.config is None or choice.config == job.config or job_id in released:
             continue
+        assert choice.config is not None
         keep = f"kept its configuration rather than {_describe(choice)}: "
         if (unproven := unproven_change(job, choice.config)) is not None:
             declined[job_id] = keep + unproven
@@ -627,17 +637,9 @@ def _hopeless_resizes(
                     mine.get(host.gpu_model, 0.0) + slot.gpu_milli / MILLI_PER_GPU
                 )
     declined: dict[str, str] = {}
-    for job in active:
+    for job, choice in _policy_changes(active, choices, overrides):
         job_id = job.spec.job_id
-        choice = choices.get(job_id)
-        if (
-            job.state != "running"
-            or job.placement is None
-            or choice is None
-            or choice.config is None
-            or job_id in overrides
-        ):
-            continue
+        assert choice.config is not None
         own = held.get(job_id, {})
         room = max(
             (free.get(m, 0.0) + own.get(m, 0.0) for m in free if job.spec.allows(m)),

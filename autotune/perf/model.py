@@ -10,15 +10,9 @@ Step time of one rank (seconds)::
 
     T_compute = (F * B / (d*t*p)) / (peak_dtype * mfu) * recompute / (1 - bubble)
                 * straggler(d*t*p) + T_tp + T_pp + overhead
-    T_sync    = ring all-reduce of the gradient shard (dense, PowerSGD's factors), or
-                all-gather of every rank's compressed shard (top-k, int8, fp8)
+    T_sync    = ring all-reduce (or all-gather for top-k) of the gradient shard
                 + compression kernel time
     T_step    = (T_compute^g + T_sync^g)^(1/g)           (Pollux's overlap model, g >= 1)
-                for a reduction DDP overlaps with backward (dense, PowerSGD: its hooks);
-              = T_compute + T_sync                        for one after backward (top-k,
-                                                          int8, fp8: the executor reduces
-                                                          the gradients once they are all
-                                                          computed)
 
 - ``peak_dtype``: the device's dense peak for each module class's precision, weighted by
   the class's share of the FLOPs (``memory.PARAMETER_SHARE``: FLOPs follow parameters in
@@ -40,14 +34,9 @@ Step time of one rank (seconds)::
   Pollux's testbed synchronises 1.5-2x slower there than on 3-4 nodes).
 - Compute grows with a rank's samples per micro-step as samples^kappa
   (``batch_exponent``, 1 by default; padded variable-length inputs make it larger).
-- Gradients are fp32 whatever the precision map: the executor keeps fp32 master weights
-  (a module in 16-bit or fp8 casts them differentiably), so a dense all-reduce moves 4
-  bytes per parameter.
 - Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): 4 all-reduces per layer per
   micro-batch (2 forward, 2 backward) of micro_batch * seq_len * hidden activations in
-  16-bit (fp32 when the matmuls are), over the GPUs' link inside a node (where the
-  Planner keeps tensor-parallel groups on GPU clusters), over the network where a
-  tensor-parallel group spans machines (a node holds fewer ranks than the group).
+  16-bit, always inside one node (the Planner keeps tensor-parallel groups on a node).
 - Pipeline parallelism: each stage sends and receives one activation per micro-batch each
   way.
 """
@@ -122,8 +111,7 @@ KERNEL_BANDWIDTH_EFFICIENCY: Final = 0.70
 # dequantization reads them back and writes fp32.
 TOPK_BYTES_PER_ELEMENT: Final = 4 * (2 + 4 + 1)
 QUANT_BYTES_PER_ELEMENT: Final = 2 * (4 + 1)
-INDEX_BYTES: Final = 8
-"""Top-k's indices are int64 (``autotune.kernels.topk_compress``)."""
+INDEX_BYTES: Final = 4
 
 # Idle power of a datacenter GPU as a share of its TDP (NVIDIA's nvidia-smi readings:
 # A100 ~50 W of 400 W, H100 ~70-100 W of 700 W, T4 ~10 W of 70 W).
@@ -357,11 +345,9 @@ class StepTime:
     """What a dense all-reduce would have sent."""
 
 
-GRADIENT_BYTES: Final = 4
-"""Bytes per gradient element: fp32, the master weights' (see the module docstring)."""
-
-OVERLAPPED: Final = frozenset({"none", "powersgd"})
-"""Compression kinds whose reduction overlaps backward (DDP's communication hooks)."""
+def _gradient_width(precision: PrecisionMap) -> int:
+    """Bytes per gradient element: 16-bit unless the matmuls run in fp32."""
+    return 4 if precision.ffn == "fp32" else 2
 
 
 def _link(shape: Shape, spec: DeviceSpec, coeffs: Coefficients) -> tuple[float, float]:
@@ -402,7 +388,7 @@ def _sync(
     """(sync s, compress kernel s, bytes sent, dense bytes) of one data-parallel step."""
     layout = config.layout
     elements = model.parameters / (layout.tp * layout.pp)
-    width = GRADIENT_BYTES
+    width = _gradient_width(config.precision)
     dense = elements * width
     d = layout.dp
     if d <= 1:
@@ -421,14 +407,10 @@ def _sync(
         kernel += d * per_rank * 2 / kernel_bw  # scatter-add of d ranks' entries
         return comm + kernel, kernel, sent, dense_sent
     if comp.kind in ("int8", "fp8"):
-        # Codes and per-block scales are all-gathered (a sum of codes would overflow
-        # them): every rank receives the other d - 1 ranks' whole compressed gradient.
         size = elements * (1 + 4 / 128)
-        sent = (d - 1) * size
-        comm = network((d - 1) * alpha + sent / (gbps * 1e9))
+        comm = network(ring_allreduce_s(size, d, latency_s=alpha, bandwidth_gbps=gbps))
         kernel = elements * QUANT_BYTES_PER_ELEMENT / kernel_bw
-        kernel += d * elements * 5 / kernel_bw  # dequantising d ranks' codes into fp32
-        return comm + kernel, kernel, sent, dense_sent
+        return comm + kernel, kernel, 2 * (d - 1) / d * size, dense_sent
     if comp.kind == "powersgd":
         assert comp.rank is not None
         dim = model.hidden_size or max(1.0, math.sqrt(model.parameters / model.num_layers))
@@ -479,16 +461,11 @@ def step_time(
     message = micro * model.seq_len * max(model.hidden_size, 1) * act_width
     tp_comm = 0.0
     if layout.tp > 1 and model.hidden_size:
-        spans = shape.nodes > 1 and min(shape.ranks_per_node) < layout.tp
         per = ring_allreduce_s(
             message,
             layout.tp,
-            latency_s=coeffs.inter_latency_s if spans else coeffs.intra_latency_s,
-            bandwidth_gbps=(
-                shape.inter_node_gbps * coeffs.inter_bw_efficiency
-                if spans
-                else spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency
-            ),
+            latency_s=coeffs.intra_latency_s,
+            bandwidth_gbps=spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency,
         )
         tp_comm = 4 * model.num_layers / layout.pp * layout.micro_batches * per
     pp_comm = 0.0
@@ -502,7 +479,7 @@ def step_time(
     compute += tp_comm + pp_comm
 
     sync, kernel, sent, dense = _sync(model, config, shape, spec, coeffs)
-    g = coeffs.overlap_gamma if config.compression.kind in OVERLAPPED else 1.0
+    g = coeffs.overlap_gamma
     step = (compute**g + sync**g) ** (1 / g) if sync > 0 else compute
     return StepTime(
         compute_s=compute,
