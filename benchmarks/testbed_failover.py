@@ -58,6 +58,9 @@ TOKEN = "failover-bench"
 PG_PORT = 5432
 CHECKPOINT_EVERY = 5
 LEASE_S = 5.0
+IN_FLIGHT_S = 1.0
+"""After the head dies, a step may still begin this long after: one the driver sent just
+before (Ray's dispatch takes milliseconds); later ones would be training uncontrolled."""
 READS = {
     "decisions": 0.3,
     "decisions_job": 0.1,
@@ -480,7 +483,14 @@ def head_phase(
         )
         time.sleep(1.0)
     after = decision_ids(url)
-    steps_after = [e for e in step_log(data, job) if e["end"] > killed_at and e["rank"] == 0]
+    # The driver (daemon A, on the head) sends each step when the last one returns, and
+    # the bench kills the head when step 10 is logged, so the step sent just before the
+    # kill may begin on a worker's ranks a few milliseconds after it: that one is in
+    # flight. A step begun later than IN_FLIGHT_S after the kill would be training that
+    # nothing controls.
+    ranked = [e for e in step_log(data, job) if e["rank"] == 0]
+    steps_after = [e for e in ranked if e["start"] > killed_at + IN_FLIGHT_S]
+    in_flight = [e for e in ranked if killed_at < e["start"] <= killed_at + IN_FLIGHT_S]
     answering = [s for s in seen if s["answers"]]
     last = answering[-1] if answering else {}
     job_seen = _job(b, job) if b.readiness() is not None else None
@@ -497,6 +507,7 @@ def head_phase(
         "decisions_before": len(before),
         "decisions_lost": len(before - after),
         "steps_after_the_kill": len(steps_after),
+        "steps_in_flight_at_the_kill": len(in_flight),
         "last_step_before": max(e["step"] for e in step_log(data, job)),
         "newest_checkpoint_before": checkpoint,
     }

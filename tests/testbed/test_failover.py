@@ -61,6 +61,7 @@ def test_no_job_trains_on_two_placements_and_a_new_leader_resumes_each_once(
     # Ray's head gone: no decision lost, and after Ray and a daemon start again the job
     # resumes from its checkpoint.
     assert head["decisions_lost"] == 0
-    assert head["steps_after_the_kill"] == 0
+    assert head["steps_after_the_kill"] == 0  # none but the one the driver had sent
+    assert head["steps_in_flight_at_the_kill"] <= 1
     assert head["restart"]["decisions_lost"] == 0
     assert head["restart"]["resumed_from_step"] == head["newest_checkpoint_before"]
