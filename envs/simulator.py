@@ -212,6 +212,10 @@ class SimConfig:
     """Seconds a parked node takes from ``wake`` to usable (boot and join)."""
     parked_power_fraction: float = 0.0
     """Share of its GPUs' TDP a parked node draws (0: powered off)."""
+    coeffs: Coefficients | None = None
+    """The performance model's coefficients of the jobs of the built-in stream and of
+    those submitted: a calibrated cluster's (``autotune calibrate --cluster-file``);
+    ``None``: the defaults."""
 
     def __post_init__(self) -> None:
         if not self.round_s > 0:
@@ -313,6 +317,7 @@ class SimulatedCluster:
                 initial_jobs=0 if self._restored else self.config.initial_jobs,
                 max_jobs=self.config.max_jobs,
                 taken=lambda job_id: job_id in self._taken or job_id in self.jobs,
+                coeffs=self.config.coeffs,
             )
         self._stream = stream
         self._next = next(stream, None)
@@ -518,7 +523,7 @@ class SimulatedCluster:
                 "task); module tasks run on a backend that trains them"
             )
         # Queue order among equal priorities is by arrival on the simulated clock.
-        self._add(_arrival_of(job, submitted_at=self.now))
+        self._add(_arrival_of(job, submitted_at=self.now, coeffs=self.config.coeffs))
 
     def cancel(self, job_id: str) -> None:
         job = self.jobs.get(job_id)
@@ -542,7 +547,11 @@ class SimulatedCluster:
         for submission, status in jobs:
             self._restored = True
             job = self._add(
-                _arrival_of(submission, submitted_at=submission.spec.submitted_at),
+                _arrival_of(
+                    submission,
+                    submitted_at=submission.spec.submitted_at,
+                    coeffs=self.config.coeffs,
+                ),
                 progress=status.progress,
             )
             if status.state != "running" or status.config is None or status.placement is None:
@@ -772,7 +781,9 @@ def _in_place(job: SimJob, old: JobConfig | None, new: JobConfig) -> bool:
     return physics is not None and physics.in_place(old, new)
 
 
-def _arrival_of(job: JobSubmission, *, submitted_at: float) -> Arrival:
+def _arrival_of(
+    job: JobSubmission, *, submitted_at: float, coeffs: Coefficients | None = None
+) -> Arrival:
     spec = replace(job.spec, submitted_at=submitted_at)
     return Arrival(
         spec=spec,
@@ -780,4 +791,5 @@ def _arrival_of(job: JobSubmission, *, submitted_at: float) -> Arrival:
         steps=job.steps,
         work=float(job.steps * spec.global_batch),
         reference_gpus=spec.min_gpus,
+        coeffs=coeffs or DEFAULT_COEFFICIENTS,
     )

@@ -13,7 +13,7 @@ again (an export's ``workload.json``, ``autotune.replay.workload``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
@@ -26,7 +26,7 @@ from autotune.core import ELASTIC_FACTOR, JobSpec, NodeInfo
 from autotune.envs.simulator import Arrival
 from autotune.envs.traces import TraceJob
 from autotune.errors import InputError
-from autotune.perf.model import DEFAULT_COEFFICIENTS
+from autotune.perf.model import DEFAULT_COEFFICIENTS, Coefficients
 from autotune.replay.workload import read_workload
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "pick_jobs",
     "pollux_arrivals",
     "synthetic_jobs",
+    "task_mix",
 ]
 
 MAX_GPUS: Final = 64
@@ -187,6 +188,30 @@ def synthetic_jobs(
     return jobs
 
 
+def task_mix(
+    tasks: Sequence[str], gpus: int
+) -> tuple[tuple[tuple[str, float, int, int], ...], dict[str, int]]:
+    """A stream mix of built-in ``tasks`` (a user's jobs), equal shares, each elastic from
+    1 to ``gpus`` GPUs; and each task's batch (the executor's default for the task, else
+    ``STREAM_BATCH``)."""
+    from autotune.catalog.tasks import BUILTIN_TASKS
+
+    if not tasks:
+        raise ValueError("a job mix needs at least one task")
+    unknown = [t for t in tasks if t not in BUILTIN_TASKS]
+    if unknown:
+        raise ValueError(
+            f"unknown task(s) {', '.join(unknown)}; built-in: {', '.join(BUILTIN_TASKS)}"
+        )
+    if gpus < 1:
+        raise ValueError("the cluster has no GPU (or CPU for ranks)")
+    mix = tuple((t, 1.0, 1, gpus) for t in dict.fromkeys(tasks))
+    batches = {
+        t: int(getattr(BUILTIN_TASKS[t].shape, "batch_size", 0) or STREAM_BATCH) for t, *_ in mix
+    }
+    return mix, batches
+
+
 def job_stream(
     rng: np.random.Generator,
     *,
@@ -194,27 +219,37 @@ def job_stream(
     initial_jobs: int,
     max_jobs: int | None,
     taken: Callable[[str], bool] = lambda _: False,
+    mix: Sequence[tuple[str, float, int, int]] = STREAM_MIX,
+    batches: Mapping[str, int] | None = None,
+    coeffs: Coefficients | None = None,
 ) -> Iterator[Arrival]:
     """The built-in stream: ``initial_jobs`` waiting at time 0, then Poisson arrivals of
-    ``STREAM_MIX`` models, each training for log-uniform 1,000-10,000 steps of
-    ``STREAM_BATCH`` samples; ids ``job-00000`` on, skipping those ``taken``."""
-    shares = np.array([share for _, share, _, _ in STREAM_MIX])
+    ``mix`` tasks (``STREAM_MIX``: task, share, min and max GPUs), each training for
+    log-uniform 1,000-10,000 steps of its batch (``batches``, else ``STREAM_BATCH``
+    samples); ids ``job-00000`` on, skipping those ``taken``. ``coeffs``: the performance
+    model's coefficients of the cluster they run on (a calibrated cluster's), else the
+    defaults."""
+    from autotune.catalog.tasks import BUILTIN_TASKS
+
+    for name, *_ in mix:
+        if name not in BUILTIN_TASKS:
+            raise ValueError(f"task {name!r}: not a built-in task")
+    shares = np.array([share for _, share, _, _ in mix])
     at = 0.0
     made = 0
     number = 0
     while max_jobs is None or made < max_jobs:
         if made >= initial_jobs:
             at += float(rng.exponential(mean_interarrival_s))
-        name, _, min_gpus, max_gpus = STREAM_MIX[
-            int(rng.choice(len(STREAM_MIX), p=shares / shares.sum()))
-        ]
+        name, _, min_gpus, max_gpus = mix[int(rng.choice(len(mix), p=shares / shares.sum()))]
+        batch = (batches or {}).get(name, STREAM_BATCH)
         steps = round(math.exp(rng.uniform(math.log(1e3), math.log(1e4))))
         while taken(f"job-{number:05d}"):
             number += 1  # the id belongs to a job of an earlier run
         spec = JobSpec(
             job_id=f"job-{number:05d}",
-            model=MODEL_CATALOG[name],
-            global_batch=STREAM_BATCH,
+            model=BUILTIN_TASKS[name].profile,
+            global_batch=batch,
             min_gpus=min_gpus,
             max_gpus=max_gpus,
             submitted_at=at,
@@ -225,6 +260,7 @@ def job_stream(
             spec=spec,
             task=name,
             steps=steps,
-            work=float(steps * STREAM_BATCH),
+            work=float(steps * batch),
             reference_gpus=spec.gpu_request(),
+            coeffs=coeffs or DEFAULT_COEFFICIENTS,
         )

@@ -12,20 +12,22 @@ a fit without it). The profile is saved as JSON; ``load_profile`` gives back the
 
 from __future__ import annotations
 
+import collections
 import json
 import platform
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from autotune.catalog.devices import DeviceSpec, device
+from autotune.catalog.clusters import ClusterDescription, calibration_profile
+from autotune.catalog.devices import DeviceSpec, calibrated_device, device
 from autotune.catalog.tasks import BUILTIN_TASKS, GPTConfig
 from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
+from autotune.errors import InputError
 from autotune.perf.fit import Parameter, fit_bounded, mape
 from autotune.perf.model import Coefficients, Shape, StepTime, step_time
 
@@ -35,6 +37,7 @@ __all__ = [
     "Measurement",
     "calibrate",
     "fit_profile",
+    "link_grid",
     "load_profile",
     "step_of",
 ]
@@ -111,8 +114,7 @@ achieved share of its bandwidth instead of the (unused) intra-node ones."""
 
 
 def _device(base: DeviceSpec, peak: float, bf16_speed: float) -> DeviceSpec:
-    tflops = {"fp32": peak, "bf16": peak * bf16_speed}
-    return replace(base, name=f"{base.name}-calibrated", peak_tflops=MappingProxyType(tflops))
+    return calibrated_device(base, {"fp32": peak, "bf16": peak * bf16_speed})
 
 
 def _split(values: Mapping[str, float], base: DeviceSpec) -> tuple[DeviceSpec, Coefficients]:
@@ -171,15 +173,70 @@ def measure(
     warmup: int = 2,
     task: str = TASK,
     batch_size: int = BATCH,
+    cluster: ClusterDescription | None = None,
 ) -> Measurement:
     """The median step time of ``task`` trained ``steps`` steps under ``config`` (after
-    ``warmup`` steps), and the bytes it sent."""
+    ``warmup`` steps), and the bytes it sent. On a described ``cluster``, also where its
+    ranks ran (the ranks per machine, the slowest measured link between them) and, when
+    they span machines, the synchronisation no rank hid."""
     from autotune.executor.runner import JobRunner, RunnerConfig
 
     run = RunnerConfig(task=task, steps=steps + warmup, batch_size=batch_size, seed=seed)
     result = JobRunner(run, config).run()
     times = result.step_times_s[warmup:]
-    return Measurement(config, statistics.median(times), result.bytes_sent)
+    if cluster is None:
+        return Measurement(config, statistics.median(times), result.bytes_sent)
+    shape = _shape_on(cluster, [p["node"] for p in result.placement])
+    sync = result.sync_times_s[warmup:]
+    return Measurement(
+        config,
+        statistics.median(times),
+        result.bytes_sent,
+        shape=shape,
+        batch=batch_size,
+        sync_s=statistics.median(sync) if sync and shape.nodes > 1 else None,
+    )
+
+
+def _shape_on(cluster: ClusterDescription, ray_nodes: Sequence[str]) -> Shape:
+    """The shape of ranks on these nodes of ``cluster`` (by name or Ray node id): ranks
+    per machine, and the slowest measured link of the machines used."""
+    nodes = {
+        key: n
+        for n in cluster.with_measured_links().nodes
+        for key in (n.node_id, n.backend_node_id)
+        if key
+    }
+    unknown = sorted({r for r in ray_nodes if r not in nodes})
+    if unknown:
+        raise InputError(
+            f"ranks ran on Ray nodes {', '.join(unknown)}, not in the cluster file: describe "
+            "the cluster again (autotune cluster describe)"
+        )
+    counts = collections.Counter(ray_nodes)
+    used = [nodes[r] for r in counts]
+    return Shape(
+        gpu_model=used[0].gpu_model,
+        ranks_per_node=tuple(sorted(counts.values(), reverse=True)),
+        inter_node_gbps=min(n.inter_node_bandwidth_gbps for n in used),
+    )
+
+
+def link_grid(machines: int) -> tuple[JobConfig, ...]:
+    """The configurations a cluster is calibrated from: ``machines`` ranks (one per
+    machine where each has one CPU for ranks) dense in fp32 and bf16, and under top-k 1%,
+    int8 and PowerSGD rank 4. Data parallel only: the model does not yet charge tensor
+    and pipeline parallelism across machines to the network."""
+    if machines < 2:
+        raise InputError("a cluster calibration needs at least 2 machines")
+    dense = _config(dp=machines)
+    return (
+        dense,
+        _config(dp=machines, precision="bf16"),
+        _config(dp=machines, compression="topk"),
+        _config(dp=machines, compression="int8"),
+        replace(dense, compression=CompressionSpec(kind="powersgd", rank=4)),
+    )
 
 
 def calibrate(
@@ -188,24 +245,28 @@ def calibrate(
     seed: int = 0,
     grid: Sequence[JobConfig] = GRID,
     progress: Callable[[int, int, str], None] | None = None,
+    cluster: ClusterDescription | None = None,
 ) -> dict[str, Any]:
-    """Measure ``grid``, fit, and report (Ray must be connected)."""
+    """Measure ``grid``, fit, and report (Ray must be connected). On a described
+    ``cluster`` (its ranks on its machines) the fit is over ``LINK_FREE``: the links'
+    latency and achieved bandwidth instead of a node's."""
     profile = BUILTIN_TASKS[TASK].profile
     base = device("CPU")
+    free = _FREE if cluster is None else LINK_FREE
     rows = []
     for i, config in enumerate(grid):
         if progress:
             progress(i, len(grid), config.describe())
-        rows.append(measure(config, steps=steps, seed=seed))
+        rows.append(measure(config, steps=steps, seed=seed, cluster=cluster))
     if progress:
         progress(len(grid), len(grid), "fitting")
-    spec, coeffs = fit_profile(profile, rows, base)
+    spec, coeffs = fit_profile(profile, rows, base, free)
     measured = np.array([m.step_time_s for m in rows])
     predicted = _predict(profile, rows, spec, coeffs)
     held_out = []
     for i in range(len(rows)):
         rest = [m for j, m in enumerate(rows) if j != i]
-        spec_i, coeffs_i = fit_profile(profile, rest, base)
+        spec_i, coeffs_i = fit_profile(profile, rest, base, free)
         held_out.append(float(_predict(profile, [rows[i]], spec_i, coeffs_i)[0]))
     held = np.array(held_out)
     return {
@@ -213,6 +274,7 @@ def calibrate(
             "node": platform.node(),
             "processor": platform.processor() or platform.machine(),
         },
+        "cluster": None if cluster is None else cluster.source,
         "task": TASK,
         "global_batch": BATCH,
         "steps": steps,
@@ -226,7 +288,9 @@ def calibrate(
         "configs": [
             {
                 "config": m.config.describe(),
+                "ranks_per_machine": None if m.shape is None else list(m.shape.ranks_per_node),
                 "measured_step_s": round(m.step_time_s, 5),
+                "measured_sync_s": None if m.sync_s is None else round(m.sync_s, 5),
                 "predicted_step_s": round(float(p), 5),
                 "held_out_predicted_step_s": round(h, 5),
                 "bytes_sent": m.bytes_sent,
@@ -248,8 +312,4 @@ def save_profile(report: dict[str, Any], path: Path) -> None:
 
 def load_profile(path: str | Path) -> tuple[DeviceSpec, Coefficients]:
     """The calibrated device and coefficients saved by ``autotune calibrate``."""
-    report = json.loads(Path(path).read_text())
-    base = device(report["device"]["base"])
-    peaks = report["device"]["peak_tflops"]
-    spec = _device(base, peaks["fp32"], peaks["bf16"] / peaks["fp32"])
-    return spec, Coefficients(**report["coefficients"])
+    return calibration_profile(json.loads(Path(path).read_text()))

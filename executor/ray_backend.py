@@ -121,9 +121,15 @@ class RayBackend:
         self._clock = time.monotonic()
         self._term: int | None = None
         self._links: dict[str, float] = {}
+        self._devices: dict[str, NodeInfo] = {}
+        """Nodes the cluster file calibrated: their device is the calibrated one."""
         if cluster is not None:
+            calibrated = cluster.profile()
             for node in cluster.with_measured_links().nodes:
-                self._links[node.backend_node_id or node.node_id] = node.inter_node_bandwidth_gbps
+                key = node.backend_node_id or node.node_id
+                self._links[key] = node.inter_node_bandwidth_gbps
+                if calibrated is not None and node.gpu_model == calibrated[0].name:
+                    self._devices[key] = node
         self._starts: deque[float] = deque(maxlen=_RESTARTS_KEPT)
         self._starting: dict[str, float] = {}
         """Jobs whose ranks are starting, with when (monotonic), until their first step."""
@@ -221,9 +227,15 @@ class RayBackend:
         )
 
     def _described(self, node: NodeInfo) -> NodeInfo:
-        """``node`` with the link bandwidth the cluster file measured for it, if any."""
+        """``node`` with the link bandwidth the cluster file measured for it, and the
+        device its calibration fitted, if any."""
         gbps = self._links.get(node.backend_node_id) or self._links.get(node.node_id)
-        return node if gbps is None else replace(node, inter_node_bandwidth_gbps=gbps)
+        if gbps is not None:
+            node = replace(node, inter_node_bandwidth_gbps=gbps)
+        filed = self._devices.get(node.backend_node_id) or self._devices.get(node.node_id)
+        if filed is not None:
+            node = replace(node, gpu_model=filed.gpu_model, peak_tflops=dict(filed.peak_tflops))
+        return node
 
     def restart_s(self) -> float | None:
         """What a reconfiguration costs here: the median of the recent ones, or of the

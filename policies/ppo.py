@@ -286,6 +286,11 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
                 )
             )
             continue
+        if source.kind == "cluster":
+            envs.append(
+                _cluster_env(source, np.random.default_rng([settings.seed, worker, k]), common)
+            )
+            continue
         nodes, trace = _trace(source)
         stop = min(source.stop or len(trace), len(trace)) - source.window
         if stop <= source.start:
@@ -309,6 +314,35 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
     return _Mixture(
         envs, [s.weight for s in settings.sources], settings.reward_scale, settings.seed + worker
     )
+
+
+def _cluster_env(source: TraceSource, rng: np.random.Generator, common: dict[str, Any]) -> Any:
+    """The environment of a user's cluster (``TraceSource(kind="cluster")``): its nodes and
+    calibration, the stream of its users' tasks, a queue of half a window at the start."""
+    from autotune.catalog.clusters import load_cluster
+    from autotune.envs.workloads import job_stream, task_mix
+
+    if source.nodes is None:
+        raise ValueError("a cluster source needs its cluster file")
+    cluster = load_cluster(source.nodes)
+    coeffs = cluster.coefficients
+    gpus = sum(n.gpu_count for n in cluster.nodes)
+    mix, batches = task_mix([t.strip() for t in source.jobs.split(",") if t.strip()], gpus)
+
+    def jobs() -> list[Arrival]:
+        return list(
+            job_stream(
+                rng,
+                mean_interarrival_s=source.round_s,
+                initial_jobs=source.window // 2,
+                max_jobs=source.window,
+                mix=mix,
+                batches=batches,
+                coeffs=coeffs,
+            )
+        )
+
+    return ClusterEnv(nodes=cluster.nodes, jobs=jobs, round_s=source.round_s, **common)
 
 
 def _settings_from(config: dict[str, Any]) -> PPOSettings:

@@ -41,6 +41,11 @@ class TraceSource:
     cluster and built-in job stream), ``window`` jobs per episode; ``jobs`` is unused.
     ``kind="replay"``: ``jobs`` is a replay export folder (``autotune replay export``):
     its cluster and the jobs its log saw (``autotune.envs.workloads.load_workload``).
+    ``kind="cluster"``: a user's cluster: ``nodes`` is its cluster file (``autotune
+    cluster describe``, with its calibration if ``autotune calibrate --cluster-file`` ran)
+    and ``jobs`` the built-in tasks its users train, comma-separated: the built-in
+    stream's arrivals of those tasks (``autotune.envs.workloads.task_mix``), ``window``
+    per episode, on the cluster's nodes, with the calibration's device and coefficients.
 
     Any other kind names a study's world (a ``World`` among the ``autotune.worlds``
     entry points: ``pollux-compat``, ``autotune.studies.pollux``), which builds the
@@ -193,7 +198,7 @@ def world(kind: str) -> World | None:
     raise ValueError(f"source kind {kind!r}: one of {', '.join(known)}")
 
 
-DEFAULT_WORLD_KINDS: Final = ("alibaba", "pollux", "stream", "replay")
+DEFAULT_WORLD_KINDS: Final = ("alibaba", "pollux", "stream", "replay", "cluster")
 """Source kinds played in the default world."""
 WORLDS_GROUP: Final = "autotune.worlds"
 """The entry-point group under which studies register their worlds."""

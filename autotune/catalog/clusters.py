@@ -18,21 +18,45 @@ A node written in short (as above) takes its GPU figures from the catalog
 field, as ``describe`` writes them) is taken as it is. A node's
 ``inter_node_bandwidth_gbps`` is what the performance model charges its all-reduces:
 ``describe`` sets it to the slowest link measured from the node.
+
+``autotune calibrate --cluster-file FILE`` adds a ``"calibration"``: its report (the
+configurations it measured on the cluster, the fit's errors), with the calibrated
+``"device"`` (``{"name", "base", "peak_tflops"}``) and the performance model's
+``"coefficients"`` on this cluster; the nodes of the base device then name the
+calibrated one. Loading the file registers that device
+(``autotune.catalog.devices.register_device``), so that everything that asks the catalog
+(the simulated cluster, the policy's observation, the decision step) sees the measured
+figures: a CPU's slow bf16, say, where the catalog assumes a fast one.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.catalog.devices import node_info
+from autotune.catalog.devices import (
+    DeviceSpec,
+    calibrated_device,
+    device,
+    node_info,
+    register_device,
+)
 from autotune.core import NodeInfo
 from autotune.errors import InputError
+from autotune.perf.model import Coefficients
 
-__all__ = ["ClusterDescription", "LinkMeasurement", "load_cluster", "save_cluster"]
+__all__ = [
+    "ClusterDescription",
+    "LinkMeasurement",
+    "calibration_profile",
+    "load_cluster",
+    "save_cluster",
+]
 
 _SHORT_FIELDS = frozenset(
     {"node_id", "gpu_model", "gpu_count", "cpu_milli", "memory_mib", "inter_node_bandwidth_gbps"}
@@ -66,6 +90,8 @@ class ClusterDescription:
     links: tuple[LinkMeasurement, ...] = ()
     source: str = "hand-written"
     described_at: str | None = None
+    calibration: Mapping[str, Any] | None = None
+    """``autotune calibrate``'s report on this cluster (see the module docstring)."""
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -91,15 +117,55 @@ class ClusterDescription:
         )
         return replace(self, nodes=nodes)
 
+    def profile(self) -> tuple[DeviceSpec, Coefficients] | None:
+        """The calibrated device and coefficients (registered as it is read), ``None``
+        before a calibration."""
+        if self.calibration is None:
+            return None
+        spec, coeffs = calibration_profile(self.calibration)
+        register_device(spec)
+        return spec, coeffs
+
+    @property
+    def coefficients(self) -> Coefficients | None:
+        """The performance model's coefficients on this cluster, if calibrated."""
+        found = self.profile()
+        return None if found is None else found[1]
+
+    def with_calibration(self, report: Mapping[str, Any]) -> ClusterDescription:
+        """This cluster calibrated by ``report``: its nodes of the calibration's base
+        device now of the calibrated one."""
+        spec, _ = calibration_profile(report)
+        register_device(spec)
+        base = report["device"]["base"]
+        nodes = tuple(
+            replace(n, gpu_model=spec.name, peak_tflops=dict(spec.peak_tflops))
+            if n.gpu_model in (base, spec.name)
+            else n
+            for n in self.nodes
+        )
+        return replace(self, nodes=nodes, calibration=copy.deepcopy(dict(report)))
+
     def to_json(self) -> dict[str, Any]:
         from autotune.serde import to_json
 
-        return {
+        out: dict[str, Any] = {
             "nodes": [to_json(n) for n in self.nodes],
             "links": [to_json(link) for link in self.links],
             "source": self.source,
             "described_at": self.described_at,
         }
+        if self.calibration is not None:
+            out["calibration"] = copy.deepcopy(dict(self.calibration))
+        return out
+
+
+def calibration_profile(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coefficients]:
+    """The calibrated device and coefficients of a calibration report (``autotune
+    calibrate``'s: ``{"device": {"base", "peak_tflops"}, "coefficients": {...}}``)."""
+    base = device(report["device"]["base"])
+    spec = calibrated_device(base, report["device"]["peak_tflops"])
+    return spec, Coefficients(**report["coefficients"])
 
 
 def _node(entry: Any, where: str) -> NodeInfo:
@@ -128,6 +194,12 @@ def load_cluster(path: str | Path) -> ClusterDescription:
         raise InputError(f"{path}: not a JSON cluster file: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise InputError(f'{path}: expected an object with a list of "nodes"')
+    calibration = data.get("calibration")
+    if calibration is not None:
+        try:
+            register_device(calibration_profile(calibration)[0])
+        except (TypeError, ValueError, KeyError) as exc:
+            raise InputError(f"{path}: calibration: {exc}") from None
     nodes = tuple(_node(e, f"{path}: nodes[{i}]") for i, e in enumerate(data["nodes"]))
     try:
         links = tuple(from_json(LinkMeasurement, e) for e in data.get("links") or [])
@@ -136,6 +208,7 @@ def load_cluster(path: str | Path) -> ClusterDescription:
             links=links,
             source=str(data.get("source") or "hand-written"),
             described_at=data.get("described_at"),
+            calibration=calibration,
         )
     except ValueError as exc:
         raise InputError(f"{path}: {exc}") from None

@@ -7,13 +7,22 @@ per direction. Each entry names its source; ``assumed`` entries say what they st
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Final
 
 from autotune.core import NodeInfo
 
-__all__ = ["CATALOG", "DEFAULT_INTER_NODE_GBPS", "DeviceSpec", "device", "node_info"]
+__all__ = [
+    "CATALOG",
+    "DEFAULT_INTER_NODE_GBPS",
+    "DeviceSpec",
+    "calibrated_device",
+    "device",
+    "node_info",
+    "register_device",
+]
 
 GIB: Final = 1 << 30
 
@@ -190,12 +199,39 @@ CATALOG: Final[MappingProxyType[str, DeviceSpec]] = MappingProxyType(
 )
 
 
+_REGISTERED: dict[str, DeviceSpec] = {}
+"""Devices defined outside the catalog in this process: calibrated ones, registered when
+the cluster file that defines them is loaded (``autotune.catalog.clusters``)."""
+
+
 def device(name: str) -> DeviceSpec:
-    """The catalog entry for ``name``; ``KeyError`` with the known names if absent."""
-    try:
-        return CATALOG[name]
-    except KeyError:
-        raise KeyError(f"unknown GPU model {name!r}; known: {', '.join(CATALOG)}") from None
+    """The catalog entry for ``name``, or the registered device of that name; ``KeyError``
+    with the known names if neither."""
+    found = CATALOG.get(name) or _REGISTERED.get(name)
+    if found is None:
+        known = ", ".join([*CATALOG, *_REGISTERED])
+        raise KeyError(f"unknown GPU model {name!r}; known: {known}")
+    return found
+
+
+def calibrated_device(base: DeviceSpec, tflops: Mapping[str, float]) -> DeviceSpec:
+    """``base`` with the dense peaks a calibration fitted (``autotune calibrate``), named
+    ``<base>-calibrated``; a precision absent from ``tflops`` has no fast path."""
+    return replace(
+        base,
+        name=f"{base.name}-calibrated",
+        peak_tflops=MappingProxyType(dict(tflops)),
+        source=f"calibrated from measured step times on {base.name}",
+    )
+
+
+def register_device(spec: DeviceSpec) -> None:
+    """Make ``device(spec.name)`` answer ``spec`` in this process (a later registration of
+    the name replaces an earlier one: a newer calibration); the catalog's names cannot be
+    replaced."""
+    if spec.name in CATALOG:
+        raise ValueError(f"{spec.name!r} is a catalog device: a calibrated one needs its own name")
+    _REGISTERED[spec.name] = spec
 
 
 def node_info(

@@ -193,38 +193,74 @@ def calibrate_command(
     ray_address: Annotated[
         str | None, typer.Option("--ray-address", help="Join this Ray cluster.")
     ] = None,
+    cluster_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--cluster-file",
+            help="Calibrate this described cluster (autotune cluster describe; with "
+            "--ray-address): jobs spread over its machines, the fit saved into the file.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Fit the performance model to this machine from gpt-char runs under 12 configurations.
+    """Fit the performance model to this machine, or to a described cluster, from gpt-char
+    runs.
 
-    Trains gpt-char under 12 configurations (layouts x compression x precision) here, fits
-    the performance model's device and coefficients to the measured step times (the
+    Here: trains gpt-char under 12 configurations (layouts x compression x precision),
+    fits the performance model's device and coefficients to the measured step times (the
     fitter ``autotune model calibrate`` uses for the Pollux measurements), saves the
-    profile, and reports the step-time error (target MAPE <= 15%)."""
+    profile, and reports the step-time error (target MAPE <= 15%).
+
+    With --cluster-file: trains gpt-char data parallel over the cluster's machines under 5
+    configurations (dense fp32 and bf16, top-k 1%, int8, PowerSGD rank 4), fits the
+    device and the links' latency and achieved bandwidth to the step times and the
+    synchronisation no rank hid, and writes the calibration into the cluster file: the
+    simulated cluster of ``autotune train-policy --cluster-file`` and the daemon then use
+    it."""
+    from autotune.catalog.clusters import load_cluster, save_cluster
     from autotune.daemon.settings import Settings
-    from autotune.executor.calibrate import GRID, calibrate, save_profile
+    from autotune.executor.calibrate import GRID, calibrate, link_grid, save_profile
     from autotune.ray_session import ensure_ray
 
-    target = out or Settings().data_dir / "calibration.json"
+    cluster = None
+    grid = GRID
+    if cluster_file is not None:
+        if ray_address is None:
+            fail("--cluster-file calibrates a running Ray cluster: give its --ray-address")
+        if out is not None:
+            fail("--cluster-file saves the calibration into the cluster file; drop --out")
+        try:
+            cluster = load_cluster(cluster_file)
+            grid = link_grid(sum(1 for n in cluster.nodes if n.cpu_milli > 0))
+        except InputError as exc:
+            fail(str(exc))
+    target = cluster_file or out or Settings().data_dir / "calibration.json"
     progress = progress_bar(
         "calibrating", "{task.completed}/{task.total} configurations {task.fields[note]}"
     )
-    bar = progress.add_task("calibrate", total=len(GRID), note="")
+    bar = progress.add_task("calibrate", total=len(grid), note="")
     started = ensure_ray(ray_address, num_cpus=2)
     try:
         with progress:
             report = calibrate(
                 steps=steps,
                 seed=seed,
+                grid=grid,
+                cluster=cluster,
                 progress=lambda done, _total, what: progress.update(bar, completed=done, note=what),
             )
+    except InputError as exc:
+        fail(str(exc))
     finally:
         if started:
             import ray
 
             ray.shutdown()
     report["saved_to"] = str(target)
-    save_profile(report, target)
+    if cluster is not None:
+        save_cluster(cluster.with_calibration(report), target)
+    else:
+        save_profile(report, target)
     if as_json:
         typer.echo(json.dumps(report))
         return

@@ -95,6 +95,23 @@ def train_policy(
             "built-in job stream."
         ),
     ] = False,
+    cluster_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--cluster-file",
+            help="Also train on this described cluster (autotune cluster describe, "
+            "calibrated by autotune calibrate --cluster-file): its nodes and measured "
+            "figures, with a stream of the --task jobs its users train.",
+        ),
+    ] = None,
+    task: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--task",
+            help="A built-in task the cluster's users train (with --cluster-file); repeat "
+            "the option. Default: gpt-char and mlp-synthetic.",
+        ),
+    ] = None,
     slots: SlotsOption = _PPO.slots,
     round_s: RoundOption = _PPO.round_s,
     max_steps: MaxStepsOption = _PPO.max_steps,
@@ -122,7 +139,8 @@ def train_policy(
 
     The cluster environment's observation carries the LSTM demand forecast. Episodes are
     windows of Alibaba pods (--trace/--nodes) and Pollux workloads (--pollux-workload),
-    the daemon's default world (--stream), or synthetic jobs. RLlib checkpoints go under
+    the daemon's default world (--stream), your own cluster (--cluster-file, --task), or
+    synthetic jobs. RLlib checkpoints go under
     OUT (iter_NNNN/ and final/); the RLModule that serving loads is
     final/learner_group/learner/rl_module/default_policy.
     """
@@ -164,6 +182,12 @@ def train_policy(
         )
     if stream:
         sources.append(TraceSource(kind="stream", jobs="", window=window, round_s=round_s))
+    if task and cluster_file is None:
+        fail("--task names the jobs of the --cluster-file's users: give the cluster file")
+    if cluster_file is not None:
+        sources.append(
+            _cluster_source(cluster_file, task or ["gpt-char", "mlp-synthetic"], window, round_s)
+        )
     if energy_weight is None:
         from autotune.daemon.settings import load_settings
 
@@ -186,6 +210,26 @@ def train_policy(
         seed=seed,
     )
     run_training(settings, out, as_json=as_json)
+
+
+def _cluster_source(path: Path, tasks: list[str], window: int, round_s: float) -> TraceSource:
+    """The training source of a described cluster, checked here so that a bad file or
+    task ends the command with its reason before training starts."""
+    from autotune.catalog.clusters import load_cluster
+    from autotune.envs.workloads import task_mix
+
+    try:
+        cluster = load_cluster(path)
+        task_mix(tasks, sum(n.gpu_count for n in cluster.nodes))
+    except (InputError, ValueError) as exc:
+        fail(str(exc))
+    return TraceSource(
+        kind="cluster",
+        jobs=",".join(tasks),
+        nodes=str(path.resolve()),
+        window=window,
+        round_s=round_s,
+    )
 
 
 def training_settings(

@@ -44,7 +44,8 @@ def _simulated(settings: Settings) -> Backend:
 
         from autotune.catalog.clusters import load_cluster
 
-        config = replace(config, nodes=load_cluster(settings.cluster_file).nodes)
+        cluster = load_cluster(settings.cluster_file)
+        config = replace(config, nodes=cluster.nodes, coeffs=cluster.coefficients)
     return SimulatedCluster(config)
 
 

@@ -1,0 +1,214 @@
+"""A calibrated cluster file: ``autotune calibrate --cluster-file`` writes its report into
+the file; loading the file registers the calibrated device, whose measured figures the
+simulated cluster, the observation and the Ray backend then use; ``train-policy
+--cluster-file`` trains on the file's nodes with a stream of its users' tasks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import cli
+
+from autotune.catalog.clusters import (
+    ClusterDescription,
+    LinkMeasurement,
+    calibration_profile,
+    load_cluster,
+    save_cluster,
+)
+from autotune.catalog.devices import device, node_info, register_device
+from autotune.catalog.tasks import BUILTIN_TASKS
+from autotune.core import JobConfig, Layout, PrecisionMap
+from autotune.envs.simulator import SimConfig, SimulatedCluster
+from autotune.envs.workloads import job_stream, task_mix
+from autotune.errors import InputError
+from autotune.perf.model import Shape, estimate
+
+COEFFICIENTS = {
+    "mfu": 1.0,
+    "compute_overhead_s": 0.02,
+    "intra_latency_s": 1e-05,
+    "inter_latency_s": 0.003,
+    "intra_bw_efficiency": 0.7,
+    "inter_bw_efficiency": 0.8,
+    "node_sharing_exponent": 1.0,
+    "overlap_gamma": 1.2,
+    "tree_latency_s": 0.0,
+    "two_node_sync_factor": 1.0,
+    "batch_exponent": 1.0,
+}
+# A CPU whose bf16 is a third of its fp32 (what this host measures), where the catalog's
+# CPU assumes bf16 twice as fast as fp32.
+REPORT = {
+    "task": "gpt-char",
+    "device": {"name": "CPU-calibrated", "base": "CPU",
+               "peak_tflops": {"fp32": 0.03, "bf16": 0.01}},
+    "coefficients": COEFFICIENTS,
+    "configs": [],
+    "mape_step_time": 0.05,
+    "mape_step_time_held_out": 0.08,
+}  # fmt: skip
+
+
+def _cluster(machines: int = 2) -> ClusterDescription:
+    nodes = tuple(
+        node_info(
+            f"m{i}",
+            gpu_model="CPU",
+            gpu_count=1,
+            cpu_milli=1000,
+            memory_mib=4096,
+            backend_node_id=f"ray-{i}",
+        )
+        for i in range(machines)
+    )
+    links = tuple(
+        LinkMeasurement(a="m0", b=f"m{i}", gbps=0.0119, latency_s=0.0029, bytes=1 << 24)
+        for i in range(1, machines)
+    )
+    return ClusterDescription(nodes=nodes, links=links, source="ray://198.18.0.1:6379")
+
+
+def test_a_calibration_switches_the_nodes_to_the_calibrated_device_and_round_trips(
+    tmp_path: Path,
+) -> None:
+    calibrated = _cluster().with_calibration(REPORT)
+    assert {n.gpu_model for n in calibrated.nodes} == {"CPU-calibrated"}
+    assert calibrated.nodes[0].peak_tflops == {"fp32": 0.03, "bf16": 0.01}
+    save_cluster(calibrated, tmp_path / "cluster.json")
+    loaded = load_cluster(tmp_path / "cluster.json")
+    assert loaded == calibrated
+    spec = device("CPU-calibrated")
+    assert dict(spec.peak_tflops) == {"fp32": 0.03, "bf16": 0.01}
+    assert spec.memory_gib == device("CPU").memory_gib  # the rest is the base's
+    assert loaded.coefficients is not None
+    assert loaded.coefficients.inter_latency_s == 0.003
+    # Calibrating again replaces the calibration, and keeps the nodes on the device.
+    again = loaded.with_calibration({**REPORT, "mape_step_time": 0.04})
+    assert {n.gpu_model for n in again.nodes} == {"CPU-calibrated"}
+    assert again.calibration is not None
+    assert again.calibration["mape_step_time"] == 0.04
+
+
+def test_a_catalog_name_cannot_be_replaced_and_a_bad_calibration_is_named(
+    tmp_path: Path,
+) -> None:
+    spec, _ = calibration_profile(REPORT)
+    with pytest.raises(ValueError, match="catalog device"):
+        register_device(replace(spec, name="CPU"))
+    data = _cluster().with_calibration(REPORT).to_json()
+    data["calibration"]["device"]["base"] = "no-such-gpu"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(InputError, match="calibration"):
+        load_cluster(path)
+
+
+def test_the_simulated_cluster_runs_jobs_on_the_calibrated_figures(tmp_path: Path) -> None:
+    save_cluster(_cluster().with_calibration(REPORT), tmp_path / "cluster.json")
+    cluster = load_cluster(tmp_path / "cluster.json")
+    sim = SimulatedCluster(
+        SimConfig(nodes=cluster.nodes, coeffs=cluster.coefficients, initial_jobs=2, max_jobs=2)
+    )
+    snapshot = sim.observe()
+    assert {n.gpu_model for n in snapshot.nodes} == {"CPU-calibrated"}
+    job = snapshot.jobs[0]
+    assert sim.coefficients(job.spec.job_id) == cluster.coefficients
+    shape = Shape(gpu_model="CPU-calibrated", ranks_per_node=(1, 1), inter_node_gbps=0.0119)
+    fp32 = JobConfig(layout=Layout(world_size=2))
+    bf16 = replace(fp32, precision=PrecisionMap.uniform("bf16"))
+    step = {
+        name: sim.estimate_for(job.spec.job_id, config, shape).step.step_s
+        for name, config in (("fp32", fp32), ("bf16", bf16))
+    }
+    # Measured here: bf16 slower than fp32; the catalog's CPU says the opposite.
+    assert step["bf16"] > step["fp32"]
+    assert job.spec.model is not None
+    catalog = {
+        name: estimate(
+            job.spec.model, config, replace(shape, gpu_model="CPU"), config.batch(job.spec)
+        ).step.step_s
+        for name, config in (("fp32", fp32), ("bf16", bf16))
+    }
+    assert catalog["bf16"] < catalog["fp32"]
+
+
+def test_a_task_mix_streams_the_users_tasks_at_their_own_batch() -> None:
+    mix, batches = task_mix(["gpt-char", "mlp-synthetic", "gpt-char"], 4)
+    assert [m[0] for m in mix] == ["gpt-char", "mlp-synthetic"]
+    assert all(m[2:] == (1, 4) for m in mix)
+    gpt = BUILTIN_TASKS["gpt-char"].shape
+    assert batches["gpt-char"] == gpt.batch_size  # type: ignore[union-attr]
+    _spec, coeffs = calibration_profile(REPORT)
+    jobs = list(
+        job_stream(
+            np.random.default_rng(0),
+            mean_interarrival_s=60,
+            initial_jobs=3,
+            max_jobs=12,
+            mix=mix,
+            batches=batches,
+            coeffs=coeffs,
+        )
+    )
+    assert {j.task for j in jobs} == {"gpt-char", "mlp-synthetic"}
+    for j in jobs:
+        assert j.spec.global_batch == batches[str(j.task)]
+        assert j.work == j.steps * j.spec.global_batch  # type: ignore[operator]
+        assert j.coeffs == coeffs
+        assert 1 <= j.spec.min_gpus <= j.spec.max_gpus == 4
+    with pytest.raises(ValueError, match="unknown task"):
+        task_mix(["no-such-task"], 4)
+
+
+def test_training_episodes_play_the_described_cluster(tmp_path: Path) -> None:
+    from autotune.policies.ppo import make_train_env
+    from autotune.policies.ppo_settings import PPOSettings, TraceSource
+
+    save_cluster(_cluster(4).with_calibration(REPORT), tmp_path / "cluster.json")
+    source = TraceSource(
+        kind="cluster",
+        jobs="gpt-char,mlp-synthetic",
+        nodes=str(tmp_path / "cluster.json"),
+        window=6,
+        round_s=60.0,
+    )
+    settings = PPOSettings(sources=(source,), slots=4, max_steps=8, forecast=False)
+    env = make_train_env(asdict(settings))
+    obs, _ = env.reset(seed=1)
+    assert env.observation_space.contains(obs)
+    sim: Any = env.current.sim
+    assert {n.gpu_model for n in sim.nodes} == {"CPU-calibrated"}
+    assert {j.arrival.task for j in sim.jobs.values()} <= {"gpt-char", "mlp-synthetic"}
+    assert all(j.arrival.coeffs.inter_latency_s == 0.003 for j in sim.jobs.values())
+    for _ in range(3):
+        obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        assert np.isfinite(reward)
+        if terminated or truncated:
+            break
+
+
+def test_the_commands_refuse_what_they_cannot_do(tmp_path: Path) -> None:
+    save_cluster(_cluster(), tmp_path / "cluster.json")
+    cluster = str(tmp_path / "cluster.json")
+    out = tmp_path / "policy"
+    task_alone = cli("train-policy", "--out", str(out), "--task", "gpt-char")
+    assert task_alone.exit_code != 0
+    assert "--cluster-file" in task_alone.stderr
+    bad_task = cli(
+        "train-policy", "--out", str(out), "--cluster-file", cluster, "--task", "no-such-task"
+    )
+    assert bad_task.exit_code != 0
+    assert "unknown task" in bad_task.stderr
+    assert not out.exists()
+    no_ray = cli("calibrate", "--cluster-file", cluster)
+    assert no_ray.exit_code != 0
+    assert "--ray-address" in no_ray.stderr
+    with_out = cli("calibrate", "--cluster-file", cluster, "--ray-address", "x:1", "--out", "p")
+    assert with_out.exit_code != 0
+    assert "--out" in with_out.stderr
