@@ -3,7 +3,8 @@ loss sooner than plain data-parallel training?
 
     python bench/time_to_target.py [--machines 2] [--mbit 100] [--task gpt-char]
                                    [--n-steps 100] [--seeds 0 1 2] [--configs ...]
-                                   [--policies rules learned] [--json FILE]
+                                   [--policies rules learned] [--checkpoint DIR]
+                                   [--calibration CLUSTER_FILE] [--json FILE]
 
 On a testbed of ``--machines`` machines (``autotune.benchmarks.testbed``: network
 namespaces, ``ray start`` on each, links shaped to ``--mbit`` Mbit/s each way, one CPU
@@ -22,7 +23,10 @@ each), with the driver on the head machine:
    and cancelled when it reaches the target. Its restarts (each reconfiguration)
    count in its time. The Ray backend knows the links as measured at the start
    (``autotune cluster describe``'s measurement), as a user's daemon given
-   ``--cluster-file`` does.
+   ``--cluster-file`` does; with ``--calibration``, also the device and links as
+   ``autotune calibrate --cluster-file`` fitted them. ``--checkpoint`` serves a learned
+   policy of one's own (``autotune train-policy --cluster-file``) instead of the shipped
+   one.
 
 Each run reports the wall time from its start (ranks started, or the job submitted) to
 the step that reached the target, the steps, the bytes of gradients sent, the median step,
@@ -215,14 +219,18 @@ def run_served(
     round_s: float,
     root: Path,
     cluster: Any = None,
+    checkpoint: Path | None = None,
 ) -> dict[str, Any]:
     """Submit the job to the daemon serving ``policy_name`` (on the Ray backend told the
-    ``cluster``'s measured links) and follow it to the target."""
+    ``cluster``'s measured links) and follow it to the target. ``checkpoint``: the
+    learned policy's (default: the shipped one)."""
     from autotune.benchmarks.recovery import DaemonHarness
     from autotune.policies.rules import RulesPolicy
     from autotune.policies.serving import LearnedPolicy
 
-    policy: Any = RulesPolicy() if policy_name == "rules" else LearnedPolicy(None, round_s=round_s)
+    policy: Any = (
+        RulesPolicy() if policy_name == "rules" else LearnedPolicy(checkpoint, round_s=round_s)
+    )
     harness = DaemonHarness(
         address, root, checkpoint_every=25, tick_s=round_s, policy=policy, cluster=cluster
     )
@@ -269,6 +277,25 @@ def describe_cluster(address: str) -> Any:
     ).with_measured_links()
 
 
+def _calibration(path: Path | None) -> dict[str, Any] | None:
+    """The calibration saved in a cluster file (``autotune calibrate --cluster-file``)."""
+    if path is None:
+        return None
+    from autotune.catalog.clusters import load_cluster
+    from autotune.errors import InputError
+
+    try:
+        found = load_cluster(path).calibration
+    except InputError as exc:
+        raise SystemExit(f"--calibration {path}: {exc}") from None
+    if found is None:
+        raise SystemExit(
+            f"--calibration {path}: the cluster file holds no calibration "
+            "(autotune calibrate --cluster-file)"
+        )
+    return dict(found)
+
+
 def _describe(config: dict[str, Any]) -> str:
     layout, compression = config["layout"], config["compression"]
     precision = sorted({v for v in config["precision"].values() if isinstance(v, str)})
@@ -295,6 +322,13 @@ def run(
     if args.task not in BUILTIN_TASKS:
         raise SystemExit(f"--task {args.task!r}: not a built-in task")
     batch = args.batch or BUILTIN_TASKS[args.task].profile.reference_batch
+    calibration = _calibration(args.calibration)
+    if args.checkpoint is not None and "learned" in args.policies:
+        from autotune.policies.serving import LearnedPolicy
+
+        refused = LearnedPolicy(args.checkpoint).fallback_reason
+        if refused is not None:  # the daemon would serve rules in its place
+            raise SystemExit(f"--checkpoint {args.checkpoint}: {refused}")
     recipes = {REFERENCE: "", **KNOBS, **COMBINATIONS}
     chosen = {k: v for k, v in recipes.items() if args.configs is None or k in args.configs}
     result: dict[str, Any] = {
@@ -326,6 +360,11 @@ def run(
             # measured links (``autotune cluster describe``).
             cluster = describe_cluster(bed.ray_address)
             result["links"] = [to_json(link) for link in cluster.links]
+            if calibration is not None:
+                # The device and links as ``autotune calibrate --cluster-file`` fitted
+                # them on a cluster of these machines.
+                cluster = cluster.with_calibration(calibration)
+                result["calibration"] = calibration
             for seed in args.seeds:
                 common = {"seed": seed, "batch": batch, "window": args.window}
                 ref = run_fixed(
@@ -355,7 +394,8 @@ def run(
                             row = run_served(
                                 bed.ray_address, args.task, args.machines, name,
                                 target=target, limit=3 * args.n_steps, round_s=args.round_s,
-                                root=Path(tmp), cluster=cluster, **common,
+                                root=Path(tmp), cluster=cluster, checkpoint=args.checkpoint,
+                                **common,
                             )  # fmt: skip
                     except Exception as exc:  # reported, and the benchmark goes on
                         row = {"config": f"{name} (daemon)", "error": repr(exc)[-500:]}
@@ -462,6 +502,16 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="Policies served by the daemon.",
     )  # fmt: skip
     p.add_argument("--round-s", type=float, default=2.0, help="The daemon's tick, seconds.")
+    p.add_argument(
+        "--checkpoint", type=Path, default=None,
+        help="The learned policy's checkpoint (default: the shipped policy), e.g. one "
+        "trained by autotune train-policy --cluster-file.",
+    )  # fmt: skip
+    p.add_argument(
+        "--calibration", type=Path, default=None,
+        help="A cluster file calibrated by autotune calibrate --cluster-file: the daemon's "
+        "Ray backend is told its device and links (default: the links as measured).",
+    )  # fmt: skip
     p.add_argument("--json", type=Path, default=OUT / "time_to_target.json")
     args = p.parse_args(argv)
     if args.n_steps < args.window:

@@ -120,7 +120,9 @@ def _device(base: DeviceSpec, peak: float, bf16_speed: float) -> DeviceSpec:
 def _split(values: Mapping[str, float], base: DeviceSpec) -> tuple[DeviceSpec, Coefficients]:
     rest = dict(values)
     spec = _device(base, rest.pop("peak_fp32_tflops"), rest.pop("bf16_speed"))
-    return spec, Coefficients(mfu=1.0, **rest)
+    # What is measured is the executor: its reductions (fp32 gradients, all-gathered
+    # codes, compressed reductions after backward) are the model's.
+    return spec, Coefficients(mfu=1.0, executor_reduction=True, **rest)
 
 
 def _predict(

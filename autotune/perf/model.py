@@ -14,6 +14,11 @@ Step time of one rank (seconds)::
                 + compression kernel time
     T_step    = (T_compute^g + T_sync^g)^(1/g)           (Pollux's overlap model, g >= 1)
 
+  With ``Coefficients.executor_reduction`` (autotune's executor, as calibrated on real
+  links), the gradients are fp32 under every precision map, int8/fp8 codes (and top-k's
+  int64 indices) are all-gathered, and top-k, int8 and fp8 reduce after backward:
+  T_step = T_compute + T_sync for them.
+
 - ``peak_dtype``: the device's dense peak for each module class's precision, weighted by
   the class's share of the FLOPs (``memory.PARAMETER_SHARE``: FLOPs follow parameters in
   a dense transformer); see ``class_time_factor``.
@@ -45,9 +50,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Final
+from typing import Any, Final
 
 from autotune.catalog.devices import DEFAULT_INTER_NODE_GBPS, DeviceSpec, device
 from autotune.core import (
@@ -112,6 +117,10 @@ KERNEL_BANDWIDTH_EFFICIENCY: Final = 0.70
 TOPK_BYTES_PER_ELEMENT: Final = 4 * (2 + 4 + 1)
 QUANT_BYTES_PER_ELEMENT: Final = 2 * (4 + 1)
 INDEX_BYTES: Final = 4
+EXECUTOR_INDEX_BYTES: Final = 8
+"""Top-k's indices in autotune's kernels (``autotune.kernels.topk_compress``): int64."""
+OVERLAPPED: Final = frozenset({"none", "powersgd"})
+"""Compression kinds whose reduction the executor overlaps with backward (DDP's hooks)."""
 
 # Idle power of a datacenter GPU as a share of its TDP (NVIDIA's nvidia-smi readings:
 # A100 ~50 W of 400 W, H100 ~70-100 W of 700 W, T4 ~10 W of 70 W).
@@ -182,6 +191,20 @@ class Coefficients:
     linear (fixed-size inputs); Pollux's deepspeech2 fits about 1.3 (utterances are
     padded to the longest of the batch, so a larger batch has longer samples). With
     kappa != 1, ``mfu`` is the utilisation at one sample per micro-step."""
+    executor_reduction: bool = False
+    """How the gradients are reduced. False, the simulated world's frameworks (which the
+    catalog's coefficients, the Pollux comparisons and the shipped policy were fitted and
+    trained under): gradients in the matmuls' width, int8/fp8 codes ring-reduced, every
+    reduction overlapped with backward. True, autotune's executor as measured on real
+    links (what ``autotune calibrate`` fits): fp32 gradients whatever the precision map
+    (fp32 master weights), top-k's indices int64, int8/fp8 codes all-gathered (a sum of
+    codes would overflow them) and dequantised per rank, and top-k, int8 and fp8 reduced
+    once backward is done (only dense and PowerSGD overlap it, through DDP's hooks)."""
+
+    def fitted(self, values: Mapping[str, float]) -> Coefficients:
+        """These coefficients with the fitted ``values`` (by field name) in place."""
+        updates: dict[str, Any] = dict(values)
+        return replace(self, **updates)
 
     def __post_init__(self) -> None:
         for name in (
@@ -345,9 +368,10 @@ class StepTime:
     """What a dense all-reduce would have sent."""
 
 
-def _gradient_width(precision: PrecisionMap) -> int:
-    """Bytes per gradient element: 16-bit unless the matmuls run in fp32."""
-    return 4 if precision.ffn == "fp32" else 2
+def _gradient_width(precision: PrecisionMap, coeffs: Coefficients) -> int:
+    """Bytes per gradient element: fp32 in the executor, else 16-bit unless the matmuls
+    run in fp32."""
+    return 4 if coeffs.executor_reduction or precision.ffn == "fp32" else 2
 
 
 def _link(shape: Shape, spec: DeviceSpec, coeffs: Coefficients) -> tuple[float, float]:
@@ -388,7 +412,8 @@ def _sync(
     """(sync s, compress kernel s, bytes sent, dense bytes) of one data-parallel step."""
     layout = config.layout
     elements = model.parameters / (layout.tp * layout.pp)
-    width = _gradient_width(config.precision)
+    width = _gradient_width(config.precision, coeffs)
+    executor = coeffs.executor_reduction
     dense = elements * width
     d = layout.dp
     if d <= 1:
@@ -400,7 +425,8 @@ def _sync(
     dense_sent = 2 * (d - 1) / d * dense
     if comp.kind == "topk":
         assert comp.ratio is not None
-        per_rank = math.ceil(comp.ratio * elements) * (width + INDEX_BYTES)
+        index = EXECUTOR_INDEX_BYTES if executor else INDEX_BYTES
+        per_rank = math.ceil(comp.ratio * elements) * (width + index)
         sent = (d - 1) / d * d * per_rank  # all-gather: every rank's k values and indices
         comm = network((d - 1) * alpha + sent / (gbps * 1e9))
         kernel = elements * TOPK_BYTES_PER_ELEMENT / kernel_bw
@@ -408,8 +434,15 @@ def _sync(
         return comm + kernel, kernel, sent, dense_sent
     if comp.kind in ("int8", "fp8"):
         size = elements * (1 + 4 / 128)
-        comm = network(ring_allreduce_s(size, d, latency_s=alpha, bandwidth_gbps=gbps))
         kernel = elements * QUANT_BYTES_PER_ELEMENT / kernel_bw
+        if executor:
+            # All-gathered: every rank receives the other d - 1 ranks' codes and
+            # dequantises all d of them into fp32.
+            sent = (d - 1) * size
+            comm = network((d - 1) * alpha + sent / (gbps * 1e9))
+            kernel += d * elements * 5 / kernel_bw
+            return comm + kernel, kernel, sent, dense_sent
+        comm = network(ring_allreduce_s(size, d, latency_s=alpha, bandwidth_gbps=gbps))
         return comm + kernel, kernel, 2 * (d - 1) / d * size, dense_sent
     if comp.kind == "powersgd":
         assert comp.rank is not None
@@ -479,7 +512,8 @@ def step_time(
     compute += tp_comm + pp_comm
 
     sync, kernel, sent, dense = _sync(model, config, shape, spec, coeffs)
-    g = coeffs.overlap_gamma
+    overlapped = not coeffs.executor_reduction or config.compression.kind in OVERLAPPED
+    g = coeffs.overlap_gamma if overlapped else 1.0
     step = (compute**g + sync**g) ** (1 / g) if sync > 0 else compute
     return StepTime(
         compute_s=compute,

@@ -57,7 +57,7 @@ import math
 import statistics
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -303,7 +303,9 @@ class OnlineFit:
             "points": self.points,
             "fitted": self._fitted,
             "fit_error": None if self._fit_error is None else round(self._fit_error, 6),
-            "coefficients": {k: float(v) for k, v in asdict(coeffs).items()},
+            "coefficients": {
+                k: v if isinstance(v, bool) else float(v) for k, v in asdict(coeffs).items()
+            },
             "source": "online" if self._fitted else "prior",
         }
 
@@ -370,14 +372,14 @@ class OnlineFit:
         free = self.free
 
         def residuals(values: Mapping[str, float]) -> npt.NDArray[np.float64]:
-            steps, computes = self._predict_points(points, replace(self.prior, **values))
+            steps, computes = self._predict_points(points, self.prior.fitted(values))
             prior = [weight * self._prior_term(name, values) for name in free]
             return np.concatenate(
                 [np.log(steps) - log_step, np.log(computes[with_compute]) - log_compute, prior]
             )
 
         values = fit_bounded(self._parameters(), residuals) if free else {}
-        self._coeffs = replace(self.prior, **values)
+        self._coeffs = self.prior.fitted(values)
         steps, _ = self._predict_points(points, self._coeffs)
         self._fit_error = mape(steps, measured)
         self._fitted = True

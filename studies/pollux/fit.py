@@ -41,7 +41,7 @@ from autotune.csvfile import floats, read_csv
 from autotune.envs.presets import POLLUX_GPU, POLLUX_INTER_NODE_GBPS
 from autotune.errors import InputError
 from autotune.perf.fit import Parameter, fit_bounded, mape
-from autotune.perf.model import Coefficients, Shape, step_time
+from autotune.perf.model import DEFAULT_COEFFICIENTS, Coefficients, Shape, step_time
 
 __all__ = [
     "AppMeasurements",
@@ -232,7 +232,7 @@ def fit(profile: ModelProfile, data: AppMeasurements) -> Coefficients:
     log_compute = np.log(np.maximum(data.step_time - data.sync_time, 1e-6))
 
     def residuals(values: Mapping[str, float]) -> np.ndarray:
-        steps, computes = _predict(profile, data, Coefficients(**values), compute=True)
+        steps, computes = _predict(profile, data, DEFAULT_COEFFICIENTS.fitted(values), compute=True)
         return np.concatenate([np.log(steps) - log_step, np.log(computes) - log_compute])
 
     start = Coefficients(node_sharing_exponent=0.5, overlap_gamma=1.5, tree_latency_s=1e-3)
@@ -249,7 +249,7 @@ def fit(profile: ModelProfile, data: AppMeasurements) -> Coefficients:
         # and on more: without both it stays 1.
         if name != "two_node_sync_factor" or {2, 3} <= {min(int(n), 3) for n in data.nodes}
     ]
-    return Coefficients(**fit_bounded(parameters, residuals))
+    return DEFAULT_COEFFICIENTS.fitted(fit_bounded(parameters, residuals))
 
 
 SPLITS: Final = ("scale", "nodes")

@@ -40,8 +40,14 @@ def pooled_prior(coeffs: Sequence[Coefficients], *, how: str = POOL) -> Coeffici
         raise ValueError("pooled_prior: no coefficients")
     if how not in ("median", "geomean"):
         raise ValueError(f"pooled_prior: how must be 'median' or 'geomean', got {how!r}")
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for f in fields(Coefficients):
+        if f.name == "executor_reduction":  # how gradients are reduced: not averaged
+            kinds = {c.executor_reduction for c in coeffs}
+            if len(kinds) > 1:
+                raise ValueError("pooled_prior: coefficients of different reductions")
+            out[f.name] = kinds.pop()
+            continue
         values = np.array([float(getattr(c, f.name)) for c in coeffs])
         if how == "median":
             out[f.name] = float(np.median(values))

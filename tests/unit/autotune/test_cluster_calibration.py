@@ -212,3 +212,17 @@ def test_the_commands_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     with_out = cli("calibrate", "--cluster-file", cluster, "--ray-address", "x:1", "--out", "p")
     assert with_out.exit_code != 0
     assert "--out" in with_out.stderr
+
+
+def test_the_time_to_target_bench_reads_a_calibrated_cluster_file(tmp_path: Path) -> None:
+    from autotune.benchmarks.time_to_target import _calibration
+
+    assert _calibration(None) is None
+    save_cluster(_cluster().with_calibration(REPORT), tmp_path / "calibrated.json")
+    found = _calibration(tmp_path / "calibrated.json")
+    assert found is not None
+    assert found["device"] == REPORT["device"]
+    assert found["coefficients"] == COEFFICIENTS
+    save_cluster(_cluster(), tmp_path / "plain.json")
+    with pytest.raises(SystemExit, match="holds no calibration"):
+        _calibration(tmp_path / "plain.json")

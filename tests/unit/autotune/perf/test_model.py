@@ -14,6 +14,7 @@ from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.perf.model import (
     Coefficients,
     Shape,
+    StepTime,
     batch_efficiency,
     compression_efficiency,
     estimate,
@@ -123,6 +124,32 @@ def test_compression_shrinks_bytes_sent() -> None:
     assert dense.bytes_sent == pytest.approx(dense.dense_bytes)
     assert topk.compress_s > 0
     assert topk.sync_s < dense.sync_s
+
+
+def test_the_executors_reduction_sends_fp32_gathers_codes_and_does_not_overlap_them() -> None:
+    shape = Shape(gpu_model="V100M32", ranks_per_node=(1,) * 4, inter_node_gbps=1.0)
+    framework = Coefficients(overlap_gamma=2.0)
+    executor = Coefficients(overlap_gamma=2.0, executor_reduction=True)
+
+    def step(coeffs: Coefficients, kind: str = "none", **spec: float) -> StepTime:
+        config = _config(4, compression=CompressionSpec(kind=kind, **spec))  # type: ignore[arg-type]
+        return step_time(GPT, config, shape, 64, coeffs=coeffs)
+
+    # Dense bf16: fp32 gradients in the executor, twice the 16-bit bytes.
+    assert step(executor).bytes_sent == pytest.approx(2 * step(framework).bytes_sent)
+    # int8 codes all-gathered: each of 4 ranks receives 3 whole codes, against a ring's
+    # 2 * 3/4; dequantising them adds kernel time.
+    int8_f, int8_e = step(framework, "int8"), step(executor, "int8")
+    assert int8_e.bytes_sent == pytest.approx(2 * int8_f.bytes_sent)
+    assert int8_e.compress_s > int8_f.compress_s
+    # top-k: fp32 values and int64 indices (12 bytes an entry) against 16-bit and int32 (6).
+    topk_f, topk_e = step(framework, "topk", ratio=0.01), step(executor, "topk", ratio=0.01)
+    assert topk_e.bytes_sent == pytest.approx(2 * topk_f.bytes_sent, rel=1e-3)
+    # Reduced after backward: the step is compute plus sync, not Pollux's overlap.
+    assert int8_e.step_s == pytest.approx(int8_e.compute_s + int8_e.sync_s)
+    assert int8_f.step_s < int8_f.compute_s + int8_f.sync_s
+    dense = step(executor)
+    assert dense.step_s < dense.compute_s + dense.sync_s  # dense still overlaps (DDP)
 
 
 def test_pipeline_bubble_and_checkpointing_cost_time() -> None:
