@@ -37,6 +37,7 @@ __all__ = [
     "catalog_coefficients",
     "coefficients",
     "max_local_batch",
+    "register_coefficients",
     "target_samples",
 ]
 
@@ -174,7 +175,21 @@ def max_local_batch(app: str) -> int:
     return int(_shipped()["apps"][app]["max_local_batch"])
 
 
-def catalog_coefficients(model: ModelProfile) -> Coefficients:
-    """The catalog's coefficients for a model: fitted to its measurements for the six
-    applications, the literature defaults for every other model."""
+_CALIBRATED: dict[str, Coefficients] = {}
+"""Coefficients of calibrated devices, by device name."""
+
+
+def register_coefficients(gpu_model: str, coeffs: Coefficients) -> None:
+    """The coefficients measured on a calibrated device (``autotune calibrate
+    --cluster-file``; ``autotune.catalog.clusters.register_calibration``)."""
+    _CALIBRATED[gpu_model] = coeffs
+
+
+def catalog_coefficients(model: ModelProfile, gpu_model: str | None = None) -> Coefficients:
+    """The coefficients a job's predictions start from: on a calibrated device
+    (``gpu_model``), the calibration's, for every model; else fitted to its measurements
+    for the six applications, the literature defaults for every other model."""
+    calibrated = _CALIBRATED.get(gpu_model) if gpu_model is not None else None
+    if calibrated is not None:
+        return calibrated
     return coefficients(model.name) if model.name in APPLICATIONS else DEFAULT_COEFFICIENTS

@@ -24,9 +24,11 @@ configurations it measured on the cluster, the fit's errors), with the calibrate
 ``"device"`` (``{"name", "base", "peak_tflops"}``) and the performance model's
 ``"coefficients"`` on this cluster; the nodes of the base device then name the
 calibrated one. Loading the file registers that device
-(``autotune.catalog.devices.register_device``), so that everything that asks the catalog
-(the simulated cluster, the policy's observation, the decision step) sees the measured
-figures: a CPU's slow bf16, say, where the catalog assumes a fast one.
+(``autotune.catalog.devices.register_device``) and its coefficients as the prior of every
+job on it (``autotune.catalog.applications.catalog_coefficients``), so that everything
+that asks the catalog (the simulated cluster, the policy's observation, the decision
+step's predictions, the daemon's online fits) sees the measured figures: a CPU's slow
+bf16, say, where the catalog assumes a fast one.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ __all__ = [
     "LinkMeasurement",
     "calibration_profile",
     "load_cluster",
+    "register_calibration",
     "save_cluster",
 ]
 
@@ -122,9 +125,7 @@ class ClusterDescription:
         before a calibration."""
         if self.calibration is None:
             return None
-        spec, coeffs = calibration_profile(self.calibration)
-        register_device(spec)
-        return spec, coeffs
+        return register_calibration(self.calibration)
 
     @property
     def coefficients(self) -> Coefficients | None:
@@ -135,8 +136,7 @@ class ClusterDescription:
     def with_calibration(self, report: Mapping[str, Any]) -> ClusterDescription:
         """This cluster calibrated by ``report``: its nodes of the calibration's base
         device now of the calibrated one."""
-        spec, _ = calibration_profile(report)
-        register_device(spec)
+        spec, _ = register_calibration(report)
         base = report["device"]["base"]
         nodes = tuple(
             replace(n, gpu_model=spec.name, peak_tflops=dict(spec.peak_tflops))
@@ -158,6 +158,17 @@ class ClusterDescription:
         if self.calibration is not None:
             out["calibration"] = copy.deepcopy(dict(self.calibration))
         return out
+
+
+def register_calibration(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coefficients]:
+    """Register a calibration's device and, as the prior of every job on that device, its
+    coefficients (``autotune.catalog.applications.catalog_coefficients``); returns both."""
+    from autotune.catalog.applications import register_coefficients
+
+    spec, coeffs = calibration_profile(report)
+    register_device(spec)
+    register_coefficients(spec.name, coeffs)
+    return spec, coeffs
 
 
 def calibration_profile(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coefficients]:
@@ -197,7 +208,7 @@ def load_cluster(path: str | Path) -> ClusterDescription:
     calibration = data.get("calibration")
     if calibration is not None:
         try:
-            register_device(calibration_profile(calibration)[0])
+            register_calibration(calibration)
         except (TypeError, ValueError, KeyError) as exc:
             raise InputError(f"{path}: calibration: {exc}") from None
     nodes = tuple(_node(e, f"{path}: nodes[{i}]") for i, e in enumerate(data["nodes"]))

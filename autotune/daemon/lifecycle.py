@@ -307,7 +307,15 @@ class PolicyLifecycle:
             if job.config is None or job.placement is None or job.spec.model is None:
                 continue
             model = models.get(job_id)
-            coeffs = model.coefficients if model else catalog_coefficients(job.spec.model)
+            try:
+                shape = shape_of(job.placement, nodes)
+            except Exception:  # a node the snapshot no longer has
+                continue
+            coeffs = (
+                model.coefficients
+                if model
+                else catalog_coefficients(job.spec.model, shape.gpu_model)
+            )
             cached = self._kept_goodput.get(job_id)
             if (
                 cached is not None
@@ -318,7 +326,6 @@ class PolicyLifecycle:
                 goodput = cached[2]
             else:
                 try:
-                    shape = shape_of(job.placement, nodes)
                     goodput = estimate(
                         job.spec.model,
                         job.config,

@@ -68,15 +68,17 @@ class JobModels:
                 or any(slot.node_id not in nodes for slot in job.placement.ranks)
             ):
                 continue
+            shape = shape_of(job.placement, nodes)
             fit = self._fits.get(spec.job_id)
             if fit is None:
+                prior = catalog_coefficients(spec.model, shape.gpu_model)
                 fit = self._fits[spec.job_id] = OnlineFit(
-                    spec.model, catalog_coefficients(spec.model), min_points=self._min_points
+                    spec.model, prior, min_points=self._min_points
                 )
             sync = job.metrics.sync_time_s
             fit.add(
                 StepSample(
-                    shape=shape_of(job.placement, nodes),
+                    shape=shape,
                     config=job.config,
                     global_batch=job.config.batch(spec),
                     step_s=float(step_s),

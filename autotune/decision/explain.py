@@ -88,8 +88,11 @@ def explain_decision(
     if spec.model is None:
         explanation["why"] += "; no model profile: goodput cannot be predicted"
         return explanation
+    shape = shape_of(placement, nodes)
     if model is None:
-        model = JobModel(coefficients=catalog_coefficients(spec.model), source="catalog")
+        model = JobModel(
+            coefficients=catalog_coefficients(spec.model, shape.gpu_model), source="catalog"
+        )
     coeffs = model.coefficients
     explanation["performance_model"] = {
         "source": model.source,
@@ -97,7 +100,6 @@ def explain_decision(
         "fit_error": model.fit_error,
         "described": model.describe(),
     }
-    shape = shape_of(placement, nodes)
     chosen = estimate(spec.model, config, shape, config.batch(spec), coeffs=coeffs)
     explanation["chosen"] |= {
         "predicted_goodput": round(chosen.goodput, 3),

@@ -116,8 +116,12 @@ def payoff(
         return "its length is unknown, so no gain over its remaining work can be predicted"
     if any(slot.node_id not in nodes for slot in placement.ranks):
         return "a node it runs on is gone"
-    coeffs = model.coefficients if model is not None else catalog_coefficients(spec.model)
     shape = shape_of(placement, nodes)
+    coeffs = (
+        model.coefficients
+        if model is not None
+        else catalog_coefficients(spec.model, shape.gpu_model)
+    )
     now = estimate(spec.model, current, shape, current.batch(spec), coeffs=coeffs)
     then = estimate(
         spec.model, new, _resized(shape, new.world_size), new.batch(spec), coeffs=coeffs

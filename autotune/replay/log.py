@@ -235,11 +235,12 @@ def _speeds(snapshot: ClusterSnapshot, job_ids: set[str]) -> dict[str, list[floa
         ):
             continue
         batch = job.config.batch(spec)
-        coeffs = catalog_coefficients(spec.model)
+        shape = shape_of(job.placement, nodes)
+        coeffs = catalog_coefficients(spec.model, shape.gpu_model)
         predicted = estimate(
             spec.model,
             job.config,
-            shape_of(job.placement, nodes),
+            shape,
             batch,
             coeffs=coeffs,
             straggler_cv=median_cv(),

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers import cli
 
+from autotune.catalog.applications import APPLICATION_PROFILES, catalog_coefficients
 from autotune.catalog.clusters import (
     ClusterDescription,
     LinkMeasurement,
@@ -27,7 +28,7 @@ from autotune.core import JobConfig, Layout, PrecisionMap
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.envs.workloads import job_stream, task_mix
 from autotune.errors import InputError
-from autotune.perf.model import Shape, estimate
+from autotune.perf.model import DEFAULT_COEFFICIENTS, Shape, estimate
 
 COEFFICIENTS = {
     "mfu": 1.0,
@@ -88,6 +89,15 @@ def test_a_calibration_switches_the_nodes_to_the_calibrated_device_and_round_tri
     assert spec.memory_gib == device("CPU").memory_gib  # the rest is the base's
     assert loaded.coefficients is not None
     assert loaded.coefficients.inter_latency_s == 0.003
+    # Every job on the calibrated device predicts from the calibration (the decision
+    # step, the restart check, the daemon's online fits start there), an application
+    # too; elsewhere the catalog's coefficients stand.
+    gpt = BUILTIN_TASKS["gpt-char"].profile
+    assert catalog_coefficients(gpt, "CPU-calibrated") == loaded.coefficients
+    assert catalog_coefficients(APPLICATION_PROFILES["bert"], "CPU-calibrated") == (
+        loaded.coefficients
+    )
+    assert catalog_coefficients(gpt, "CPU") == DEFAULT_COEFFICIENTS
     # Calibrating again replaces the calibration, and keeps the nodes on the device.
     again = loaded.with_calibration({**REPORT, "mape_step_time": 0.04})
     assert {n.gpu_model for n in again.nodes} == {"CPU-calibrated"}
