@@ -323,12 +323,6 @@ def run(
         raise SystemExit(f"--task {args.task!r}: not a built-in task")
     batch = args.batch or BUILTIN_TASKS[args.task].profile.reference_batch
     calibration = _calibration(args.calibration)
-    if args.checkpoint is not None and "learned" in args.policies:
-        from autotune.policies.serving import LearnedPolicy
-
-        refused = LearnedPolicy(args.checkpoint).fallback_reason
-        if refused is not None:  # the daemon would serve rules in its place
-            raise SystemExit(f"--checkpoint {args.checkpoint}: {refused}")
     recipes = {REFERENCE: "", **KNOBS, **COMBINATIONS}
     chosen = {k: v for k, v in recipes.items() if args.configs is None or k in args.configs}
     result: dict[str, Any] = {
@@ -353,9 +347,16 @@ def run(
         with bed.client("head"):
             import ray
 
+            from autotune.policies.serving import LearnedPolicy
             from autotune.ray_session import ensure_ray
 
             ensure_ray(bed.ray_address)
+            if args.checkpoint is not None and "learned" in args.policies:
+                # Loaded once Ray is connected (loading reads Ray's settings, its token
+                # authentication among them).
+                refused = LearnedPolicy(args.checkpoint).fallback_reason
+                if refused is not None:  # the daemon would serve rules in its place
+                    raise SystemExit(f"--checkpoint {args.checkpoint}: {refused}")
             # As a user describes the cluster before the daemon serves it: its nodes and
             # measured links (``autotune cluster describe``).
             cluster = describe_cluster(bed.ray_address)

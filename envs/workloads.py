@@ -191,21 +191,32 @@ def synthetic_jobs(
 def task_mix(
     tasks: Sequence[str], gpus: int
 ) -> tuple[tuple[tuple[str, float, int, int], ...], dict[str, int]]:
-    """A stream mix of built-in ``tasks`` (a user's jobs), equal shares, each elastic from
-    1 to ``gpus`` GPUs; and each task's batch (the executor's default for the task, else
-    ``STREAM_BATCH``)."""
+    """A stream mix of built-in ``tasks`` (a user's jobs), equal shares; and each task's
+    batch (the executor's default for the task, else ``STREAM_BATCH``). A task is
+    ``NAME`` (elastic from 1 to ``gpus`` GPUs), ``NAME:N`` (exactly N) or ``NAME:LO-HI``;
+    a name given twice counts once (its first form)."""
     from autotune.catalog.tasks import BUILTIN_TASKS
 
     if not tasks:
         raise ValueError("a job mix needs at least one task")
-    unknown = [t for t in tasks if t not in BUILTIN_TASKS]
-    if unknown:
-        raise ValueError(
-            f"unknown task(s) {', '.join(unknown)}; built-in: {', '.join(BUILTIN_TASKS)}"
-        )
     if gpus < 1:
         raise ValueError("the cluster has no GPU (or CPU for ranks)")
-    mix = tuple((t, 1.0, 1, gpus) for t in dict.fromkeys(tasks))
+    found: dict[str, tuple[int, int]] = {}
+    for entry in tasks:
+        name, _, span = entry.partition(":")
+        if name not in BUILTIN_TASKS:
+            raise ValueError(f"unknown task {name!r}; built-in: {', '.join(BUILTIN_TASKS)}")
+        low, high = 1, gpus
+        if span:
+            lo, _, hi = span.partition("-")
+            try:
+                low, high = int(lo), int(hi or lo)
+            except ValueError:
+                raise ValueError(f"task {entry!r}: GPUs as N or LO-HI, not {span!r}") from None
+            if not 1 <= low <= high <= gpus:
+                raise ValueError(f"task {entry!r}: GPUs must lie within 1..{gpus} (the cluster's)")
+        found.setdefault(name, (low, high))
+    mix = tuple((name, 1.0, low, high) for name, (low, high) in found.items())
     batches = {
         t: int(getattr(BUILTIN_TASKS[t].shape, "batch_size", 0) or STREAM_BATCH) for t, *_ in mix
     }

@@ -108,8 +108,9 @@ def train_policy(
         list[str] | None,
         typer.Option(
             "--task",
-            help="A built-in task the cluster's users train (with --cluster-file); repeat "
-            "the option. Default: gpt-char and mlp-synthetic.",
+            help="A built-in task the cluster's users train (with --cluster-file), as "
+            "NAME (elastic over 1 to all the cluster's devices), NAME:N (N devices) or "
+            "NAME:LO-HI; repeat the option. Default: gpt-char and mlp-synthetic.",
         ),
     ] = None,
     slots: SlotsOption = _PPO.slots,

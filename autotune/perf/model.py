@@ -41,7 +41,9 @@ Step time of one rank (seconds)::
   (``batch_exponent``, 1 by default; padded variable-length inputs make it larger).
 - Tensor parallelism (Megatron-LM, Shoeybi et al. 2019): 4 all-reduces per layer per
   micro-batch (2 forward, 2 backward) of micro_batch * seq_len * hidden activations in
-  16-bit, always inside one node (the Planner keeps tensor-parallel groups on a node).
+  16-bit, over the GPUs' link inside a node (where the Planner keeps tensor-parallel
+  groups on GPU clusters), over the network where a group spans machines (a machine
+  holds fewer ranks than the group).
 - Pipeline parallelism: each stage sends and receives one activation per micro-batch each
   way.
 """
@@ -494,11 +496,19 @@ def step_time(
     message = micro * model.seq_len * max(model.hidden_size, 1) * act_width
     tp_comm = 0.0
     if layout.tp > 1 and model.hidden_size:
+        # Over the GPUs' link inside a node, where the Planner keeps a tensor-parallel
+        # group; over the network when the group spans machines (a machine holds fewer
+        # ranks than the group, as machines of one device each do).
+        spans = shape.nodes > 1 and min(shape.ranks_per_node) < layout.tp
         per = ring_allreduce_s(
             message,
             layout.tp,
-            latency_s=coeffs.intra_latency_s,
-            bandwidth_gbps=spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency,
+            latency_s=coeffs.inter_latency_s if spans else coeffs.intra_latency_s,
+            bandwidth_gbps=(
+                shape.inter_node_gbps * coeffs.inter_bw_efficiency
+                if spans
+                else spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency
+            ),
         )
         tp_comm = 4 * model.num_layers / layout.pp * layout.micro_batches * per
     pp_comm = 0.0

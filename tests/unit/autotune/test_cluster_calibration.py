@@ -174,6 +174,12 @@ def test_a_task_mix_streams_the_users_tasks_at_their_own_batch() -> None:
         assert 1 <= j.spec.min_gpus <= j.spec.max_gpus == 4
     with pytest.raises(ValueError, match="unknown task"):
         task_mix(["no-such-task"], 4)
+    # A job's devices: exactly N, or a range, within the cluster's.
+    mix, _ = task_mix(["gpt-char:4", "mlp-synthetic:2-3"], 4)
+    assert mix == (("gpt-char", 1.0, 4, 4), ("mlp-synthetic", 1.0, 2, 3))
+    for bad in ("gpt-char:5", "gpt-char:3-2", "gpt-char:x", "gpt-char:0"):
+        with pytest.raises(ValueError, match="GPUs"):
+            task_mix([bad], 4)
 
 
 def test_training_episodes_play_the_described_cluster(tmp_path: Path) -> None:

@@ -152,6 +152,16 @@ def test_the_executors_reduction_sends_fp32_gathers_codes_and_does_not_overlap_t
     assert dense.step_s < dense.compute_s + dense.sync_s  # dense still overlaps (DDP)
 
 
+def test_a_tensor_parallel_group_across_machines_pays_the_network() -> None:
+    tp2 = JobConfig(layout=Layout(world_size=2, tp=2), precision=PrecisionMap.uniform("bf16"))
+    inside = step_time(GPT, tp2, Shape(gpu_model="V100M32", ranks_per_node=(2,)), 64)
+    across = step_time(
+        GPT, tp2, Shape(gpu_model="V100M32", ranks_per_node=(1, 1), inter_node_gbps=1.0), 64
+    )
+    assert across.tp_comm_s > 100 * inside.tp_comm_s  # 1 GB/s against NVLink
+    assert across.compute_s - inside.compute_s == pytest.approx(across.tp_comm_s - inside.tp_comm_s)
+
+
 def test_pipeline_bubble_and_checkpointing_cost_time() -> None:
     shape = Shape(gpu_model="A100", ranks_per_node=(4,))
     plain = step_time(GPT, _config(4), shape, 64)
