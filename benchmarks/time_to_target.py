@@ -303,6 +303,7 @@ def _describe(config: dict[str, Any]) -> str:
         f"dp{layout['dp']} tp{layout['tp']} pp{layout['pp']} "
         f"{compression['kind']}{'' if compression.get('ratio') is None else compression['ratio']}"
         f"{'' if compression.get('rank') is None else compression['rank']} {'/'.join(precision)}"
+        f"{'' if config.get('global_batch') is None else ' batch ' + str(config['global_batch'])}"
     )
 
 
