@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -38,17 +37,6 @@ from typing import Any
 
 from autotune.benchmarks import OUT
 from autotune.benchmarks.testbed import Testbed
-
-
-def _autotune() -> str:
-    """The ``autotune`` command beside this Python (the virtual environment's)."""
-    found = Path(sys.executable).with_name("autotune")
-    if found.exists():
-        return str(found)
-    which = shutil.which("autotune")
-    if which is None:
-        raise SystemExit("the autotune command is not installed beside this Python")
-    return which
 
 
 def _json_of(done: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
@@ -61,40 +49,29 @@ def _json_of(done: subprocess.CompletedProcess[str], what: str) -> dict[str, Any
     return found
 
 
-def _on_head(bed: Testbed, argv: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    proc = bed.run("head", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise SystemExit(f"{' '.join(argv[:3])}: no answer in {timeout_s:.0f} s") from None
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    exe = _autotune()
+    exe = str(Path(sys.executable).with_name("autotune"))
     args.out.mkdir(parents=True, exist_ok=True)
     cluster = (args.out / "cluster.json").resolve()
     result: dict[str, Any] = {"machines": args.machines, "mbit": args.mbit}
     with Testbed(args.machines, mbit=args.mbit, cpus=1) as bed:
         address = bed.ray_address
         started = time.monotonic()
-        described = _on_head(
-            bed,
+        described = bed.call(
+            "head",
             [exe, "cluster", "describe", "--ray-address", address, "--out", str(cluster), "--json"],
-            timeout_s=600,
+            timeout=600,
         )
         result["describe"] = {
             "wall_s": round(time.monotonic() - started, 1),
             "links": _json_of(described, "autotune cluster describe")["links"],
         }
         started = time.monotonic()
-        calibrated = _on_head(
-            bed,
+        calibrated = bed.call(
+            "head",
             [exe, "calibrate", "--cluster-file", str(cluster), "--ray-address", address,
              "--steps", str(args.steps), "--seed", str(args.seed), "--json"],
-            timeout_s=3600,
+            timeout=3600,
         )  # fmt: skip
         report = _json_of(calibrated, "autotune calibrate --cluster-file")
         result["calibrate"] = {"wall_s": round(time.monotonic() - started, 1), **report}

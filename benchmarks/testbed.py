@@ -23,8 +23,9 @@ Verbs, usable from tests and benchmarks: ``kill`` (SIGKILL every process of a ma
 its raylet, its workers, anything run there), ``restart`` (``ray start`` again),
 ``partition``/``heal`` (the machine's link down/up), ``cut``/``mend`` (the path between
 two machines only: a daemon cut off from its database while it still reaches Ray),
-``slow`` (a CPU quota), ``shape`` (a link's bandwidth, while running). ``run``/``python``
-start commands on a machine; ``inside`` runs the calling thread in a machine's network
+``slow`` (a CPU quota), ``shape`` (a link's bandwidth, while running). ``run`` starts a
+command on a machine, ``call``/``python`` run one there and wait for its output;
+``inside`` runs the calling thread in a machine's network
 namespace (to reach its addresses, the daemon's API for one), and ``client`` makes this
 process a Ray driver on a machine. Everything is torn down on ``close`` (and on
 leaving the ``with`` block, on an error or Ctrl-C): processes, namespaces, links,
@@ -349,13 +350,21 @@ class Testbed:
         self, which: str | int | Machine, code: str, *, timeout: float = 300, **run: Any
     ) -> subprocess.CompletedProcess[str]:
         """Run Python ``code`` on a machine and wait for it; its output is captured."""
+        return self.call(which, [sys.executable, "-c", code], timeout=timeout, **run)
+
+    def call(
+        self,
+        which: str | int | Machine,
+        argv: Sequence[str],
+        *,
+        timeout: float = 300,
+        **run: Any,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` on a machine and wait for it, its output captured; past
+        ``timeout`` seconds it is killed (with everything it started) and the result
+        carries the kill's return code."""
         proc = self.run(
-            which,
-            [sys.executable, "-c", code],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            **run,
+            which, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **run
         )
         try:
             out, err = proc.communicate(timeout=timeout)

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,15 +76,10 @@ def _all_reduce(bed: Testbed, sizes: list[float]) -> dict[str, float]:
             autotune, "cluster", "describe", "--ray-address", bed.ray_address,
             "--mib", str(mib), "--out", str(target), "--json",
         ]  # fmt: skip
-        proc = bed.run("head", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            stdout, err = proc.communicate(timeout=600)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        if proc.returncode != 0:
-            raise RuntimeError(f"`autotune cluster describe` failed: {err[-3000:]}")
-        (link,) = json.loads(stdout)["links"]
+        done = bed.call("head", argv, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"`autotune cluster describe` failed: {done.stderr[-3000:]}")
+        (link,) = json.loads(done.stdout)["links"]
         out[str(mib)] = link["bytes"] / (link["gbps"] * 1e9)
     return out
 
@@ -96,15 +90,12 @@ def _job(bed: Testbed, steps: int, compression: str) -> dict[str, Any]:
         autotune, "job", "run", "--task", "gpt-char", "--dp", "2", "--steps", str(steps),
         "--compression", compression, "--ray-address", bed.ray_address, "--json",
     ]  # fmt: skip
-    proc = bed.run("head", argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"`autotune job run --compression {compression}` failed: {err[-3000:]}")
-    summary: dict[str, Any] = json.loads(out)
+    done = bed.call("head", argv, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"`autotune job run --compression {compression}` failed: {done.stderr[-3000:]}"
+        )
+    summary: dict[str, Any] = json.loads(done.stdout)
     nodes = {p["node"] for p in summary["placement"]}
     if len(nodes) != 2:
         raise RuntimeError(f"the job's ranks did not span both machines: {sorted(nodes)}")

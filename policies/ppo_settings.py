@@ -43,7 +43,8 @@ class TraceSource:
     its cluster and the jobs its log saw (``autotune.envs.workloads.load_workload``).
     ``kind="cluster"``: a user's cluster: ``nodes`` is its cluster file (``autotune
     cluster describe``, with its calibration if ``autotune calibrate --cluster-file`` ran)
-    and ``jobs`` the built-in tasks its users train, comma-separated: the built-in
+    and ``jobs`` the built-in tasks its users train, comma-separated (``NAME``,
+    ``NAME:N`` or ``NAME:LO-HI`` devices, as ``task_mix`` reads them): the built-in
     stream's arrivals of those tasks (``autotune.envs.workloads.task_mix``), ``window``
     per episode, on the cluster's nodes, with the calibration's device and coefficients.
 
