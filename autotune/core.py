@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Literal, cast, get_args
 
@@ -219,6 +219,20 @@ class ModelProfile:
         _check_number(owner, "precision_sensitivity", self.precision_sensitivity, positive=False)
         if self.precision_sensitivity > 1:
             raise _fail(owner, "precision_sensitivity", self.precision_sensitivity, "must be <= 1")
+
+    def with_noise_scale(self, measured: float | None) -> ModelProfile:
+        """This profile with a gradient noise scale measured on the job itself in place
+        of the catalog's (``JobMetrics.noise_scale``), so its batch efficiency is its own;
+        unchanged where nothing was measured. A measured 0 (no noise: every sample past
+        the reference batch is wasted) is kept apart from the catalog's "unknown" 0 as
+        the smallest positive scale, ``MEASURED_NOISE_FLOOR``."""
+        if measured is None or not math.isfinite(measured) or measured < 0:
+            return self
+        return replace(self, noise_scale=max(float(measured), MEASURED_NOISE_FLOOR))
+
+
+MEASURED_NOISE_FLOOR = 1e-6
+"""The smallest noise scale a measurement sets (``ModelProfile.with_noise_scale``)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

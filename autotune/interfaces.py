@@ -31,6 +31,7 @@ from autotune.core import (
     JobConfig,
     JobSpec,
     JobState,
+    ModelProfile,
     NodeInfo,
     Placement,
 )
@@ -106,6 +107,23 @@ class JobMetrics:
     hide (``autotune.executor.reports.RankStep.sync_time_s``, the least of the ranks'),
     where a backend measures them apart (the Ray backend for data-parallel jobs; the daemon's
     online fit otherwise uses the step time alone)."""
+    noise_scale: float | None = None
+    """The job's gradient noise scale in samples (McCandlish et al.; Pollux's online
+    estimate from the replicas' and the averaged gradients' norms, smoothed over its
+    steps; ``autotune.executor.quality``): the batch beyond which a larger batch stops
+    paying off. Data-parallel jobs only."""
+    grad_norm: float | None = None
+    """Norm of the gradient the optimizer applied in the last step (after reduction)."""
+    compression_cosine: float | None = None
+    """Cosine between the compressed and the dense averaged gradient on the latest step
+    that compared them (a compressed data-parallel job)."""
+    compression_error: float | None = None
+    """|compressed - dense| / |dense| of the averaged gradients, on the same step."""
+    residual_norm: float | None = None
+    """Norm of the error-feedback residual (top-k, PowerSGD) on the same step, RMS over
+    the replicas."""
+    loss_scale: float | None = None
+    """fp16's dynamic loss scale after the last step; ``None`` without fp16."""
 
     def measured(self) -> Iterator[tuple[str, float]]:
         """``(name, value)`` of every figure that is set, by name, as floats."""
@@ -157,6 +175,15 @@ class JobStatus:
     the decision that places it starts its reason with this."""
     last_change: ConfigChange | None = None
     """The job's last reconfiguration while it ran, where the backend tracks them."""
+
+    @property
+    def profile(self) -> ModelProfile | None:
+        """The job's model profile as measured on the job: the catalog's, with the
+        gradient noise scale the backend measured (``JobMetrics.noise_scale``) in its
+        place once there is one, so that its statistical efficiency at each batch size is
+        its own (``autotune.perf.model.batch_efficiency``). ``None`` without a profile."""
+        model = self.spec.model
+        return None if model is None else model.with_noise_scale(self.metrics.noise_scale)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -36,6 +36,7 @@ from torch import Tensor
 from torch._C._distributed_c10d import GradBucket
 
 from autotune.core import CompressionSpec
+from autotune.executor.quality import Probe
 
 __all__ = [
     "ByteCounter",
@@ -67,6 +68,9 @@ class ByteCounter:
     """``time.perf_counter()`` when DDP last handed a gradient bucket to its hook (the
     bucket's gradients were ready): what the backward pass does after the last one is
     waiting for the reductions, the synchronisation it did not hide."""
+    probe: Probe | None = None
+    """Where DDP's hooks measure this step's gradients (``autotune.executor.quality``);
+    ``None``: they do not."""
 
     def take(self) -> tuple[int, int]:
         out = (self.sent, self.dense)
@@ -94,8 +98,12 @@ class GradientReducer:
     """Residual parts by parameter index, loaded from a checkpoint, for the next step."""
     counter: ByteCounter = field(default_factory=ByteCounter)
 
-    def reduce(self, params: Sequence[Tensor], step: int) -> tuple[int, int]:
-        """Average the gradients of ``params`` in place; returns (bytes sent, dense bytes)."""
+    def reduce(
+        self, params: Sequence[Tensor], step: int, probe: Probe | None = None
+    ) -> tuple[int, int]:
+        """Average the gradients of ``params`` in place; returns (bytes sent, dense bytes).
+        ``probe``: measure the local gradient there, and on a reference step compare the
+        compressed average with a dense one of a sample, and note the residual."""
         local = [local_grad(p) for p in params]
         slots = tuple(i for i, g in enumerate(local) if g is not None)
         grads = [g for g in local if g is not None]
@@ -106,6 +114,11 @@ class GradientReducer:
             self._align_residual(flat, slots, [g.numel() for g in grads])
         dense = flat.numel() * 4
         kind = self.spec.kind
+        sketch: Tensor | None = None
+        if probe is not None:
+            probe.add_local(flat)
+            if probe.reference and kind != "none":
+                sketch = probe.reference_sketch(flat, self.group, self.size)
         if kind == "none":
             dist.all_reduce(flat, group=self.group)
             sent = dense
@@ -116,6 +129,11 @@ class GradientReducer:
         else:
             raise ValueError(f"{kind} compression does not go through GradientReducer")
         flat.div_(self.size)
+        if probe is not None:
+            if sketch is not None:
+                probe.compare(flat, sketch)
+            if probe.reference and self.residual is not None:
+                probe.residual_sq = torch.dot(self.residual, self.residual)
         offset = 0
         for g in grads:
             n = g.numel()
@@ -248,6 +266,8 @@ def counting_allreduce_hook(
     buffer = bucket.buffer()
     state.counter.sent += buffer.numel() * buffer.element_size()
     state.counter.handed_at = time.perf_counter()
+    if state.counter.probe is not None:
+        state.counter.probe.add_local(buffer)
     return allreduce_hook(state.group, bucket)
 
 
@@ -440,7 +460,23 @@ def named_powersgd_hook(state: NamedPowerSGD, bucket: GradBucket) -> torch.futur
     elif previous is None and state.pending is not None:
         state._import_bucket(index, layout, state.pending, bucket.buffer())
     state.layouts[index] = layout
-    return powerSGD_hook.powerSGD_hook(state.state, bucket)
+    probe = state.counter.probe if state.counter is not None else None
+    if probe is None:
+        return powerSGD_hook.powerSGD_hook(state.state, bucket)
+    buffer = bucket.buffer()
+    probe.add_local(buffer)  # before the hook adds the error feedback into it
+    if not probe.reference:
+        return powerSGD_hook.powerSGD_hook(state.state, bucket)
+    group = state.state.process_group
+    size = group.size() if group is not None else dist.get_world_size()
+    sketch = probe.reference_sketch(buffer, group, size, part=index)
+
+    def compare(future: torch.futures.Future[Tensor]) -> Tensor:
+        averaged = future.value()
+        probe.compare(averaged, sketch, part=index)
+        return averaged
+
+    return powerSGD_hook.powerSGD_hook(state.state, bucket).then(compare)
 
 
 # DDP checks a hook's annotations as objects; this module's are strings (PEP 563).

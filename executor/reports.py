@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from autotune.executor.quality import Quality
+
 __all__ = ["RankStep", "distinct_events"]
 
 
@@ -54,6 +56,11 @@ class RankStep:
     fp8_mode: str | None
     """How fp8 ``nn.Linear`` layers multiplied (``scaled_mm`` or ``emulated``); ``None``
     where no class runs in fp8."""
+    quality: Quality | None = None
+    """The step's gradient figures (noise, fidelity, class norms), the same on every
+    rank; ``None`` on a skipped step."""
+    loss_scale: float | None = None
+    """fp16's dynamic loss scale after the step; ``None`` without fp16."""
 
 
 def distinct_events(reports: Iterable[RankStep]) -> list[dict[str, Any]]:

@@ -45,6 +45,7 @@ from autotune.executor.cluster import node_name, ray_node_id
 from autotune.executor.errors import ExecutorError, ParallelError
 from autotune.executor.fencing import NAMESPACE, Fence, Fenced
 from autotune.executor.placement import bundle_totals, describe_bundles, rank_resources
+from autotune.executor.quality import NOISE_MIN_MEASUREMENTS, NoiseScale
 from autotune.executor.reports import RankStep, distinct_events
 from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
 from autotune.executor.worker import RankWorker, WorkerSpec
@@ -114,6 +115,9 @@ class JobResult:
     sync_times_s: list[float] = field(default_factory=list)
     """Each step's gradient synchronisation that no rank hid (``JobMetrics.sync_time_s``),
     where the job is data-parallel."""
+    quality: list[dict[str, Any]] = field(default_factory=list)
+    """Each trained step's gradient figures (``autotune.executor.quality.Quality``) with
+    its ``step`` and the job's ``noise_scale`` after it; skipped steps have none."""
 
     def summary(self) -> dict[str, Any]:
         median = statistics.median(self.step_times_s) if self.step_times_s else 0.0
@@ -140,6 +144,13 @@ class JobResult:
             "steps_redone": self.steps_redone,
             "peak_memory_bytes": self.peak_memory_bytes,
             "power_watts_mean": statistics.fmean(self.power_watts) if self.power_watts else None,
+            "noise_scale": next(
+                (q["noise_scale"] for q in reversed(self.quality) if q["noise_scale"] is not None),
+                None,
+            ),
+            "compression_cosine": _median_of(self.quality, "cosine"),
+            "compression_error": _median_of(self.quality, "relative_error"),
+            "reference_steps": sum(1 for q in self.quality if q["reference_s"] is not None),
             "placement": self.placement,
             "events": self.events,
         }
@@ -278,6 +289,9 @@ class JobRunner:
             placement=[],
             events=[],
         )
+        self._noise = NoiseScale()
+        self._fidelity: dict[str, float] = {}
+        """The latest reference step's figures, reported until the next one."""
 
     @property
     def steps(self) -> int:
@@ -668,6 +682,8 @@ class JobRunner:
         if power:
             result.power_watts.append(sum(power))
         result.events.extend(distinct_events(reports))  # every rank reports the agreed ones
+        self._measure_quality(reports, samples)
+        scales = [r.loss_scale for r in reports if r.loss_scale is not None]
         self._last = JobMetrics(
             loss=result.losses[-1] if losses else None,
             step_time_s=step_time,
@@ -679,7 +695,44 @@ class JobRunner:
             peak_memory_bytes=result.peak_memory_bytes,
             power_watts=sum(power) if power else None,
             sync_time_s=sync,
+            noise_scale=(
+                self._noise.value if self._noise.measurements >= NOISE_MIN_MEASUREMENTS else None
+            ),
+            grad_norm=self._fidelity.get("grad_norm"),
+            compression_cosine=self._fidelity.get("cosine"),
+            compression_error=self._fidelity.get("relative_error"),
+            residual_norm=self._fidelity.get("residual_norm"),
+            loss_scale=min(scales) if scales else None,
         )
+
+    def _measure_quality(self, reports: list[RankStep], samples: int) -> None:
+        """The job's gradient noise scale and compression fidelity after a step (every
+        rank reports the same figures: the first's are taken)."""
+        quality = next((r.quality for r in reports if r.quality is not None), None)
+        if quality is None:
+            return
+        dp = self.config.layout.dp
+        if quality.dense_sq is not None and dp > 1:
+            self._noise.update(
+                quality.replica_sq, quality.dense_sq, samples / dp, samples, step=self.step
+            )
+        self._fidelity["grad_norm"] = quality.update_sq**0.5
+        for key in ("cosine", "relative_error", "residual_norm"):
+            value = getattr(quality, key)
+            if value is not None:
+                self._fidelity[key] = value
+        self._result.quality.append(
+            {
+                "step": self.step,
+                **quality.as_dict(),
+                "noise_scale": self._noise.value if self._noise.measurements else None,
+            }
+        )
+
+
+def _median_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [row[key] for row in rows if row.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def _check_countable(task: Any, run: RunnerConfig, dp: int) -> None:

@@ -57,6 +57,7 @@ from autotune.executor.parallelize import parallelize
 from autotune.executor.pipeline import StageModule, build_schedule, replay, stage_module
 from autotune.executor.placement import nvml_index
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
+from autotune.executor.quality import NormGuard, Probe, Quality, ReferenceSchedule, agree
 from autotune.executor.reports import RankStep
 from autotune.executor.stage_build import BuiltStage, build_stage, parameter_bytes
 from autotune.executor.stage_plan import derive_split_points
@@ -66,6 +67,9 @@ __all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
 
 _FEEDBACK = ("topk", "powersgd")
 """Compressions with error feedback: their residuals are checkpointed."""
+QUALITY_CLASSES = (*COMPUTE_CLASSES, "other")
+"""The module classes whose gradient norms a rank measures (``other``: parameters of no
+class)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +93,15 @@ class WorkerSpec:
     term: int | None = None
     """The leader term that started the ranks (``autotune.executor.fencing``), for the
     step log."""
+    measure_quality: bool = True
+    """Measure the gradients each step (``autotune.executor.quality``): the noise scale,
+    compression fidelity, class norms. Off: no figures and no gradient-norm guard."""
+    nonfinite_fallback: bool = True
+    """Move a class that produced NaN/Inf one step safer (the step is skipped either way;
+    off: as plain dynamic loss scaling, which only skips and backs the scale off)."""
+    grad_norm_guard: bool = True
+    """Raise a reduced-precision class one step safer when its gradient norm grows by
+    more than 25% three steps in a row (``autotune.executor.quality.NormGuard``)."""
 
 
 def _all_finite(grads: list[Tensor]) -> bool:
@@ -219,6 +232,9 @@ class RankWorker:
         self.ddp, self.reducer = parallel.ddp, parallel.reducer
         self.powersgd, self.counter = parallel.powersgd, parallel.counter
         self.named = self._own_parameters()
+        self._classes = self._parameter_classes()
+        self.references = ReferenceSchedule()
+        self.guard = NormGuard()
         self.optimizer = self._optimizer()
         self.scaler = LossScaler() if self.precision.uses_fp16 else None
         if state is not None:
@@ -314,7 +330,10 @@ class RankWorker:
         )
 
     def _task_tp_plan(self) -> dict[str, Any] | None:
-        """The task's tensor-parallel plan (``None``: derived from the model)."""
+        """The task's tensor-parallel plan (``None``: derived from the model, or no
+        tensor parallelism, where a task that cannot be split need not be asked)."""
+        if self.tp == 1:
+            return None
         plan_fn = getattr(self.task, "tp_plan", None)
         return dict(plan_fn()) if callable(plan_fn) else None
 
@@ -322,6 +341,17 @@ class RankWorker:
         """The parameters this rank's stage holds and trains, by name."""
         owned = self.plan.parameters(self.pp_index)
         return [(n, p) for n, p in self.model.named_parameters() if n in owned]
+
+    def _parameter_classes(self) -> list[int]:
+        """Index in ``QUALITY_CLASSES`` of each of ``named``'s parameters' module class."""
+        classes = self.precision.classes
+        other = len(QUALITY_CLASSES) - 1
+        out = []
+        for name, _ in self.named:
+            module = name.rsplit(".", 1)[0] if "." in name else ""
+            cls = classes.get(module)
+            out.append(QUALITY_CLASSES.index(cls) if cls in QUALITY_CLASSES else other)
+        return out
 
     def _optimizer(self) -> torch.optim.Optimizer:
         lr = self.spec.learning_rate or float(getattr(self.task, "learning_rate", 1e-3))
@@ -468,6 +498,17 @@ class RankWorker:
         self.precision.nonfinite.clear()
         scale = self.scaler.scale if self.scaler is not None else 1.0
         self.counter.handed_at = None
+        compressed = self.spec.config.compression.kind != "none" and self.dp > 1
+        probe = Probe(
+            reference=compressed
+            and self.spec.measure_quality
+            and self.references.due(self.step_count),
+            seed=self.spec.seed,
+            step=self.step_count,
+        )
+        measure = self.spec.measure_quality
+        self.counter.probe = probe if measure and self.dp > 1 else None
+        quality: Quality | None = None
         with use_backend(self.spec.kernel_backend):  # type: ignore[arg-type]
             loss = self._forward_backward(batch, scale)
             backward_end = time.perf_counter()
@@ -486,7 +527,13 @@ class RankWorker:
             bad = {cls for i, cls in enumerate(COMPUTE_CLASSES) if flags[i] > 0}
             events: list[dict[str, Any]] = []
             sent = dense = 0
-            if bad:
+            if bad and not self.spec.nonfinite_fallback:
+                events.append(
+                    {"step": self.step_count, "kind": "grad_overflow", "loss_scale": scale}
+                )
+                if self.scaler is not None:
+                    self.scaler.update(True)
+            elif bad:
                 for change in self.precision.fall_back(bad):
                     events.append({"step": self.step_count, "kind": "nonfinite", **change})
                 if self.scaler is not None:
@@ -508,12 +555,15 @@ class RankWorker:
                         sync_s = max(0.0, backward_end - handed)
                 else:
                     reduce_start = time.perf_counter()
-                    sent, dense = self.reducer.reduce(params, self.step_count)
+                    sent, dense = self.reducer.reduce(params, self.step_count, self.counter.probe)
                     if self.dp > 1:
                         sync_s = time.perf_counter() - reduce_start
                 if scale != 1.0:
                     for g in grads:
                         g.div_(scale)
+                if measure:
+                    quality = self._measure(probe, params, grads, scale, compressed, start)
+                    events.extend(self._guard(quality))
                 self.optimizer.step()
                 self.precision.round_optimizer_state(self.optimizer)
                 if self.scaler is not None:
@@ -541,7 +591,71 @@ class RankWorker:
             peak_memory_bytes=self._peak_memory(),
             power_watts=gpu_power_watts(self._nvml_index) if self._nvml_index is not None else None,
             fp8_mode=self.precision.fp8_mode if self.precision.uses_fp8 else None,
+            quality=quality,
+            loss_scale=self.scaler.scale if self.scaler is not None else None,
         )
+
+    def _measure(
+        self,
+        probe: Probe,
+        params: list[nn.Parameter],
+        grads: list[Tensor],
+        scale: float,
+        compressed: bool,
+        start: float,
+    ) -> Quality:
+        """The step's gradient figures, agreed by all ranks (``quality.agree``); the next
+        reference step scheduled after this one."""
+        began = time.perf_counter()
+        classes = [
+            c for p, c in zip(params, self._classes, strict=True) if local_grad(p) is not None
+        ]
+        class_sq = torch.zeros(len(QUALITY_CLASSES), device=grads[0].device if grads else None)
+        if grads:
+            norms = torch.stack(torch._foreach_norm(grads)).float()
+            index = torch.tensor(classes, device=norms.device)
+            class_sq.index_add_(0, index, norms * norms)
+        if probe.reference and self.powersgd is not None:
+            errors = [e.float() for e in self.powersgd.state.error_dict.values()]
+            probe.residual_sq = sum((torch.dot(e, e) for e in errors), torch.zeros(()))
+        probe.spent_s += time.perf_counter() - began
+        quality = agree(
+            probe,
+            class_sq,
+            QUALITY_CLASSES,
+            replicas=self.dp,
+            world=self.pp * self.dp * self.tp,
+            scale=scale,
+            dense_reduction=not compressed,
+            step_s=time.perf_counter() - start,
+        )
+        if probe.reference:
+            self.references.done(self.step_count, quality)
+        return quality
+
+    def _guard(self, quality: Quality) -> list[dict[str, Any]]:
+        """The gradient-norm guard: the reduced-precision classes whose gradients grew too
+        fast move one step safer (events ``grad_norm_growth``)."""
+        if not self.spec.grad_norm_guard:
+            return []
+        present = set(self.precision.classes.values())
+        watched = {
+            c: n
+            for c, n in quality.class_norms.items()
+            if c in present and getattr(self.precision.precision, c) != "fp32"
+        }
+        fired = self.guard.observe(watched)
+        if not fired:
+            return []
+        return [
+            {
+                "step": self.step_count,
+                "kind": "grad_norm_growth",
+                "growth": fired[change["module_class"]],
+                **change,
+            }
+            for change in self.precision.fall_back(set(fired))
+        ]
 
     def _log_step(self, began: float, ended: float) -> None:
         assert self._log is not None

@@ -118,6 +118,11 @@ def dashboard_data(
             unit: _per_job(session, f"job_{unit}", since)
             for unit in ("samples_per_s", "tokens_per_s")
         },
+        # Training quality, measured as the jobs train (autotune.executor.quality).
+        quality={
+            name: _per_job(session, f"job_{name}", since)
+            for name in ("loss", "noise_scale", "compression_cosine")
+        },
         decisions=[
             DashboardDecision(
                 id=row["id"],

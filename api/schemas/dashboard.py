@@ -110,6 +110,12 @@ class DashboardPublic(BaseModel):
     throughput: dict[str, dict[str, dict[str, list[Any]]]] = Field(
         description="samples_per_s and tokens_per_s measured per job: at, value"
     )
+    quality: dict[str, dict[str, dict[str, list[Any]]]] = Field(
+        default_factory=dict,
+        description="Training quality measured per job (jobs trained for real): loss, "
+        "noise_scale (gradient noise scale, samples), compression_cosine (compressed "
+        "against dense averaged gradient): at, value",
+    )
     decisions: list[DashboardDecision] = Field(
         description="Decisions in the window, oldest first (a shadow policy's too)"
     )

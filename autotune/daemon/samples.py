@@ -30,12 +30,13 @@ def measured_samples(jobs: Sequence[JobStatus]) -> list[Sample]:
 
 def goodput_samples(snapshot: ClusterSnapshot) -> list[Sample]:
     """Each running job's goodput: measured samples/s times the statistical efficiency
-    of its batch, compression and precision (``autotune.perf.model``)."""
+    of its batch, compression and precision (``autotune.perf.model``), its batch's from
+    the noise scale it measured where it did (``JobStatus.profile``)."""
     values: list[Sample] = []
     for job in snapshot.by_state("running"):
         if job.config is None:
             continue
-        efficiency = statistical_efficiency(job.spec.model, job.config, job.spec.global_batch)
+        efficiency = statistical_efficiency(job.profile, job.config, job.spec.global_batch)
         values.append(("job_goodput", job.samples_per_s * efficiency, job.spec.job_id))
     return values
 

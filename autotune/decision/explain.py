@@ -8,6 +8,12 @@ the performance model's prediction, not a measurement: with the job's online fit
 own steps once it has one, else the catalog's coefficients for its model; the
 explanation says which (``performance_model``). The rule-based policy does not
 maximise it, so the explanation says so when an alternative is predicted to be better.
+
+The statistical efficiency (``statistical_efficiency``) says, factor by factor, which was
+measured on the job and which assumed: the batch's from the gradient noise scale the job
+measured (``JobMetrics.noise_scale``) where it did, else from the catalog's; the
+compression's and the precision's from the catalog's constants, with the compression
+fidelity the job measured beside them where it did.
 """
 
 from __future__ import annotations
@@ -21,12 +27,20 @@ from autotune.core import (
     CompressionSpec,
     JobConfig,
     JobSpec,
+    ModelProfile,
     NodeInfo,
     Placement,
     Precision,
     PrecisionMap,
 )
-from autotune.perf.model import estimate, shape_of
+from autotune.interfaces import JobMetrics
+from autotune.perf.model import (
+    batch_efficiency,
+    compression_efficiency,
+    estimate,
+    precision_efficiency,
+    shape_of,
+)
 from autotune.perf.online import JobModel
 
 __all__ = ["explain_decision"]
@@ -75,6 +89,7 @@ def explain_decision(
     features: Mapping[str, float],
     why: str,
     model: JobModel | None = None,
+    metrics: JobMetrics | None = None,
 ) -> dict[str, Any]:
     """The explanation stored with a decision (a JSON object). ``model``: the job's
     throughput model (its online fit, ``autotune.daemon.performance``); ``None``: the
@@ -88,6 +103,8 @@ def explain_decision(
     if spec.model is None:
         explanation["why"] += "; no model profile: goodput cannot be predicted"
         return explanation
+    profile = spec.model.with_noise_scale(metrics.noise_scale if metrics is not None else None)
+    explanation["statistical_efficiency"] = _efficiency(spec, profile, config, metrics)
     shape = shape_of(placement, nodes)
     if model is None:
         model = JobModel(
@@ -100,7 +117,7 @@ def explain_decision(
         "fit_error": model.fit_error,
         "described": model.describe(),
     }
-    chosen = estimate(spec.model, config, shape, config.batch(spec), coeffs=coeffs)
+    chosen = estimate(profile, config, shape, config.batch(spec), coeffs=coeffs)
     explanation["chosen"] |= {
         "predicted_goodput": round(chosen.goodput, 3),
         "predicted_samples_per_s": round(chosen.step.samples_per_s, 3),
@@ -108,7 +125,7 @@ def explain_decision(
     }
     scored: list[tuple[str, JobConfig, float, bool]] = []
     for change, candidate in _neighbours(config):
-        predicted = estimate(spec.model, candidate, shape, candidate.batch(spec), coeffs=coeffs)
+        predicted = estimate(profile, candidate, shape, candidate.batch(spec), coeffs=coeffs)
         scored.append((change, candidate, predicted.goodput, not predicted.oom))
     scored.sort(key=lambda item: -item[2])
     explanation["alternatives"] = [
@@ -132,3 +149,33 @@ def explain_decision(
             f"{gain:+.0%} with {best[0]}"
         )
     return explanation
+
+
+def _efficiency(
+    spec: JobSpec, profile: ModelProfile, config: JobConfig, metrics: JobMetrics | None
+) -> dict[str, Any]:
+    """Each factor of the chosen configuration's statistical efficiency, and where it
+    comes from."""
+    measured_noise = metrics is not None and metrics.noise_scale is not None
+    batch = config.batch(spec)
+    compression: dict[str, Any] = {
+        "value": round(compression_efficiency(config.compression), 4),
+        "source": "assumed (catalog constant)",
+    }
+    if metrics is not None and metrics.compression_cosine is not None:
+        compression["measured_cosine"] = round(metrics.compression_cosine, 4)
+        if metrics.compression_error is not None:
+            compression["measured_relative_error"] = round(metrics.compression_error, 4)
+    return {
+        "batch": {
+            "value": round(batch_efficiency(profile, batch), 4),
+            "global_batch": batch,
+            "noise_scale": round(profile.noise_scale, 3),
+            "source": "measured noise scale" if measured_noise else "assumed (catalog noise scale)",
+        },
+        "compression": compression,
+        "precision": {
+            "value": round(precision_efficiency(config.precision), 4),
+            "source": "assumed (catalog constant)",
+        },
+    }

@@ -10,6 +10,8 @@ policy's new configuration for a running job only when both hold:
 
        remaining   = (1 - progress) x steps x global batch            [samples]
        goodput(c)  = samples/s(c) x statistical efficiency(c)         [samples/s]
+       (the batch's efficiency from the noise scale the job measured, where it did:
+       ``JobStatus.profile``; the compression's and precision's from the catalog)
        samples/s   = measured under the current configuration (the last step's: a job
                      with no measured step is not changed); under the new one, that
                      times the performance model's ratio new / current (the job's
@@ -110,7 +112,8 @@ def payoff(
     spec, current, placement = job.spec, job.config, job.placement
     if current is None or placement is None:
         raise ValueError(f"job {spec.job_id}: not running, nothing to change")
-    if spec.model is None:
+    profile = job.profile
+    if spec.model is None or profile is None:
         return "its model has no profile, so no gain can be predicted"
     if job.steps is None:
         return "its length is unknown, so no gain over its remaining work can be predicted"
@@ -122,10 +125,8 @@ def payoff(
         if model is not None
         else catalog_coefficients(spec.model, shape.gpu_model)
     )
-    now = estimate(spec.model, current, shape, current.batch(spec), coeffs=coeffs)
-    then = estimate(
-        spec.model, new, _resized(shape, new.world_size), new.batch(spec), coeffs=coeffs
-    )
+    now = estimate(profile, current, shape, current.batch(spec), coeffs=coeffs)
+    then = estimate(profile, new, _resized(shape, new.world_size), new.batch(spec), coeffs=coeffs)
     measured = job.metrics.samples_per_s or job.samples_per_s or None
     if measured is None:
         return "its current configuration has no measured step yet, so no gain can be told"
@@ -156,7 +157,7 @@ def unproven_change(job: JobStatus, new: JobConfig) -> str | None:
         )
     if change.samples_per_s_before is None:
         return None
-    model = job.spec.model
+    model = job.profile
     before = change.samples_per_s_before * statistical_efficiency(
         model, change.previous, change.previous.batch(job.spec)
     )

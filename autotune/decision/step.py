@@ -367,6 +367,7 @@ def decide(
                 features=_features(snapshot, choice),
                 why=reason,
                 model=(models or {}).get(job_id),
+                metrics=job.metrics,
             )
             if explain
             else {}

@@ -237,8 +237,10 @@ def _speeds(snapshot: ClusterSnapshot, job_ids: set[str]) -> dict[str, list[floa
         batch = job.config.batch(spec)
         shape = shape_of(job.placement, nodes)
         coeffs = catalog_coefficients(spec.model, shape.gpu_model)
+        profile = job.profile
+        assert profile is not None
         predicted = estimate(
-            spec.model,
+            profile,
             job.config,
             shape,
             batch,
@@ -246,6 +248,6 @@ def _speeds(snapshot: ClusterSnapshot, job_ids: set[str]) -> dict[str, list[floa
             straggler_cv=median_cv(),
         ).goodput
         if predicted > 0:
-            measured = job.samples_per_s * statistical_efficiency(spec.model, job.config, batch)
+            measured = job.samples_per_s * statistical_efficiency(profile, job.config, batch)
             out[spec.job_id] = [_round(measured), _round(predicted)]
     return out

@@ -272,7 +272,7 @@ class ObservationEncoder:
         nodes: dict[str, NodeInfo],
         models: list[str],
     ) -> tuple[float, ...]:
-        spec, model = job.spec, job.spec.model
+        spec, model = job.spec, job.profile
         running = job.state == "running" and job.placement is not None
         waiting_h = max(0.0, snapshot.time_s - spec.submitted_at) / 3600 if not running else 0.0
         config = job.config

@@ -80,6 +80,39 @@ def test_a_running_job_shows_its_online_throughput_fit(client: TestClient) -> No
         assert 0 < performance["coefficients"]["mfu"] <= 1
 
 
+def test_a_jobs_measured_training_quality_is_shown_and_plotted(
+    client: TestClient, database: Database
+) -> None:
+    """What the executor measures of a job's training (loss, noise scale, compression
+    fidelity: ``JobMetrics``) is stored as ``job_*`` samples: the job shows the latest
+    and the dashboard plots each per job."""
+    from autotune.daemon.samples import measured_samples
+    from autotune.db import repository as repo
+    from autotune.interfaces import JobMetrics, JobStatus
+
+    job = client.get("/api/v1/jobs", params={"state": "running"}).json()["data"][0]
+    status = JobStatus(
+        spec=_spec(job["job_id"]),
+        state="running",
+        metrics=JobMetrics(loss=2.5, noise_scale=180.0, compression_cosine=0.93),
+    )
+    with database.session() as session:
+        repo.record_metrics(session=session, values=measured_samples([status]))
+    shown = client.get(f"/api/v1/jobs/{job['job_id']}").json()["metrics"]
+    assert shown["noise_scale"] == 180.0
+    assert shown["compression_cosine"] == 0.93
+    quality = client.get("/api/v1/dashboard").json()["quality"]
+    assert quality["noise_scale"][job["job_id"]]["value"][-1] == 180.0
+    assert quality["compression_cosine"][job["job_id"]]["value"][-1] == 0.93
+    assert quality["loss"][job["job_id"]]["value"][-1] == 2.5
+
+
+def _spec(job_id: str):  # type: ignore[no-untyped-def]
+    from autotune.core import JobSpec
+
+    return JobSpec(job_id=job_id)
+
+
 def test_decisions_pages_filters_and_detail(client: TestClient) -> None:
     first = client.get("/api/v1/decisions", params={"limit": 2}).json()
     assert first["count"] >= 3

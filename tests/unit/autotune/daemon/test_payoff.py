@@ -133,3 +133,69 @@ def test_without_a_measured_restart_cost_nothing_is_weighed() -> None:
     decision = next(d for d in round_.decisions if d.job_id == job.spec.job_id)
     assert decision.config == new
     assert "reconfiguration" not in round_.why[job.spec.job_id].explanation
+
+
+def test_a_larger_batch_is_weighed_with_the_noise_scale_the_job_measured() -> None:
+    """The catalog's profile may know no noise scale (every batch free); once the job
+    measured one, a 4x batch is charged its statistical efficiency there, Pollux's
+    (phi + M0) / (phi + M): predicted slower than the catalog says, by exactly that."""
+    snapshot, job = _running()
+    assert job.config is not None
+    assert job.spec.model is not None
+    nodes = {n.node_id: n for n in snapshot.nodes}
+    batch = job.config.batch(job.spec)
+    bigger = replace(job.config, global_batch=4 * batch)
+    long_job = replace(job, progress=0.0, steps=10_000_000)
+    assumed = payoff(long_job, bigger, nodes, restart_s=1.0)
+    phi = 0.5 * batch
+    measured_job = replace(long_job, metrics=replace(job.metrics, noise_scale=phi))
+    measured = payoff(measured_job, bigger, nodes, restart_s=1.0)
+    assert not isinstance(assumed, str)
+    assert not isinstance(measured, str)
+    profile = measured_job.profile
+    assert profile is not None
+    assert profile.noise_scale == phi
+    m0 = profile.reference_batch
+    own = job.spec.model.with_noise_scale(None)
+    assert own == job.spec.model  # nothing measured: the catalog's
+    now_eff, then_eff = (phi + m0) / (phi + batch), (phi + m0) / (phi + 4 * batch)
+    catalog_ratio = assumed.new_s / assumed.current_s
+    expected = catalog_ratio * (now_eff / then_eff)
+    if job.spec.model.noise_scale > 0:  # the catalog charged its own noise scale
+        c = job.spec.model.noise_scale
+        expected *= ((c + m0) / (c + 4 * batch)) / ((c + m0) / (c + batch))
+    assert measured.new_s / measured.current_s == pytest.approx(expected, rel=1e-6)
+    assert measured.new_s / measured.current_s > catalog_ratio
+
+
+def test_an_explanation_says_which_efficiency_was_measured_and_which_assumed() -> None:
+    from autotune.decision.explain import explain_decision
+
+    snapshot, job = _running()
+    assert job.config is not None
+    assert job.placement is not None
+    nodes = {n.node_id: n for n in snapshot.nodes}
+
+    def explained(metrics: JobMetrics) -> dict[str, object]:
+        return explain_decision(
+            spec=job.spec,
+            config=job.config,  # type: ignore[arg-type]
+            placement=job.placement,  # type: ignore[arg-type]
+            nodes=nodes,
+            features={},
+            why="test",
+            metrics=metrics,
+        )["statistical_efficiency"]
+
+    assumed = explained(JobMetrics())
+    assert assumed["batch"]["source"] == "assumed (catalog noise scale)"  # type: ignore[index]
+    measured = explained(JobMetrics(noise_scale=12.0, compression_cosine=0.9))
+    batch = measured["batch"]  # type: ignore[index]
+    assert batch["source"] == "measured noise scale"
+    assert batch["noise_scale"] == 12.0
+    global_batch = job.config.batch(job.spec)
+    m0 = job.spec.model.reference_batch  # type: ignore[union-attr]
+    assert batch["value"] == round((12.0 + m0) / (12.0 + global_batch), 4)
+    compression = measured["compression"]  # type: ignore[index]
+    assert compression["source"] == "assumed (catalog constant)"
+    assert compression["measured_cosine"] == 0.9

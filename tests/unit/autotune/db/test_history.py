@@ -201,6 +201,7 @@ def test_decisions_are_explained_and_as_many_as_asked(
             "alternatives",
             "why",
             "performance_model",
+            "statistical_efficiency",
         }
         assert explanation["why"].startswith(row.reason.rsplit("; placed on ", 1)[0])
         assert row.policy_version in ("ppo-0.1.0", "rules-0.1.0")
