@@ -28,9 +28,10 @@ scale (``NoiseScale``).
   ``REFERENCE_BUDGET`` of the step time allows: after each, the next is
   ``ceil(cost / (budget x step))`` steps on (at least 1), from figures the ranks agreed in
   the all-reduce, so every rank takes the same steps as reference steps.
-- **Gradient-norm guard**: a module class in reduced precision whose gradient norm grew by
-  more than ``GROWTH`` (25%) on ``GROWTH_STEPS`` (3) steps in a row moves one step safer
-  (``autotune.executor.precision.SAFER``), beside the fall-back on non-finite values.
+- **Gradient-norm guard**: a module class in fp16 or fp8 (the formats whose range
+  overflows) whose gradient norm grew by more than ``GROWTH`` (25%) on ``GROWTH_STEPS``
+  (3) steps in a row moves one step safer (``autotune.executor.precision.SAFER``), beside
+  the fall-back on non-finite values.
 """
 
 from __future__ import annotations

@@ -67,6 +67,11 @@ __all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
 
 _FEEDBACK = ("topk", "powersgd")
 """Compressions with error feedback: their residuals are checkpointed."""
+GUARDED = frozenset({"fp16", "fp8"})
+"""Formats the gradient-norm guard watches: those whose range overflows (fp16's largest
+finite value is 65,504, e4m3's 448). bf16 has fp32's range: growth does not overflow it,
+and on gpt-char in bf16 the guard would move attention and embeddings to fp32 in a
+healthy run (twice in 150 steps, measured)."""
 QUALITY_CLASSES = (*COMPUTE_CLASSES, "other")
 """The module classes whose gradient norms a rank measures (``other``: parameters of no
 class)."""
@@ -100,8 +105,8 @@ class WorkerSpec:
     """Move a class that produced NaN/Inf one step safer (the step is skipped either way;
     off: as plain dynamic loss scaling, which only skips and backs the scale off)."""
     grad_norm_guard: bool = True
-    """Raise a reduced-precision class one step safer when its gradient norm grows by
-    more than 25% three steps in a row (``autotune.executor.quality.NormGuard``)."""
+    """Raise a class in fp16 or fp8 one step safer when its gradient norm grows by more
+    than 25% three steps in a row (``autotune.executor.quality.NormGuard``)."""
 
 
 def _all_finite(grads: list[Tensor]) -> bool:
@@ -634,15 +639,15 @@ class RankWorker:
         return quality
 
     def _guard(self, quality: Quality) -> list[dict[str, Any]]:
-        """The gradient-norm guard: the reduced-precision classes whose gradients grew too
-        fast move one step safer (events ``grad_norm_growth``)."""
+        """The gradient-norm guard: the classes in a narrow-range format (``GUARDED``)
+        whose gradients grew too fast move one step safer (events ``grad_norm_growth``)."""
         if not self.spec.grad_norm_guard:
             return []
         present = set(self.precision.classes.values())
         watched = {
             c: n
             for c, n in quality.class_norms.items()
-            if c in present and getattr(self.precision.precision, c) != "fp32"
+            if c in present and getattr(self.precision.precision, c) in GUARDED
         }
         fired = self.guard.observe(watched)
         if not fired:

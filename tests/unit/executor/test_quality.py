@@ -193,3 +193,23 @@ def test_a_data_parallel_job_measures_its_gradients() -> None:
     assert sparse.residual_norm > 0
     off = _run("int8", 2, measure_quality=False)
     assert all(r.quality is None for r in off.reports[0])
+
+
+@pytest.mark.slow
+def test_fp16_that_overflows_finishes_with_the_fall_back_and_the_guard() -> None:
+    """A regression whose targets outgrow fp16 (``bench/tasks/large_targets.py``): with
+    plain dynamic loss scaling the head overflows and nearly every later step is
+    skipped; with the fall-back and the gradient-norm guard no step is."""
+    from helpers import REPO
+
+    from autotune.benchmarks.precision_guard import ARMS, run_arm
+
+    task = f"{REPO / 'bench' / 'tasks' / 'large_targets.py'}:LargeTargets"
+    plain = run_arm(task, ARMS["fp16 loss scaling only"], 200, 0)
+    assert plain["nan_step_rate"] > 0.5
+    assert plain["changes"] == []
+    health = run_arm(task, ARMS["fp16 + fall-back + guard"], 200, 0)
+    assert health["nan_step_rate"] == 0
+    assert health["loss_last20"] < 0.01
+    assert {c["kind"] for c in health["changes"]} == {"grad_norm_growth"}
+    assert all(c["from"] == "fp16" and c["to"] == "bf16" for c in health["changes"])

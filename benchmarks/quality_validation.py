@@ -1,0 +1,137 @@
+"""Steps to a target loss under each compression and precision setting, measured on real
+training, against what the statistical efficiency predicts: the catalog's constants
+(``autotune.perf.model.compression_efficiency`` x ``precision_efficiency``), and a
+candidate from the fidelity the job measured in the first 10% of its run (cos^2 of its
+compressed to its dense averaged gradient, ``autotune.executor.quality``).
+
+    python bench/quality_validation.py [--task gpt-char:64] [--task mlp-synthetic]
+        [--setting none --setting topk:0.01 ...] [--n-steps 150] [--seeds 0 1 2] [--dp 2]
+
+For each task and seed, plain fp32 DDP (``none``) trains ``--n-steps`` (N) steps; the
+target is its loss at step N (the mean of the 10 steps up to N, as every loss here).
+Every setting trains up to 3N steps and reaches the target at the first step whose
+10-step mean loss is at or below it (none within 3N: failed). A setting is
+``COMPRESSION`` (``topk:0.01``, ``int8``, ``powersgd:4``) or ``precision=P`` (``bf16``,
+``fp16``, ``fp8``: the whole map). Predicted steps: N / efficiency. Ranks run as local
+processes over gloo (steps do not depend on the network). One JSON object on stdout and
+in ``bench/out/quality_validation.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.benchmarks import REPO
+from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
+from autotune.executor.local import run_local
+from autotune.executor.worker import WorkerSpec
+from autotune.perf.model import compression_efficiency, precision_efficiency
+
+WINDOW = 10
+DEFAULT_SETTINGS = (
+    "topk:0.1",
+    "topk:0.01",
+    "int8",
+    "powersgd:4",
+    "powersgd:1",
+    "precision=bf16",
+)
+
+
+def _config(setting: str, dp: int) -> JobConfig:
+    layout = Layout(dp=dp, world_size=dp)
+    if setting.startswith("precision="):
+        return JobConfig(layout=layout, precision=PrecisionMap.uniform(setting.split("=")[1]))  # type: ignore[arg-type]
+    return JobConfig(layout=layout, compression=CompressionSpec.parse(setting))
+
+
+def _smoothed(losses: list[float]) -> list[float]:
+    return [statistics.fmean(losses[max(0, i - WINDOW + 1) : i + 1]) for i in range(len(losses))]
+
+
+def _train(task: str, batch: int | None, config: JobConfig, steps: int, seed: int) -> Any:
+    spec = WorkerSpec(task=task, config=config, batch_size=batch, seed=seed)
+    return run_local(spec, steps, save=False, timeout_s=3600.0)
+
+
+def _first_fidelity(run: Any, until: int) -> float | None:
+    cosines = [
+        r.quality.cosine
+        for r in run.reports[0][:until]
+        if r.quality is not None and r.quality.cosine is not None
+    ]
+    return statistics.median(cosines) if cosines else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--task", action="append", help="TASK[:GLOBAL_BATCH] (repeatable)")
+    parser.add_argument("--setting", action="append", help="repeatable; see above")
+    parser.add_argument("--n-steps", type=int, default=150)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--dp", type=int, default=2)
+    parser.add_argument(
+        "--out", type=Path, default=REPO / "bench" / "out" / "quality_validation.json"
+    )
+    args = parser.parse_args(argv)
+    if args.n_steps < 2 * WINDOW:
+        parser.error(f"--n-steps must be >= {2 * WINDOW}")
+    n = args.n_steps
+    rows = []
+    for item in args.task or ["gpt-char:64", "mlp-synthetic"]:
+        task, _, batch_text = item.partition(":")
+        if task.endswith(".py"):  # path/to/file.py:Class[:batch]
+            cls, _, batch_text = batch_text.partition(":")
+            task = f"{task}:{cls}"
+        batch = int(batch_text) if batch_text else None
+        for seed in args.seeds:
+            began = time.time()
+            dense = _smoothed(_train(task, batch, _config("none", args.dp), n, seed).losses())
+            target = dense[n - 1]
+            for setting in args.setting or DEFAULT_SETTINGS:
+                config = _config(setting, args.dp)
+                run = _train(task, batch, config, 3 * n, seed)
+                losses = _smoothed(run.losses())
+                reached = next((i + 1 for i, v in enumerate(losses) if v <= target), None)
+                catalog = compression_efficiency(config.compression) * precision_efficiency(
+                    config.precision
+                )
+                cosine = _first_fidelity(run, max(1, n // 10))
+                row = {
+                    "task": task,
+                    "seed": seed,
+                    "setting": setting,
+                    "target_loss": target,
+                    "steps_measured": reached,
+                    "steps_ratio": reached / n if reached else None,
+                    "predicted_catalog": n / catalog,
+                    "catalog_error": (n / catalog) / reached - 1 if reached else None,
+                    "first10_cosine": cosine,
+                    "predicted_cos2": n / cosine**2 if cosine else None,
+                    "cos2_error": (n / cosine**2) / reached - 1 if reached and cosine else None,
+                    "loss_at_3n": losses[-1],
+                }
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            print(json.dumps({"task": task, "seed": seed, "seconds": time.time() - began}))
+    result = {
+        "benchmark": "quality_validation",
+        "date": time.strftime("%Y-%m-%d"),
+        "host": platform.processor() or platform.machine(),
+        "n_steps": n,
+        "dp": args.dp,
+        "window": WINDOW,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return 0
