@@ -10,10 +10,13 @@ on a machine where it is not installed, before anything can be imported.
 
 from __future__ import annotations
 
+import json
+import platform
+import time
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-__all__ = ["OUT", "REPO", "postgres_bin"]
+__all__ = ["OUT", "REPO", "postgres_bin", "publish"]
 
 REPO: Final = Path(__file__).resolve().parents[1]
 """The source checkout (through an editable install's links)."""
@@ -31,3 +34,18 @@ def postgres_bin() -> Path | None:
         return Path(found).resolve().parent
     candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
     return candidates[-1].parent if candidates else None
+
+
+def publish(benchmark: str, out: Path, figures: dict[str, Any]) -> dict[str, Any]:
+    """``figures`` stamped with the benchmark's name, the date and the host, written as
+    JSON to ``out`` (its folder made) and printed on one line; returns what was written."""
+    result = {
+        "benchmark": benchmark,
+        "date": time.strftime("%Y-%m-%d"),
+        "host": platform.processor() or platform.machine(),
+        **figures,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return result

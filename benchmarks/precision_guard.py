@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from autotune.benchmarks import REPO
+from autotune.benchmarks import REPO, publish
 from autotune.core import JobConfig, Layout, PrecisionMap
 from autotune.executor.local import run_local
 from autotune.executor.worker import WorkerSpec
@@ -104,16 +103,14 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
         rows.append(row)
-    result = {
-        "benchmark": "precision_guard",
-        "date": time.strftime("%Y-%m-%d"),
-        "host": platform.processor() or platform.machine(),
-        "task": args.task,
-        "steps": args.steps,
-        "seeds": args.seeds,
-        "arms": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    publish(
+        "precision_guard",
+        args.out,
+        {
+            "task": args.task,
+            "steps": args.steps,
+            "seeds": args.seeds,
+            "arms": rows,
+        },
+    )
     return 0

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from autotune.benchmarks import REPO
+from autotune.benchmarks import REPO, publish
 from autotune.core import CompressionSpec, JobConfig, Layout
 from autotune.executor.local import run_local
 from autotune.executor.quality import NoiseScale
@@ -127,16 +126,14 @@ def main(argv: list[str] | None = None) -> int:
             }
             print(json.dumps(row), flush=True)
             rows.append(row)
-    result = {
-        "benchmark": "quality_overhead",
-        "date": time.strftime("%Y-%m-%d"),
-        "host": platform.processor() or platform.machine(),
-        "dp": args.dp,
-        "steps": args.steps,
-        "repeats": args.repeats,
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    publish(
+        "quality_overhead",
+        args.out,
+        {
+            "dp": args.dp,
+            "steps": args.steps,
+            "repeats": args.repeats,
+            "rows": rows,
+        },
+    )
     return 0

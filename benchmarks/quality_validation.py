@@ -8,11 +8,12 @@ compressed to its dense averaged gradient, ``autotune.executor.quality``).
         [--setting none --setting topk:0.01 ...] [--n-steps 150] [--seeds 0 1 2] [--dp 2]
 
 For each task and seed, plain fp32 DDP (``none``) trains ``--n-steps`` (N) steps; the
-target is its loss at step N (the mean of the 10 steps up to N, as every loss here).
-Every setting trains up to 3N steps and reaches the target at the first step whose
-10-step mean loss is at or below it (none within 3N: failed). A setting is
+target is its loss at step N (the mean of the 10 steps up to N, as every loss here), and
+the dense run's own steps to it are the first step whose 10-step mean is at or below it
+(before N where the loss has flattened). Every setting trains up to 3N steps and
+reaches the target likewise (none within 3N: failed). A setting is
 ``COMPRESSION`` (``topk:0.01``, ``int8``, ``powersgd:4``) or ``precision=P`` (``bf16``,
-``fp16``, ``fp8``: the whole map). Predicted steps: N / efficiency. Ranks run as local
+``fp16``, ``fp8``: the whole map). Predicted steps: the dense run's / efficiency. Ranks run as local
 processes over gloo (steps do not depend on the network). One JSON object on stdout and
 in ``bench/out/quality_validation.json``.
 """
@@ -21,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from autotune.benchmarks import REPO
+from autotune.benchmarks import REPO, publish
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.executor.local import run_local
 from autotune.executor.worker import WorkerSpec
@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             began = time.time()
             dense = _smoothed(_train(task, batch, _config("none", args.dp), n, seed).losses())
             target = dense[n - 1]
+            # Where the loss has flattened, the dense run itself gets there before N: the
+            # reference is where it first did.
+            base = next(i + 1 for i, v in enumerate(dense) if v <= target)
             for setting in args.setting or DEFAULT_SETTINGS:
                 config = _config(setting, args.dp)
                 run = _train(task, batch, config, 3 * n, seed)
@@ -105,33 +108,33 @@ def main(argv: list[str] | None = None) -> int:
                     config.precision
                 )
                 cosine = _first_fidelity(run, max(1, n // 10))
+                by_cos2 = base / cosine**2 if cosine else None
                 row = {
                     "task": task,
                     "seed": seed,
                     "setting": setting,
                     "target_loss": target,
+                    "dense_steps": base,
                     "steps_measured": reached,
-                    "steps_ratio": reached / n if reached else None,
-                    "predicted_catalog": n / catalog,
-                    "catalog_error": (n / catalog) / reached - 1 if reached else None,
+                    "steps_ratio": reached / base if reached else None,
+                    "predicted_catalog": base / catalog,
+                    "catalog_error": (base / catalog) / reached - 1 if reached else None,
                     "first10_cosine": cosine,
-                    "predicted_cos2": n / cosine**2 if cosine else None,
-                    "cos2_error": (n / cosine**2) / reached - 1 if reached and cosine else None,
+                    "predicted_cos2": by_cos2,
+                    "cos2_error": by_cos2 / reached - 1 if reached and by_cos2 else None,
                     "loss_at_3n": losses[-1],
                 }
                 print(json.dumps(row), flush=True)
                 rows.append(row)
             print(json.dumps({"task": task, "seed": seed, "seconds": time.time() - began}))
-    result = {
-        "benchmark": "quality_validation",
-        "date": time.strftime("%Y-%m-%d"),
-        "host": platform.processor() or platform.machine(),
-        "n_steps": n,
-        "dp": args.dp,
-        "window": WINDOW,
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result))
+    publish(
+        "quality_validation",
+        args.out,
+        {
+            "n_steps": n,
+            "dp": args.dp,
+            "window": WINDOW,
+            "rows": rows,
+        },
+    )
     return 0
