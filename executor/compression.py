@@ -103,7 +103,8 @@ class GradientReducer:
     ) -> tuple[int, int]:
         """Average the gradients of ``params`` in place; returns (bytes sent, dense bytes).
         ``probe``: measure the local gradient there, and on a reference step compare the
-        compressed average with a dense one of a sample, and note the residual."""
+        compressed average with the dense one through their sketches, and note the
+        residual."""
         local = [local_grad(p) for p in params]
         slots = tuple(i for i, g in enumerate(local) if g is not None)
         grads = [g for g in local if g is not None]

@@ -49,6 +49,7 @@ from torch import Tensor
 __all__ = [
     "GROWTH",
     "GROWTH_STEPS",
+    "GUARDED",
     "NOISE_MIN_MEASUREMENTS",
     "REFERENCE_BUDGET",
     "SKETCH_SIZE",
@@ -71,6 +72,11 @@ _PRIME: Final = 2**31 - 1
 _CHUNK: Final = 1 << 22
 GROWTH: Final = 1.25
 GROWTH_STEPS: Final = 3
+GUARDED: Final = frozenset({"fp16", "fp8"})
+"""Formats the gradient-norm guard watches: those whose range overflows (fp16's largest
+finite value is 65,504, e4m3's 448). bf16 has fp32's range: growth does not overflow it,
+and on gpt-char in bf16 the guard would move attention and embeddings to fp32 in a
+healthy run (twice in 150 steps, measured)."""
 NOISE_SMOOTHING: Final = 0.9
 """Weight of the past in the noise scale's exponential averages, per step."""
 NOISE_MIN_MEASUREMENTS: Final = 8
@@ -199,19 +205,6 @@ class Quality:
     measure_s: float = 0.0
     """Seconds the reporting rank spent measuring in the step: the probe's and the
     figures' all-reduce (the overhead of measuring, as its share of the step)."""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "replica_sq": self.replica_sq,
-            "update_sq": self.update_sq,
-            "class_norms": dict(self.class_norms),
-            "dense_sq": self.dense_sq,
-            "cosine": self.cosine,
-            "relative_error": self.relative_error,
-            "residual_norm": self.residual_norm,
-            "reference_s": self.reference_s,
-            "measure_s": self.measure_s,
-        }
 
 
 def agree(

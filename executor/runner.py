@@ -34,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -724,7 +724,7 @@ class JobRunner:
         self._result.quality.append(
             {
                 "step": self.step,
-                **quality.as_dict(),
+                **asdict(quality),
                 "noise_scale": self._noise.value if self._noise.measurements else None,
             }
         )

@@ -57,7 +57,14 @@ from autotune.executor.parallelize import parallelize
 from autotune.executor.pipeline import StageModule, build_schedule, replay, stage_module
 from autotune.executor.placement import nvml_index
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
-from autotune.executor.quality import NormGuard, Probe, Quality, ReferenceSchedule, agree
+from autotune.executor.quality import (
+    GUARDED,
+    NormGuard,
+    Probe,
+    Quality,
+    ReferenceSchedule,
+    agree,
+)
 from autotune.executor.reports import RankStep
 from autotune.executor.stage_build import BuiltStage, build_stage, parameter_bytes
 from autotune.executor.stage_plan import derive_split_points
@@ -67,11 +74,6 @@ __all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
 
 _FEEDBACK = ("topk", "powersgd")
 """Compressions with error feedback: their residuals are checkpointed."""
-GUARDED = frozenset({"fp16", "fp8"})
-"""Formats the gradient-norm guard watches: those whose range overflows (fp16's largest
-finite value is 65,504, e4m3's 448). bf16 has fp32's range: growth does not overflow it,
-and on gpt-char in bf16 the guard would move attention and embeddings to fp32 in a
-healthy run (twice in 150 steps, measured)."""
 QUALITY_CLASSES = (*COMPUTE_CLASSES, "other")
 """The module classes whose gradient norms a rank measures (``other``: parameters of no
 class)."""
@@ -504,14 +506,12 @@ class RankWorker:
         scale = self.scaler.scale if self.scaler is not None else 1.0
         self.counter.handed_at = None
         compressed = self.spec.config.compression.kind != "none" and self.dp > 1
+        measure = self.spec.measure_quality
         probe = Probe(
-            reference=compressed
-            and self.spec.measure_quality
-            and self.references.due(self.step_count),
+            reference=compressed and measure and self.references.due(self.step_count),
             seed=self.spec.seed,
             step=self.step_count,
         )
-        measure = self.spec.measure_quality
         self.counter.probe = probe if measure and self.dp > 1 else None
         quality: Quality | None = None
         with use_backend(self.spec.kernel_backend):  # type: ignore[arg-type]
@@ -532,18 +532,12 @@ class RankWorker:
             bad = {cls for i, cls in enumerate(COMPUTE_CLASSES) if flags[i] > 0}
             events: list[dict[str, Any]] = []
             sent = dense = 0
-            if bad and not self.spec.nonfinite_fallback:
-                events.append(
-                    {"step": self.step_count, "kind": "grad_overflow", "loss_scale": scale}
-                )
-                if self.scaler is not None:
-                    self.scaler.update(True)
-            elif bad:
+            if bad and self.spec.nonfinite_fallback:
                 for change in self.precision.fall_back(bad):
                     events.append({"step": self.step_count, "kind": "nonfinite", **change})
                 if self.scaler is not None:
                     self.scaler.update(True)
-            elif flags[-1] > 0:
+            elif bad or flags[-1] > 0:  # without the fall-back, a bad class only skips
                 events.append(
                     {"step": self.step_count, "kind": "grad_overflow", "loss_scale": scale}
                 )

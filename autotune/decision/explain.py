@@ -156,7 +156,7 @@ def _efficiency(
 ) -> dict[str, Any]:
     """Each factor of the chosen configuration's statistical efficiency, and where it
     comes from."""
-    measured_noise = metrics is not None and metrics.noise_scale is not None
+    measured_noise = profile is not spec.model  # with_noise_scale took a measurement
     batch = config.batch(spec)
     compression: dict[str, Any] = {
         "value": round(compression_efficiency(config.compression), 4),
