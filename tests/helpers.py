@@ -259,6 +259,17 @@ class DaemonProcess:
                     continue
         return events
 
+    def api_token(self) -> str:
+        """The API token the daemon printed on its first start (waits for the line)."""
+        line = wait_for(
+            "the token line",
+            lambda: next(
+                (ln for ln in self.stdout_path.read_text().splitlines() if "API token" in ln),
+                None,
+            ),
+        )
+        return str(line.rsplit(" ", 1)[1])
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()

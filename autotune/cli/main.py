@@ -19,13 +19,13 @@ from importlib.metadata import entry_points
 import typer
 
 from autotune import __version__
-from autotune.cli.client import decisions_command, job_app, override_app
 from autotune.cli.cluster import cluster_app
 from autotune.cli.common import user_errors
 from autotune.cli.daemon import daemon, db_app, token_app
 from autotune.cli.evaluate import eval_policies
 from autotune.cli.executor import calibrate_command, run_command
 from autotune.cli.forecast import forecast_app
+from autotune.cli.jobs import decisions_command, job_app, override_app
 from autotune.cli.plan import plan
 from autotune.cli.policy import train_policy, tune_policy
 from autotune.cli.replay import replay_app

@@ -5,7 +5,6 @@ beside the active version, roll back. Like ``autotune override``: ``--url``,
 
 from __future__ import annotations
 
-import urllib.parse
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from autotune.cli.client import TokenOption, UrlOption, _emit, call
 from autotune.cli.common import JsonOption, fail
+from autotune.cli.jobs import TokenOption, UrlOption, _emit, daemon, to_json
 
 __all__ = ["policy_app"]
 
@@ -25,10 +24,6 @@ policy_app = typer.Typer(
 _out = Console()
 
 
-def _quoted(version: str) -> str:
-    return urllib.parse.quote(version, safe="")
-
-
 def _line(policy: dict[str, Any]) -> str:
     return f"[bold]{policy['version']}[/] ({policy['name']}): {policy['state']}"
 
@@ -37,7 +32,8 @@ def _line(policy: dict[str, Any]) -> str:
 def policy_list(url: UrlOption = None, as_json: JsonOption = False) -> None:
     """Registered versions, newest first, with their state: active (it decides), shadow
     (it decides beside it, never applied) or registered."""
-    page = call("GET", "/policies", url=url)
+    with daemon(url) as api:
+        page = to_json(api.policies())
     table = Table(title=f"{page['count']} policy version(s)")
     for column in ("version", "name", "kind", "state", "activated", "hash", "checkpoint", "error"):
         table.add_column(column, overflow="fold")
@@ -71,7 +67,8 @@ def policy_register(
     shadowed."""
     path = Path(checkpoint).expanduser()
     body = {"checkpoint": str(path.absolute()), "name": name, "kind": kind}
-    policy = call("POST", "/policies", url=url, token=token, body=body)
+    with daemon(url, token, changes=True) as api:
+        policy = to_json(api.register_policy(body))
     _emit(policy, as_json, "registered " + _line(policy))
 
 
@@ -84,7 +81,8 @@ def policy_activate(
 ) -> None:
     """Make VERSION the active one: the daemon decides with it from its next tick, no
     restart. If it cannot load it, it keeps its policy (`policy list` shows why)."""
-    policy = call("POST", f"/policies/{_quoted(version)}/activate", url=url, token=token)
+    with daemon(url, token, changes=True) as api:
+        policy = to_json(api.activate_policy(version))
     _emit(policy, as_json, _line(policy) + " from the daemon's next tick")
 
 
@@ -104,14 +102,17 @@ def policy_shadow(
     if stop and version is not None:
         fail("give a VERSION to shadow or --stop, not both", 2)
     if stop:
-        policy = call("DELETE", "/policies/shadow", url=url, token=token)
+        with daemon(url, token, changes=True) as api:
+            policy = to_json(api.stop_shadow())
         _emit(policy, as_json, f"stopped shadowing [bold]{policy['version']}[/]")
         return
     if version is not None:
-        policy = call("POST", f"/policies/{_quoted(version)}/shadow", url=url, token=token)
+        with daemon(url, token, changes=True) as api:
+            policy = to_json(api.shadow_policy(version))
         _emit(policy, as_json, _line(policy) + " from the daemon's next tick")
         return
-    shadow = call("GET", "/policies/shadow", url=url)
+    with daemon(url) as api:
+        shadow = to_json(api.shadow())
     if as_json:
         _emit(shadow, True)
         return
@@ -148,5 +149,6 @@ def policy_rollback(
 ) -> None:
     """Make the version active before the current one active again (again: further
     back)."""
-    policy = call("POST", "/policies/rollback", url=url, token=token)
+    with daemon(url, token, changes=True) as api:
+        policy = to_json(api.rollback_policy())
     _emit(policy, as_json, "rolled back to " + _line(policy))

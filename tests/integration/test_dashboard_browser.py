@@ -151,14 +151,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, browser: str) -> Iterator[Liv
     )
     try:
         wait_for("the API", lambda: api.get("/healthz")["status"] == "ok", timeout_s=60)
-        line = wait_for(
-            "the token line",
-            lambda: next(
-                (ln for ln in daemon.stdout_path.read_text().splitlines() if "API token" in ln),
-                None,
-            ),
-        )
-        token = line.rsplit(" ", 1)[1]
+        token = daemon.api_token()
         status, body = api.call("POST", f"/policies/{SHADOW}/shadow", token=token)
         assert status == 200, body
         running = wait_for("a running job", lambda: api.get("/jobs?state=running")["data"])

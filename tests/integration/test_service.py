@@ -51,14 +51,7 @@ def test_overrides_are_honoured_expire_and_survive_a_sigkill(
     api = Api(port)
     first = daemons(port, "first")
     wait_for("the API", lambda: api.get("/healthz")["status"] == "ok")
-    token_line = wait_for(
-        "the token line",
-        lambda: next(
-            (line for line in first.stdout_path.read_text().splitlines() if "API token" in line),
-            None,
-        ),
-    )
-    token = token_line.rsplit(" ", 1)[1]
+    token = first.api_token()
 
     # Jobs: mutations need the token.
     job = {"task": "gpt-125m", "job_id": "lm", "min_gpus": 1, "max_gpus": 4, "steps": 10**6}
@@ -200,12 +193,7 @@ def test_cli_client_submits_lists_explains_overrides_and_cancels(
     api = Api(port)
     daemon = daemons(port, "cli")
     wait_for("the API", lambda: api.get("/healthz")["status"] == "ok")
-    token = wait_for(
-        "the token line",
-        lambda: next(
-            (x for x in daemon.stdout_path.read_text().splitlines() if "API token" in x), None
-        ),
-    ).rsplit(" ", 1)[1]
+    token = daemon.api_token()
     url = f"http://127.0.0.1:{port}"
     runner = CliRunner()
 

@@ -10,21 +10,21 @@ the API rejects the request (the line says why), 1 when the daemon cannot be rea
 from __future__ import annotations
 
 import json
-import os
-import urllib.error
-import urllib.parse
-import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
 from autotune.cli.common import JsonOption, fail, parse_compression
+from autotune.client import ApiError, Client, UnreachableError
 from autotune.errors import InputError
 
-__all__ = ["decisions_command", "job_app", "override_app"]
+__all__ = ["daemon", "decisions_command", "job_app", "override_app"]
 
 job_app = typer.Typer(
     help="Submit, list, show and cancel jobs through the daemon's REST API; `job run` trains "
@@ -48,50 +48,26 @@ CursorOption = Annotated[
 _out = Console()
 
 
-def _error_line(status: int, body: Any) -> str:
-    detail = body.get("detail") if isinstance(body, dict) else body
-    if isinstance(body, dict) and "message" in body:
-        return f"{status}: {body['message']}"
-    if isinstance(detail, list) and detail and isinstance(detail[0], dict):
-        where = ".".join(str(p) for p in detail[0].get("loc", []))
-        return f"{status}: {where}: {detail[0].get('msg')}"
-    return f"{status}: {detail}"
-
-
-def call(
-    method: str,
-    path: str,
-    *,
-    url: str | None,
-    token: str | None = None,
-    body: dict[str, Any] | None = None,
-    query: dict[str, Any] | None = None,
-) -> Any:
-    """The API's JSON response; exits 2 on a 4xx, 1 when unreachable or on a 5xx."""
-    base = (url or os.environ.get("AUTOTUNE_URL") or "http://127.0.0.1:8000").rstrip("/")
-    params = {k: v for k, v in (query or {}).items() if v is not None}
-    target = f"{base}/api/v1{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
-    request = urllib.request.Request(
-        target, method=method, data=None if body is None else json.dumps(body).encode()
-    )
-    request.add_header("Content-Type", "application/json")
-    secret = token or os.environ.get("AUTOTUNE_TOKEN")
-    if method != "GET":
-        if not secret:
-            fail("this needs the API token: --token or $AUTOTUNE_TOKEN", 2)
-        request.add_header("Authorization", f"Bearer {secret}")
+@contextmanager
+def daemon(url: str | None, token: str | None = None, *, changes: bool = False) -> Iterator[Client]:
+    """The daemon's API client for one command; its errors end the command with one line:
+    exit 2 when the API rejects the request, 1 when it cannot be reached or fails (5xx).
+    ``changes``: the command changes something, so it needs the token."""
+    client = Client(url, token)
+    if changes and not client.token:
+        fail("this needs the API token: --token or $AUTOTUNE_TOKEN", 2)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            payload = json.loads(exc.read())
-        except ValueError:
-            payload = exc.reason
-        fail(_error_line(exc.code, payload), 2 if exc.code < 500 else 1)
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        fail(f"cannot reach the daemon at {base}: {reason}", 1)
+        with client:
+            yield client
+    except UnreachableError as exc:
+        fail(str(exc), 1)
+    except ApiError as exc:
+        fail(str(exc), 2 if exc.status < 500 else 1)
+
+
+def to_json(model: BaseModel) -> Any:
+    """A response as the JSON the API sent."""
+    return model.model_dump(mode="json")
 
 
 def _emit(result: Any, as_json: bool, table: Table | str | None = None) -> None:
@@ -158,7 +134,8 @@ def job_submit(
     }
     if job_id is not None:
         body["job_id"] = job_id
-    job = call("POST", "/jobs", url=url, token=token, body=body)
+    with daemon(url, token, changes=True) as api:
+        job = to_json(api.submit_job(body))
     _emit(job, as_json, f"submitted [bold]{job['job_id']}[/] ({job['state']})")
 
 
@@ -171,7 +148,8 @@ def job_list(
     as_json: JsonOption = False,
 ) -> None:
     """Jobs, newest first; the next page with --cursor (printed under the table)."""
-    page = call("GET", "/jobs", url=url, query={"state": state, "limit": limit, "cursor": cursor})
+    with daemon(url) as api:
+        page = to_json(api.jobs_page(state=state, limit=limit, cursor=cursor))
     table = _jobs_table(page["data"], f"{_counted(page)} job(s)")
     table.caption = _next_page(page)
     _emit(page, as_json, table)
@@ -193,8 +171,9 @@ def job_show(
     as_json: JsonOption = False,
 ) -> None:
     """One job, with its newest decision."""
-    job = call("GET", f"/jobs/{urllib.parse.quote(job_id, safe='')}", url=url)
-    latest = call("GET", "/decisions", url=url, query={"job": job_id, "limit": 1})["data"]
+    with daemon(url) as api:
+        job = to_json(api.job(job_id))
+        latest = to_json(api.decisions_page(job=job_id, limit=1))["data"]
     job_out = {**job, "latest_decision": latest[0] if latest else None}
     table = _jobs_table([job], f"job {job_id}")
     if as_json:
@@ -214,7 +193,8 @@ def job_cancel(
     as_json: JsonOption = False,
 ) -> None:
     """Cancel a job; the daemon stops it at its next tick."""
-    job = call("DELETE", f"/jobs/{urllib.parse.quote(job_id, safe='')}", url=url, token=token)
+    with daemon(url, token, changes=True) as api:
+        job = to_json(api.cancel_job(job_id))
     _emit(job, as_json, f"cancelling [bold]{job['job_id']}[/]")
 
 
@@ -243,20 +223,19 @@ def decisions_command(
 ) -> None:
     """Decisions, newest first; or why one decision was made (--explain ID)."""
     if explain is not None:
-        explained = call("GET", f"/decisions/{explain}/explain", url=url)
+        with daemon(url) as api:
+            explained = to_json(api.explain(explain))
         if as_json:
             _emit(explained, True)
             return
         _print_explanation(explained)
         return
-    query = {
-        "job": job,
-        "source": source,
-        "policy_version": policy_version,
-        "limit": limit,
-        "cursor": cursor,
-    }
-    page = call("GET", "/decisions", url=url, query=query)
+    with daemon(url) as api:
+        page = to_json(
+            api.decisions_page(
+                job=job, source=source, policy_version=policy_version, limit=limit, cursor=cursor
+            )
+        )
     table = Table(title=f"{_counted(page)} decision(s)", caption=_next_page(page))
     for column in ("id", "job", "source", "config", "placement", "reason"):
         table.add_column(column, overflow="fold")
@@ -388,7 +367,8 @@ def override_set(
         body["compression"] = _compression(compression)
     if place is not None:
         body["placement"] = _placement(place)
-    override = call("POST", "/overrides", url=url, token=token, body=body)
+    with daemon(url, token, changes=True) as api:
+        override = to_json(api.create_override(body))
     _emit(
         override,
         as_json,
@@ -407,7 +387,8 @@ def override_list(
     as_json: JsonOption = False,
 ) -> None:
     """Overrides, newest first."""
-    page = call("GET", "/overrides", url=url, query={"job": job, "active": active})
+    with daemon(url) as api:
+        page = to_json(api.overrides_page(job=job, active=active))
     table = Table(title=f"{page['count']} override(s)")
     for column in ("id", "job", "active", "pin", "expires", "reason"):
         table.add_column(column, overflow="fold")
@@ -431,5 +412,6 @@ def override_clear(
     as_json: JsonOption = False,
 ) -> None:
     """End an override now; the policy takes the job back at the next tick."""
-    override = call("DELETE", f"/overrides/{override_id}", url=url, token=token)
+    with daemon(url, token, changes=True) as api:
+        override = to_json(api.delete_override(override_id))
     _emit(override, as_json, f"override [bold]{override['id']}[/] ended")
