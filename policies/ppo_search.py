@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Final
@@ -82,6 +83,28 @@ def _trial(config: dict[str, Any]) -> None:
         algo.stop()
 
 
+def _progress_callback(report: Callable[[int, int], None]) -> Any:
+    """A Tune callback that calls ``report(trials_ended, iterations_run)``."""
+    from ray import tune
+
+    class Progress(tune.Callback):
+        def __init__(self) -> None:
+            self.ended = 0
+            self.iterations = 0
+
+        def on_trial_result(self, *args: Any, **kwargs: Any) -> None:
+            self.iterations += 1
+            report(self.ended, self.iterations)
+
+        def on_trial_complete(self, *args: Any, **kwargs: Any) -> None:
+            self.ended += 1
+            report(self.ended, self.iterations)
+
+        on_trial_error = on_trial_complete
+
+    return Progress()
+
+
 def search(
     settings: PPOSettings,
     out: str | Path,
@@ -89,9 +112,11 @@ def search(
     samples: int = 4,
     grace: int = 2,
     concurrent: int = 2,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the ASHA search; ``settings.iterations`` is each trial's most iterations.
-    Returns every trial's hyperparameters, last return and iterations run, and the best."""
+    Returns every trial's hyperparameters, last return and iterations run, and the best.
+    ``progress(trials_ended, iterations_run)`` is called as trials report and end."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # verbose=0 then means quiet
     import ray
     from ray import tune
@@ -136,7 +161,11 @@ def search(
                 ),
             ),
             run_config=tune.RunConfig(
-                name="ppo_asha", storage_path=str(out), verbose=0, log_to_file=False
+                name="ppo_asha",
+                storage_path=str(out),
+                verbose=0,
+                log_to_file=False,
+                callbacks=[_progress_callback(progress)] if progress else None,
             ),
         )
         with contextlib.redirect_stdout(sys.stderr):  # Tune's tables: stdout is for --json

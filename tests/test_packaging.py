@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,8 @@ from pathlib import Path
 
 import pytest
 from helpers import REPO
+
+from autotune.cli.main import HELP_COLUMNS_WITHOUT_TERMINAL
 
 
 @pytest.mark.parametrize(
@@ -68,6 +71,40 @@ def test_cli_help_explains_every_command() -> None:
     for command in ("daemon", "plan", "db", "version"):
         assert command in top.stdout
         assert runner.invoke(app, [command, "--help"]).exit_code == 0
+
+
+def _help(*args: str, columns: str | None) -> list[str]:
+    """``autotune ARGS --help`` as a person reads it, with no terminal (a pipe, no
+    controlling terminal) and ``COLUMNS`` as given."""
+    from helpers import autotune_command
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "TERMINAL_WIDTH")}
+    if columns is not None:
+        env["COLUMNS"] = columns
+    done = subprocess.run(
+        [*autotune_command(), *args, "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        start_new_session=True,
+        check=True,
+    )
+    return done.stdout.splitlines()
+
+
+@pytest.mark.subprocess
+def test_help_is_drawn_at_the_terminals_width_with_whole_paragraphs() -> None:
+    wide = _help("train-policy", columns="200")
+    assert max(len(line) for line in wide) == 200
+    # A paragraph of the docstring is one paragraph, wrapped by the terminal, not at the
+    # source's line breaks: at 200 columns, three lines (the source has six).
+    start = next(i for i, line in enumerate(wide) if "observation carries" in line)
+    assert "Episodes are windows of Alibaba pods (--trace/--nodes)" in wide[start]
+    assert wide[start + 3].strip() == ""
+    # No terminal at all (a file, a CI log): 120 columns, the option's help in sentences.
+    piped = _help("train-policy", columns=None)
+    assert max(len(line) for line in piped) == HELP_COLUMNS_WITHOUT_TERMINAL
+    assert any("Checkpoint folder to write. [required]" in line for line in piped)
 
 
 def tool(name: str) -> str:

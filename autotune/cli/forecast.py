@@ -139,10 +139,16 @@ def forecast_eval(
         score_forecasts,
     )
 
+    bar = progress_bar("scoring", "{task.completed}/{task.total} series", enabled=not as_json)
     try:
         forecaster = load_checkpoint(model or default_checkpoint())
         data = [read_demand(p) for p in series]
-        reports = [score_forecasts(forecaster, s, from_day=from_day) for s in data]
+        reports = []
+        with bar:
+            task = bar.add_task("score", total=len(data))
+            for s in data:
+                reports.append(score_forecasts(forecaster, s, from_day=from_day))
+                bar.advance(task)
     except InputError as exc:
         fail(str(exc))
     seen = [s.name for s in data if s.name in forecaster.config.trained_on]

@@ -14,9 +14,14 @@ stays fast.
 
 from __future__ import annotations
 
+import inspect
+import os
+import sys
 from importlib.metadata import entry_points
+from typing import Final
 
 import typer
+import typer.rich_utils
 
 from autotune import __version__
 from autotune.cli.cluster import cluster_app
@@ -31,7 +36,7 @@ from autotune.cli.policy import train_policy, tune_policy
 from autotune.cli.replay import replay_app
 from autotune.cli.versions import policy_app
 
-__all__ = ["app", "main"]
+__all__ = ["app", "help_columns", "main", "reflow_help"]
 
 app = typer.Typer(
     name="autotune",
@@ -80,7 +85,58 @@ def version() -> None:
     typer.echo(__version__)
 
 
+HELP_COLUMNS_WITHOUT_TERMINAL: Final = 120
+"""Columns of help written where no terminal is (a file, a CI log): wide enough for the
+option table's help column to hold sentences, not one word per line."""
+
+
+def help_columns() -> int | None:
+    """The columns help is drawn in when rich cannot measure them itself: None when stdout
+    is a terminal or ``COLUMNS``/``TERMINAL_WIDTH`` say; else the controlling terminal's
+    width (help piped into a pager), else ``HELP_COLUMNS_WITHOUT_TERMINAL`` (rich would
+    take 80)."""
+    if os.environ.get("COLUMNS") or os.environ.get("TERMINAL_WIDTH") or sys.stdout.isatty():
+        return None
+    try:
+        tty = os.open("/dev/tty", os.O_RDONLY)
+    except OSError:
+        return HELP_COLUMNS_WITHOUT_TERMINAL
+    try:
+        return os.get_terminal_size(tty).columns
+    except OSError:
+        return HELP_COLUMNS_WITHOUT_TERMINAL
+    finally:
+        os.close(tty)
+
+
+def _reflowed(text: str) -> str:
+    head, cut, rest = inspect.cleandoc(text).partition("\f")
+    paragraphs = (" ".join(line.strip() for line in p.splitlines()) for p in head.split("\n\n"))
+    return "\n\n".join(paragraphs) + cut + rest
+
+
+def reflow_help(tree: typer.Typer) -> None:
+    """Each paragraph of the help of the commands of ``tree`` (and of its groups') as one
+    line, for the terminal to wrap: typer's rich help keeps a docstring's line breaks, so
+    prose wrapped at the source's width came out ragged at any other width."""
+    for info in tree.registered_commands:
+        text = info.help if isinstance(info.help, str) else inspect.getdoc(info.callback)
+        if text:
+            info.help = _reflowed(text)
+    for group in tree.registered_groups:
+        if group.typer_instance is not None:
+            if isinstance(group.typer_instance.info.help, str):
+                group.typer_instance.info.help = _reflowed(group.typer_instance.info.help)
+            reflow_help(group.typer_instance)
+
+
+reflow_help(app)
+
+
 def main() -> None:
+    columns = help_columns()
+    if columns is not None:
+        typer.rich_utils.MAX_WIDTH = columns
     app()
 
 

@@ -368,9 +368,24 @@ def tune_policy(
         seed=seed,
         sources=sources,
     )
-    with err.status("searching", spinner="dots") if not as_json else _nothing():
+    bar = progress_bar(
+        "searching",
+        "{task.completed}/{task.total} trials ended, {task.fields[iterations]} iterations",
+        enabled=not as_json,
+    )
+    with bar:
+        task = bar.add_task("search", total=samples, iterations=0)
         try:
-            report = search(settings, out, samples=samples, grace=grace, concurrent=concurrent)
+            report = search(
+                settings,
+                out,
+                samples=samples,
+                grace=grace,
+                concurrent=concurrent,
+                progress=lambda ended, iterations: bar.update(
+                    task, completed=ended, iterations=iterations
+                ),
+            )
         except (ValueError, InputError) as exc:
             fail(str(exc))
     if as_json:
@@ -385,9 +400,3 @@ def tune_policy(
             f"{t['iterations'] or 0:6d} {ret if ret is not None else float('nan'):8.3f}"
         )
     out_console.print(f"best: {report['best']}")
-
-
-def _nothing() -> Any:
-    from contextlib import nullcontext
-
-    return nullcontext()
