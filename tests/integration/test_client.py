@@ -85,7 +85,12 @@ def test_overrides_policies_and_cluster_reads(live: tuple[str, str]) -> None:
         api.submit_job(JobCreate(task="gpt-char", job_id="ov", steps=10**9, max_gpus=2))
         created = api.create_override(
             OverrideCreate.model_validate(
-                {"job_id": "ov", "ttl_s": 600, "reason": "try int8", "compression": {"kind": "int8"}}
+                {
+                    "job_id": "ov",
+                    "ttl_s": 600,
+                    "reason": "try int8",
+                    "compression": {"kind": "int8"},
+                }
             )
         )
         assert created.pin == {"compression": {"kind": "int8"}}

@@ -13,9 +13,11 @@ import pytest
 import autotune.cli
 from autotune.client import (
     MAX_RETRY_WAIT_S,
+    ApiError,
     Client,
     ForbiddenError,
     InvalidRequestError,
+    NotFoundError,
     UnavailableError,
 )
 
@@ -99,7 +101,8 @@ def test_error_answers_become_exceptions_with_the_reason(
     )
     with _client([answer], [], []) as api, pytest.raises(kind) as raised:
         api.job("x")
-    assert getattr(raised.value, "reason") == reason
+    assert isinstance(raised.value, ApiError)
+    assert raised.value.reason == reason
 
 
 def test_the_token_and_query_are_sent_as_the_api_expects() -> None:
@@ -108,14 +111,19 @@ def test_the_token_and_query_are_sent_as_the_api_expects() -> None:
     with _client([httpx.Response(200, json=page)], seen, [], token="secret") as api:
         assert list(api.overrides(job="j", active=False)) == []
     assert seen[0].headers["Authorization"] == "Bearer secret"
-    assert dict(seen[0].url.params) == {"job": "j", "active": "false", "limit": "100", "offset": "0"}
+    assert dict(seen[0].url.params) == {
+        "job": "j",
+        "active": "false",
+        "limit": "100",
+        "offset": "0",
+    }
 
 
 def test_path_segments_are_quoted() -> None:
     seen: list[httpx.Request] = []
-    with _client([httpx.Response(404, json={"detail": "no job"})], seen, []) as api:
-        with pytest.raises(Exception, match="404"):
-            api.job("a/b")
+    answer = httpx.Response(404, json={"detail": "no job"})
+    with _client([answer], seen, []) as api, pytest.raises(NotFoundError, match="404: no job"):
+        api.job("a/b")
     assert seen[0].url.raw_path == b"/api/v1/jobs/a%2Fb"
 
 
