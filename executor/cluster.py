@@ -11,25 +11,63 @@ A node that Ray declares dead is *lost* (``ray_cluster`` reports it beside the a
 and its name is free again: a Ray node that later starts on the same host (a restarted
 raylet gets a new Ray node id) takes the name back, and the node is no longer lost.
 
-A node with GPUs reports them under its accelerator type when the catalog knows it
-(``accelerator_type:H200`` -> ``H200``), else as ``A100``-class devices; a CPU-only node
-offers one ``CPU`` device per logical CPU, so each rank takes one.
+A node with GPUs reports them under the catalog's name for them
+(``autotune.catalog.devices``), decided once per Ray node, in this order:
+
+1. Ray's accelerator type when it is the catalog's name of one part
+   (``accelerator_type:T4`` -> ``T4``). Ray takes an NVIDIA GPU's model word from its
+   name, so an H100 PCIe is an ``H100`` to Ray: ``H100``, ``H200`` and ``A100`` nodes
+   (``autotune.catalog.detect.SHARED_NAMES``) are recognised as below;
+2. else the node's GPU as it describes itself: a task pinned to the node (reserving
+   nothing, so busy GPUs do not hold it up) reads GPU 0's properties through NVML, else
+   ``torch.cuda``, and ``autotune.catalog.detect.detected_device`` makes an entry of them
+   (a known part's datasheet figures with the memory the device reports, or an estimate
+   from its SMs, clock and compute capability), registered so ``device`` answers it;
+3. else, when the properties cannot be read within ``PROBE_TIMEOUT_S``, the table of
+   known parts by Ray's accelerator type (``L4``, ``A10G``, ``GeForce-RTX-4090``);
+4. else an entry named for Ray's accelerator type, estimated as a T4-class GPU, with a
+   warning. No GPU is taken for an A100 it is not.
+
+A CPU-only node offers one ``CPU`` device per logical CPU, so each rank takes one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import Any, Final
 
-from autotune.catalog.devices import CATALOG, node_info
+from autotune.catalog.detect import (
+    SHARED_NAMES,
+    GpuProperties,
+    assumed_device,
+    detected_device,
+    known_part,
+    nvml_properties,
+    torch_properties,
+)
+from autotune.catalog.devices import CATALOG, DeviceSpec, device, node_info, register_device
 from autotune.core import NodeInfo
 
-__all__ = ["RayCluster", "node_name", "node_names", "ray_cluster", "ray_node_id", "ray_nodes"]
+__all__ = [
+    "PROBE_TIMEOUT_S",
+    "RayCluster",
+    "node_name",
+    "node_names",
+    "ray_cluster",
+    "ray_node_id",
+    "ray_nodes",
+]
 
+log = logging.getLogger(__name__)
+
+PROBE_TIMEOUT_S: Final = 30.0
+"""How long reading a new node's GPU properties may take (a worker process starting)."""
 _SUFFIX_DIGITS = 6
 _UNSAFE = re.compile(r"[^A-Za-z0-9._:-]+")
 
@@ -38,16 +76,97 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._:-]+")
 _named: dict[str, str] = {}
 # The last NodeInfo of every node seen alive: Ray node id -> info.
 _seen: dict[str, NodeInfo] = {}
+# The catalog name of each GPU node's devices, once decided: Ray node id -> name.
+_models: dict[str, str] = {}
 _lock = threading.Lock()
 
 
-def _gpu_model(resources: dict[str, Any]) -> str:
-    for key in resources:
-        if key.startswith("accelerator_type:"):
-            name = key.split(":", 1)[1]
-            if name in CATALOG:
-                return name
-    return "A100"
+def _read_properties() -> dict[str, Any] | None:
+    """GPU 0 of the node this runs on (a Ray task), as a dict; ``None``: none readable."""
+    found = nvml_properties() or torch_properties()
+    return None if found is None else asdict(found)
+
+
+def _node_properties(ray_ids: list[str]) -> dict[str, GpuProperties | None]:
+    """The GPU properties of the Ray nodes ``ray_ids``, each read on its node, all at
+    once; ``None`` for a node whose properties cannot be read within
+    ``PROBE_TIMEOUT_S``."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0, max_retries=0)(_read_properties)
+    refs: dict[str, Any] = {}
+    out: dict[str, GpuProperties | None] = dict.fromkeys(ray_ids)
+    for ray_id in ray_ids:
+        try:
+            strategy = NodeAffinitySchedulingStrategy(node_id=ray_id, soft=False)
+            refs[ray_id] = task.options(scheduling_strategy=strategy).remote()
+        except Exception as exc:  # a node id Ray refuses
+            log.warning("node %s: its GPU properties cannot be read: %s", ray_id, exc)
+    ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)[0])
+    for ray_id, ref in refs.items():
+        try:
+            if ref not in ready:
+                raise TimeoutError(f"not read within {PROBE_TIMEOUT_S:.0f} s")
+            found = ray.get(ref)
+        except Exception as exc:  # a timeout, a task that failed
+            log.warning("node %s: its GPU properties could not be read: %s", ray_id, exc)
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+            continue
+        out[ray_id] = None if found is None else GpuProperties(**found)
+    return out
+
+
+def _gpu_models(entries: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """The catalog name of the GPUs of each GPU node among ``entries`` (``ray.nodes()``
+    entries): Ray node id -> name (see the module docstring), decided once per node. The
+    properties of new nodes that need them are read here, all at once: call it without
+    holding ``_lock``."""
+    out: dict[str, str] = {}
+    unknown: dict[str, str] = {}  # Ray node id -> Ray's accelerator type
+    with _lock:
+        for entry in entries:
+            resources = entry.get("Resources", {})
+            ray_id = str(entry["NodeID"])
+            if not int(resources.get("GPU", 0)):
+                continue
+            if ray_id in _models:
+                out[ray_id] = _models[ray_id]
+                continue
+            types = [k.split(":", 1)[1] for k in resources if k.startswith("accelerator_type:")]
+            known = next((t for t in types if t in CATALOG and t not in SHARED_NAMES), None)
+            if known is None:
+                unknown[ray_id] = types[0] if types else ""
+            else:
+                out[ray_id] = known
+    found = _node_properties(list(unknown)) if unknown else {}
+    for ray_id, accelerator in unknown.items():
+        out[ray_id] = _recognise(ray_id, accelerator, found.get(ray_id)).name
+    with _lock:
+        _models.update(out)
+    return out
+
+
+def _recognise(ray_id: str, accelerator: str, props: GpuProperties | None) -> DeviceSpec:
+    """The entry for the GPUs of a node the catalog does not name (Ray calls them
+    ``accelerator``; ``props``: their properties, if read), registered unless it is a
+    catalog entry."""
+    if props is not None:
+        spec = detected_device(props)
+        how = f"recognised from its properties ({props.name})"
+    elif (part := known_part(accelerator)) is not None:
+        spec = device(part.name)  # one recognised on another node, else the table's
+        how = f"from the table of known parts by Ray's accelerator type {accelerator!r}"
+    else:
+        spec = assumed_device(accelerator or "GPU")
+        how = f"Ray's accelerator type {accelerator!r} unknown and its properties unread"
+    if spec.name not in CATALOG:
+        register_device(spec)
+    guessed = spec.source.startswith(("estimated", "assumed"))
+    level = logging.WARNING if guessed else logging.INFO
+    log.log(level, "node %s: GPU %s (%s): %s", ray_id, spec.name, how, spec.source)
+    return spec
 
 
 def _host(entry: Mapping[str, Any]) -> str:
@@ -94,13 +213,15 @@ class RayCluster:
     last seen), unless a node alive now has taken the name back."""
 
 
-def _info(name: str, entry: Mapping[str, Any]) -> NodeInfo:
+def _info(name: str, entry: Mapping[str, Any], gpu_model: str | None = None) -> NodeInfo:
+    """The node ``entry`` (of ``ray.nodes()``) as the Planner sees it, named ``name``; its
+    GPUs are ``gpu_model`` (``None``: decided by ``_gpu_models``, so not under ``_lock``)."""
     resources = entry.get("Resources", {})
     gpus = int(resources.get("GPU", 0))
     cpus = int(resources.get("CPU", 0))
     memory_mib = int(resources.get("memory", 0) // 2**20)
     if gpus:
-        model, count = _gpu_model(resources), gpus
+        model, count = gpu_model or _gpu_models([entry])[str(entry["NodeID"])], gpus
     else:
         model, count = "CPU", max(cpus, 1)
     return node_info(
@@ -120,6 +241,7 @@ def ray_cluster() -> RayCluster:
     entries = ray.nodes()  # type: ignore[no-untyped-call]
     alive = [e for e in entries if e.get("Alive")]
     alive_ids = {str(e["NodeID"]) for e in alive}
+    models = _gpu_models(alive)  # before _lock: may read new nodes' GPU properties
     with _lock:
         # A dead node's name is free: only the alive nodes' names are kept as given.
         given = {ray_id: name for ray_id, name in _named.items() if ray_id in alive_ids}
@@ -129,7 +251,8 @@ def ray_cluster() -> RayCluster:
             del _named[ray_id]  # its name went to a node alive now: no longer lost
             _seen.pop(ray_id, None)
         _named.update(names)
-        nodes = [_info(names[str(e["NodeID"])], e) for e in alive]
+        ids = [str(e["NodeID"]) for e in alive]
+        nodes = [_info(names[i], e, models.get(i)) for i, e in zip(ids, alive, strict=True)]
         _seen.update({n.backend_node_id: n for n in nodes})
         lost = [info for ray_id, info in _seen.items() if ray_id not in alive_ids]
     return RayCluster(

@@ -3,6 +3,8 @@
 Peak TFLOP/s are dense (no 2:4 sparsity) per GPU; a precision a device has no fast path
 for is absent (T4 and V100 have no bf16 units; only Hopper has fp8). Bandwidths are GB/s
 per direction. Each entry names its source; ``assumed`` entries say what they stand for.
+A GPU the catalog has no entry for is recognised from its own properties
+(``autotune.catalog.detect``) and registered here (``register_device``).
 """
 
 from __future__ import annotations
@@ -201,15 +203,19 @@ CATALOG: Final[MappingProxyType[str, DeviceSpec]] = MappingProxyType(
 
 _REGISTERED: dict[str, DeviceSpec] = {}
 """Devices defined outside the catalog in this process: calibrated ones, registered when
-the cluster file that defines them is loaded (``autotune.catalog.clusters``)."""
+the cluster file that defines them is loaded (``autotune.catalog.clusters``), and GPUs
+recognised from their properties (``autotune.executor.cluster``)."""
 
 
 def device(name: str) -> DeviceSpec:
-    """The catalog entry for ``name``, or the registered device of that name; ``KeyError``
-    with the known names if neither."""
-    found = CATALOG.get(name) or _REGISTERED.get(name)
+    """The catalog entry for ``name``, or the registered device of that name (a calibrated
+    one, a GPU recognised from its properties), or the part of that name in the table of
+    known parts (``autotune.catalog.detect``); ``KeyError`` with the known names if none."""
+    from autotune.catalog.detect import KNOWN_PARTS
+
+    found = CATALOG.get(name) or _REGISTERED.get(name) or KNOWN_PARTS.get(name)
     if found is None:
-        known = ", ".join([*CATALOG, *_REGISTERED])
+        known = ", ".join(dict.fromkeys([*CATALOG, *_REGISTERED, *KNOWN_PARTS]))
         raise KeyError(f"unknown GPU model {name!r}; known: {known}")
     return found
 

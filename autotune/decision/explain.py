@@ -14,6 +14,10 @@ measured on the job and which assumed: the batch's from the gradient noise scale
 measured (``JobMetrics.noise_scale``) where it did, else from the catalog's; the
 compression's and the precision's from the catalog's constants, with the compression
 fidelity the job measured beside them where it did.
+
+``chosen.devices`` says where the figures of each GPU model of the placement come from:
+its catalog entry's source (a datasheet, the table of known parts, an estimate from the
+device's properties, a calibration: ``autotune.catalog.detect``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import replace
 from typing import Any, Final
 
 from autotune.catalog.applications import catalog_coefficients
+from autotune.catalog.devices import device
 from autotune.core import (
     CompressionSpec,
     JobConfig,
@@ -96,7 +101,7 @@ def explain_decision(
     catalog's coefficients for its model."""
     explanation: dict[str, Any] = {
         "features": {name: round(float(value), 6) for name, value in features.items()},
-        "chosen": {"config": config.describe()},
+        "chosen": {"config": config.describe(), "devices": _device_sources(placement, nodes)},
         "alternatives": [],
         "why": why,
     }
@@ -149,6 +154,18 @@ def explain_decision(
             f"{gain:+.0%} with {best[0]}"
         )
     return explanation
+
+
+def _device_sources(placement: Placement, nodes: Mapping[str, NodeInfo]) -> dict[str, str]:
+    """Where the figures of each GPU model of ``placement`` come from."""
+    models = {nodes[s.node_id].gpu_model for s in placement.ranks if s.node_id in nodes}
+    out: dict[str, str] = {}
+    for model in sorted(models - {""}):
+        try:
+            out[model] = device(model).source
+        except KeyError:
+            out[model] = "unknown to this process's catalog"
+    return out
 
 
 def _efficiency(
