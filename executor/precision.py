@@ -119,14 +119,20 @@ def classify_modules(model: nn.Module) -> dict[str, str]:
                 if parent_module is not None
                 else set()
             )
-            is_attention = bool(sibling_names & (_QKV | _QKV_FUSED)) or "attn" in parent.lower()
+            is_attention = bool(sibling_names & (_QKV | _QKV_FUSED)) or any(
+                word in parent.lower() for word in ("attn", "attention")
+            )
             if leaf.startswith("embed"):
                 classes[name] = "embedding"
             elif leaf in _QKV_FUSED or (leaf in _QKV and is_attention):
                 classes[name] = "attention_qkv"
             elif leaf in _OUT and is_attention:
                 classes[name] = "attention_out"
-            elif "head" in leaf or (name == last_linear and "." not in name):
+            elif (
+                "head" in leaf
+                or name.split(".", 1)[0].endswith("head")
+                or (name == last_linear and "." not in name)
+            ):
                 classes[name] = "head"
             else:
                 classes[name] = "ffn"

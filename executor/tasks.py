@@ -30,7 +30,8 @@ config of each; the catalog's profile is counted from the same config):
 - ``mlp-synthetic``: a residual MLP learning a fixed random teacher.
 
 The catalog's other names (``gpt-7b`` to ``gpt-70b``, the Pollux applications) are
-simulated only; ``load_task`` says why. User tasks are named
+simulated only; ``load_task`` says why. Hugging Face ``transformers`` models are
+``hf:<architecture>[-<size>]`` (``autotune.executor.hf``). User tasks are named
 ``path/to/file.py:ClassName`` or ``package.module:ClassName``.
 """
 
@@ -50,6 +51,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
+from autotune.catalog.hf import HF_PREFIX
 from autotune.catalog.tasks import (
     BUILTIN_TASKS,
     BERTConfig,
@@ -166,6 +168,38 @@ def _byte_windows(batch_size: int, span: int, part: slice, seed: int) -> Iterato
         step += 1
 
 
+def next_byte_batches(
+    batch_size: int, context: int, part: slice, seed: int
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Next-byte prediction: every step, ``(inputs, targets)`` of ``batch_size`` windows
+    of ``context`` bytes and the same windows one byte on (``_byte_windows``); the rows
+    in ``part``."""
+    for windows in _byte_windows(batch_size, context + 1, part, seed):
+        yield windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+def masked_byte_batches(
+    batch_size: int, context: int, mask_rate: float, part: slice, seed: int
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Masked-LM batches over windows of ``context`` bytes: ``mask_rate`` of the positions
+    (at least one per window) are chosen; of those, BERT's rule: 80% become ``MASK_ID``,
+    10% a random byte, 10% stay. Targets are the original bytes there and ``IGNORE``
+    elsewhere. The rows in ``part``."""
+    windows_per_step = _byte_windows(batch_size, context, slice(None), seed)
+    for step, windows in enumerate(windows_per_step):
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + step + (1 << 40))
+        shape = (batch_size, context)
+        chosen = torch.rand(shape, generator=generator) < mask_rate
+        forced = torch.randint(0, context, (batch_size,), generator=generator)
+        chosen[torch.arange(batch_size), forced] = True
+        roll = torch.rand(shape, generator=generator)
+        noise = torch.randint(0, MASK_ID, shape, generator=generator)
+        inputs = torch.where(chosen & (roll < 0.8), MASK_ID, windows)
+        inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), noise, inputs)
+        targets = torch.where(chosen, windows, IGNORE)
+        yield inputs[part].contiguous(), targets[part].contiguous()
+
+
 class SelfAttention(nn.Module):
     """Separate q/k/v/out projections; heads are inferred from the local width, so the
     projections can be sharded column- and row-wise for tensor parallelism. ``causal``:
@@ -280,8 +314,7 @@ class GPTBytes:
 
     def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
         part = _shard(self.batch_size, rank, world_size)
-        for windows in _byte_windows(self.batch_size, self.config.context + 1, part, seed):
-            yield windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        return next_byte_batches(self.batch_size, self.config.context, part, seed)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         inputs, targets = batch
@@ -359,19 +392,7 @@ class BERTMasked:
     def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
         part = _shard(self.batch_size, rank, world_size)
         c = self.config
-        windows_per_step = _byte_windows(self.batch_size, c.context, slice(None), seed)
-        for step, windows in enumerate(windows_per_step):
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + step + (1 << 40))
-            shape = (self.batch_size, c.context)
-            chosen = torch.rand(shape, generator=generator) < c.mask_rate
-            forced = torch.randint(0, c.context, (self.batch_size,), generator=generator)
-            chosen[torch.arange(self.batch_size), forced] = True
-            roll = torch.rand(shape, generator=generator)
-            noise = torch.randint(0, MASK_ID, shape, generator=generator)
-            inputs = torch.where(chosen & (roll < 0.8), MASK_ID, windows)
-            inputs = torch.where(chosen & (roll >= 0.8) & (roll < 0.9), noise, inputs)
-            targets = torch.where(chosen, windows, IGNORE)
-            yield inputs[part].contiguous(), targets[part].contiguous()
+        return masked_byte_batches(self.batch_size, c.context, c.mask_rate, part, seed)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         inputs, targets = batch
@@ -638,6 +659,10 @@ def _import_target(spec: str) -> Any:
 
 def load_task(spec: str, *, batch_size: int | None = None) -> TrainingTask:
     """The task named ``spec``, with its global batch set to ``batch_size`` if given."""
+    if spec.startswith(HF_PREFIX):
+        from autotune.executor.hf import HFTask
+
+        return cast(TrainingTask, HFTask(spec, batch_size=batch_size))
     builtin = BUILTIN_TASKS.get(spec)
     kwargs: dict[str, Any] = {}
     if builtin is None:

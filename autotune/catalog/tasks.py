@@ -13,6 +13,10 @@ Trained for real (``--backend ray``, ``autotune job run``): ``gpt-char``,
 ``gpt-7b`` to ``gpt-70b`` and the six Pollux applications. A backend that trains for real
 refuses those at submission (``resolve_task(..., trains=True)``).
 
+Hugging Face models are ``hf:<architecture>[-<size>]`` (``autotune.catalog.hf``): a
+backend trains them where the ``hf`` extra is installed, and their profile is counted
+from the model (``autotune.executor.hf``).
+
 A task name is only ever checked against these lists here; nothing is imported for it,
 and a file path is never accepted, so a request cannot make the daemon run code of its
 choosing. The backend that trains jobs for real imports an allow-listed module when it
@@ -28,6 +32,7 @@ from types import MappingProxyType
 from typing import Final
 
 from autotune.catalog.applications import APPLICATIONS
+from autotune.catalog.hf import EXTRA_HINT, HF_PREFIX, parse_hf_name
 from autotune.catalog.profiles import (
     MODEL_CATALOG,
     MODEL_SHAPES,
@@ -191,11 +196,26 @@ _MODULE_TASK: Final = re.compile(
 )
 
 
+def _hf_profile(name: str) -> ModelProfile:
+    """The profile of a Hugging Face task, counted from its model (which needs torch and
+    ``transformers``: the ``hf`` extra)."""
+    parse_hf_name(name)  # a name that is not one is refused before importing anything
+    try:
+        from autotune.executor.hf import hf_available, hf_profile
+    except ImportError as exc:  # the executor's own dependencies (torch)
+        raise ValueError(f"task {name!r}: the executor cannot be imported here: {exc}") from exc
+    if not hf_available():
+        raise ValueError(f"task {name!r} needs Hugging Face transformers: {EXTRA_HINT}")
+    return hf_profile(name)
+
+
 def resolve_task(name: str, allowed_modules: Sequence[str], *, trains: bool = False) -> Task:
     """The task ``name`` stands for; ``ValueError`` saying why when it is not allowed.
 
     ``trains``: the backend trains jobs for real (``--backend ray``), so a built-in task
     with no trainer is refused; a simulated backend takes every built-in task."""
+    if name.startswith(HF_PREFIX):
+        return Task(name=name, model=_hf_profile(name), builtin=True)
     builtin = BUILTIN_TASKS.get(name)
     if builtin is not None:
         if trains and builtin.simulated_only is not None:

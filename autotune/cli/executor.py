@@ -48,7 +48,9 @@ def run_command(
         str,
         typer.Option(
             "--task",
-            help="gpt-char, mlp-synthetic, path/to/file.py:ClassName or package.module:ClassName.",
+            help="gpt-char, mlp-synthetic (or another built-in task), hf:ARCH[-SIZE] (a "
+            "Hugging Face model: hf:gpt2, hf:llama-tiny, ...), path/to/file.py:ClassName or "
+            "package.module:ClassName.",
         ),
     ],
     dp: Annotated[int, typer.Option("--dp", help="Data-parallel degree.", min=1)] = 1,

@@ -83,6 +83,27 @@ def test_daemon_trains_a_submitted_job_on_ray(tmp_path: Path) -> None:
         )
         assert done["progress"] == 1.0
         assert done["metrics"]["loss"] < 5.5  # gpt-char starts at ln(256) = 5.55
+
+        # Hugging Face models, named like built-in tasks, train on the same backend.
+        hf_jobs = {}
+        for task in ("hf:gpt2-tiny", "hf:llama-tiny", "hf:bert-tiny"):
+            body = {"task": task, "steps": 12, "global_batch": 8, "min_gpus": 1, "max_gpus": 1}
+            status, job = api.call("POST", "/jobs", body, token=TOKEN)
+            assert status == 201, job
+            hf_jobs[task] = job["job_id"]
+        for task, job_id in hf_jobs.items():
+            finished = wait_for(
+                f"{task} to finish",
+                lambda job_id=job_id: (
+                    (j := api.get(f"/jobs/{job_id}"))["state"] == "finished" and j
+                ),
+                timeout_s=240,
+            )
+            metrics = finished["metrics"]
+            assert metrics["samples_per_s"] > 0, task
+            # 64 tokens per sample: each model's context.
+            assert metrics["tokens_per_s"] == pytest.approx(64 * metrics["samples_per_s"]), task
+            assert metrics["loss"] < 5.0, task  # from ln(256) = 5.55 (BERT: ln(260))
     finally:
         if daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)  # a clean stop shuts the daemon's Ray down

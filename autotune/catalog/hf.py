@@ -1,0 +1,185 @@
+"""Hugging Face ``transformers`` models by name: ``hf:<architecture>[-<size>]``.
+
+The names and the configurations behind them, as data (nothing here imports torch or
+``transformers``); ``autotune.executor.hf`` builds the models and counts their
+profiles. ``hf:gpt2`` is GPT-2 small, ``hf:llama`` Llama 3.2 1B's shape, ``hf:bert``
+BERT-base; ``-tiny`` is a two-block model of each, for tests and smoke runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final
+
+from autotune.errors import InputError
+
+__all__ = ["EXTRA_HINT", "HF_PREFIX", "SIZES", "HFArchitecture", "HFSize", "parse_hf_name"]
+
+HF_PREFIX: Final = "hf:"
+EXTRA_HINT: Final = "pip install 'autotune[hf]'"
+
+
+@dataclass(frozen=True, slots=True)
+class HFSize:
+    """One size of an architecture: its configuration's fields and how it trains."""
+
+    config: Mapping[str, Any]
+    context: int
+    batch_size: int
+    learning_rate: float
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class HFArchitecture:
+    config_class: str
+    model_class: str
+    masked: bool
+    """Trained as a masked LM (BERT) instead of predicting the next byte."""
+    layers_field: str
+    width_field: str
+    default_size: str
+    sizes: Mapping[str, HFSize] = field(default_factory=dict)
+
+
+def _tiny(**config: Any) -> HFSize:
+    return HFSize(config, 64, 16, 3e-3, "two blocks, width 64: for tests and smoke runs")
+
+
+SIZES: Final[MappingProxyType[str, HFArchitecture]] = MappingProxyType(
+    {
+        "gpt2": HFArchitecture(
+            "GPT2Config",
+            "GPT2LMHeadModel",
+            masked=False,
+            layers_field="n_layer",
+            width_field="n_embd",
+            default_size="small",
+            sizes={
+                "tiny": _tiny(vocab_size=256, n_embd=64, n_layer=2, n_head=4, n_positions=64),
+                **{
+                    name: HFSize(
+                        {"n_embd": width, "n_layer": layers, "n_head": heads},
+                        1024,
+                        32,
+                        2.5e-4,
+                        f"GPT-2 {name} (Radford et al. 2019), untied",
+                    )
+                    for name, (width, layers, heads) in {
+                        "small": (768, 12, 12),
+                        "medium": (1024, 24, 16),
+                        "large": (1280, 36, 20),
+                    }.items()
+                },
+            },
+        ),
+        "llama": HFArchitecture(
+            "LlamaConfig",
+            "LlamaForCausalLM",
+            masked=False,
+            layers_field="num_hidden_layers",
+            width_field="hidden_size",
+            default_size="1b",
+            sizes={
+                "tiny": _tiny(
+                    vocab_size=256,
+                    hidden_size=64,
+                    intermediate_size=176,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    num_key_value_heads=2,
+                    max_position_embeddings=64,
+                ),
+                "1b": HFSize(
+                    {
+                        "vocab_size": 128_256,
+                        "hidden_size": 2048,
+                        "intermediate_size": 8192,
+                        "num_hidden_layers": 16,
+                        "num_attention_heads": 32,
+                        "num_key_value_heads": 8,
+                        "max_position_embeddings": 2048,
+                        "rope_theta": 500_000.0,
+                    },
+                    2048,
+                    32,
+                    3e-4,
+                    "Llama 3.2 1B's shape, untied",
+                ),
+                "7b": HFSize(
+                    {
+                        "vocab_size": 32_000,
+                        "hidden_size": 4096,
+                        "intermediate_size": 11_008,
+                        "num_hidden_layers": 32,
+                        "num_attention_heads": 32,
+                        "num_key_value_heads": 32,
+                        "max_position_embeddings": 2048,
+                    },
+                    2048,
+                    32,
+                    3e-4,
+                    "Llama 2 7B's shape",
+                ),
+            },
+        ),
+        "bert": HFArchitecture(
+            "BertConfig",
+            "BertForMaskedLM",
+            masked=True,
+            layers_field="num_hidden_layers",
+            width_field="hidden_size",
+            default_size="base",
+            sizes={
+                "tiny": _tiny(
+                    vocab_size=260,  # bytes and BERT's mask (id 256)
+                    hidden_size=64,
+                    intermediate_size=256,
+                    num_hidden_layers=2,
+                    num_attention_heads=4,
+                    max_position_embeddings=64,
+                ),
+                **{
+                    name: HFSize(
+                        {
+                            "hidden_size": width,
+                            "intermediate_size": 4 * width,
+                            "num_hidden_layers": layers,
+                            "num_attention_heads": heads,
+                        },
+                        512,
+                        32,
+                        1e-4,
+                        f"BERT-{name} (Devlin et al. 2019), untied",
+                    )
+                    for name, (width, layers, heads) in {
+                        "base": (768, 12, 12),
+                        "large": (1024, 24, 16),
+                    }.items()
+                },
+            },
+        ),
+    }
+)
+
+_NAME = re.compile(r"^hf:(?P<arch>[a-z0-9]+)(?:-(?P<size>[a-z0-9]+))?$")
+
+
+def parse_hf_name(name: str) -> tuple[str, str]:
+    """``(architecture, size)`` of ``hf:<architecture>[-<size>]``; ``TaskError`` naming
+    what exists when it is not one of ``SIZES``."""
+    match = _NAME.match(name)
+    known = ", ".join(f"hf:{arch}[-{'|'.join(a.sizes)}]" for arch, a in SIZES.items())
+    if match is None or match.group("arch") not in SIZES:
+        raise InputError(f"task {name!r}: not a Hugging Face task this executor builds ({known})")
+    arch = SIZES[match.group("arch")]
+    size = match.group("size") or arch.default_size
+    if size not in arch.sizes:
+        raise InputError(
+            f"task {name!r}: no size {size!r} of {match.group('arch')} "
+            f"(sizes: {', '.join(arch.sizes)})"
+        )
+    return match.group("arch"), size
