@@ -295,3 +295,23 @@ def next_snapshot(cluster: Any) -> Any:
     passes (the first call only starts the cluster), then the snapshot."""
     cluster.run_round()
     return cluster.observe()
+
+
+MIB = 1 << 20
+
+
+def gpu_properties(
+    name: str, memory_mib: int, sms: int, cc: tuple[int, int], clock_mhz: float | None = None
+) -> Any:
+    """A GPU's properties as the readers return them (``GpuProperties``), memory as
+    nvidia-smi reports it (MiB)."""
+    from autotune.catalog.detect import GpuProperties
+
+    return GpuProperties(
+        name=name,
+        total_memory_bytes=memory_mib * MIB,
+        multiprocessor_count=sms,
+        major=cc[0],
+        minor=cc[1],
+        clock_mhz=clock_mhz,
+    )

@@ -155,25 +155,9 @@ def precision_units(props: GpuProperties) -> frozenset[str]:
 # --------------------------------------------------------------------------------------
 
 
-def _part(
-    name: str,
-    *,
-    memory_gib: float,
-    memory_bandwidth_gbps: float,
-    tflops: dict[str, float],
-    intra_node_bandwidth_gbps: float,
-    tdp_watts: float,
-    source: str,
-) -> DeviceSpec:
-    return _spec(
-        name,
-        memory_gib=memory_gib,
-        memory_bandwidth_gbps=memory_bandwidth_gbps,
-        tflops=tflops,
-        intra_node_bandwidth_gbps=intra_node_bandwidth_gbps,
-        tdp_watts=tdp_watts,
-        source=f"table of known parts: {source}",
-    )
+def _part(name: str, *, source: str, **figures: Any) -> DeviceSpec:
+    """An entry of the table: ``_spec``'s figures, its source marked as the table's."""
+    return _spec(name, source=f"table of known parts: {source}", **figures)
 
 
 _A10 = CATALOG["A10"]

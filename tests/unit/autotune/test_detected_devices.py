@@ -10,6 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from helpers import MIB
+from helpers import gpu_properties as gpu
 
 from autotune.catalog import devices
 from autotune.catalog.detect import (
@@ -25,22 +27,6 @@ from autotune.catalog.devices import CATALOG, device, register_device
 from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import JobConfig, JobSpec, Layout, Placement, RankSlot
 from autotune.decision.explain import explain_decision
-
-MIB = 1 << 20
-
-
-def gpu(
-    name: str, memory_mib: int, sms: int, cc: tuple[int, int], clock_mhz: float | None = None
-) -> GpuProperties:
-    return GpuProperties(
-        name=name,
-        total_memory_bytes=memory_mib * MIB,
-        multiprocessor_count=sms,
-        major=cc[0],
-        minor=cc[1],
-        clock_mhz=clock_mhz,
-    )
-
 
 # Property sets as the readers return them, memory as nvidia-smi reports it (MiB).
 H100_SXM = gpu("NVIDIA H100 80GB HBM3", 81559, 132, (9, 0), 1980)

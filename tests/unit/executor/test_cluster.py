@@ -9,25 +9,13 @@ import logging
 from typing import Any
 
 import pytest
+from helpers import MIB
+from helpers import gpu_properties as gpu
 
 from autotune.catalog import devices
 from autotune.catalog.detect import GpuProperties
 from autotune.catalog.devices import CATALOG, GIB, device
 from autotune.executor import cluster
-
-MIB = 1 << 20
-
-
-def gpu(name: str, memory_mib: int, sms: int, cc: tuple[int, int], clock: float) -> GpuProperties:
-    return GpuProperties(
-        name=name,
-        total_memory_bytes=memory_mib * MIB,
-        multiprocessor_count=sms,
-        major=cc[0],
-        minor=cc[1],
-        clock_mhz=clock,
-    )
-
 
 PROPERTIES = {
     "l4": gpu("NVIDIA L4", 23034, 58, (8, 9), 2040),
