@@ -196,17 +196,28 @@ _MODULE_TASK: Final = re.compile(
 )
 
 
-def _hf_profile(name: str) -> ModelProfile:
+def _hf_profile(name: str, *, trains: bool) -> ModelProfile:
     """The profile of a Hugging Face task, counted from its model (which needs torch and
-    ``transformers``: the ``hf`` extra)."""
+    ``transformers``: the ``hf`` extra). ``trains``: refused when a rank could not build
+    its stage as the executor does, the whole model in fp32 before tensor parallelism
+    splits it, within ``FULL_INIT_MAX_BYTES``."""
     parse_hf_name(name)  # a name that is not one is refused before importing anything
     try:
         from autotune.executor.hf import hf_available, hf_profile
+        from autotune.executor.stage_build import FULL_INIT_MAX_BYTES
     except ImportError as exc:  # the executor's own dependencies (torch)
         raise ValueError(f"task {name!r}: the executor cannot be imported here: {exc}") from exc
     if not hf_available():
         raise ValueError(f"task {name!r} needs Hugging Face transformers: {EXTRA_HINT}")
-    return hf_profile(name)
+    profile = hf_profile(name)
+    if trains and 4 * profile.parameters > FULL_INIT_MAX_BYTES:
+        raise ValueError(
+            f"task {name!r} is simulated only: every rank of the executor holds its whole "
+            f"pipeline stage in fp32 (the whole model without pipelining) before tensor "
+            f"parallelism splits it, {4 * profile.parameters / 2**30:.0f} GiB of weights, "
+            f"above the {FULL_INIT_MAX_BYTES / 2**30:.0f} GiB a rank builds whole"
+        )
+    return profile
 
 
 def resolve_task(name: str, allowed_modules: Sequence[str], *, trains: bool = False) -> Task:
@@ -215,7 +226,7 @@ def resolve_task(name: str, allowed_modules: Sequence[str], *, trains: bool = Fa
     ``trains``: the backend trains jobs for real (``--backend ray``), so a built-in task
     with no trainer is refused; a simulated backend takes every built-in task."""
     if name.startswith(HF_PREFIX):
-        return Task(name=name, model=_hf_profile(name), builtin=True)
+        return Task(name=name, model=_hf_profile(name, trains=trains), builtin=True)
     builtin = BUILTIN_TASKS.get(name)
     if builtin is not None:
         if trains and builtin.simulated_only is not None:

@@ -72,6 +72,11 @@ def test_names_and_sizes() -> None:
 def test_the_api_takes_hf_tasks_with_their_profile_and_says_what_to_install() -> None:
     task = resolve_task("hf:llama-tiny", [], trains=True)
     assert task.model == hf_profile("hf:llama-tiny")
+    assert resolve_task("hf:llama-1b", [], trains=True).model == hf_profile("hf:llama-1b")
+    # 25 GiB of fp32 weights, built whole on a rank: only a simulated backend takes it.
+    assert resolve_task("hf:llama-7b", [], trains=False).model == hf_profile("hf:llama-7b")
+    with pytest.raises(ValueError, match=r"simulated only: .* 25 GiB of weights, above the 8"):
+        resolve_task("hf:llama-7b", [], trains=True)
     with pytest.raises(ValueError, match="no size"):
         resolve_task("hf:llama-3b", [], trains=True)
 
