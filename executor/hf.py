@@ -29,16 +29,13 @@ What the executor needs from a model, made from the ``transformers`` one
   attention computes q, k and v in one fused projection that it splits at a fixed
   width. Dropout is off.
 
-The profile (``hf_profile``) is counted from the model built on ``meta``: its
-parameters exactly, training FLOPs as the catalog counts its own transformers (6 x the
-weights of every matmul x tokens, plus attention's 12 x L x s^2 x h), activations as
-Korthikanti et al.'s 34 x s x h per block plus the loss's 4 x s x V.
+The catalog counts each one's profile from the same configuration
+(``autotune.catalog.hf.hf_profile``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from functools import cache
 from typing import Any, Final, cast
 
 import torch
@@ -46,7 +43,6 @@ import torch.nn.functional as F  # noqa: N812
 from torch import Tensor, nn
 
 from autotune.catalog.hf import EXTRA_HINT, SIZES, parse_hf_name
-from autotune.core import ModelProfile
 from autotune.executor.tasks import (
     IGNORE,
     TaskError,
@@ -55,7 +51,7 @@ from autotune.executor.tasks import (
     next_byte_batches,
 )
 
-__all__ = ["HFTask", "HFTransformer", "build_hf_model", "hf_available", "hf_profile"]
+__all__ = ["HFTask", "HFTransformer", "build_hf_model"]
 
 
 def _transformers() -> Any:
@@ -230,7 +226,7 @@ def build_hf_model(arch: str, size: str) -> HFTransformer:
 
 
 # --------------------------------------------------------------------------------------
-# The task and its profile
+# The task
 # --------------------------------------------------------------------------------------
 
 
@@ -281,38 +277,3 @@ class HFTask:
         return F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=IGNORE
         )
-
-
-def _matmul_weights(model: nn.Module) -> int:
-    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-
-
-@cache
-def hf_profile(name: str) -> ModelProfile:
-    """The catalog profile of ``hf:<arch>[-<size>]``, counted from its model built on
-    ``meta`` (see the module docstring)."""
-    task = HFTask(name)
-    with torch.device("meta"):
-        model = task.build_model()
-    assert isinstance(model, HFTransformer)
-    vocab = max(m.out_features for m in model.lm_head.modules() if isinstance(m, nn.Linear))
-    s, h, layers = task.context, task.width, task.layers
-    flops = 6 * _matmul_weights(model) * s + 12 * layers * s**2 * h
-    return ModelProfile(
-        name=task.name,
-        parameters=sum(p.numel() for p in model.parameters()),
-        flops_per_sample=float(flops),
-        activation_bytes_per_sample=float(34 * s * h * layers + 4 * s * vocab),
-        num_layers=layers,
-        hidden_size=h,
-        seq_len=s,
-        reference_batch=task.batch_size,
-    )
-
-
-def hf_available() -> bool:
-    try:
-        _transformers()
-    except TaskError:
-        return False
-    return True

@@ -11,7 +11,6 @@ model, built as a single rank always built it.
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from autotune.catalog.tasks import FULL_INIT_MAX_BYTES
 from autotune.executor.errors import ParallelError
 from autotune.executor.stage_plan import StagePlan, plan_stages, single_stage_plan
 
@@ -33,10 +33,6 @@ __all__ = [
     "parameter_bytes",
     "parameters_on_meta",
 ]
-
-FULL_INIT_MAX_BYTES = int(os.environ.get("AUTOTUNE_FULL_INIT_MAX_BYTES", 8 << 30))
-"""Largest model (bytes of parameters) that ``build_stage`` builds whole, on CPU, to give
-a stage the full model's initial weights bit for bit (see ``build_stage``)."""
 
 
 _RANDOM_FILLS = frozenset(

@@ -5,8 +5,11 @@ seed) -> Iterator`` and ``loss(model, batch) -> Tensor``. ``rank``/``world_size`
 data-parallel ones: tensor- and pipeline-parallel peers see the same batches. Optional:
 ``batch_size`` (the global batch, set by the executor from ``--batch-size``),
 ``seq_len`` (tokens per sample, for tokens/s), ``learning_rate``, ``tp_plan()`` (module
-name -> ``"colwise"`` | ``"rowwise"``) and ``split_points()`` (names of the blocks where
-pipeline stages begin).
+name -> ``"colwise"`` | ``"rowwise"``), ``split_points()`` (names of the blocks where
+pipeline stages begin) and ``optimizer(model, parameters)`` (the optimizer over
+``parameters``, the ``(name, parameter)`` pairs of ``model`` this rank holds and trains:
+under tensor or pipeline parallelism a subset of the model's, or shards of them; without
+it the rank trains with AdamW at ``learning_rate``).
 
 Samples per step, behind every throughput the executor reports: the task's
 ``batch_size`` when it declares one; otherwise counted from the batches themselves, the
@@ -31,8 +34,10 @@ config of each; the catalog's profile is counted from the same config):
 
 The catalog's other names (``gpt-7b`` to ``gpt-70b``, the Pollux applications) are
 simulated only; ``load_task`` says why. Hugging Face ``transformers`` models are
-``hf:<architecture>[-<size>]`` (``autotune.executor.hf``). User tasks are named
-``path/to/file.py:ClassName`` or ``package.module:ClassName``.
+``hf:<architecture>[-<size>]`` (``autotune.executor.hf``), a ``LightningModule`` is
+``lightning:package.module:ClassName`` or ``lightning:path/to/file.py:ClassName``
+(``autotune.executor.lightning``). User tasks are named ``path/to/file.py:ClassName`` or
+``package.module:ClassName``.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ from torch import Tensor, nn
 from autotune.catalog.hf import HF_PREFIX
 from autotune.catalog.tasks import (
     BUILTIN_TASKS,
+    LIGHTNING_PREFIX,
     BERTConfig,
     GPTConfig,
     MLPConfig,
@@ -663,6 +669,10 @@ def load_task(spec: str, *, batch_size: int | None = None) -> TrainingTask:
         from autotune.executor.hf import HFTask
 
         return cast(TrainingTask, HFTask(spec, batch_size=batch_size))
+    if spec.startswith(LIGHTNING_PREFIX):
+        from autotune.executor.lightning import LightningTask
+
+        return cast(TrainingTask, LightningTask(spec, batch_size=batch_size))
     builtin = BUILTIN_TASKS.get(spec)
     kwargs: dict[str, Any] = {}
     if builtin is None:

@@ -361,6 +361,16 @@ class RankWorker:
         return out
 
     def _optimizer(self) -> torch.optim.Optimizer:
+        """The task's optimizer over this rank's own parameters where the task makes one
+        (``optimizer(model, parameters)``), else AdamW at the task's learning rate. The
+        job's learning rate, where it sets one, replaces every parameter group's."""
+        make = getattr(self.task, "optimizer", None)
+        if callable(make):
+            optimizer: torch.optim.Optimizer = make(self.model, list(self.named))
+            if self.spec.learning_rate:
+                for group in optimizer.param_groups:
+                    group["lr"] = self.spec.learning_rate
+            return optimizer
         lr = self.spec.learning_rate or float(getattr(self.task, "learning_rate", 1e-3))
         return torch.optim.AdamW([p for _, p in self.named], lr=lr, weight_decay=0.0)
 

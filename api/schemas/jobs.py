@@ -137,8 +137,9 @@ class JobCreate(StrictRequest):
         "ray) refuses, with 422, those it only simulates (gpt-7b and up, the Pollux "
         "applications). Also hf:<architecture>[-<size>], a Hugging Face transformers model "
         "(hf:gpt2, hf:llama-1b, hf:bert-large, ...; where the daemon has the hf extra), and "
-        "package.module:Name where the daemon's setting task_modules allow-lists the module "
-        "(empty by default; any other module is a 422)",
+        "package.module:Name or lightning:package.module:Name (a LightningModule) where the "
+        "daemon's setting task_modules allow-lists the module (empty by default; any other "
+        "module is a 422)",
     )
     job_id: str | None = Field(
         default=None,

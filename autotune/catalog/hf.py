@@ -1,22 +1,42 @@
 """Hugging Face ``transformers`` models by name: ``hf:<architecture>[-<size>]``.
 
-The names and the configurations behind them, as data (nothing here imports torch or
-``transformers``); ``autotune.executor.hf`` builds the models and counts their
-profiles. ``hf:gpt2`` is GPT-2 small, ``hf:llama`` Llama 3.2 1B's shape, ``hf:bert``
-BERT-base; ``-tiny`` is a two-block model of each, for tests and smoke runs.
+The names, the configurations behind them and their profiles, as data: nothing here
+imports torch or ``transformers``; ``autotune.executor.hf`` builds the models from the
+same configurations. ``hf:gpt2`` is GPT-2 small, ``hf:llama`` Llama 3.2 1B's shape,
+``hf:bert`` BERT-base; ``-tiny`` is a two-block model of each, for tests and smoke runs.
+
+A profile (``hf_profile``) is counted from the configuration as the catalog counts its
+own transformers (``autotune.catalog.profiles``), for the model the executor builds
+(untied head, GPT-2's projections as linear layers): parameters exactly, training FLOPs
+6 x the weights of every matmul x tokens plus attention's 12 x L x s^2 x h, activations
+Korthikanti et al.'s 34 x s x h per block plus the loss's 4 x s x V.
+``tests/unit/executor/test_hf_tasks.py`` checks every size against the built model and
+``torch.utils.flop_counter``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
 from types import MappingProxyType
 from typing import Any, Final
 
+from autotune.core import ModelProfile
 from autotune.errors import InputError
 
-__all__ = ["EXTRA_HINT", "HF_PREFIX", "SIZES", "HFArchitecture", "HFSize", "parse_hf_name"]
+__all__ = [
+    "EXTRA_HINT",
+    "HF_PREFIX",
+    "SIZES",
+    "HFArchitecture",
+    "HFSize",
+    "hf_installed",
+    "hf_profile",
+    "parse_hf_name",
+]
 
 HF_PREFIX: Final = "hf:"
 EXTRA_HINT: Final = "pip install 'autotune[hf]'"
@@ -183,3 +203,70 @@ def parse_hf_name(name: str) -> tuple[str, str]:
             f"(sizes: {', '.join(arch.sizes)})"
         )
     return match.group("arch"), size
+
+
+def hf_installed() -> bool:
+    """Whether ``transformers`` can be imported here (without importing it)."""
+    return importlib.util.find_spec("transformers") is not None
+
+
+# The configuration fields the sizes leave at transformers' defaults.
+_DEFAULTS: Final = {
+    "gpt2": {"vocab_size": 50_257, "n_positions": 1024},
+    "llama": {"vocab_size": 32_000},
+    "bert": {"vocab_size": 30_522, "max_position_embeddings": 512, "type_vocab_size": 2},
+}
+
+
+def _counts(arch: str, c: Mapping[str, Any]) -> tuple[int, int, int]:
+    """(parameters, weights of every matmul, vocabulary) of the model the executor builds
+    from configuration ``c``."""
+    v = int(c["vocab_size"])
+    if arch == "gpt2":
+        h, layers = int(c["n_embd"]), int(c["n_layer"])
+        block_matmul = 12 * h * h  # q/k/v (fused), out, the 4h MLP pair
+        block = block_matmul + 3 * h + h + 4 * h + h + 4 * h  # biases, two LayerNorms
+        parameters = v * h + int(c["n_positions"]) * h + layers * block + 2 * h + v * h
+        return parameters, layers * block_matmul + v * h, v
+    if arch == "llama":
+        h, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
+        heads = int(c["num_attention_heads"])
+        kv = int(c.get("num_key_value_heads", heads))
+        inner, d = int(c["intermediate_size"]), h // heads
+        block_matmul = 2 * h * heads * d + 2 * h * kv * d + 3 * h * inner  # no biases
+        parameters = v * h + layers * (block_matmul + 2 * h) + h + v * h
+        return parameters, layers * block_matmul + v * h, v
+    h, layers, inner = (
+        int(c["hidden_size"]),
+        int(c["num_hidden_layers"]),
+        int(c["intermediate_size"]),
+    )
+    block_matmul = 4 * h * h + 2 * h * inner
+    block = block_matmul + 4 * h + inner + h + 4 * h  # biases, two LayerNorms
+    embeddings = (v + int(c["max_position_embeddings"]) + int(c["type_vocab_size"])) * h + 2 * h
+    # The MLM head: an h x h transform and its LayerNorm, the decoder and two biases of
+    # the vocabulary (the decoder's and the head's own, untied).
+    head = h * h + h + 2 * h + v * h + 2 * v
+    return embeddings + layers * block + head, layers * block_matmul + h * h + v * h, v
+
+
+@cache
+def hf_profile(name: str) -> ModelProfile:
+    """The profile of ``hf:<arch>[-<size>]`` (see the module docstring)."""
+    arch, size_name = parse_hf_name(name)
+    spec = SIZES[arch]
+    size = spec.sizes[size_name]
+    config = {**_DEFAULTS[arch], **size.config}
+    parameters, matmul, vocab = _counts(arch, config)
+    s, h = size.context, int(config[spec.width_field])
+    layers = int(config[spec.layers_field])
+    return ModelProfile(
+        name=f"hf:{arch}-{size_name}",
+        parameters=parameters,
+        flops_per_sample=float(6 * matmul * s + 12 * layers * s**2 * h),
+        activation_bytes_per_sample=float(34 * s * h * layers + 4 * s * vocab),
+        num_layers=layers,
+        hidden_size=h,
+        seq_len=s,
+        reference_batch=size.batch_size,
+    )

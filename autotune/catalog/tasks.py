@@ -15,7 +15,11 @@ refuses those at submission (``resolve_task(..., trains=True)``).
 
 Hugging Face models are ``hf:<architecture>[-<size>]`` (``autotune.catalog.hf``): a
 backend trains them where the ``hf`` extra is installed, and their profile is counted
-from the model (``autotune.executor.hf``).
+from their configuration there, as the built-in ones' are from their shapes.
+
+A ``LightningModule`` is ``lightning:package.module:ClassName`` (``LIGHTNING_PREFIX``),
+its module allow-listed as a module task's is (``autotune.executor.lightning`` trains
+it; Lightning must be installed: ``LIGHTNING_EXTRA_HINT``).
 
 A task name is only ever checked against these lists here; nothing is imported for it,
 and a file path is never accepted, so a request cannot make the daemon run code of its
@@ -25,6 +29,8 @@ starts the job.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +38,7 @@ from types import MappingProxyType
 from typing import Final
 
 from autotune.catalog.applications import APPLICATIONS
-from autotune.catalog.hf import EXTRA_HINT, HF_PREFIX, parse_hf_name
+from autotune.catalog.hf import EXTRA_HINT, HF_PREFIX, hf_installed, hf_profile
 from autotune.catalog.profiles import (
     MODEL_CATALOG,
     MODEL_SHAPES,
@@ -46,6 +52,9 @@ from autotune.core import ModelProfile
 
 __all__ = [
     "BUILTIN_TASKS",
+    "FULL_INIT_MAX_BYTES",
+    "LIGHTNING_EXTRA_HINT",
+    "LIGHTNING_PREFIX",
     "BERTConfig",
     "BuiltinTask",
     "GPTConfig",
@@ -53,10 +62,16 @@ __all__ = [
     "ResNetConfig",
     "Task",
     "gpt_char_profile",
+    "lightning_installed",
     "mlp_synthetic_profile",
     "resolve_task",
     "trainable_tasks",
 ]
+
+FULL_INIT_MAX_BYTES: Final = int(os.environ.get("AUTOTUNE_FULL_INIT_MAX_BYTES", 8 << 30))
+"""Largest model (bytes of fp32 parameters) the executor builds whole on one rank, to
+give a stage the full model's initial weights bit for bit (``autotune.executor.
+stage_build``); a backend that trains refuses a larger Hugging Face model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,21 +210,48 @@ _MODULE_TASK: Final = re.compile(
     r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):[A-Za-z_][A-Za-z0-9_]*$"
 )
 
+LIGHTNING_PREFIX: Final = "lightning:"
+"""``lightning:package.module:ClassName``: a ``LightningModule`` trained as a task
+(``autotune.executor.lightning``)."""
+LIGHTNING_EXTRA_HINT: Final = "pip install 'autotune[lightning]'"
+_LIGHTNING_PACKAGES: Final = ("lightning", "pytorch_lightning")
+
+
+def lightning_installed() -> bool:
+    """Whether Lightning (``lightning`` or ``pytorch_lightning``) can be imported here,
+    found without importing it."""
+    return any(importlib.util.find_spec(name) is not None for name in _LIGHTNING_PACKAGES)
+
+
+def _check_allowed(name: str, module: str, allowed_modules: Sequence[str]) -> None:
+    if not any(
+        module == allowed or module.startswith(allowed + ".") for allowed in allowed_modules
+    ):
+        raise ValueError(
+            f"task {name!r}: module {module!r} is not on the allow-list (setting task_modules)"
+        )
+
+
+def _lightning_task(name: str, allowed_modules: Sequence[str]) -> Task:
+    """``lightning:package.module:ClassName``, its module allow-listed as a module task's
+    is; Lightning must be installed where the daemon runs."""
+    match = _MODULE_TASK.match(name.removeprefix(LIGHTNING_PREFIX))
+    if match is None:
+        raise ValueError(f"task {name!r}: expected lightning:package.module:ClassName")
+    _check_allowed(name, match.group("module"), allowed_modules)
+    if not lightning_installed():
+        raise ValueError(f"task {name!r} needs Lightning: {LIGHTNING_EXTRA_HINT}")
+    return Task(name=name, model=None, builtin=False)
+
 
 def _hf_profile(name: str, *, trains: bool) -> ModelProfile:
-    """The profile of a Hugging Face task, counted from its model (which needs torch and
-    ``transformers``: the ``hf`` extra). ``trains``: refused when a rank could not build
-    its stage as the executor does, the whole model in fp32 before tensor parallelism
-    splits it, within ``FULL_INIT_MAX_BYTES``."""
-    parse_hf_name(name)  # a name that is not one is refused before importing anything
-    try:
-        from autotune.executor.hf import hf_available, hf_profile
-        from autotune.executor.stage_build import FULL_INIT_MAX_BYTES
-    except ImportError as exc:  # the executor's own dependencies (torch)
-        raise ValueError(f"task {name!r}: the executor cannot be imported here: {exc}") from exc
-    if not hf_available():
+    """The profile of a Hugging Face task (``autotune.catalog.hf``); refused where the
+    ``hf`` extra is missing, and, for a backend that trains (``trains``), where a rank
+    could not build its stage as the executor does, the whole model in fp32 before tensor
+    parallelism splits it, within ``FULL_INIT_MAX_BYTES``."""
+    profile = hf_profile(name)  # a name that is not one is refused first
+    if not hf_installed():
         raise ValueError(f"task {name!r} needs Hugging Face transformers: {EXTRA_HINT}")
-    profile = hf_profile(name)
     if trains and 4 * profile.parameters > FULL_INIT_MAX_BYTES:
         raise ValueError(
             f"task {name!r} is simulated only: every rank of the executor holds its whole "
@@ -235,17 +277,13 @@ def resolve_task(name: str, allowed_modules: Sequence[str], *, trains: bool = Fa
                 f"backend trains: {', '.join(trainable_tasks())}"
             )
         return Task(name=name, model=builtin.profile, builtin=True)
+    if name.startswith(LIGHTNING_PREFIX):
+        return _lightning_task(name, allowed_modules)
     match = _MODULE_TASK.match(name)
     if match is None:
         raise ValueError(
             f"task {name!r}: not a built-in task ({', '.join(sorted(BUILTIN_TASKS))}) "
             "nor package.module:Name"
         )
-    module = match.group("module")
-    if not any(
-        module == allowed or module.startswith(allowed + ".") for allowed in allowed_modules
-    ):
-        raise ValueError(
-            f"task {name!r}: module {module!r} is not on the allow-list (setting task_modules)"
-        )
+    _check_allowed(name, match.group("module"), allowed_modules)
     return Task(name=name, model=None, builtin=False)

@@ -50,7 +50,7 @@ def run_command(
             "--task",
             help="gpt-char, mlp-synthetic (or another built-in task), hf:ARCH[-SIZE] (a "
             "Hugging Face model: hf:gpt2, hf:llama-tiny, ...), path/to/file.py:ClassName or "
-            "package.module:ClassName.",
+            "package.module:ClassName, or either after lightning: (a LightningModule).",
         ),
     ],
     dp: Annotated[int, typer.Option("--dp", help="Data-parallel degree.", min=1)] = 1,

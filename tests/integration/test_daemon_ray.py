@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import Api, autotune_command, free_port, wait_for
+from helpers import REPO, Api, autotune_command, free_port, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.subprocess]
 
@@ -23,6 +23,11 @@ def test_daemon_trains_a_submitted_job_on_ray(tmp_path: Path) -> None:
         **os.environ,
         "AUTOTUNE_DATA_DIR": str(tmp_path / "data"),
         "AUTOTUNE_TOKEN": TOKEN,
+        # A LightningModule of the test data, its module allow-listed.
+        "AUTOTUNE_TASK_MODULES": '["lightning_tasks"]',
+        "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "tests" / "data"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        ),
     }
     for key in ("AUTOTUNE_DB_URL", "AUTOTUNE_CONFIG"):
         env.pop(key, None)
@@ -104,6 +109,20 @@ def test_daemon_trains_a_submitted_job_on_ray(tmp_path: Path) -> None:
             # 64 tokens per sample: each model's context.
             assert metrics["tokens_per_s"] == pytest.approx(64 * metrics["samples_per_s"]), task
             assert metrics["loss"] < 5.0, task  # from ln(256) = 5.55 (BERT: ln(260))
+
+        status, job = api.call(
+            "POST",
+            "/jobs",
+            {"task": "lightning:lightning_tasks:TeacherMLP", "steps": 12, "global_batch": 32},
+            token=TOKEN,
+        )
+        assert status == 201, job
+        lightning = wait_for(
+            "the LightningModule to finish",
+            lambda: (j := api.get(f"/jobs/{job['job_id']}"))["state"] == "finished" and j,
+            timeout_s=240,
+        )
+        assert lightning["metrics"]["samples_per_s"] > 0
     finally:
         if daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)  # a clean stop shuts the daemon's Ray down

@@ -12,10 +12,10 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from autotune.catalog.hf import SIZES, parse_hf_name
+from autotune.catalog.hf import SIZES, hf_profile, parse_hf_name
 from autotune.catalog.tasks import resolve_task
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
-from autotune.executor.hf import HFTask, HFTransformer, hf_profile
+from autotune.executor.hf import HFTask, HFTransformer
 from autotune.executor.local import run_local
 from autotune.executor.tasks import TaskError, load_task
 from autotune.executor.worker import WorkerSpec
@@ -37,8 +37,9 @@ def _counted_flops(task: HFTask) -> int:
 
 
 @pytest.mark.parametrize("name", EVERY)
-def test_the_profile_counts_the_models_parameters_and_flops(name: str) -> None:
-    """Every size, built on meta: gpt2-large's and llama-7b's billions cost nothing."""
+def test_the_catalog_profile_counts_the_models_parameters_and_flops(name: str) -> None:
+    """The profile the catalog counts from the configuration against the model the
+    executor builds, every size on meta: llama-7b's billions cost nothing."""
     task = HFTask(name)
     with torch.device("meta"):
         model = task.build_model()
@@ -94,6 +95,7 @@ def test_without_transformers_naming_a_hf_task_says_which_extra(
         return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(builtins, "__import__", no_transformers)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a, **k: None)
     with pytest.raises(ValueError, match=r"pip install 'autotune\[hf\]'"):
         resolve_task("hf:gpt2-tiny", [], trains=True)
     with pytest.raises(TaskError, match=r"pip install 'autotune\[hf\]'"):
