@@ -84,25 +84,35 @@ def _trial(config: dict[str, Any]) -> None:
 
 
 def _progress_callback(report: Callable[[int, int], None]) -> Any:
-    """A Tune callback that calls ``report(trials_ended, iterations_run)``."""
+    """A Tune callback that calls ``report(trials_ended, iterations_run)``. Tune pickles
+    its callbacks with the experiment's state (for a restore): ``report`` (a progress
+    bar, with its locks) is left out of the pickle."""
     from ray import tune
 
     class Progress(tune.Callback):
-        def __init__(self) -> None:
+        def __init__(self, report: Callable[[int, int], None]) -> None:
+            self.report: Callable[[int, int], None] | None = report
             self.ended = 0
             self.iterations = 0
 
+        def __getstate__(self) -> dict[str, Any]:
+            return {**self.__dict__, "report": None}
+
+        def _tell(self) -> None:
+            if self.report is not None:
+                self.report(self.ended, self.iterations)
+
         def on_trial_result(self, *args: Any, **kwargs: Any) -> None:
             self.iterations += 1
-            report(self.ended, self.iterations)
+            self._tell()
 
         def on_trial_complete(self, *args: Any, **kwargs: Any) -> None:
             self.ended += 1
-            report(self.ended, self.iterations)
+            self._tell()
 
         on_trial_error = on_trial_complete
 
-    return Progress()
+    return Progress(report)
 
 
 def search(

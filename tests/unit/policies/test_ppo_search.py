@@ -18,3 +18,18 @@ def test_the_progress_callback_counts_iterations_and_trials_that_ended() -> None
     callback.on_trial_complete(iteration=2, trials=[], trial=None)
     callback.on_trial_error(iteration=3, trials=[], trial=None)
     assert calls == [(0, 1), (0, 2), (1, 2), (2, 2)]
+
+
+def test_the_progress_callback_pickles_without_what_it_reports_to() -> None:
+    """Tune pickles its callbacks with the experiment; a progress bar holds locks."""
+    import threading
+
+    import cloudpickle
+
+    lock = threading.RLock()
+    callback = _progress_callback(lambda ended, iterations: lock.acquire(blocking=False))
+    callback.on_trial_result(1, [], None, {})
+    copy = cloudpickle.loads(cloudpickle.dumps(callback))
+    assert (copy.ended, copy.iterations) == (0, 1)
+    copy.on_trial_complete(2, [], None)  # reports to nothing, and does not fail
+    assert (copy.ended, copy.iterations) == (1, 1)
