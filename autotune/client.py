@@ -211,7 +211,8 @@ class Client:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.url = (url or os.environ.get("AUTOTUNE_URL") or DEFAULT_URL).rstrip("/")
-        self.token = token or os.environ.get("AUTOTUNE_TOKEN") or None
+        # None: $AUTOTUNE_TOKEN; "": no token.
+        self.token = (os.environ.get("AUTOTUNE_TOKEN") if token is None else token) or None
         self.retries = retries
         self._sleep = sleep
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport)
