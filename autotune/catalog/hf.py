@@ -5,11 +5,10 @@ imports torch or ``transformers``; ``autotune.executor.hf`` builds the models fr
 same configurations. ``hf:gpt2`` is GPT-2 small, ``hf:llama`` Llama 3.2 1B's shape,
 ``hf:bert`` BERT-base; ``-tiny`` is a two-block model of each, for tests and smoke runs.
 
-A profile (``hf_profile``) is counted from the configuration as the catalog counts its
-own transformers (``autotune.catalog.profiles``), for the model the executor builds
-(untied head, GPT-2's projections as linear layers): parameters exactly, training FLOPs
-6 x the weights of every matmul x tokens plus attention's 12 x L x s^2 x h, activations
-Korthikanti et al.'s 34 x s x h per block plus the loss's 4 x s x V.
+A profile (``hf_profile``) is counted from the configuration with the catalog's own
+transformer formulas (``autotune.catalog.profiles.transformer_profile``), for the model
+the executor builds (untied head, GPT-2's projections as linear layers): parameters
+exactly, and the weights of every matmul counted from the architecture.
 ``tests/unit/executor/test_hf_tasks.py`` checks every size against the built model and
 ``torch.utils.flop_counter``.
 """
@@ -24,6 +23,7 @@ from functools import cache
 from types import MappingProxyType
 from typing import Any, Final
 
+from autotune.catalog.profiles import transformer_profile
 from autotune.core import ModelProfile
 from autotune.errors import InputError
 
@@ -51,6 +51,7 @@ class HFSize:
     batch_size: int
     learning_rate: float
     source: str
+    """What the size stands for, for people."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,15 +259,13 @@ def hf_profile(name: str) -> ModelProfile:
     size = spec.sizes[size_name]
     config = {**_DEFAULTS[arch], **size.config}
     parameters, matmul, vocab = _counts(arch, config)
-    s, h = size.context, int(config[spec.width_field])
-    layers = int(config[spec.layers_field])
-    return ModelProfile(
-        name=f"hf:{arch}-{size_name}",
+    return transformer_profile(
+        f"hf:{arch}-{size_name}",
         parameters=parameters,
-        flops_per_sample=float(6 * matmul * s + 12 * layers * s**2 * h),
-        activation_bytes_per_sample=float(34 * s * h * layers + 4 * s * vocab),
-        num_layers=layers,
-        hidden_size=h,
-        seq_len=s,
-        reference_batch=size.batch_size,
+        vocab=vocab,
+        context=size.context,
+        layers=int(config[spec.layers_field]),
+        width=int(config[spec.width_field]),
+        batch_size=size.batch_size,
+        matmul_parameters=matmul,
     )

@@ -60,6 +60,7 @@ __all__ = [
     "resnet_forward_macs",
     "resnet_parameters",
     "resnet_profile",
+    "transformer_profile",
 ]
 
 
@@ -152,7 +153,7 @@ def bert_parameters(c: BERTConfig) -> int:
     )
 
 
-def _transformer_profile(
+def transformer_profile(
     name: str,
     *,
     parameters: int,
@@ -161,10 +162,16 @@ def _transformer_profile(
     layers: int,
     width: int,
     batch_size: int,
-    noise_scale: float,
-    precision_sensitivity: float,
+    noise_scale: float = 0.0,
+    precision_sensitivity: float = 0.0,
+    matmul_parameters: int | None = None,
 ) -> ModelProfile:
-    matmul_parameters = parameters - (vocab + context) * width  # embeddings are lookups
+    """A transformer's profile by the formulas of the module docstring.
+    ``matmul_parameters``: the weights of every matmul, where they are not the parameters
+    less the token and position embeddings (a head tied to the embedding, no position
+    table: ``autotune.catalog.hf``)."""
+    if matmul_parameters is None:
+        matmul_parameters = parameters - (vocab + context) * width  # embeddings are lookups
     flops = 6 * matmul_parameters * context + 12 * layers * context**2 * width
     activations = 34 * context * width * layers + 4 * context * vocab
     return ModelProfile(
@@ -185,7 +192,7 @@ def gpt_profile(
     name: str, c: GPTConfig, *, noise_scale: float = 0.0, precision_sensitivity: float = 0.0
 ) -> ModelProfile:
     """The profile of the decoder ``c`` describes (see the module docstring)."""
-    return _transformer_profile(
+    return transformer_profile(
         name,
         parameters=gpt_parameters(c),
         vocab=c.vocab,
@@ -202,7 +209,7 @@ def bert_profile(
     name: str, c: BERTConfig, *, noise_scale: float = 0.0, precision_sensitivity: float = 0.0
 ) -> ModelProfile:
     """The profile of the encoder ``c`` describes (see the module docstring)."""
-    return _transformer_profile(
+    return transformer_profile(
         name,
         parameters=bert_parameters(c),
         vocab=c.vocab,
