@@ -14,7 +14,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from autotune import __version__
 from autotune.api.cache import CachedReads, JobCounts, TickCache
 from autotune.api.metrics import ServiceMetrics
-from autotune.api.middleware import BodyLimitAndTiming
+from autotune.api.middleware import AuditLog, BodyLimitAndTiming
+from autotune.api.routes import audit as audit_log
 from autotune.api.routes import (
     cluster,
     dashboard,
@@ -24,6 +25,8 @@ from autotune.api.routes import (
     jobs,
     overrides,
     policies,
+    tenants,
+    tokens,
 )
 from autotune.daemon.auth import TokenCheck
 from autotune.daemon.lifecycle import PolicyLifecycle, PolicyLoader
@@ -89,7 +92,8 @@ def create_app(
 ) -> FastAPI:
     """The API over ``db``; ``telemetry`` names where cluster figures come from.
 
-    Mutations need a bearer token that ``token_check`` accepts (none without one).
+    Mutations need a bearer token that ``token_check`` accepts (none without one), whose
+    role and tenant allow them (``autotune.daemon.auth``); each is in the audit log.
     ``trains``: the daemon's backend trains jobs for real (``--backend ray``), so jobs
     whose built-in task is simulated only are refused at submission. ``policy_loader``
     checks checkpoints registered through ``POST /policies`` (default: the one of the
@@ -101,7 +105,8 @@ def create_app(
         title="autotune",
         version=__version__,
         description="Decisions of the autotune daemon: jobs, placements, configurations, "
-        "overrides. Mutations need Authorization: Bearer <token>.",
+        "overrides, tenants and their tokens. Mutations need Authorization: Bearer <token>, "
+        "of a role and tenant that may make them.",
     )
     app.state.db = db
     app.state.telemetry = telemetry
@@ -123,10 +128,22 @@ def create_app(
     app.add_exception_handler(InterfaceError, _database_unavailable)
     app.state.tick_cache = None  # set by attach_daemon
     app.add_middleware(CachedReads)
+    app.add_middleware(AuditLog, db=db, prefix=API_PREFIX)
     # Added last, so outermost: cached answers are timed too.
     app.add_middleware(BodyLimitAndTiming, max_body_bytes=max_body_bytes, metrics=metrics)
     v1 = APIRouter(prefix=API_PREFIX)
-    for module in (health, cluster, jobs, decisions, overrides, policies, forecast):
+    for module in (
+        health,
+        cluster,
+        jobs,
+        decisions,
+        overrides,
+        policies,
+        tenants,
+        tokens,
+        audit_log,
+        forecast,
+    ):
         v1.include_router(module.router)
 
     @v1.get("/metrics", tags=["health"], response_class=Response)

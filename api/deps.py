@@ -16,7 +16,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, 
 from sqlalchemy.orm import Session
 
 from autotune.core import ID_PATTERN
-from autotune.daemon.auth import TokenCheck
+from autotune.daemon.auth import Principal, TokenCheck
 from autotune.db import Database
 from autotune.db.repository import CursorError
 
@@ -26,6 +26,8 @@ __all__ = [
     "MAX_ROW_ID",
     "READ_ERRORS",
     "WRITE_ERRORS",
+    "AdminDep",
+    "AdminTokenDep",
     "CursorQuery",
     "FieldProblem",
     "IdPath",
@@ -33,11 +35,14 @@ __all__ = [
     "JobIdPath",
     "JobQuery",
     "OffsetQuery",
+    "PrincipalDep",
     "Problem",
     "SessionDep",
     "SinceQuery",
     "TelemetryDep",
     "TokenDep",
+    "WriterDep",
+    "acting_for",
     "bad_cursor",
     "in_session",
     "problem",
@@ -105,11 +110,15 @@ READ_ERRORS: dict[int | str, dict[str, Any]] = {
 WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     **READ_ERRORS,
     401: problem(
-        "No bearer token, or not the daemon's",
+        "No bearer token, or one unknown, revoked or expired",
         **{"WWW-Authenticate": "Bearer"},
     ),
+    403: problem(
+        "The token's role may not do this (a viewer's changes nothing, only an admin's "
+        "manages tenants, tokens and policies), or the job is another tenant's"
+    ),
 }
-"""Those of a mutation: it needs the bearer token too."""
+"""Those of a mutation: it needs a token whose role and tenant allow it."""
 BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     **WRITE_ERRORS,
     400: problem("The body is not UTF-8 text"),
@@ -225,14 +234,14 @@ def _telemetry(request: Request) -> str:
     return telemetry
 
 
-_bearer = HTTPBearer(auto_error=False, description="The daemon's API token")
+_bearer = HTTPBearer(auto_error=False, description="An API token (autotune token create)")
+BearerDep = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _token(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """Mutations need ``Authorization: Bearer <token>``; the token is never logged."""
+def _principal(request: Request, credentials: BearerDep) -> Principal:
+    """Who sent ``Authorization: Bearer <token>``: 401 without a valid token (none,
+    unknown, revoked or expired). The token is never logged; the audit log names it by
+    id (``request.state.principal``)."""
     check: TokenCheck | None = request.app.state.token_check
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise HTTPException(
@@ -240,9 +249,48 @@ def _token(
             detail="missing bearer token: send Authorization: Bearer <token>",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    if check is None or not check(credentials.credentials):
+    principal = None if check is None else check(credentials.credentials)
+    if principal is None:
         raise HTTPException(
-            status_code=401, detail="invalid token", headers={"WWW-Authenticate": "Bearer"}
+            status_code=401,
+            detail="invalid token (unknown, revoked or expired)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    request.state.principal = principal
+    return principal
+
+
+PrincipalDep = Annotated[Principal, Depends(_principal)]
+
+
+def _writer(principal: PrincipalDep) -> Principal:
+    """A token that may change things: an admin's or a member's (403 for a viewer's)."""
+    if not principal.writes:
+        raise HTTPException(
+            status_code=403, detail=f"a {principal.role}'s token reads only; it changes nothing"
+        )
+    return principal
+
+
+def _admin(principal: PrincipalDep) -> Principal:
+    """An admin's token (403 for any other)."""
+    if not principal.is_admin:
+        raise HTTPException(
+            status_code=403,
+            detail=f"only an admin's token may do this (this one is a {principal.role}'s "
+            f"of tenant {principal.tenant!r})",
+        )
+    return principal
+
+
+def acting_for(principal: Principal, tenant: str, what: str) -> None:
+    """403 unless ``principal`` may change ``tenant``'s jobs (``what``: the job, for the
+    message)."""
+    if not principal.may_act_for(tenant):
+        raise HTTPException(
+            status_code=403,
+            detail=f"{what} belongs to tenant {tenant!r}; this token is a {principal.role}'s "
+            f"of tenant {principal.tenant!r}",
         )
 
 
@@ -251,4 +299,12 @@ def _token(
 # dependency after the response).
 SessionDep = Annotated[Session, Depends(_session, scope="function")]
 TelemetryDep = Annotated[str, Depends(_telemetry)]
-TokenDep = Depends(_token)
+TokenDep = Depends(_writer)
+"""For ``dependencies=[...]`` of a mutation that any admin or member may make."""
+WriterDep = Annotated[Principal, Depends(_writer)]
+"""The principal of a mutation that any admin or member may make (which then checks the
+tenant: ``acting_for``)."""
+AdminTokenDep = Depends(_admin)
+"""For ``dependencies=[...]`` of a mutation only an admin may make."""
+AdminDep = Annotated[Principal, Depends(_admin)]
+"""The principal of a mutation only an admin may make."""

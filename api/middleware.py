@@ -1,16 +1,25 @@
-"""ASGI middleware: request body size limit and API latency, in one pass."""
+"""ASGI middleware: request body size limit and API latency, in one pass; the audit log
+of mutating requests."""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
+import anyio
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autotune.api.metrics import ServiceMetrics
+from autotune.core import utc_now
+from autotune.daemon.auth import Principal
+from autotune.db import Database
+from autotune.db import repository as repo
 
-__all__ = ["BodyLimitAndTiming"]
+__all__ = ["AuditLog", "BodyLimitAndTiming"]
+
+_log = logging.getLogger(__name__)
 
 
 class _TooLarge(HTTPException):
@@ -103,3 +112,61 @@ class BodyLimitAndTiming:
         self.metrics.api_latency.labels(scope["method"], template, str(status)).observe(
             time.perf_counter() - started
         )
+
+
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class AuditLog:
+    """Every request that may change something (any method but GET, HEAD, OPTIONS) under
+    ``prefix`` goes into the audit log: which token made it (the principal the token
+    check put in the request's state; none for a missing or invalid token), the method,
+    the path and the status answered. The entry is committed before the answer leaves,
+    so a client that got its answer finds the entry; a database that cannot take it is
+    logged and does not change the answer."""
+
+    def __init__(self, app: ASGIApp, *, db: Database, prefix: str) -> None:
+        self.app = app
+        self.db = db
+        self.prefix = prefix
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] in _READS
+            or not scope["path"].startswith(self.prefix)
+        ):
+            await self.app(scope, receive, send)
+            return
+
+        async def auditing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                await self._record(scope, int(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, auditing_send)
+
+    async def _record(self, scope: Scope, status: int) -> None:
+        principal: Principal | None = scope.get("state", {}).get("principal")
+        entry: dict[str, Any] = {
+            "at": utc_now(),
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+        }
+        if principal is not None:
+            entry.update(
+                token_id=principal.token_id,
+                token_name=principal.token_name,
+                tenant=principal.tenant,
+                role=principal.role,
+            )
+
+        def write() -> None:
+            with self.db.session() as session:
+                repo.record_audit(session=session, **entry)
+
+        try:
+            await anyio.to_thread.run_sync(write)
+        except Exception as exc:
+            _log.warning("audit entry not written (%s %s %d): %s", *entry.values(), exc)

@@ -25,6 +25,7 @@ __all__ = [
     "DECISION_SOURCES",
     "DEFAULT_ENERGY_WEIGHT",
     "DEFAULT_ROUND_S",
+    "DEFAULT_TENANT",
     "ELASTIC_FACTOR",
     "ID_PATTERN",
     "JOB_STATES",
@@ -46,6 +47,7 @@ __all__ = [
     "Precision",
     "PrecisionMap",
     "RankSlot",
+    "TenantSpec",
 ]
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -234,6 +236,46 @@ class ModelProfile:
 MEASURED_NOISE_FLOOR = 1e-6
 """The smallest noise scale a measurement sets (``ModelProfile.with_noise_scale``)."""
 
+DEFAULT_TENANT = "default"
+"""The tenant that exists from the start: the operators', whose admin holds the first
+token, and the owner of every job submitted before tenants existed."""
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TenantSpec:
+    """A team or user sharing the cluster, with the GPUs it is promised.
+
+    ``gpus`` is the nominal quota over all GPU models, ``gpus_by_model`` the part of it
+    (or, where ``gpus`` is 0, all of it) promised on given models; a tenant with work
+    gets at least its nominal quota. ``borrow``: its jobs may run on GPUs beyond the
+    quota that others leave idle; ``lend``: others may run on its idle nominal GPUs
+    (taken back, by preemption, when its own jobs arrive). ``weight`` splits what is
+    left over between borrowing tenants (fair share)."""
+
+    name: str
+    gpus: int = 0
+    gpus_by_model: Mapping[str, int] = field(default_factory=dict)
+    borrow: bool = True
+    lend: bool = True
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        owner = "TenantSpec"
+        _check_id(owner, "name", self.name)
+        _check_int(owner, "gpus", self.gpus, 0)
+        by_model = dict(self.gpus_by_model)
+        for model, count in by_model.items():
+            if not isinstance(model, str) or not model:
+                raise _fail(owner, "gpus_by_model", by_model, "keys must be GPU model names")
+            _check_int(owner, f"gpus_by_model[{model}]", count, 0)
+        object.__setattr__(self, "gpus_by_model", by_model)
+        _check_number(owner, "weight", self.weight, positive=True)
+
+    @property
+    def nominal_gpus(self) -> int:
+        """GPUs promised in all: ``gpus``, or the sum over models where that is 0."""
+        return self.gpus or sum(self.gpus_by_model.values())
+
 
 @dataclass(kw_only=True, slots=True, frozen=True)
 class JobSpec:
@@ -259,6 +301,8 @@ class JobSpec:
     """Host memory for the whole job, in MiB, split evenly over its ranks."""
     priority: int = 0
     """Higher goes first."""
+    tenant: str = DEFAULT_TENANT
+    """The team or user the job belongs to (``TenantSpec.name``): whose quota it uses."""
     submitted_at: float = 0.0
     """Submission time in seconds; earlier goes first among equal priorities."""
     requested_gpus: int | None = None
@@ -290,6 +334,7 @@ class JobSpec:
         _check_int(owner, "cpu_milli", self.cpu_milli, 0)
         _check_int(owner, "memory_mib", self.memory_mib, 0)
         _check_int(owner, "priority", self.priority, -(2**31))
+        _check_id(owner, "tenant", self.tenant)
         _check_number(owner, "submitted_at", self.submitted_at, positive=False)
         if self.requested_gpus is not None:
             _check_int(owner, "requested_gpus", self.requested_gpus, self.min_gpus)

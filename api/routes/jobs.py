@@ -15,7 +15,8 @@ from autotune.api.deps import (
     OffsetQuery,
     SessionDep,
     SinceQuery,
-    TokenDep,
+    WriterDep,
+    acting_for,
     bad_cursor,
     in_session,
     problem,
@@ -44,6 +45,7 @@ _NO_JOB: dict[int | str, dict[str, Any]] = {404: problem("No job with that id")}
 def _public(record: repo.JobRecord) -> JobPublic:
     return JobPublic(
         job_id=record.spec.job_id,
+        tenant=record.spec.tenant,
         state=record.state,
         state_reason=record.state_reason,
         progress=record.progress,
@@ -90,15 +92,21 @@ async def list_jobs(
     "",
     response_model=JobPublic,
     status_code=201,
-    dependencies=[TokenDep],
     responses={**BODY_ERRORS, 409: problem("A job with that job_id exists")},
 )
-def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPublic:
-    """Submit a job; the daemon hands it to the cluster at its next tick.
+def submit_job(
+    session: SessionDep, request: Request, body: JobCreate, principal: WriterDep
+) -> JobPublic:
+    """Submit a job, the token's tenant's (or, with an admin's token, the tenant named);
+    the daemon hands it to the cluster at its next tick.
 
     Besides what the schema says: max_gpus must be at least min_gpus, a fraction of a GPU
-    (constraints.gpu_milli below 1000) is for a one-GPU job only, and a module task must be
-    on the daemon's allow-list (422 naming the field)."""
+    (constraints.gpu_milli below 1000) is for a one-GPU job only, a module task must be
+    on the daemon's allow-list, and the tenant must exist (422 naming the field)."""
+    tenant = body.tenant or principal.tenant
+    acting_for(principal, tenant, "a job of that tenant")
+    if repo.get_tenant(session=session, name=tenant) is None:
+        raise unprocessable("tenant", f"no tenant {tenant!r} (autotune tenant create)")
     try:
         task = resolve_task(
             body.task, request.app.state.task_modules, trains=request.app.state.trains
@@ -122,6 +130,7 @@ def submit_job(session: SessionDep, request: Request, body: JobCreate) -> JobPub
             cpu_milli=constraints.cpu_milli,
             memory_mib=constraints.memory_mib,
             priority=body.priority,
+            tenant=tenant,
         )
     except FieldError as exc:  # a JobSpec field: top level in the body, or a constraint
         field = f"constraints.{exc.field}" if hasattr(constraints, exc.field) else exc.field
@@ -206,14 +215,15 @@ async def job_metric_samples(
     "/{job_id}",
     response_model=JobPublic,
     status_code=202,
-    dependencies=[TokenDep],
     responses={**WRITE_ERRORS, **_NO_JOB, 409: problem("The job has ended already")},
 )
-def cancel_job(session: SessionDep, job_id: JobIdPath) -> JobPublic:
-    """Cancel a job: the daemon stops it and frees its GPUs at its next tick."""
+def cancel_job(session: SessionDep, job_id: JobIdPath, principal: WriterDep) -> JobPublic:
+    """Cancel a job (an admin's token: any; a member's: its tenant's): the daemon stops
+    it and frees its GPUs at its next tick."""
     record = repo.get_job(session=session, job_id=job_id)
     if record is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    acting_for(principal, record.spec.tenant, f"job {job_id!r}")
     if record.state not in ACTIVE_STATES:
         raise HTTPException(status_code=409, detail=f"job {job_id!r} is already {record.state}")
     cancelled = repo.request_cancel(session=session, job_id=job_id)

@@ -14,12 +14,13 @@ from autotune.api.deps import (
     JobQuery,
     OffsetQuery,
     SessionDep,
-    TokenDep,
+    WriterDep,
+    acting_for,
     problem,
     unprocessable,
 )
 from autotune.api.schemas import OverrideCreate, OverridePublic, OverridesPublic
-from autotune.core import ACTIVE_STATES, JobConfig, utc_now
+from autotune.core import ACTIVE_STATES, DEFAULT_TENANT, JobConfig, utc_now
 from autotune.db import repository as repo
 from autotune.decision.overrides import PIN_KEYS, check_override
 from autotune.errors import FieldError
@@ -45,27 +46,29 @@ def _public(record: repo.OverrideRecord) -> OverridePublic:
     "",
     response_model=OverridePublic,
     status_code=201,
-    dependencies=[TokenDep],
     responses={
         **BODY_ERRORS,
         404: problem("No job with that job_id"),
         409: problem("The job has ended"),
     },
 )
-def create_override(session: SessionDep, body: OverrideCreate) -> OverridePublic:
+def create_override(
+    session: SessionDep, body: OverrideCreate, principal: WriterDep
+) -> OverridePublic:
     """Pin part of a job's configuration or its placement until ``ttl_s`` passes.
 
     Rejected with 422 and the reason when it cannot run on that job and cluster (what
     the schema cannot say): a layout that does not divide, a world size outside the
     job's GPU range, out of memory, a GPU model the job may not use or that lacks a
     pinned precision, GPUs that do not exist. A newer override of the same job replaces
-    the active one."""
+    the active one. An admin's token may pin any job, a member's its tenant's."""
     pin: dict[str, Any] = body.model_dump(include=set(PIN_KEYS), exclude_none=True)
     if not pin:
         raise unprocessable("layout", f"pin at least one of {', '.join(PIN_KEYS)}")
     job = repo.get_job(session=session, job_id=body.job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job {body.job_id!r}")
+    acting_for(principal, job.spec.tenant, f"job {body.job_id!r}")
     if job.state not in ACTIVE_STATES:
         raise HTTPException(status_code=409, detail=f"job {body.job_id!r} is {job.state}")
     latest = repo.latest_decision_records(session=session, job_ids=[body.job_id])
@@ -128,14 +131,20 @@ def get_override(session: SessionDep, override_id: IdPath) -> OverridePublic:
 @router.delete(
     "/{override_id}",
     response_model=OverridePublic,
-    dependencies=[TokenDep],
     responses={**WRITE_ERRORS, **_NO_OVERRIDE},
 )
-def delete_override(session: SessionDep, override_id: IdPath) -> OverridePublic:
-    """End an override now; the policy takes the job over at the next tick."""
+def delete_override(
+    session: SessionDep, override_id: IdPath, principal: WriterDep
+) -> OverridePublic:
+    """End an override now (an admin's token: any; a member's: one on its tenant's
+    job); the policy takes the job over at the next tick."""
     record = None
-    if override_id <= MAX_ROW_ID:
-        record = repo.delete_override(session=session, override_id=override_id)
+    if override_id <= MAX_ROW_ID:  # none has a larger id (a query for one is an error)
+        record = repo.get_override(session=session, override_id=override_id)
     if record is None:
         raise HTTPException(status_code=404, detail=f"no override {override_id}")
-    return _public(record)
+    job = repo.get_job(session=session, job_id=record.job_id)
+    acting_for(principal, DEFAULT_TENANT if job is None else job.spec.tenant, "its job")
+    ended = repo.delete_override(session=session, override_id=override_id)
+    assert ended is not None
+    return _public(ended)

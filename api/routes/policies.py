@@ -17,8 +17,8 @@ from autotune.api.deps import (
     BODY_ERRORS,
     READ_ERRORS,
     WRITE_ERRORS,
+    AdminTokenDep,
     SessionDep,
-    TokenDep,
     problem,
     unprocessable,
 )
@@ -114,7 +114,7 @@ def list_policies(session: SessionDep) -> PoliciesPublic:
     "",
     response_model=PolicyPublic,
     status_code=201,
-    dependencies=[TokenDep],
+    dependencies=[AdminTokenDep],
     responses={**BODY_ERRORS, **_CONFLICT, 200: {"model": PolicyPublic, "description": "Known"}},
 )
 def register_policy(request: Request, response: Response, body: PolicyCreate) -> PolicyPublic:
@@ -237,7 +237,7 @@ def shadow_policy(session: SessionDep) -> ShadowPublic:
 @router.delete(
     "/shadow",
     response_model=PolicyPublic,
-    dependencies=[TokenDep],
+    dependencies=[AdminTokenDep],
     responses={**WRITE_ERRORS, **_CONFLICT, 404: problem("No shadow policy")},
 )
 def stop_shadow(request: Request) -> PolicyPublic:
@@ -252,7 +252,7 @@ def stop_shadow(request: Request) -> PolicyPublic:
 @router.post(
     "/rollback",
     response_model=PolicyPublic,
-    dependencies=[TokenDep],
+    dependencies=[AdminTokenDep],
     responses={**WRITE_ERRORS, **_CONFLICT, **_NOT_FOUND},
 )
 def rollback(request: Request) -> PolicyPublic:
@@ -264,7 +264,7 @@ def rollback(request: Request) -> PolicyPublic:
 @router.post(
     "/{version}/activate",
     response_model=PolicyPublic,
-    dependencies=[TokenDep],
+    dependencies=[AdminTokenDep],
     responses={**WRITE_ERRORS, **_CONFLICT, **_NOT_FOUND},
 )
 def activate(request: Request, version: VersionPath) -> PolicyPublic:
@@ -279,7 +279,7 @@ def activate(request: Request, version: VersionPath) -> PolicyPublic:
 @router.post(
     "/{version}/shadow",
     response_model=PolicyPublic,
-    dependencies=[TokenDep],
+    dependencies=[AdminTokenDep],
     responses={**WRITE_ERRORS, **_CONFLICT, **_NOT_FOUND},
 )
 def shadow(request: Request, version: VersionPath) -> PolicyPublic:

@@ -13,6 +13,7 @@ import JobCreate``):
 - ``decisions``: decisions and the explanation of one;
 - ``overrides``: the pins of an override, overrides;
 - ``policies``: a checkpoint to register, policy versions and events, the shadow;
+- ``tenants``: tenants with their quotas and use, their tokens, the audit log;
 - ``forecast``: GPU demand per minute and its forecasts;
 - ``dashboard``: the dashboard's one response;
 - ``common``: what several share: the strict request base, whole numbers, one-line
@@ -65,10 +66,25 @@ from autotune.api.schemas.policies import (
     PolicyPublic,
     ShadowPublic,
 )
+from autotune.api.schemas.tenants import (
+    AuditEntryPublic,
+    AuditPublic,
+    PrincipalPublic,
+    TenantCreate,
+    TenantPublic,
+    TenantsPublic,
+    TenantUpdate,
+    TokenCreate,
+    TokenIssued,
+    TokenPublic,
+    TokensPublic,
+)
 
 __all__ = [
     "LINE_PATTERN",
     "ArrivalCheck",
+    "AuditEntryPublic",
+    "AuditPublic",
     "ClusterPublic",
     "CompressionPin",
     "DashboardCluster",
@@ -105,8 +121,17 @@ __all__ = [
     "PolicyEventsPublic",
     "PolicyPublic",
     "PrecisionPin",
+    "PrincipalPublic",
     "RankPin",
     "Readiness",
     "ShadowPublic",
+    "TenantCreate",
+    "TenantPublic",
+    "TenantUpdate",
+    "TenantsPublic",
     "TickHealthPublic",
+    "TokenCreate",
+    "TokenIssued",
+    "TokenPublic",
+    "TokensPublic",
 ]

@@ -31,6 +31,7 @@ __all__ = [
 
 class JobPublic(BaseModel):
     job_id: str
+    tenant: str = Field(description="Whose job it is: the quota it uses")
     state: JobState
     state_reason: str = Field(description="Why the job waits, when it does")
     progress: float
@@ -157,6 +158,12 @@ class JobCreate(StrictRequest):
         "a 422. More than the cluster has leaves it waiting",
     )
     priority: Whole = Field(default=0, ge=-1000, le=1000, description="Higher goes first")
+    tenant: str | None = Field(
+        default=None,
+        pattern=ID_PATTERN,
+        description="Whose job it is (default: the token's tenant). Only an admin's token "
+        "may name another tenant (403); a tenant that does not exist is a 422",
+    )
     constraints: JobConstraints = Field(default_factory=JobConstraints)
 
 

@@ -373,15 +373,25 @@ def db_upgrade(
 @token_app.command("rotate")
 @user_errors
 def token_rotate(
+    token_id: Annotated[
+        int | None,
+        typer.Option(
+            "--id",
+            min=1,
+            help="The token to rotate (autotune token list); default: the oldest admin "
+            "token, or a new admin token of tenant default when every admin's is revoked",
+        ),
+    ] = None,
     config: ConfigOption = None,
     db: DbOption = None,
     data_dir: DataDirOption = None,
 ) -> None:
-    """Replace the daemon's stored API token with a new one, shown once.
+    """Give a stored API token a new secret, shown once, straight in the database (no
+    token needed: for an admin who lost theirs).
 
-    The old token stops working within 2 s, also in a running daemon (no restart). A
-    daemon that runs with AUTOTUNE_TOKEN set uses that token instead of the stored one:
-    change the setting and restart it then."""
+    The old secret stops working within 2 s, also in a running daemon (no restart). The
+    token keeps its id, tenant, role and expiry. AUTOTUNE_TOKEN, when a daemon runs with
+    it, is not stored: change the setting and restart it then."""
     from autotune.daemon.auth import rotate_token
     from autotune.daemon.settings import load_settings
     from autotune.db import Database
@@ -391,11 +401,18 @@ def token_rotate(
         raise InputError(f"no daemon database in {settings.data_dir}: start the daemon first")
     database = Database(settings.database_url)
     database.upgrade()
-    token = rotate_token(database)
-    database.dispose()
-    typer.echo(f"new API token (shown once; only its hash is stored): {token}")
+    try:
+        record, token = rotate_token(database, token_id)
+    except LookupError as exc:
+        raise InputError(f"--id {token_id}: {exc}") from None
+    finally:
+        database.dispose()
     typer.echo(
-        "The old token stops working within 2 s. Daemons started with AUTOTUNE_TOKEN "
-        "keep using that one.",
+        f"new secret of token {record.token_id} ({record.role} of {record.tenant}; shown "
+        f"once, only its hash is stored): {token}"
+    )
+    typer.echo(
+        "The old secret stops working within 2 s. Daemons started with AUTOTUNE_TOKEN "
+        "keep using that one too.",
         err=True,
     )

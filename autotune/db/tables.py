@@ -26,6 +26,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = [
     "ApiTokenRow",
+    "AuditRow",
     "Base",
     "DecisionRow",
     "JobRow",
@@ -36,6 +37,7 @@ __all__ = [
     "OverrideRow",
     "PolicyEventRow",
     "PolicyVersionRow",
+    "TenantRow",
     "TransitionExportRow",
     "TransitionRow",
 ]
@@ -97,11 +99,14 @@ class JobRow(Base):
     __table_args__ = (
         Index("ix_jobs_submitted_at_job_id", "submitted_at", "job_id"),
         Index("ix_jobs_state_submitted_at_job_id", "state", "submitted_at", "job_id"),
+        Index("ix_jobs_tenant_submitted_at_job_id", "tenant", "submitted_at", "job_id"),
     )
 
     job_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     spec: Mapped[JsonDict]
     """The ``JobSpec``."""
+    tenant: Mapped[str] = mapped_column(String(128), default="default", server_default="default")
+    """``JobSpec.tenant``, as a column: listings filter by it."""
     state: Mapped[str] = mapped_column(String(16))
     """pending, running, finished, failed or cancelled."""
     state_reason: Mapped[str] = mapped_column(Text, default="")
@@ -292,14 +297,70 @@ class PolicyEventRow(Base):
     detail: Mapped[JsonDict]
 
 
+class TenantRow(Base):
+    """A team or user sharing the cluster (``autotune.core.TenantSpec``): its GPU quota,
+    whether it borrows and lends, its fair-share weight. ``default`` exists from the
+    start (migration 0013): the operators', owner of every earlier job."""
+
+    __tablename__ = "tenants"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    """Nominal quota over all GPU models."""
+    gpus_by_model: Mapped[JsonDict]
+    """``{gpu model: count}``: the part of the quota promised on given models."""
+    borrow: Mapped[bool] = mapped_column(Boolean)
+    lend: Mapped[bool] = mapped_column(Boolean)
+    weight: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
 class ApiTokenRow(Base):
-    """The API token, stored only as its SHA-256 hash (the token itself is shown once)."""
+    """An API token, stored only as its SHA-256 hash (the token itself is shown once):
+    whose it is (``tenant``), what it may do (``role``: admin, member, viewer), until
+    when. A revoked token keeps its row, so the audit log can still say whose it was."""
 
     __tablename__ = "api_tokens"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     token_sha256: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime]
+    tenant: Mapped[str] = mapped_column(
+        ForeignKey("tenants.name"), default="default", server_default="default"
+    )
+    role: Mapped[str] = mapped_column(String(16), default="admin", server_default="admin")
+    name: Mapped[str] = mapped_column(String(128), default="", server_default="")
+    """What the token is for, in the admin's words (``ci``, ``alice's laptop``)."""
+    expires_at: Mapped[datetime | None]
+    """``None``: never."""
+    revoked_at: Mapped[datetime | None]
+    rotated_at: Mapped[datetime | None]
+    """When the secret was last replaced (``POST /tokens/{id}/rotate``)."""
+    created_by: Mapped[int | None] = mapped_column(Integer)
+    """The token that issued this one (``None``: the daemon or the command line)."""
+
+
+class AuditRow(Base):
+    """One mutating API request: which token (and so tenant and role) asked what, and
+    the answer's status; refused requests too (``token_id`` ``None``: no valid token)."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (
+        Index("ix_audit_log_token_id_id", "token_id", "id"),
+        Index("ix_audit_log_tenant_id", "tenant", "id"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime]
+    token_id: Mapped[int | None] = mapped_column(Integer)
+    """``api_tokens.id``; ``None`` for no token, an unknown one, or ``AUTOTUNE_TOKEN``."""
+    token_name: Mapped[str | None] = mapped_column(String(128))
+    tenant: Mapped[str | None] = mapped_column(String(128))
+    role: Mapped[str | None] = mapped_column(String(16))
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(512))
+    status: Mapped[int] = mapped_column(Integer)
 
 
 class LeaderLeaseRow(Base):

@@ -95,19 +95,24 @@ def test_the_token_is_generated_once_and_stored_only_as_a_hash(database: Databas
     check, token = ensure_token(database, None)
     assert token is not None
     assert len(token) >= 40
-    assert check(token)
-    assert not check(token + "x")
+    first = check(token)
+    assert first is not None
+    assert (first.tenant, first.role, first.token_name) == ("default", "admin", "first")
+    assert check(token + "x") is None
     again, shown = ensure_token(database, None)
     assert shown is None
-    assert again(token)
+    assert again(token) == first
     with database.engine.connect() as connection:
         dump = "\n".join(connection.connection.iterdump())
     assert token not in dump
     assert hash_token(token) in dump
+    # AUTOTUNE_TOKEN: an admin of default stored nowhere, beside the stored tokens
     configured, shown = ensure_token(database, "from-settings")
     assert shown is None
-    assert configured("from-settings")
-    assert not configured(token)
+    who = configured("from-settings")
+    assert who is not None
+    assert (who.role, who.token_id) == ("admin", None)
+    assert configured(token) == first
 
 
 def test_a_rotated_token_replaces_the_old_one_in_a_running_api(
@@ -122,12 +127,15 @@ def test_a_rotated_token_replaces_the_old_one_in_a_running_api(
     with TestClient(app) as client:
         auth = {"Authorization": f"Bearer {old}"}
         assert client.post("/api/v1/jobs", json=body, headers=auth).status_code == 201
-        new = rotate_token(database)
+        record, new = rotate_token(database)
         assert client.post("/api/v1/jobs", json=body, headers=auth).status_code == 401
         auth = {"Authorization": f"Bearer {new}"}
         assert client.post("/api/v1/jobs", json=body, headers=auth).status_code == 201
     with database.session() as session:
-        assert repo.token_hashes(session=session) == [hash_token(new)]
+        ((digest, stored),) = repo.usable_tokens(session=session)
+    assert digest == hash_token(new)
+    assert stored.token_id == record.token_id
+    assert stored.rotated_at is not None
 
 
 def test_token_rotate_shows_the_new_token_once(tmp_path: Path) -> None:

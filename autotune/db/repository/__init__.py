@@ -13,7 +13,9 @@ One module per resource; every public name is re-exported here, so callers write
 - ``policies``: the policy registry, versions and the events of every change;
 - ``metrics``: metric samples, recorded per tick, summarised, listed;
 - ``transitions``: logged decision rounds for replay, their rewards and exports;
-- ``tokens``: API token digests;
+- ``tenants``: the teams sharing the cluster and their quotas;
+- ``tokens``: API token digests, with tenant, role and expiry;
+- ``audit``: who did what through the API;
 - ``observations``: how a transition packs its observation;
 - ``cursor``: the codec of pagination cursors;
 - ``paging``: ``Page`` and the count bounded by ``COUNT_CAP`` every listing shares.
@@ -22,6 +24,7 @@ One module per resource; every public name is re-exported here, so callers write
 from __future__ import annotations
 
 from autotune.core import ACTIVE_STATES, JOB_STATES
+from autotune.db.repository.audit import AuditRecord, list_audit, record_audit
 from autotune.db.repository.cursor import CursorError, decode_cursor, encode_cursor
 from autotune.db.repository.decisions import (
     DecisionRecord,
@@ -92,7 +95,24 @@ from autotune.db.repository.policies import (
     rollback_policy,
     set_shadow_policy,
 )
-from autotune.db.repository.tokens import add_token_hash, replace_token_hashes, token_hashes
+from autotune.db.repository.tenants import (
+    TenantRecord,
+    create_tenant,
+    get_tenant,
+    list_tenants,
+    tenant_usage,
+    update_tenant,
+)
+from autotune.db.repository.tokens import (
+    TokenRecord,
+    add_token,
+    first_admin_token,
+    get_token,
+    list_tokens,
+    revoke_token,
+    rotate_token_hash,
+    usable_tokens,
+)
 from autotune.db.repository.transitions import (
     create_transition,
     pack_transition,
@@ -107,6 +127,7 @@ __all__ = [
     "COUNT_CAP",
     "JOB_STATES",
     "POLICY_ACTIONS",
+    "AuditRecord",
     "CursorError",
     "DecisionRecord",
     "JobRecord",
@@ -119,25 +140,31 @@ __all__ = [
     "PolicyEventRecord",
     "PolicyNotFoundError",
     "PolicyVersionRecord",
+    "TenantRecord",
+    "TokenRecord",
     "activate_policy",
     "active_jobs",
     "active_overrides",
     "active_policy_version",
-    "add_token_hash",
+    "add_token",
     "cancel_requests",
     "clear_shadow_policy",
     "create_decision",
     "create_decisions",
     "create_override",
+    "create_tenant",
     "create_transition",
     "decision_counts",
     "decode_cursor",
     "delete_override",
     "encode_cursor",
+    "first_admin_token",
     "get_decision",
     "get_job",
     "get_override",
     "get_policy_version",
+    "get_tenant",
+    "get_token",
     "job_counts",
     "job_ids",
     "job_metrics",
@@ -145,6 +172,7 @@ __all__ = [
     "latest_decisions",
     "latest_metric_samples",
     "latest_policy_event",
+    "list_audit",
     "list_decision_rows",
     "list_decisions",
     "list_jobs",
@@ -154,19 +182,23 @@ __all__ = [
     "list_overrides",
     "list_policy_events",
     "list_policy_versions",
+    "list_tenants",
+    "list_tokens",
     "mark_decision_applied",
     "node_records",
     "pack_observation",
     "pack_transition",
     "policy_state",
+    "record_audit",
     "record_metrics",
     "record_policy_failure",
     "record_transition_export",
     "register_policy",
     "register_policy_version",
-    "replace_token_hashes",
     "request_cancel",
+    "revoke_token",
     "rollback_policy",
+    "rotate_token_hash",
     "running_placements",
     "set_job_performance",
     "set_job_state",
@@ -175,10 +207,12 @@ __all__ = [
     "submit_job",
     "submitted_job_ids",
     "summarize_metric",
-    "token_hashes",
+    "tenant_usage",
     "transition_payload",
     "truncate_open_transitions",
     "unpack_observation",
+    "update_tenant",
     "upsert_job",
     "upsert_nodes",
+    "usable_tokens",
 ]

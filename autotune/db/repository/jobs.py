@@ -131,6 +131,7 @@ def upsert_job(
         row = JobRow(
             job_id=spec.job_id,
             spec=to_json(spec),
+            tenant=spec.tenant,
             state=state,
             state_reason=reason,
             progress=progress,
@@ -243,16 +244,19 @@ def list_jobs(
     *,
     session: Session,
     state: JobState | None = None,
+    tenant: str | None = None,
     limit: int = 100,
     offset: int = 0,
     cursor: str | None = None,
 ) -> Page[JobRecord]:
-    """Jobs newest first (by submission, then id); ``cursor``: the page after the one
-    that handed it out."""
+    """Jobs newest first (by submission, then id), of one ``tenant`` or all; ``cursor``:
+    the page after the one that handed it out."""
     conditions: list[ColumnElement[bool]] = []
     if state is not None:
         _check_state(state)
         conditions.append(JobRow.state == state)
+    if tenant is not None:
+        conditions.append(JobRow.tenant == tenant)
     count, exact = bounded_count(session, JobRow.job_id, conditions)
     if cursor is not None:
         at, job_id = decode_cursor(cursor, str, str)

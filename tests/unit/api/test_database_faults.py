@@ -14,6 +14,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from autotune.api.app import attach_daemon, create_app
+from autotune.daemon.auth import TokenCheck, hash_token
 from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database, sqlite_url
 from autotune.envs.simulator import SimConfig, SimulatedCluster
@@ -67,7 +68,7 @@ def service(tmp_path: Path) -> Iterator[tuple[Daemon, TestClient, Quota]]:
         )
     )
     daemon.start()
-    app = create_app(db=api_db, telemetry="simulator", token_check=lambda t: t == TOKEN)
+    app = create_app(db=api_db, telemetry="simulator", token_check=TokenCheck([hash_token(TOKEN)]))
     attach_daemon(app, daemon)
     with TestClient(app) as client:
         yield daemon, client, Quota(database, api_db)

@@ -38,7 +38,7 @@ def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision
 
 def test_migrations_create_exactly_the_models_schema(any_database: Database) -> None:
     database = any_database
-    assert database.current_revision() == "0012_transition_exports"
+    assert database.current_revision() == "0013_tenants"
     with database.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
@@ -198,8 +198,8 @@ def test_db_upgrade_command_creates_the_schema(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "cli.db")
     result = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
     assert result.exit_code == 0, result.output
-    assert "revision 0012_transition_exports" in result.stdout
-    assert Database(url).current_revision() == "0012_transition_exports"
+    assert "revision 0013_tenants" in result.stdout
+    assert Database(url).current_revision() == "0013_tenants"
     bad = CliRunner().invoke(app, ["db", "upgrade", "--db", "nonsense"])
     assert bad.exit_code == 2
     assert bad.stderr.startswith("error: not a database URL")
@@ -244,7 +244,9 @@ def test_overrides_cancellation_and_tokens_round_trip(any_database: Database) ->
             explanation={"why": "pinned"},
         )
         repo.request_cancel(session=session, job_id="j")
-        repo.add_token_hash(session=session, token_sha256="ab" * 32)
+        issued = repo.add_token(
+            session=session, token_sha256="ab" * 32, role="member", name="ci"
+        )
     with database.session() as session:
         assert stored.decision_id is not None
         record = repo.get_decision(session=session, decision_id=stored.decision_id)
@@ -261,7 +263,9 @@ def test_overrides_cancellation_and_tokens_round_trip(any_database: Database) ->
         job = repo.get_job(session=session, job_id="j")
         assert job is not None
         assert job.task == {"name": "gpt-char", "steps": 10, "origin": "api"}
-        assert repo.token_hashes(session=session) == ["ab" * 32]
+        ((digest, token),) = repo.usable_tokens(session=session)
+        assert (digest, token) == ("ab" * 32, issued)
+        assert (token.tenant, token.role, token.name) == ("default", "member", "ci")
         assert repo.delete_override(session=session, override_id=second.override_id) is not None
     with database.session() as session:
         assert repo.active_overrides(session=session, at=utc_now()) == {}
