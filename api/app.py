@@ -145,6 +145,7 @@ def create_app(
         forecast,
     ):
         v1.include_router(module.router)
+    v1.include_router(tokens.whoami_router)
 
     @v1.get("/metrics", tags=["health"], response_class=Response)
     @app.get("/metrics", tags=["health"], response_class=Response)

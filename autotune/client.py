@@ -2,8 +2,9 @@
 
 Every route has a typed method that answers the API's own response schema
 (``autotune.api.schemas``), so a program reads ``job.state`` where the CLI prints it.
-Listings that page by cursor (jobs, a job's metric samples, decisions) come as iterators
-that fetch the next page as they go; ``*_page`` methods answer one page and its cursor.
+Listings that page by cursor (jobs, a job's metric samples, decisions, the audit log)
+come as iterators that fetch the next page as they go; ``*_page`` methods answer one
+page and its cursor.
 
 Errors are exceptions: ``ApiError`` (with ``status`` and the server's ``reason``) for
 an answer the API refused, subclassed by status (``UnauthorizedError`` 401,
@@ -20,7 +21,8 @@ over) is retried after the time it asks, up to ``retries`` times.
             print(decision.id, decision.reason)
 
 ``url`` defaults to ``$AUTOTUNE_URL`` (else http://127.0.0.1:8000) and ``token`` to
-``$AUTOTUNE_TOKEN``; reads need no token, changes do.
+``$AUTOTUNE_TOKEN``; reads need no token, changes do (the token's role and tenant
+must allow them), and the listings of tokens and of the audit log need an admin's.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ import httpx
 from pydantic import BaseModel
 
 from autotune.api.schemas import (
+    AuditEntryPublic,
+    AuditPublic,
     ClusterPublic,
     DashboardPublic,
     DecisionExplanation,
@@ -57,8 +61,17 @@ from autotune.api.schemas import (
     PolicyEventPublic,
     PolicyEventsPublic,
     PolicyPublic,
+    PrincipalPublic,
     Readiness,
     ShadowPublic,
+    TenantCreate,
+    TenantPublic,
+    TenantsPublic,
+    TenantUpdate,
+    TokenCreate,
+    TokenIssued,
+    TokenPublic,
+    TokensPublic,
 )
 
 __all__ = [
@@ -103,11 +116,11 @@ class ForbiddenError(ApiError):
 
 
 class NotFoundError(ApiError):
-    """404: no such job, decision, override or policy."""
+    """404: no such job, decision, override, policy, tenant or token."""
 
 
 class ConflictError(ApiError):
-    """409: the id is taken, or the change clashes with the current state."""
+    """409: the id or name is taken, or the change clashes with the current state."""
 
 
 class InvalidRequestError(ApiError):
@@ -505,3 +518,69 @@ class Client:
 
     def stop_shadow(self) -> PolicyPublic:
         return self._change(PolicyPublic, "DELETE", "/policies/shadow")
+
+    # --- tenants, tokens and the audit log --------------------------------------------
+
+    def tenants(self) -> TenantsPublic:
+        """Every tenant with its quota and the GPUs its running jobs hold now."""
+        return self._get(TenantsPublic, "/tenants")
+
+    def tenant(self, name: str) -> TenantPublic:
+        return self._get(TenantPublic, f"/tenants/{_segment(name)}")
+
+    def create_tenant(self, tenant: TenantCreate | Mapping[str, Any]) -> TenantPublic:
+        """Create a tenant with its quota (an admin's token); 409 if the name is taken."""
+        return self._change(TenantPublic, "POST", "/tenants", _body(tenant))
+
+    def update_tenant(self, name: str, changes: TenantUpdate | Mapping[str, Any]) -> TenantPublic:
+        """Change a tenant's quota, borrowing, lending or weight (an admin's token); the
+        fields left out keep their value."""
+        return self._change(TenantPublic, "PATCH", f"/tenants/{_segment(name)}", _body(changes))
+
+    def whoami(self) -> PrincipalPublic:
+        """Who the client's token is: its tenant, role, id and name."""
+        return self._get(PrincipalPublic, "/whoami")
+
+    def tokens(self, *, tenant: str | None = None, revoked: bool = False) -> TokensPublic:
+        """Tokens by id, without their secrets (an admin's token); revoked ones too with
+        ``revoked``."""
+        return self._get(TokensPublic, "/tokens", tenant=tenant, revoked=revoked)
+
+    def create_token(self, token: TokenCreate | Mapping[str, Any]) -> TokenIssued:
+        """Issue a token to a tenant with a role (an admin's token); the answer's
+        ``token`` is the secret, shown this once."""
+        return self._change(TokenIssued, "POST", "/tokens", _body(token))
+
+    def rotate_token(self, token_id: int) -> TokenIssued:
+        """Give a token a new secret (same id, tenant, role, expiry); the old one stops
+        working at once. 409 if it is revoked."""
+        return self._change(TokenIssued, "POST", f"/tokens/{int(token_id)}/rotate")
+
+    def revoke_token(self, token_id: int) -> TokenPublic:
+        """Revoke a token: it stops working at once."""
+        return self._change(TokenPublic, "DELETE", f"/tokens/{int(token_id)}")
+
+    def audit_page(
+        self,
+        *,
+        tenant: str | None = None,
+        token_id: int | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> AuditPublic:
+        """One page of the audit log, newest first (an admin's token)."""
+        return self._get(
+            AuditPublic, "/audit", tenant=tenant, token_id=token_id, limit=limit, cursor=cursor
+        )
+
+    def audit(
+        self, *, tenant: str | None = None, token_id: int | None = None, page_size: int = 100
+    ) -> Iterator[AuditEntryPublic]:
+        """Every mutating request, newest first: which token made it and the status it
+        got, refusals included (an admin's token)."""
+
+        def fetch(cursor: str | None) -> tuple[list[AuditEntryPublic], str | None]:
+            page = self.audit_page(tenant=tenant, token_id=token_id, limit=page_size, cursor=cursor)
+            return page.data, page.next
+
+        return self._pages(fetch)

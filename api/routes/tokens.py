@@ -1,6 +1,6 @@
 """API tokens: issued to a tenant with a role, listed, rotated and revoked by an admin's
-token; any valid token may ask who it is. The token itself is in the answer that issues
-or rotates it, and nowhere else."""
+token; any valid token may ask who it is (``/whoami``). The token itself is in the
+answer that issues or rotates it, and nowhere else."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ from autotune.daemon.auth import TokenCheck, issue_token, rotate_stored_token
 from autotune.db import repository as repo
 
 router = APIRouter(prefix="/tokens", tags=["tokens"])
+whoami_router = APIRouter(tags=["tokens"])
 _NO_TOKEN: dict[int | str, dict[str, Any]] = {404: problem("No token with that id")}
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     k: v for k, v in WRITE_ERRORS.items() if k in (401, 403)
@@ -63,7 +64,9 @@ def _changed(request: Request) -> None:
         check.invalidate()
 
 
-@router.get("/self", response_model=PrincipalPublic, responses={**READ_ERRORS, **_AUTH_ERRORS})
+@whoami_router.get(
+    "/whoami", response_model=PrincipalPublic, responses={**READ_ERRORS, **_AUTH_ERRORS}
+)
 def whoami(principal: PrincipalDep) -> PrincipalPublic:
     """Who the presented token is: its tenant, role, id and name."""
     return PrincipalPublic(

@@ -27,7 +27,8 @@ __all__ = [
 ]
 
 GpuCount = Annotated[int, Field(ge=0, le=MAX_GPUS), INTEGRAL]
-ModelName = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._ -]+$")]
+ModelName = Annotated[str, Field(min_length=1, max_length=64)]
+"""A GPU model's name, as the nodes report it (``A100``, ``H100``)."""
 
 _GPUS = "Nominal quota: GPUs promised to the tenant over all models when it has work for them"
 _BY_MODEL = (

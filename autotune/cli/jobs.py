@@ -79,12 +79,13 @@ def _emit(result: Any, as_json: bool, table: Table | str | None = None) -> None:
 
 def _jobs_table(jobs: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    for column in ("job", "state", "task", "GPUs", "progress", "priority", "reason"):
+    for column in ("job", "tenant", "state", "task", "GPUs", "progress", "priority", "reason"):
         table.add_column(column)
     for job in jobs:
         spec = job["spec"]
         table.add_row(
             job["job_id"],
+            job.get("tenant", ""),
             job["state"] + (" (cancelling)" if job.get("cancel_requested") else ""),
             (job.get("task") or {}).get("name", ""),
             f"{spec['min_gpus']}-{spec['max_gpus']}",
@@ -113,11 +114,15 @@ def job_submit(
         list[str] | None, typer.Option("--gpu-type", help="Allowed GPU model (repeatable).")
     ] = None,
     max_nodes: Annotated[int | None, typer.Option("--max-nodes", min=1)] = None,
+    tenant: Annotated[
+        str | None,
+        typer.Option(help="Whose job (default: the token's tenant; another needs an admin's)."),
+    ] = None,
     url: UrlOption = None,
     token: TokenOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Submit a job; the daemon schedules it at its next tick."""
+    """Submit a job, the token's tenant's; the daemon schedules it at its next tick."""
     constraints: dict[str, Any] = {}
     if gpu_type:
         constraints["gpu_types"] = gpu_type
@@ -134,6 +139,8 @@ def job_submit(
     }
     if job_id is not None:
         body["job_id"] = job_id
+    if tenant is not None:
+        body["tenant"] = tenant
     with daemon(url, token, changes=True) as api:
         job = to_json(api.submit_job(body))
     _emit(job, as_json, f"submitted [bold]{job['job_id']}[/] ({job['state']})")

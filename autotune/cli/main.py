@@ -1,12 +1,12 @@
 """The ``autotune`` command tree, in one place and in the README's order.
 
-Each command lives in the module of its group (``daemon``, ``plan``, ``client``,
-``versions``, ``evaluate``, ``forecast``, ``policy``, ``replay``, ``executor``); the
-helpers they share are in ``common``. Studies add command groups of their own through
-the ``autotune.commands`` entry points (``autotune pollux ...``). Commands that report
-figures print one JSON object with ``--json``. Exit codes: 0 on success, 2 on bad input
-(one line on stderr naming the file, row or column), 1 when something outside the input
-failed (an unreachable daemon, a crashed job).
+Each command lives in the module of its group (``daemon``, ``plan``, ``jobs``,
+``tenants``, ``versions``, ``evaluate``, ``forecast``, ``policy``, ``replay``,
+``executor``); the helpers they share are in ``common``. Studies add command groups of
+their own through the ``autotune.commands`` entry points (``autotune pollux ...``).
+Commands that report figures print one JSON object with ``--json``. Exit codes: 0 on
+success, 2 on bad input (one line on stderr naming the file, row or column), 1 when
+something outside the input failed (an unreachable daemon, a crashed job).
 
 Modules that import Ray, RLlib or torch do so inside the command, so ``autotune --help``
 stays fast.
@@ -34,6 +34,7 @@ from autotune.cli.jobs import decisions_command, job_app, override_app
 from autotune.cli.plan import plan
 from autotune.cli.policy import train_policy, tune_policy
 from autotune.cli.replay import replay_app
+from autotune.cli.tenants import audit_command, tenant_app
 from autotune.cli.versions import policy_app
 
 __all__ = ["app", "help_columns", "main", "reflow_help"]
@@ -49,17 +50,28 @@ app = typer.Typer(
 # Panels of `autotune --help`, in the README's order.
 _DAEMON = "Run the daemon"
 _JOBS = "Jobs, decisions and overrides (the daemon's REST API)"
+_ACCESS = "Tenants, tokens and the audit log (the daemon's REST API)"
 _SIM = "Plan, simulate and evaluate"
 _LEARN = "Learned policy and demand forecast"
 _EXECUTOR = "Training for real"
 
 app.command("daemon", rich_help_panel=_DAEMON)(daemon)
 app.add_typer(db_app, name="db", rich_help_panel=_DAEMON)
-app.add_typer(token_app, name="token", rich_help_panel=_DAEMON)
 app.add_typer(job_app, name="job", no_args_is_help=True, rich_help_panel=_JOBS)
 app.command("decisions", rich_help_panel=_JOBS)(decisions_command)
 app.add_typer(override_app, name="override", no_args_is_help=True, rich_help_panel=_JOBS)
 app.add_typer(policy_app, name="policy", no_args_is_help=True, rich_help_panel=_JOBS)
+app.add_typer(tenant_app, name="tenant", no_args_is_help=True, rich_help_panel=_ACCESS)
+# `token rotate` works on the database, without a token (autotune.cli.daemon); the
+# others, through the API, are added to the group by autotune.cli.tenants.
+app.add_typer(
+    token_app,
+    name="token",
+    help="API tokens: issue, list and revoke them (an admin's token), say who one is; "
+    "`token rotate` gives one a new secret straight in the database, with no token.",
+    rich_help_panel=_ACCESS,
+)
+app.command("audit", rich_help_panel=_ACCESS)(audit_command)
 app.command("plan", rich_help_panel=_SIM)(plan)
 app.command("eval", rich_help_panel=_SIM)(eval_policies)
 app.add_typer(forecast_app, name="forecast", rich_help_panel=_LEARN)

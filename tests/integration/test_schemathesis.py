@@ -59,11 +59,12 @@ dictionaries.active-jobs.values = ["st-0", "st-1", "st-2"]
 
 # Rules a schema cannot state (each field's description says them): a cursor the listing
 # did not hand out, max_gpus below min_gpus, an override the job or cluster cannot run, a
-# checkpoint that does not load
+# checkpoint that does not load, a tenant that does not exist
 [[operations]]
 include-name = [
     "GET /api/v1/jobs", "GET /api/v1/jobs/{job_id}/metrics", "GET /api/v1/decisions",
-    "POST /api/v1/jobs", "POST /api/v1/overrides", "POST /api/v1/policies",
+    "GET /api/v1/audit", "POST /api/v1/jobs", "POST /api/v1/overrides",
+    "POST /api/v1/policies", "POST /api/v1/tokens",
 ]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "404", "409", "413", "422"]
 
@@ -71,6 +72,26 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "404", "409",
 include-name = "POST /api/v1/overrides"
 parameters = { "body.job_id" = { dictionary = "active-jobs", probability = 0.8 } }
 """
+
+MEMBER_CONFIG = (
+    CONFIG.replace(  # the member's 403, where the job is another tenant's or the route an admin's
+        'expected-statuses = ["2xx", "401", "404", "409", "413", "422"]',
+        'expected-statuses = ["2xx", "401", "403", "404", "409", "413", "422"]',
+    )
+    + """
+[[operations]]
+include-name = "DELETE /api/v1/jobs/{job_id}"
+parameters = { "path.job_id" = { dictionary = "active-jobs", probability = 0.8 } }
+"""
+)
+"""The same, for a run with another tenant's member token: cancellations aimed at the
+active jobs (the default tenant's) too, as the overrides are."""
+MEMBER_OPTIONS = (
+    "--phases examples,coverage,fuzzing,stateful --seed 2 --max-examples 25 --workers 1 "
+    "--generation-database none --request-timeout 10 --include-method POST "
+    "--include-method PATCH --include-method DELETE"
+)
+"""Every mutating operation, 25 cases per operation and phase."""
 
 ACCEPTED = {"/api/v1/jobs": 0.8, "/api/v1/overrides": 0.25}
 """Least share of 100 schema-valid bodies (the same ones every run) the API must accept, of
@@ -88,7 +109,9 @@ def schemathesis_command() -> list[str]:
     return [str(script)]
 
 
-def run_arguments(url: str, config: Path, report: Path) -> list[str]:
+def run_arguments(
+    url: str, config: Path, report: Path, *, token: str = TOKEN, options: str = OPTIONS
+) -> list[str]:
     """``schemathesis ... run`` as the manual gives it, plus where the report goes."""
     return [
         *schemathesis_command(),
@@ -96,9 +119,9 @@ def run_arguments(url: str, config: Path, report: Path) -> list[str]:
         str(config),
         "run",
         f"{url}/openapi.json",
-        *OPTIONS.split(),
+        *options.split(),
         "-H",
-        f"Authorization: Bearer {TOKEN}",
+        f"Authorization: Bearer {token}",
         "--no-color",
         "--report",
         "json",
@@ -211,6 +234,8 @@ def test_schemathesis_finds_no_server_error_and_no_failed_check(tmp_path: Path) 
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/openapi.json") as answer:
             openapi = json.loads(answer.read())
         jobs = schema_valid_bodies(openapi, "/api/v1/jobs", 100)
+        for body in jobs:  # a tenant must exist: the token's own, by default
+            body.pop("tenant", None)
         assert accepted_share(api, "/jobs", jobs) >= ACCEPTED["/api/v1/jobs"]
         wait_for("st-0 running", lambda: api.get("/jobs/st-0")["state"] == "running")
         overrides = schema_valid_bodies(openapi, "/api/v1/overrides", 100)
@@ -250,5 +275,85 @@ def test_schemathesis_finds_no_server_error_and_no_failed_check(tmp_path: Path) 
             f"schemathesis: {report['test_cases']['generated']} cases in "
             f"{report['running_time']:.0f} s"
         )
+        member_finds_no_way_to_change_another_tenants_jobs(api, port, tmp_path)
     finally:
         daemon.stop()
+
+
+def foreign_state(api: Api) -> dict[str, Any]:
+    """What another tenant's member must not change: the default tenant's active jobs
+    (cancellation asked or not) and their overrides, the tenants, the tokens, the
+    policies."""
+    overrides = []
+    for job_id in ACTIVE_JOBS:
+        for o in api.get(f"/overrides?job={job_id}&limit=1000")["data"]:
+            overrides.append((o["id"], o["job_id"], o["pin"], o["deleted_at"], o["expires_at"]))
+    tenants = [
+        {k: v for k, v in t.items() if not k.startswith("gpus_held")}
+        for t in api.get("/tenants")["data"]
+    ]
+    status, tokens = api.call("GET", "/tokens?revoked=true", token=TOKEN)
+    assert status == 200, tokens
+    return {
+        "jobs": {j: api.get(f"/jobs/{j}")["cancel_requested"] for j in ACTIVE_JOBS},
+        "overrides": overrides,
+        "tenants": tenants,
+        # usable turns false at an expiry (the first run issued tokens that expire)
+        "tokens": [{k: v for k, v in t.items() if k != "usable"} for t in tokens["data"]],
+        "policies": api.get("/policies"),
+    }
+
+
+def member_finds_no_way_to_change_another_tenants_jobs(api: Api, port: int, tmp_path: Path) -> None:
+    """Schemathesis over every mutating operation with the token of tenant
+    ``schemathesis-b``'s member: the default tenant's jobs, their overrides, the tenants,
+    tokens and policies stay as they were, and no answer is a 5xx."""
+    status, answer = api.call("POST", "/tenants", {"name": "schemathesis-b"}, token=TOKEN)
+    assert status == 201, answer
+    body = {"tenant": "schemathesis-b", "role": "member", "name": "schemathesis"}
+    status, issued = api.call("POST", "/tokens", body, token=TOKEN)
+    assert status == 201, issued
+    before = foreign_state(api)
+    assert not all(before["jobs"].values())  # one at least the member could cancel
+    config = tmp_path / "member.toml"
+    config.write_text(MEMBER_CONFIG)
+    report_path = tmp_path / "member.json"
+    run = subprocess.run(
+        run_arguments(
+            f"http://127.0.0.1:{port}",
+            config,
+            report_path,
+            token=issued["token"],
+            options=MEMBER_OPTIONS,
+        ),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = run.stdout[-6000:] + run.stderr[-2000:]
+    assert report_path.exists(), output
+    report = json.loads(report_path.read_text())
+    after = foreign_state(api)
+    for part in before:
+        assert after[part] == before[part], part
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
+        assert server_errors(answer.read().decode()) == {}
+    status, audit = api.call("GET", f"/audit?token_id={issued['id']}&limit=1000", token=TOKEN)
+    assert status == 200, audit
+    statuses = [entry["status"] for entry in audit["data"]]
+    foreign = [
+        entry["status"]
+        for entry in audit["data"]
+        if any(job in entry["path"] for job in ACTIVE_JOBS)
+    ]
+    assert report["operations"]["tested"] >= 14, output
+    assert report["failures"] == [], output
+    assert report["errors"] == [], output
+    print(
+        f"schemathesis as another tenant's member: {report['test_cases']['generated']} "
+        f"cases, {audit['count']} audited requests (of the newest {len(statuses)}: "
+        f"{statuses.count(403)} refused with 403), "
+        f"{len(foreign)} aimed at the default tenant's jobs by path, all refused"
+    )
+    assert set(foreign) <= {403}

@@ -89,12 +89,16 @@ def tenant_usage(*, session: Session) -> dict[str, dict[str, float]]:
     placements = running_placements(session=session)
     if not placements:
         return {}
-    models = dict(session.execute(select(NodeRow.node_id, NodeRow.gpu_model)).tuples())
-    owners = dict(
-        session.execute(
+    models = {
+        node_id: model
+        for node_id, model in session.execute(select(NodeRow.node_id, NodeRow.gpu_model))
+    }
+    owners = {
+        job_id: tenant
+        for job_id, tenant in session.execute(
             select(JobRow.job_id, JobRow.tenant).where(JobRow.job_id.in_(list(placements)))
-        ).tuples()
-    )
+        )
+    }
     usage: dict[str, dict[str, float]] = {}
     for job_id, placement in placements.items():
         held = usage.setdefault(owners.get(job_id, DEFAULT_TENANT), {})

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from autotune.api.app import create_app
-from autotune.core import utc_now
+from autotune.core import Decision, JobConfig, Placement, RankSlot, utc_now
 from autotune.daemon.auth import StoredTokenCheck, ensure_token, issue_token
 from autotune.db import Database
 from autotune.db import repository as repo
@@ -83,7 +83,7 @@ class Tenancy:
         return answer.json() if answer.content else None
 
     def whoami(self, who: str) -> dict[str, Any]:
-        result: dict[str, Any] = self.call("get", "/tokens/self", who, expect=200)
+        result: dict[str, Any] = self.call("get", "/whoami", who, expect=200)
         return result
 
     def state(self) -> dict[str, Any]:
@@ -195,11 +195,11 @@ def test_tokens_rotate_revoke_and_expire_at_once(tenancy: Tenancy) -> None:
     rotated = t.call("post", f"/tokens/{me['token_id']}/rotate", "admin", expect=200)
     assert rotated["id"] == me["token_id"]
     assert rotated["rotated_at"] is not None
-    t.call("get", "/tokens/self", "b-member", expect=401)  # the old secret: at once
+    t.call("get", "/whoami", "b-member", expect=401)  # the old secret: at once
     t.tokens["b-member"] = rotated["token"]
     assert t.whoami("b-member") == me
     t.call("delete", f"/tokens/{me['token_id']}", "admin", expect=200)
-    t.call("get", "/tokens/self", "b-member", expect=401)
+    t.call("get", "/whoami", "b-member", expect=401)
     t.call("post", f"/tokens/{me['token_id']}/rotate", "admin", expect=409)
     listed = t.call("get", "/tokens?tenant=b&revoked=true", "admin", expect=200)["data"]
     assert [(x["id"], x["usable"]) for x in listed] == [(me["token_id"], False)]
@@ -235,5 +235,25 @@ def test_tenants_carry_their_quota_and_an_admin_changes_it(tenancy: Tenancy) -> 
     assert (changed["nominal_gpus"], changed["borrow"], changed["lend"]) == (10, False, True)
     assert t.call("get", "/tenants/a", None, expect=200) == changed
     t.call("patch", "/tenants/nope", "admin", {"gpus": 1}, expect=404)
+    # use against quota: a's job runs on two GPUs of the first node
+    node = small_nodes()[0]
+    slots = tuple(RankSlot(rank=i, node_id=node.node_id, gpu_index=i) for i in range(2))
+    with t.db.session() as session:
+        job = repo.get_job(session=session, job_id="a-job")
+        assert job is not None
+        repo.upsert_job(session=session, spec=job.spec, state="running")
+        decision = Decision(
+            job_id="a-job",
+            config=JobConfig.data_parallel(2),
+            placement=Placement(job_id="a-job", ranks=slots),
+            source="policy",
+            policy_version="rules",
+            reason="test",
+        )
+        repo.create_decision(session=session, decision=decision)
+    held = {x["name"]: x for x in t.call("get", "/tenants", None, expect=200)["data"]}
+    assert held["a"]["gpus_held"] == 2
+    assert held["a"]["gpus_held_by_model"] == {node.gpu_model: 2}
+    assert held["b"]["gpus_held"] == 0
     t.call("post", "/tenants", "admin", {"name": "a"}, expect=409)
     t.call("post", "/tenants", "admin", {"name": "c", "weight": 0}, expect=422)

@@ -244,9 +244,7 @@ def test_overrides_cancellation_and_tokens_round_trip(any_database: Database) ->
             explanation={"why": "pinned"},
         )
         repo.request_cancel(session=session, job_id="j")
-        issued = repo.add_token(
-            session=session, token_sha256="ab" * 32, role="member", name="ci"
-        )
+        issued = repo.add_token(session=session, token_sha256="ab" * 32, role="member", name="ci")
     with database.session() as session:
         assert stored.decision_id is not None
         record = repo.get_decision(session=session, decision_id=stored.decision_id)
