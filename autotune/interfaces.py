@@ -34,6 +34,7 @@ from autotune.core import (
     ModelProfile,
     NodeInfo,
     Placement,
+    TenantSpec,
 )
 
 if TYPE_CHECKING:
@@ -225,6 +226,9 @@ class ClusterSnapshot:
     reconfigurations, or of its jobs' first starts until one is measured. ``None``: the
     backend does not measure it (the simulated cluster charges its own ``restart_s``),
     and the decision step does not weigh a change against it."""
+    tenants: Mapping[str, TenantSpec] = field(default_factory=dict)
+    """The tenants sharing the cluster, by name, with their quotas (the decision step
+    enforces them: ``autotune.decision.quotas``); empty: no quotas."""
 
     def by_state(self, *states: JobState) -> list[JobStatus]:
         return [j for j in self.jobs if j.state in states]

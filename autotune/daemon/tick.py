@@ -472,6 +472,9 @@ class Daemon:
             refitted, self._models_now = [], {}
         with self.db.session() as session:
             overrides = repo.active_overrides(session=session, at=utc_now())
+            tenants = {t.spec.name: t.spec for t in repo.list_tenants(session=session)}
+        if tenants:  # their quotas, for the decision step
+            snapshot = replace(snapshot, tenants=tenants)
         answer, round_, used_fallback = self._decide(snapshot, overrides)
         if self.lifecycle is not None:
             self.lifecycle.after_decide(

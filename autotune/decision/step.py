@@ -13,6 +13,9 @@ One round:
    it wants, for running ones (resize, recompress, another precision map or batch), a
    configuration; a choice without a configuration keeps its job waiting, with the
    reason;
+   then the tenants' quotas (``autotune.decision.quotas``): a tenant within its quota
+   gets GPUs others borrowed back (their jobs are preempted), a job beyond its tenant's
+   quota waits unless it can borrow idle GPUs;
 3. the memory rule (``autotune.perf.memory.fit_memory``) adds gradient accumulation,
    then activation checkpointing, until a rank of each chosen configuration fits the
    smallest GPU the job may run on;
@@ -56,6 +59,7 @@ from autotune.core import (
 from autotune.decision.explain import explain_decision
 from autotune.decision.overrides import pinned_config, pinned_placement
 from autotune.decision.payoff import Payoff, payoff, unproven_change
+from autotune.decision.quotas import enforce_quotas
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
 from autotune.perf.online import JobModel
@@ -192,7 +196,6 @@ def decide(
         and j.spec.job_id not in overrides
         and j.config is not None
     }
-    active = [j for j in active if j.spec.job_id not in preempted]
     for j in view.by_state("pending"):
         # A pending job the policy left out is planned as the ``Policy`` contract says.
         if j.spec.job_id not in decided:
@@ -201,6 +204,21 @@ def decide(
                 reason=f"not chosen by the policy: data parallel over its {j.spec.min_gpus} "
                 "minimum GPU(s)",
             )
+    # 2b. The tenants' quotas, whatever the policy: borrowed GPUs given back to a tenant
+    #     within its quota, jobs beyond a quota waiting unless they can borrow idle GPUs.
+    quota = enforce_quotas(view, decided, overrides, preempted)
+    skipped: dict[str, str] = {}
+    for job_id, reason in quota.preempt.items():
+        decided.pop(job_id, None)
+        preempted[job_id] = PolicyChoice(config=None, reason=reason, preempt=True)
+    for job_id, reason in quota.wait.items():
+        decided[job_id] = PolicyChoice(config=None, reason=reason)
+        if job_id in overrides:
+            skipped[job_id] = f"override {overrides.pop(job_id).override_id} not applied: {reason}"
+    for job_id, note in quota.borrowing.items():
+        if (c := decided.get(job_id)) is not None:
+            decided[job_id] = replace(c, reason=f"{c.reason}; {note}")
+    active = [j for j in active if j.spec.job_id not in preempted]
     choices = _fit_memory(decided, active, snapshot.nodes)
     waiting = {
         job_id: c.reason
@@ -216,6 +234,10 @@ def decide(
     declined: dict[str, str] = _hopeless_resizes(planning, active, choices, overrides)
     for job_id in declined:
         choices.pop(job_id)
+    for job_id, reason in quota.keep.items():
+        if job_id in choices and job_id not in overrides:
+            choices.pop(job_id)
+            declined[job_id] = reason
     payoffs: dict[str, Payoff] = {}
     if snapshot.restart_s is not None:
         unpaid, payoffs = _unpaid_changes(
@@ -227,7 +249,6 @@ def decide(
     # 4-5. Pins merged, then the Planner; an override that cannot be applied this round is
     #      skipped with the reason and the round planned again without it, and so is a
     #      running job's new configuration that finds no room (it keeps its current one).
-    skipped: dict[str, str] = {}
     reserved: dict[str, Placement] = {}
     while True:
         configs, current, pinned = _pinned_configs(active, choices, overrides, released, skipped)

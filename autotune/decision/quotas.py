@@ -1,0 +1,221 @@
+"""Tenants' GPU quotas in the decision step, for every policy: who may start, who waits,
+and which borrowed jobs give their GPUs back.
+
+A tenant (``autotune.core.TenantSpec``) is promised its nominal quota when it has work
+for it; GPUs it leaves idle are lent to others (unless it does not lend), and taken back
+when its own jobs arrive, by preempting jobs of tenants above their quota (each stops
+after a checkpoint and waits again). In the habits of Kueue's cluster queues (nominal
+quota, borrowing, preemption to reclaim) and of YARN's capacity scheduler.
+
+One round, after the policy chose (``enforce_quotas``):
+
+1. GPUs held: each tenant's running jobs' placements (jobs the policy preempts this round
+   excluded); free: the alive nodes' GPUs no running job holds.
+2. Asks, in queue order: each pending job's chosen world size, and each running job's
+   growth (a resize to more GPUs).
+3. Within quota first: an ask that keeps its tenant within its nominal quota is taken;
+   where too few GPUs are free, jobs of tenants above their quota are preempted (the
+   tenant furthest above its weighted share first, then lower priority, then the newest
+   started) until enough are free. A running job under an override is never preempted
+   for a quota, but its GPUs count.
+4. Then borrowing, the least served tenant first (GPUs above its quota per unit of
+   weight, fair share): an ask beyond its tenant's quota is taken only if the tenant
+   borrows and enough GPUs are free besides those non-lending tenants keep idle for
+   themselves; otherwise the job waits (a pending one) or keeps its size (a running
+   one), with the reason.
+
+Quotas count whole GPUs a job holds or asks for, fractions of a shared GPU as
+fractions, over all GPU models (``TenantSpec.nominal_gpus``); a quota promised on a
+given model (``gpus_by_model``) is counted towards the total, not yet per model. A job
+of a tenant the cluster does not know is taken as one with no quota that borrows. With
+no quota anywhere (and every tenant borrowing and lending) the round is as without
+tenants: nothing changes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autotune.core import MILLI_PER_GPU, JobConfig, JobSpec, Placement, TenantSpec
+from autotune.decision.overrides import pinned_config
+from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+
+__all__ = ["QuotaRound", "enforce_quotas", "gpus_of"]
+
+_EPS = 1e-9
+
+
+class _Pinned(Protocol):
+    @property
+    def pin(self) -> Mapping[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaRound:
+    """What the quotas change in a round's choices."""
+
+    preempt: dict[str, str] = field(default_factory=dict)
+    """Running jobs to stop (after a checkpoint) so that a tenant within its quota gets
+    its GPUs back, with the reason."""
+    wait: dict[str, str] = field(default_factory=dict)
+    """Pending jobs that wait this round for their tenant's quota, with the reason."""
+    keep: dict[str, str] = field(default_factory=dict)
+    """Running jobs whose growth is declined (they keep their size), with the reason."""
+    borrowing: dict[str, str] = field(default_factory=dict)
+    """Jobs taken beyond their tenant's quota on idle GPUs, with a note for the reason."""
+
+
+def gpus_of(spec: JobSpec, world_size: int) -> float:
+    """GPUs a job of ``world_size`` ranks holds: whole GPUs, or its share of one."""
+    return world_size * spec.gpu_milli / MILLI_PER_GPU
+
+
+def _held(placement: Placement) -> float:
+    return sum(slot.gpu_milli for slot in placement.ranks) / MILLI_PER_GPU
+
+
+def _asked(job: JobStatus, choice: PolicyChoice, pin: Mapping[str, Any] | None) -> JobConfig:
+    """The configuration a job asks for this round: the policy's, with an override's
+    pinned fields over it."""
+    assert choice.config is not None
+    if pin is None:
+        return choice.config
+    try:
+        return pinned_config(choice.config, pin)
+    except ValueError:  # the decision step skips such a pin later, with the reason
+        return choice.config
+
+
+def enforce_quotas(
+    view: ClusterSnapshot,
+    choices: Mapping[str, PolicyChoice],
+    overrides: Mapping[str, _Pinned],
+    preempted: Mapping[str, PolicyChoice],
+) -> QuotaRound:
+    """The quotas' changes to a round: ``view`` is the snapshot the policy was asked
+    about (its ``tenants`` give the quotas), ``choices`` the policy's choices with a
+    configuration for every pending job to plan, ``overrides`` the active ones by job,
+    ``preempted`` the running jobs the policy already stops."""
+    result = QuotaRound()
+    tenants = dict(view.tenants)
+    if all(t.nominal_gpus == 0 and t.borrow and t.lend for t in tenants.values()):
+        return result  # no quota anywhere: every ask borrows from an idle cluster
+
+    def tenant(name: str) -> TenantSpec:
+        if name not in tenants:
+            tenants[name] = TenantSpec(name=name)
+        return tenants[name]
+
+    held: dict[str, float] = defaultdict(float)
+    running: list[tuple[JobStatus, float]] = []
+    for job in view.by_state("running"):
+        if job.placement is None or job.spec.job_id in preempted:
+            continue
+        gpus = _held(job.placement)
+        held[job.spec.tenant] += gpus
+        running.append((job, gpus))
+    free = sum(n.gpu_count for n in view.nodes) - sum(held.values())
+
+    asks: list[tuple[JobStatus, float]] = []
+    for job in view.queue_order():
+        choice = choices.get(job.spec.job_id)
+        if choice is None or choice.config is None:
+            continue
+        pin = overrides[job.spec.job_id].pin if job.spec.job_id in overrides else None
+        gpus = gpus_of(job.spec, _asked(job, choice, pin).world_size)
+        if job.state == "running":
+            if job.placement is None or job.spec.job_id in preempted:
+                continue
+            gpus -= _held(job.placement)  # its growth; a shrink frees GPUs this round
+            if gpus < 0:
+                free -= gpus
+                continue
+        if gpus > _EPS:
+            asks.append((job, gpus))
+
+    def above(name: str) -> float:
+        """GPUs held above the quota, per unit of weight."""
+        spec = tenant(name)
+        return (held[name] - spec.nominal_gpus) / spec.weight
+
+    def reclaim(owner: str, need: float) -> float:
+        """Preempt borrowed jobs of other tenants until ``need`` GPUs are free, or none
+        is left to preempt; the GPUs freed."""
+        freed = 0.0
+        while freed < need - _EPS:
+            candidates = [
+                (job, gpus)
+                for job, gpus in running
+                if job.spec.tenant != owner
+                and job.spec.job_id not in overrides
+                and job.spec.job_id not in result.preempt
+                and held[job.spec.tenant] > tenant(job.spec.tenant).nominal_gpus + _EPS
+            ]
+            if not candidates:
+                break
+            job, gpus = max(
+                candidates,
+                key=lambda c: (
+                    above(c[0].spec.tenant),
+                    -c[0].spec.priority,
+                    c[0].started_s or 0.0,
+                    c[0].spec.job_id,
+                ),
+            )
+            lender = tenant(job.spec.tenant)
+            result.preempt[job.spec.job_id] = (
+                f"for tenant {owner!r}'s quota: tenant {lender.name!r} holds "
+                f"{held[lender.name]:g} GPUs, above its quota of {lender.nominal_gpus}, and "
+                f"{owner!r} has work within its own ({tenant(owner).nominal_gpus} GPUs)"
+            )
+            held[lender.name] -= gpus
+            freed += gpus
+        return freed
+
+    # Within quota first, in queue order; preempting borrowers where too few are free.
+    beyond: list[tuple[JobStatus, float]] = []
+    for job, gpus in asks:
+        name = job.spec.tenant
+        if held[name] + gpus > tenant(name).nominal_gpus + _EPS:
+            beyond.append((job, gpus))
+            continue
+        if free < gpus - _EPS:
+            free += reclaim(name, gpus - free)
+        held[name] += gpus
+        free -= gpus
+
+    # Then borrowing: the least served tenant first (fair share by weight).
+    def kept_idle() -> float:
+        """Idle nominal GPUs of tenants that do not lend them."""
+        return sum(
+            max(0.0, spec.nominal_gpus - held[name])
+            for name, spec in tenants.items()
+            if not spec.lend
+        )
+
+    while beyond:
+        job, gpus = min(beyond, key=lambda a: above(a[0].spec.tenant))
+        beyond.remove((job, gpus))
+        name = job.spec.tenant
+        spec = tenant(name)
+        quota = f"tenant {name!r} holds {held[name]:g} of its {spec.nominal_gpus} GPUs"
+        if not spec.borrow:
+            why = f"{quota} and does not borrow beyond it"
+        elif free - kept_idle() < gpus - _EPS:
+            why = f"{quota}; {gpus:g} more would borrow, and no idle GPUs are free to lend"
+        else:
+            result.borrowing[job.spec.job_id] = (
+                f"borrows {gpus:g} idle GPU(s) beyond tenant {name!r}'s quota of "
+                f"{spec.nominal_gpus} (given back when their owners' jobs arrive)"
+            )
+            held[name] += gpus
+            free -= gpus
+            continue
+        if job.state == "running":
+            result.keep[job.spec.job_id] = f"keeps its size for the quota: {why}"
+        else:
+            result.wait[job.spec.job_id] = f"waits for its quota: {why}"
+    return result
