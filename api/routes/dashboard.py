@@ -1,12 +1,12 @@
 """The dashboard at ``/``: a map of the cluster (nodes by GPUs, each GPU coloured by the
-job holding it; lost nodes, and how many nodes provisioning parked), the jobs with their
-state, why they wait, their configuration, progress and JCT or age, the active and the
-shadow policy side by side, the overrides in force, the cluster's GPU demand next to its
-capacity and the demand forecast (the 15-minute peak band, aligned at the end of the
-window it forecasts, and the arrival probabilities), goodput per job, a timeline of
-decisions by source (a shadow policy's too) with each decision's explanation on click,
-and, when a shadow policy ran, its agreement with the active one and both rounds'
-predicted goodput.
+job holding it; lost nodes, and how many nodes provisioning parked), each tenant's GPUs
+held against its quota (above it, borrowing), the jobs with their state, why they wait,
+their configuration, progress and JCT or age, the active and the shadow policy side by
+side, the overrides in force, the cluster's GPU demand next to its capacity and the
+demand forecast (the 15-minute peak band, aligned at the end of the window it forecasts,
+and the arrival probabilities), goodput per job, a timeline of decisions by source (a
+shadow policy's too) with each decision's explanation on click, and, when a shadow
+policy ran, its agreement with the active one and both rounds' predicted goodput.
 
 One refresh of the page is a handful of reads: ``GET /api/v1/dashboard`` (below: what
 no other route gives, as the GPUs each job holds and every job's current configuration),
@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from autotune.api.deps import SessionDep
 from autotune.api.routes.forecast import MAX_MINUTES, read_demand_window
+from autotune.api.routes.tenants import read_tenants
 from autotune.api.schemas import (
     DashboardCluster,
     DashboardDecision,
@@ -92,7 +93,8 @@ def dashboard_data(
     """The dashboard's figures in one response: ``demand`` over the newest ``minutes``
     minutes, the rest over the newest ``samples`` ticks; the cluster map (``cluster``:
     every GPU's holders) and the current configuration of the running and the newest
-    jobs (``configs``), which no other route gives."""
+    jobs (``configs``), which no other route gives; and the tenants' use against their
+    quotas (``tenants``, as ``GET /tenants``, from the same placements as the map)."""
     forecasters: tuple[DemandForecaster, ...] = request.app.state.forecasters
     # One sample more than shown: a tick's decisions are committed just before its
     # sample, so the window's decisions are those after the sample before it.
@@ -139,6 +141,7 @@ def dashboard_data(
         shadow=_shadow(session, since, samples),
         cluster=_cluster(session, placements, ticks[-1].recorded_at if ticks else None),
         configs=_configs(session, placements),
+        tenants=read_tenants(session, placements),
     )
     # Serialised once (as ``GET /decisions`` does), not dumped and re-validated.
     return Response(body.model_dump_json(), media_type="application/json")

@@ -3,6 +3,7 @@ by anyone (as jobs are); created and changed by an admin's token."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Annotated, Any
 
@@ -19,7 +20,7 @@ from autotune.api.deps import (
     unprocessable,
 )
 from autotune.api.schemas import TenantCreate, TenantPublic, TenantsPublic, TenantUpdate
-from autotune.core import ID_PATTERN, TenantSpec
+from autotune.core import ID_PATTERN, Placement, TenantSpec
 from autotune.db import repository as repo
 from autotune.errors import FieldError
 
@@ -48,6 +49,15 @@ def _public(record: repo.TenantRecord, held: dict[str, float]) -> TenantPublic:
     )
 
 
+def read_tenants(
+    session: Session, placements: Mapping[str, Placement] | None = None
+) -> list[TenantPublic]:
+    """Every tenant, by name, with the GPUs its running jobs hold now (``GET /tenants``
+    and the dashboard; ``placements``: the running jobs', when read already)."""
+    usage = repo.tenant_usage(session=session, placements=placements)
+    return [_public(r, usage.get(r.spec.name, {})) for r in repo.list_tenants(session=session)]
+
+
 def _spec(**fields: Any) -> TenantSpec:
     try:
         return TenantSpec(**fields)
@@ -60,12 +70,7 @@ async def list_tenants(request: Request) -> TenantsPublic:
     """Every tenant with its quota and the GPUs its running jobs hold now."""
 
     def read(session: Session) -> TenantsPublic:
-        usage = repo.tenant_usage(session=session)
-        return TenantsPublic(
-            data=[
-                _public(r, usage.get(r.spec.name, {})) for r in repo.list_tenants(session=session)
-            ]
-        )
+        return TenantsPublic(data=read_tenants(session))
 
     return await in_session(request, read)
 

@@ -1,5 +1,6 @@
 """Schemas of the dashboard's data route: the cluster map with the GPUs jobs hold, the
-jobs' configurations, the decisions of the window, all in one response."""
+jobs' configurations, the decisions of the window, the tenants' use against their
+quotas, all in one response."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from autotune.api.schemas.cluster import NODE_STATE
+from autotune.api.schemas.tenants import TenantPublic
 from autotune.core import DecisionSource, NodeState
 
 __all__ = [
@@ -126,4 +128,10 @@ class DashboardPublic(BaseModel):
     cluster: DashboardCluster
     configs: dict[str, DashboardJobConfig] = Field(
         description="By job: the running jobs' and the newest jobs' current configuration"
+    )
+    tenants: list[TenantPublic] = Field(
+        default_factory=list,
+        description="Every tenant, by name, with its quota and the GPUs its running jobs "
+        "hold (as ``GET /tenants``, from the placements the cluster map shows); above "
+        "nominal_gpus, a tenant borrows others' idle GPUs",
     )

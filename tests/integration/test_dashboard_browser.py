@@ -1,11 +1,11 @@
 """The dashboard as an operator opens it: ``autotune daemon`` in a child process on the
 simulated cluster, a shadow policy and an override set through the API, and the page
 rendered by headless Chromium. Each panel must hold the daemon's data: the cluster map's
-GPUs, the jobs table, the active and shadow versions, the override, the explanation of
-the decision named in the URL (``#decision=ID``, what a click on a decision does), and
-plots with legends and axis titles; and a click on a decision (a dot of the timeline, a
-row of the list), sent as mouse events through Chromium's DevTools protocol, opens its
-explanation."""
+GPUs, the tenants' GPUs held against their quotas, the jobs table, the active and shadow
+versions, the override, the explanation of the decision named in the URL
+(``#decision=ID``, what a click on a decision does), and plots with legends and axis
+titles; and a click on a decision (a dot of the timeline, a row of the list), sent as
+mouse events through Chromium's DevTools protocol, opens its explanation."""
 
 from __future__ import annotations
 
@@ -203,6 +203,7 @@ def test_every_panel_shows_the_daemons_data(live: Live, browser: str) -> None:
     nodes = api.get("/cluster")["nodes"]
     explanation = api.get(f"/decisions/{live.decision['id']}/explain")
     active = api.get("/policies/active")["version"]
+    tenants = api.get("/tenants")["data"]
     page = render(browser, f"http://127.0.0.1:{live.port}/#decision={live.decision['id']}")
     jobs_after = api.get("/jobs?limit=1")["count"]
     dom = Dom(page)
@@ -224,6 +225,17 @@ def test_every_panel_shows_the_daemons_data(live: Live, browser: str) -> None:
     held = [c for c in cells if "held" in c.attrs["class"].split()]
     assert held, "no GPU held on the map"
     holders = {job for c in held for job in c.attrs["data-job"].split()}
+
+    # Tenants: a row each, held against the quota; default's quota is 0, so the GPUs its
+    # jobs hold on the map are all borrowed.
+    rows_by_tenant = {r.attrs["data-tenant"]: r for r in dom.select("tr", "data-tenant")}
+    assert set(rows_by_tenant) == {t["name"] for t in tenants}
+    headers = [th.words for th in dom.within(dom.by_id("tenants-table"), "th")]
+    default = rows_by_tenant["default"]
+    shown = dict(zip(headers, (c.words for c in dom.cells(default)), strict=True))
+    assert re.fullmatch(r"[\d.,]+ / 0", shown["held / quota (GPUs)"]), shown
+    assert default.attrs["data-borrowing"] == "true"
+    assert shown["use of the quota"].startswith("borrowing "), shown
 
     # Jobs table: a row per job (all of them: fewer than the page's 100), with state,
     # configuration and progress; the jobs on the map are in it. (The daemon ticks on

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from autotune.core import DEFAULT_TENANT, MILLI_PER_GPU, TenantSpec, utc_now
+from autotune.core import DEFAULT_TENANT, MILLI_PER_GPU, Placement, TenantSpec, utc_now
 from autotune.db.repository.decisions import running_placements
 from autotune.db.tables import JobRow, NodeRow, TenantRow
 
@@ -83,10 +84,14 @@ def update_tenant(*, session: Session, spec: TenantSpec) -> TenantRecord | None:
     return _record(row)
 
 
-def tenant_usage(*, session: Session) -> dict[str, dict[str, float]]:
+def tenant_usage(
+    *, session: Session, placements: Mapping[str, Placement] | None = None
+) -> dict[str, dict[str, float]]:
     """GPUs each tenant's running jobs hold now, per GPU model (fractions count), by the
-    placement of each running job's newest decision."""
-    placements = running_placements(session=session)
+    placement of each running job's newest decision (``placements``: those, when the
+    caller has read them already with ``running_placements``)."""
+    if placements is None:
+        placements = running_placements(session=session)
     if not placements:
         return {}
     models = {

@@ -1,7 +1,7 @@
 """``GET /api/v1/dashboard``'s cluster map and job configurations, over a database filled
 by real ticks of the decision loop: every running rank on its GPU, lost nodes, parked
-nodes counted, each job's newest decision (an override's too), and the decisions'
-policy versions."""
+nodes counted, each job's newest decision (an override's too), the decisions' policy
+versions, and each tenant's GPUs held against its quota."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from autotune.api.app import attach_daemon, create_app
 from autotune.api.routes.dashboard import JOBS_SHOWN
@@ -18,6 +19,7 @@ from autotune.daemon.auth import TokenCheck, hash_token
 from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
+from autotune.db.tables import JobRow
 from autotune.demand import NoForecast
 from autotune.envs.presets import small_nodes
 from autotune.envs.simulator import SimConfig, SimulatedCluster
@@ -228,3 +230,70 @@ def test_an_empty_database_gives_an_empty_map(database: Database) -> None:
     }
     assert data["configs"] == {}
     assert data["decisions"] == []
+    # The tenant every database has from migration 0013, holding nothing.
+    assert [
+        {k: t[k] for k in ("name", "nominal_gpus", "gpus_held", "borrow", "lend", "weight")}
+        for t in data["tenants"]
+    ] == [
+        {
+            "name": "default",
+            "nominal_gpus": 0,
+            "gpus_held": 0.0,
+            "borrow": True,
+            "lend": True,
+            "weight": 1.0,
+        }
+    ]
+
+
+def test_tenants_show_the_gpus_they_hold_against_their_quota(
+    cluster: tuple[Cluster, TestClient],
+) -> None:
+    lab, client = cluster
+    response = client.post(
+        "/api/v1/tenants",
+        json={"name": "vision", "gpus_by_model": {"V100": 2}, "gpus": 32, "weight": 2.0},
+        headers=AUTH,
+    )
+    assert response.status_code == 201, response.text
+    # One running job becomes vision's (as if its member's token had submitted it).
+    moved = client.get("/api/v1/jobs", params={"state": "running"}).json()["data"][0]["job_id"]
+    with lab.db.session() as session:
+        session.execute(update(JobRow).where(JobRow.job_id == moved).values(tenant="vision"))
+    data = dashboard(client)
+    tenants = {t["name"]: t for t in data["tenants"]}
+    assert [t["name"] for t in data["tenants"]] == ["default", "vision"]
+    # What the map shows each tenant's jobs hold, per GPU model.
+    expected: dict[str, dict[str, float]] = {"default": {}, "vision": {}}
+    for node in data["cluster"]["nodes"]:
+        for h in node["held"]:
+            held = expected["vision" if h["job_id"] == moved else "default"]
+            held[node["gpu_model"]] = held.get(node["gpu_model"], 0.0) + h["gpu_milli"] / 1000
+    for name, by_model in expected.items():
+        assert tenants[name]["gpus_held"] == pytest.approx(sum(by_model.values()))
+        assert tenants[name]["gpus_held_by_model"] == pytest.approx(by_model)
+    assert tenants["vision"]["gpus_held"] > 0
+    assert tenants["default"]["gpus_held"] > 0
+    assert sum(t["gpus_held"] for t in tenants.values()) == pytest.approx(
+        data["cluster"]["gpus_held"]
+    )
+    # Quotas as set: default's is 0 (it borrows all it holds), vision's 32.
+    assert {k: tenants["vision"][k] for k in ("nominal_gpus", "borrow", "lend", "weight")} == {
+        "nominal_gpus": 32,
+        "borrow": True,
+        "lend": True,
+        "weight": 2.0,
+    }
+    assert tenants["default"]["nominal_gpus"] == 0
+    # One definition: what GET /tenants says.
+    assert data["tenants"] == client.get("/api/v1/tenants").json()["data"]
+    # A change of quota shows at the next read, though the tick's answer is kept.
+    assert dashboard(client) == data
+    response = client.patch("/api/v1/tenants/default", json={"gpus": 24}, headers=AUTH)
+    assert response.status_code == 200, response.text
+    after = {t["name"]: t for t in dashboard(client)["tenants"]}
+    assert after["default"]["nominal_gpus"] == 24
+    assert after["default"]["gpus_held"] == tenants["default"]["gpus_held"]
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    items = schema["DashboardPublic"]["properties"]["tenants"]["items"]
+    assert items["$ref"].endswith("/TenantPublic")
