@@ -13,6 +13,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from autotune import __version__
 from autotune.api.cache import CachedReads, JobCounts, TickCache
+from autotune.api.deps import READS, ReaderDep, Reads, every_tenant
 from autotune.api.metrics import ServiceMetrics
 from autotune.api.middleware import AuditLog, BodyLimitAndTiming
 from autotune.api.routes import audit as audit_log
@@ -82,6 +83,7 @@ def create_app(
     db: Database,
     telemetry: str,
     token_check: TokenCheck | None = None,
+    reads: Reads = "open",
     task_modules: Sequence[str] = (),
     trains: bool = False,
     max_body_bytes: int = 65_536,
@@ -94,6 +96,8 @@ def create_app(
 
     Mutations need a bearer token that ``token_check`` accepts (none without one), whose
     role and tenant allow them (``autotune.daemon.auth``); each is in the audit log.
+    ``reads``: ``open`` (anyone reads) or ``tenant`` (reads need a token; a member or a
+    viewer sees its own tenant's jobs only, the dashboard and ``/metrics`` an admin).
     ``trains``: the daemon's backend trains jobs for real (``--backend ray``), so jobs
     whose built-in task is simulated only are refused at submission. ``policy_loader``
     checks checkpoints registered through ``POST /policies`` (default: the one of the
@@ -111,6 +115,9 @@ def create_app(
     app.state.db = db
     app.state.telemetry = telemetry
     app.state.token_check = token_check
+    if reads not in READS:
+        raise ValueError(f"reads={reads!r}: one of {', '.join(READS)}")
+    app.state.reads = reads
     app.state.task_modules = tuple(task_modules)
     app.state.trains = trains
     app.state.host_telemetry = tuple(host_telemetry)
@@ -149,9 +156,11 @@ def create_app(
 
     @v1.get("/metrics", tags=["health"], response_class=Response)
     @app.get("/metrics", tags=["health"], response_class=Response)
-    def prometheus_metrics() -> Response:
+    def prometheus_metrics(reader: ReaderDep) -> Response:
         """Prometheus text format: decisions per source, tick duration, API latency,
-        job goodput, jobs per state."""
+        job goodput, jobs per state. With ``reads=tenant``, an admin's token only (it
+        names every tenant's jobs)."""
+        every_tenant(reader)
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     app.include_router(v1)

@@ -36,6 +36,9 @@ CACHED_PATHS = (
 )
 """Paths whose GET responses are kept until the next tick (exact paths: not one job's
 or one decision's page, which are cheap and rarely asked twice)."""
+PER_READER_PATHS = ("/api/v1/jobs", "/api/v1/decisions", "/api/v1/dashboard")
+"""Those whose answer depends on who reads when reads are per tenant (``reads=tenant``):
+then never kept (each request checks its token and sees its tenant's jobs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +135,10 @@ class CachedReads:
             finally:
                 cache.end_write()
             return
-        if scope["path"] not in CACHED_PATHS:
+        if scope["path"] not in CACHED_PATHS or (
+            scope["path"] in PER_READER_PATHS
+            and getattr(scope["app"].state, "reads", "open") != "open"
+        ):
             await self.app(scope, receive, send)
             return
         key = scope["method"].encode() + b" " + scope["path"].encode() + b"?"

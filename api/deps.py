@@ -6,7 +6,7 @@ import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import anyio
 from fastapi import Depends, HTTPException, Path, Query, Request
@@ -24,6 +24,7 @@ __all__ = [
     "BODY_ERRORS",
     "MAX_OFFSET",
     "MAX_ROW_ID",
+    "READS",
     "READ_ERRORS",
     "WRITE_ERRORS",
     "AdminDep",
@@ -37,6 +38,8 @@ __all__ = [
     "OffsetQuery",
     "PrincipalDep",
     "Problem",
+    "ReaderDep",
+    "Reads",
     "SessionDep",
     "SinceQuery",
     "TelemetryDep",
@@ -44,8 +47,10 @@ __all__ = [
     "WriterDep",
     "acting_for",
     "bad_cursor",
+    "every_tenant",
     "in_session",
     "problem",
+    "seen_tenant",
     "unprocessable",
 ]
 
@@ -261,6 +266,40 @@ def _principal(request: Request, credentials: BearerDep) -> Principal:
 
 
 PrincipalDep = Annotated[Principal, Depends(_principal)]
+
+Reads = Literal["open", "tenant"]
+READS: tuple[Reads, ...] = get_args(Reads)
+
+
+def _reader(request: Request, credentials: BearerDep) -> Principal | None:
+    """Who reads: with ``reads=open`` (the default) anyone, and no token is looked at
+    (``None``); with ``reads=tenant`` the holder of a valid token (401 without one)."""
+    if request.app.state.reads == "open":
+        return None
+    return _principal(request, credentials)
+
+
+ReaderDep = Annotated[Principal | None, Depends(_reader)]
+"""Who reads a job-scoped listing or item (``seen_tenant`` says whose jobs)."""
+
+
+def seen_tenant(reader: Principal | None) -> str | None:
+    """The one tenant whose jobs ``reader`` sees; ``None``: every tenant's (open reads,
+    or an admin's token)."""
+    return None if reader is None or reader.is_admin else reader.tenant
+
+
+def every_tenant(reader: Principal | None) -> None:
+    """403 unless ``reader`` may see every tenant's jobs at once (the dashboard,
+    ``/metrics``): open reads, or an admin's token."""
+    if seen_tenant(reader) is not None:
+        assert reader is not None
+        raise HTTPException(
+            status_code=403,
+            detail="reads are per tenant (reads=tenant): this view shows every tenant's "
+            f"jobs and needs an admin's token; a {reader.role}'s reads /jobs, "
+            "/decisions and /overrides",
+        )
 
 
 def _writer(principal: PrincipalDep) -> Principal:

@@ -26,7 +26,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse
 from sqlalchemy.orm import Session
 
-from autotune.api.deps import SessionDep
+from autotune.api.deps import ReaderDep, SessionDep, every_tenant
 from autotune.api.routes.forecast import MAX_MINUTES, read_demand_window
 from autotune.api.routes.tenants import read_tenants
 from autotune.api.schemas import (
@@ -85,6 +85,7 @@ def plotly_js() -> FileResponse:
 def dashboard_data(
     session: SessionDep,
     request: Request,
+    reader: ReaderDep,
     samples: Annotated[int, Query(ge=2, le=5000)] = 300,
     minutes: Annotated[
         int, Query(ge=1, le=MAX_MINUTES, description="Minutes of GPU demand shown")
@@ -94,7 +95,9 @@ def dashboard_data(
     minutes, the rest over the newest ``samples`` ticks; the cluster map (``cluster``:
     every GPU's holders) and the current configuration of the running and the newest
     jobs (``configs``), which no other route gives; and the tenants' use against their
-    quotas (``tenants``, as ``GET /tenants``, from the same placements as the map)."""
+    quotas (``tenants``, as ``GET /tenants``, from the same placements as the map).
+    With ``reads=tenant``, an admin's token only (it shows every tenant's jobs)."""
+    every_tenant(reader)
     forecasters: tuple[DemandForecaster, ...] = request.app.state.forecasters
     # One sample more than shown: a tick's decisions are committed just before its
     # sample, so the window's decisions are those after the sample before it.

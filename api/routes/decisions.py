@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
+from sqlalchemy.orm import Session
 
 from autotune.api.deps import (
     MAX_ROW_ID,
@@ -11,10 +12,12 @@ from autotune.api.deps import (
     IdPath,
     JobQuery,
     OffsetQuery,
+    ReaderDep,
     SinceQuery,
     bad_cursor,
     in_session,
     problem,
+    seen_tenant,
 )
 from autotune.api.schemas import (
     LINE_PATTERN,
@@ -23,6 +26,7 @@ from autotune.api.schemas import (
     DecisionsPublic,
 )
 from autotune.core import DecisionSource
+from autotune.daemon.auth import Principal
 from autotune.db import repository as repo
 from autotune.serde import to_json
 
@@ -56,6 +60,7 @@ def _public(record: repo.DecisionRecord) -> DecisionPublic:
 @router.get("", response_model=DecisionsPublic, responses=READ_ERRORS)
 async def list_decisions(
     request: Request,
+    reader: ReaderDep,
     job: JobQuery = None,
     source: SourceQuery = None,
     since: SinceQuery = None,
@@ -69,7 +74,9 @@ async def list_decisions(
     """Decisions, newest first; filter by job, source, policy version and time (ISO 8601
     with zone). Without ``source``, the decisions taken: a shadow policy's (never
     applied) are listed with ``source=shadow``. Page with ``cursor`` (the previous
-    page's ``next``): any page costs the same."""
+    page's ``next``): any page costs the same. With ``reads=tenant``, the token's
+    tenant's jobs' only (an admin's: every tenant's)."""
+    tenant = seen_tenant(reader)
     with bad_cursor():
         page = await in_session(
             request,
@@ -82,6 +89,7 @@ async def list_decisions(
                 offset=offset,
                 cursor=cursor,
                 policy_version=policy_version,
+                tenant=tenant,
             ),
         )
     body = DecisionsPublic(
@@ -93,29 +101,41 @@ async def list_decisions(
     return Response(body.model_dump_json(), media_type="application/json")
 
 
-async def _decision(request: Request, decision_id: int) -> repo.DecisionRecord:
-    """The decision, or a 404 (without a query for an id no row can have)."""
+async def _decision(
+    request: Request, decision_id: int, reader: Principal | None
+) -> repo.DecisionRecord:
+    """The decision, or a 404 (without a query for an id no row can have; for a job of
+    another tenant than the reader's, with ``reads=tenant``)."""
+    tenant = seen_tenant(reader)
+
+    def read(session: Session) -> repo.DecisionRecord | None:
+        record = repo.get_decision(session=session, decision_id=decision_id)
+        if record is None or tenant is None:
+            return record
+        owner = repo.job_tenant(session=session, job_id=record.decision.job_id)
+        return record if owner == tenant else None
+
     record = None
     if decision_id <= MAX_ROW_ID:
-        record = await in_session(
-            request, lambda session: repo.get_decision(session=session, decision_id=decision_id)
-        )
+        record = await in_session(request, read)
     if record is None:
         raise HTTPException(status_code=404, detail=f"no decision {decision_id}")
     return record
 
 
 @router.get("/{decision_id}", response_model=DecisionPublic, responses=_ONE)
-async def get_decision(request: Request, decision_id: IdPath) -> DecisionPublic:
+async def get_decision(request: Request, decision_id: IdPath, reader: ReaderDep) -> DecisionPublic:
     """One decision."""
-    return _public(await _decision(request, decision_id))
+    return _public(await _decision(request, decision_id, reader))
 
 
 @router.get("/{decision_id}/explain", response_model=DecisionExplanation, responses=_ONE)
-async def explain_decision(request: Request, decision_id: IdPath) -> DecisionExplanation:
+async def explain_decision(
+    request: Request, decision_id: IdPath, reader: ReaderDep
+) -> DecisionExplanation:
     """Why: the observation features that mattered, the alternatives considered with
     their predicted goodput, and why this one won."""
-    record = await _decision(request, decision_id)
+    record = await _decision(request, decision_id, reader)
     explanation = record.explanation or {
         "features": {},
         "chosen": {},

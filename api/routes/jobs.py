@@ -13,6 +13,7 @@ from autotune.api.deps import (
     CursorQuery,
     JobIdPath,
     OffsetQuery,
+    ReaderDep,
     SessionDep,
     SinceQuery,
     WriterDep,
@@ -20,6 +21,7 @@ from autotune.api.deps import (
     bad_cursor,
     in_session,
     problem,
+    seen_tenant,
     unprocessable,
 )
 from autotune.api.schemas import (
@@ -67,17 +69,25 @@ def _public(record: repo.JobRecord) -> JobPublic:
 @router.get("", response_model=JobsPublic, responses=READ_ERRORS)
 async def list_jobs(
     request: Request,
+    reader: ReaderDep,
     state: StateQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: OffsetQuery = 0,
     cursor: CursorQuery = None,
 ) -> JobsPublic:
-    """Jobs, newest first. Page with ``cursor`` (the previous page's ``next``)."""
+    """Jobs, newest first. Page with ``cursor`` (the previous page's ``next``). With
+    ``reads=tenant``, the token's tenant's only (an admin's: every tenant's)."""
+    tenant = seen_tenant(reader)
     with bad_cursor():
         page = await in_session(
             request,
             lambda session: repo.list_jobs(
-                session=session, state=state, limit=limit, offset=offset, cursor=cursor
+                session=session,
+                state=state,
+                tenant=tenant,
+                limit=limit,
+                offset=offset,
+                cursor=cursor,
             ),
         )
     return JobsPublic(
@@ -146,12 +156,14 @@ def submit_job(
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses={**READ_ERRORS, **_NO_JOB})
-async def get_job(request: Request, job_id: JobIdPath) -> JobPublic:
-    """One job, with the newest value of each figure measured on its steps."""
+async def get_job(request: Request, job_id: JobIdPath, reader: ReaderDep) -> JobPublic:
+    """One job, with the newest value of each figure measured on its steps (with
+    ``reads=tenant``, another tenant's job is a 404)."""
+    tenant = seen_tenant(reader)
 
     def read(session: Session) -> JobPublic | None:
         record = repo.get_job(session=session, job_id=job_id)
-        if record is None:
+        if record is None or tenant not in (None, record.spec.tenant):
             return None
         public = _public(record)
         public.metrics = repo.job_metrics(session=session, job_id=job_id)
@@ -171,6 +183,7 @@ async def get_job(request: Request, job_id: JobIdPath) -> JobPublic:
 async def job_metric_samples(
     request: Request,
     job_id: JobIdPath,
+    reader: ReaderDep,
     name: Annotated[
         str | None,
         Query(max_length=128, pattern=LINE_PATTERN, description="Only this metric's"),
@@ -182,8 +195,11 @@ async def job_metric_samples(
     """The job's recorded samples (goodput, and what the backend measured on its steps:
     ``job_*``), newest first; filter by metric name and time, page with ``cursor``."""
 
+    tenant = seen_tenant(reader)
+
     def read(session: Session) -> repo.Page[repo.MetricSample] | None:
-        if repo.get_job(session=session, job_id=job_id) is None:
+        owner = repo.job_tenant(session=session, job_id=job_id)
+        if owner is None or tenant not in (None, owner):
             return None
         return repo.list_metric_samples(
             session=session,

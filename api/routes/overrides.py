@@ -13,10 +13,12 @@ from autotune.api.deps import (
     IdPath,
     JobQuery,
     OffsetQuery,
+    ReaderDep,
     SessionDep,
     WriterDep,
     acting_for,
     problem,
+    seen_tenant,
     unprocessable,
 )
 from autotune.api.schemas import OverrideCreate, OverridePublic, OverridesPublic
@@ -96,6 +98,7 @@ def create_override(
 @router.get("", response_model=OverridesPublic, responses=READ_ERRORS)
 def list_overrides(
     session: SessionDep,
+    reader: ReaderDep,
     job: JobQuery = None,
     active: bool | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -111,6 +114,7 @@ def list_overrides(
         ended_at=now if active is False else None,
         limit=limit,
         offset=offset,
+        tenant=seen_tenant(reader),
     )
     return OverridesPublic(data=[_public(r) for r in records], count=count)
 
@@ -118,11 +122,18 @@ def list_overrides(
 @router.get(
     "/{override_id}", response_model=OverridePublic, responses={**READ_ERRORS, **_NO_OVERRIDE}
 )
-def get_override(session: SessionDep, override_id: IdPath) -> OverridePublic:
-    """One override."""
+def get_override(session: SessionDep, override_id: IdPath, reader: ReaderDep) -> OverridePublic:
+    """One override (with ``reads=tenant``, one on another tenant's job is a 404)."""
     record = None
     if override_id <= MAX_ROW_ID:  # none has a larger id (a query for one is an error)
         record = repo.get_override(session=session, override_id=override_id)
+    tenant = seen_tenant(reader)
+    if (
+        record is not None
+        and tenant is not None
+        and repo.job_tenant(session=session, job_id=record.job_id) != tenant
+    ):
+        record = None
     if record is None:
         raise HTTPException(status_code=404, detail=f"no override {override_id}")
     return _public(record)

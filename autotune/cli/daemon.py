@@ -253,6 +253,7 @@ def daemon(
         retention_every_s=settings.retention_every_s,
         retention_duty=settings.retention_duty,
         token_check=token_check,
+        reads=settings.reads,
         task_modules=settings.task_modules,
         trains=settings.backend != "sim",  # every backend but the simulator trains for real
         max_body_bytes=settings.max_body_bytes,

@@ -113,6 +113,11 @@ class Settings(BaseSettings):
     """Bearer token for the API's mutations (``AUTOTUNE_TOKEN``, which the CLI client
     reads too). Unset: the daemon generates one at its first start, prints it once and
     stores only its SHA-256 hash."""
+    reads: Literal["open", "tenant"] = "open"
+    """Who reads jobs, their decisions, metrics and overrides through the API: ``open``,
+    anyone, no token needed; ``tenant``, a valid token, and a member's or viewer's sees
+    only its own tenant's (an admin's, every tenant's); the dashboard and ``/metrics``
+    then answer an admin's token only (``docs/operating/tenants.md``)."""
     task_modules: list[str] = Field(default_factory=list)
     """Python modules (or packages) whose ``module:Name`` tasks jobs may name, besides
     the built-in tasks; nothing else is ever imported for a job."""

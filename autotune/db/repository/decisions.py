@@ -141,13 +141,18 @@ def _decision_conditions(
     since: datetime | None,
     cursor: str | None,
     policy_version: str | None = None,
+    tenant: str | None = None,
 ) -> tuple[list[ColumnElement[bool]], list[ColumnElement[bool]]]:
     """The listing's filters, and the filters plus the cursor's position. Without a
     ``source``, the decisions taken (every source but ``shadow``: a shadow policy's
-    decisions are listed only when asked for)."""
+    decisions are listed only when asked for). ``tenant``: only its jobs'."""
     conditions: list[ColumnElement[bool]] = []
     if job_id is not None:
         conditions.append(DecisionRow.job_id == job_id)
+    if tenant is not None:
+        conditions.append(
+            DecisionRow.job_id.in_(select(JobRow.job_id).where(JobRow.tenant == tenant))
+        )
     if policy_version is not None:
         conditions.append(DecisionRow.policy_version == policy_version)
     if source is not None:
@@ -174,8 +179,11 @@ def _decision_page(
     offset: int,
     cursor: str | None,
     policy_version: str | None = None,
+    tenant: str | None = None,
 ) -> tuple[list[Any], int, bool, str | None]:
-    conditions, positioned = _decision_conditions(job_id, source, since, cursor, policy_version)
+    conditions, positioned = _decision_conditions(
+        job_id, source, since, cursor, policy_version, tenant
+    )
     count, exact = bounded_count(session, DecisionRow.id, conditions)
     rows = list(
         session.execute(
@@ -243,10 +251,12 @@ def list_decision_rows(
     offset: int = 0,
     cursor: str | None = None,
     policy_version: str | None = None,
+    tenant: str | None = None,
 ) -> Page[dict[str, Any]]:
     """``list_decisions`` as stored JSON, for the API's listing: only the columns it
     shows (not the explanation), and not rebuilt into dataclasses (they were valid
-    decisions when written); about a third of the cost of ``list_decisions``."""
+    decisions when written); about a third of the cost of ``list_decisions``.
+    ``tenant``: only its jobs'."""
     rows, count, exact, next_cursor = _decision_page(
         session,
         _DECISION_COLUMNS,
@@ -257,6 +267,7 @@ def list_decision_rows(
         offset=offset,
         cursor=cursor,
         policy_version=policy_version,
+        tenant=tenant,
     )
     return Page([row._asdict() for row in rows], count, exact, next_cursor)
 

@@ -193,6 +193,11 @@ def request_cancel(*, session: Session, job_id: str) -> JobRecord | None:
     return _job_record(row)
 
 
+def job_tenant(*, session: Session, job_id: str) -> str | None:
+    """The tenant of a job; ``None`` when there is no such job."""
+    return session.scalar(select(JobRow.tenant).where(JobRow.job_id == job_id))
+
+
 def job_ids(*, session: Session) -> set[str]:
     """Every job id the database holds."""
     return set(session.scalars(select(JobRow.job_id)))

@@ -11,7 +11,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from autotune.core import utc_now
-from autotune.db.tables import OverrideRow
+from autotune.db.tables import JobRow, OverrideRow
 
 __all__ = [
     "OverrideRecord",
@@ -100,12 +100,17 @@ def list_overrides(
     ended_at: datetime | None = None,
     limit: int = 100,
     offset: int = 0,
+    tenant: str | None = None,
 ) -> tuple[list[OverrideRecord], int]:
     """Overrides newest first (only those active at ``active_at``, or only those that
-    had ended by ``ended_at``, when given)."""
+    had ended by ``ended_at``, or only those on ``tenant``'s jobs, when given)."""
     query = select(OverrideRow)
     if job_id is not None:
         query = query.where(OverrideRow.job_id == job_id)
+    if tenant is not None:
+        query = query.where(
+            OverrideRow.job_id.in_(select(JobRow.job_id).where(JobRow.tenant == tenant))
+        )
     if active_at is not None:
         query = query.where(OverrideRow.deleted_at.is_(None), OverrideRow.expires_at > active_at)
     if ended_at is not None:

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from autotune.api.app import create_app
+from autotune.api.cache import TickCache
 from autotune.core import Decision, JobConfig, Placement, RankSlot, utc_now
 from autotune.daemon.auth import StoredTokenCheck, ensure_token, issue_token
 from autotune.db import Database
@@ -30,12 +31,17 @@ class Tenancy:
     ``a``: a member's, a viewer's, a revoked member's and an expired member's; and of
     ``b``: a member's. ``a`` has a running-to-be job with an override."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, reads: str = "open") -> None:
         self.db = database
         check, admin = ensure_token(database, None)
         assert admin is not None
         assert isinstance(check, StoredTokenCheck)
-        self.app = create_app(db=database, telemetry="simulator", token_check=check)
+        self.app = create_app(
+            db=database,
+            telemetry="simulator",
+            token_check=check,
+            reads=reads,  # type: ignore[arg-type]
+        )
         self.client = TestClient(self.app)
         self.tokens = {"admin": admin}
         for tenant in ("a", "b"):
@@ -257,3 +263,71 @@ def test_tenants_carry_their_quota_and_an_admin_changes_it(tenancy: Tenancy) -> 
     assert held["b"]["gpus_held"] == 0
     t.call("post", "/tenants", "admin", {"name": "a"}, expect=409)
     t.call("post", "/tenants", "admin", {"name": "c", "weight": 0}, expect=422)
+
+
+def _decide_for_a_job(t: Tenancy) -> int:
+    """A stored decision for ``a``'s job; its id."""
+    node = small_nodes()[0]
+    slots = tuple(RankSlot(rank=i, node_id=node.node_id, gpu_index=i) for i in range(2))
+    decision = Decision(
+        job_id="a-job",
+        config=JobConfig.data_parallel(2),
+        placement=Placement(job_id="a-job", ranks=slots),
+        source="policy",
+        policy_version="rules",
+        reason="test",
+    )
+    with t.db.session() as session:
+        stored = repo.create_decision(session=session, decision=decision)
+    assert stored.decision_id is not None
+    return stored.decision_id
+
+
+def test_reads_per_tenant_show_each_token_its_own_tenants_jobs(database: Database) -> None:
+    t = Tenancy(database, reads="tenant")
+    # the per-tick cache of the busiest reads, as beside a decision loop: it must keep
+    # no answer of one reader for another
+    t.app.state.tick_cache = TickCache()
+    with t.client:
+        decision_id = _decide_for_a_job(t)
+        b_job = t.call("post", "/jobs", "b-member", {"task": "gpt-char"}, expect=201)["job_id"]
+        job_scoped = [
+            "/jobs",
+            "/jobs/a-job",
+            "/jobs/a-job/metrics",
+            "/decisions",
+            f"/decisions/{decision_id}",
+            f"/decisions/{decision_id}/explain",
+            "/overrides",
+            f"/overrides/{t.override_id}",
+        ]
+        for path in job_scoped:
+            t.call("get", path, None, expect=401)
+            t.call("get", path, "a-expired", expect=401)
+            t.call("get", path, "a-viewer", expect=200)  # a's own
+            t.call("get", path, "admin", expect=200)
+        for path in job_scoped[1:3] + job_scoped[4:6] + job_scoped[7:]:
+            t.call("get", path, "b-member", expect=404)  # as if there were none
+        # listings: each tenant its own, an admin every tenant's
+        for who, jobs in [("a-viewer", {"a-job"}), ("b-member", {b_job})]:
+            listed = t.call("get", "/jobs", who, expect=200)
+            assert {j["job_id"] for j in listed["data"]} == jobs
+            assert listed["count"] == len(jobs)
+        assert {j["job_id"] for j in t.call("get", "/jobs", "admin")["data"]} == {"a-job", b_job}
+        assert t.call("get", "/decisions", "b-member", expect=200)["data"] == []
+        assert [d["id"] for d in t.call("get", "/decisions", "a-viewer")["data"]] == [decision_id]
+        assert t.call("get", "/overrides", "b-member", expect=200)["data"] == []
+        assert len(t.call("get", "/overrides", "a-viewer")["data"]) == 1
+        # views of every tenant's jobs at once: an admin's token only
+        for path in ("/dashboard", "/metrics"):
+            t.call("get", path, "b-member", expect=403)
+            t.call("get", path, None, expect=401)
+            assert (
+                t.client.get(
+                    f"/api/v1{path}", headers={"Authorization": f"Bearer {t.tokens['admin']}"}
+                ).status_code
+                == 200
+            )
+        # aggregates stay open
+        t.call("get", "/cluster", None, expect=200)
+        t.call("get", "/tenants", None, expect=200)
