@@ -271,11 +271,19 @@ Reads = Literal["open", "tenant"]
 READS: tuple[Reads, ...] = get_args(Reads)
 
 
-def _reader(request: Request, credentials: BearerDep) -> Principal | None:
+def _reader(request: Request) -> Principal | None:
     """Who reads: with ``reads=open`` (the default) anyone, and no token is looked at
-    (``None``); with ``reads=tenant`` the holder of a valid token (401 without one)."""
+    (``None``); with ``reads=tenant`` the holder of a valid token (401 without one). The
+    header is read here rather than through the bearer scheme, so the schema does not
+    declare reads authenticated when they are open."""
     if request.app.state.reads == "open":
         return None
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    credentials = (
+        HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip())
+        if scheme and token.strip()
+        else None
+    )
     return _principal(request, credentials)
 
 

@@ -3,6 +3,7 @@ status, refusals included. Read with an admin's token."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -48,20 +49,7 @@ async def list_audit(
             ),
         )
     return AuditPublic(
-        data=[
-            AuditEntryPublic(
-                id=r.audit_id,
-                at=r.at,
-                token_id=r.token_id,
-                token_name=r.token_name,
-                tenant=r.tenant,
-                role=r.role,
-                method=r.method,
-                path=r.path,
-                status=r.status,
-            )
-            for r in page.rows
-        ],
+        data=[AuditEntryPublic.model_validate({**asdict(r), "id": r.audit_id}) for r in page.rows],
         count=page.count,
         count_exact=page.count_exact,
         next=page.next_cursor,

@@ -130,6 +130,33 @@ def run_arguments(
     ]
 
 
+def run_schemathesis(
+    port: int,
+    where: Path,
+    name: str,
+    config: str,
+    *,
+    token: str = TOKEN,
+    options: str = OPTIONS,
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any], str]:
+    """``schemathesis run`` against the daemon on ``port`` with ``config`` (written to
+    ``where/name.toml``): the finished process, its JSON report and the tail of what it
+    printed."""
+    path = where / f"{name}.toml"
+    path.write_text(config)
+    report_path = where / f"{name}.json"
+    run = subprocess.run(
+        run_arguments(f"http://127.0.0.1:{port}", path, report_path, token=token, options=options),
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    output = run.stdout[-6000:] + run.stderr[-2000:]
+    assert report_path.exists(), output
+    return run, json.loads(report_path.read_text()), output
+
+
 def server_errors(metrics: str) -> dict[str, float]:
     """Requests the daemon answered with a 5xx, per method, route and status, from its
     own latency histogram (every request is counted there)."""
@@ -242,19 +269,7 @@ def test_schemathesis_finds_no_server_error_and_no_failed_check(tmp_path: Path) 
         for body in overrides:
             body["job_id"] = "st-0"
         assert accepted_share(api, "/overrides", overrides) >= ACCEPTED["/api/v1/overrides"]
-        config = tmp_path / "schemathesis.toml"
-        config.write_text(CONFIG)
-        report_path = tmp_path / "schemathesis.json"
-        run = subprocess.run(
-            run_arguments(f"http://127.0.0.1:{port}", config, report_path),
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        output = run.stdout[-6000:] + run.stderr[-2000:]
-        assert report_path.exists(), output
-        report = json.loads(report_path.read_text())
+        run, report, output = run_schemathesis(port, tmp_path, "schemathesis", CONFIG)
 
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             metrics = answer.read().decode()
@@ -315,25 +330,9 @@ def member_finds_no_way_to_change_another_tenants_jobs(api: Api, port: int, tmp_
     assert status == 201, issued
     before = foreign_state(api)
     assert not all(before["jobs"].values())  # one at least the member could cancel
-    config = tmp_path / "member.toml"
-    config.write_text(MEMBER_CONFIG)
-    report_path = tmp_path / "member.json"
-    run = subprocess.run(
-        run_arguments(
-            f"http://127.0.0.1:{port}",
-            config,
-            report_path,
-            token=issued["token"],
-            options=MEMBER_OPTIONS,
-        ),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    _, report, output = run_schemathesis(
+        port, tmp_path, "member", MEMBER_CONFIG, token=issued["token"], options=MEMBER_OPTIONS
     )
-    output = run.stdout[-6000:] + run.stderr[-2000:]
-    assert report_path.exists(), output
-    report = json.loads(report_path.read_text())
     after = foreign_state(api)
     for part in before:
         assert after[part] == before[part], part

@@ -243,20 +243,11 @@ def test_tenants_carry_their_quota_and_an_admin_changes_it(tenancy: Tenancy) -> 
     t.call("patch", "/tenants/nope", "admin", {"gpus": 1}, expect=404)
     # use against quota: a's job runs on two GPUs of the first node
     node = small_nodes()[0]
-    slots = tuple(RankSlot(rank=i, node_id=node.node_id, gpu_index=i) for i in range(2))
+    _decide_for_a_job(t)
     with t.db.session() as session:
         job = repo.get_job(session=session, job_id="a-job")
         assert job is not None
         repo.upsert_job(session=session, spec=job.spec, state="running")
-        decision = Decision(
-            job_id="a-job",
-            config=JobConfig.data_parallel(2),
-            placement=Placement(job_id="a-job", ranks=slots),
-            source="policy",
-            policy_version="rules",
-            reason="test",
-        )
-        repo.create_decision(session=session, decision=decision)
     held = {x["name"]: x for x in t.call("get", "/tenants", None, expect=200)["data"]}
     assert held["a"]["gpus_held"] == 2
     assert held["a"]["gpus_held_by_model"] == {node.gpu_model: 2}
@@ -266,7 +257,7 @@ def test_tenants_carry_their_quota_and_an_admin_changes_it(tenancy: Tenancy) -> 
 
 
 def _decide_for_a_job(t: Tenancy) -> int:
-    """A stored decision for ``a``'s job; its id."""
+    """A stored decision for ``a``'s job, on two GPUs of the first node; its id."""
     node = small_nodes()[0]
     slots = tuple(RankSlot(rank=i, node_id=node.node_id, gpu_index=i) for i in range(2))
     decision = Decision(
