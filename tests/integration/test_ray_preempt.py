@@ -4,12 +4,13 @@ starts on its ranks, waits without a configuration, and resumes from its checkpo
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from autotune.catalog.tasks import BUILTIN_TASKS
-from autotune.core import JobConfig, JobSpec
+from autotune.core import JobConfig, JobSpec, TenantSpec
 from autotune.decision.step import decide_for
 from autotune.interfaces import ClusterSnapshot, JobSubmission, PolicyChoice, PolicyRound
 
@@ -97,5 +98,63 @@ def test_a_preempted_job_stops_before_another_takes_its_ranks_and_resumes(
         )
         assert events[0]["resumed_from"] == stopped_at
         assert events[0]["steps_redone"] == 0
+    finally:
+        backend.close(timeout_s=60)
+
+
+def test_a_tenant_gets_its_quota_back_from_a_borrower_in_one_round_on_ray(
+    local_ray: str, tmp_path: Path
+) -> None:
+    """Tenant ``owner`` (a quota of up to 2 slots) is idle while ``others`` (no quota)
+    borrows every slot of the node; ``owner`` submits: the next round preempts the
+    borrower (after its checkpoint) and starts the owner's job on the freed slots."""
+    from autotune.executor.ray_backend import RayBackend
+    from autotune.policies.rules import RulesPolicy
+
+    profile = BUILTIN_TASKS["gpt-char"].profile
+    backend = RayBackend(checkpoint_root=tmp_path, checkpoint_every=5, step_timeout_s=120)
+    try:
+        slots = max(n.gpu_count for n in backend.observe().nodes)
+        gpus = min(2, slots)
+        tenants = {
+            "owner": TenantSpec(name="owner", gpus=gpus),
+            "others": TenantSpec(name="others"),
+        }
+
+        def submit(name: str, tenant: str, size: int) -> None:
+            spec = JobSpec(
+                job_id=name,
+                model=profile,
+                global_batch=16,
+                min_gpus=size,
+                max_gpus=size,
+                tenant=tenant,
+            )
+            backend.submit(JobSubmission(spec=spec, task="gpt-char", steps=400))
+
+        def round_() -> list[str]:
+            snapshot = replace(backend.observe(), tenants=tenants)
+            decided = decide_for(snapshot, RulesPolicy(), {}, honoured={})
+            backend.apply(decided.decisions)  # returns once the preempted have stopped
+            return [d.job_id for d in decided.decisions if d.preempt]
+
+        submit("borrower", "others", slots)  # every slot of the node
+        assert round_() == []
+        _wait(
+            "the borrower's steps",
+            lambda: {j.spec.job_id: j for j in backend.observe().jobs}["borrower"].progress > 0,
+        )
+        submit("owned", "owner", gpus)
+        started = time.monotonic()
+        assert round_() == ["borrower"]
+        jobs = {j.spec.job_id: j for j in backend.observe().jobs}
+        assert jobs["borrower"].state == "pending"
+        assert jobs["owned"].state == "running"
+        assert jobs["owned"].placement is not None
+        assert jobs["owned"].placement.world_size == gpus
+        print(
+            f"the owner's job holds its {gpus} GPU slot(s) one round after it was submitted, "
+            f"{time.monotonic() - started:.1f} s with the borrower's checkpoint and stop"
+        )
     finally:
         backend.close(timeout_s=60)
