@@ -94,11 +94,13 @@ Terminated when every job has finished; truncated after ``max_steps``.
 
 ## Arguments
 
-``ClusterEnv(config, *, nodes, jobs, forecaster, provisioner, **fields)``: an
+``ClusterEnv(config, *, nodes, jobs, forecaster, provisioner, tenants, **fields)``: an
 ``EnvConfig`` (every field documented there, with its default), its fields overridden
 by keyword; the cluster's ``nodes`` (default: ``EnvConfig.small``'s preset), the
 ``jobs`` (a trace, or a function returning one per episode; default: drawn), the demand
-``forecaster`` behind the observation's forecast features and a ``provisioner``.
+``forecaster`` behind the observation's forecast features, a ``provisioner`` and the
+``tenants`` whose quotas the decision step enforces (``SimConfig.tenants``; default:
+none, no quota).
 ``gymnasium.make("autotune/Cluster-v0")`` (the daemon's default world: its 32 GPUs of
 three generations and its job stream; 16 slots) or ``"autotune/ClusterSmall-v0"`` (16
 GPUs, 4 slots, short synthetic episodes); keyword arguments override either.
@@ -113,7 +115,7 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from autotune.core import NodeInfo
+from autotune.core import NodeInfo, TenantSpec
 from autotune.decision.step import decide
 from autotune.demand import DemandForecaster
 from autotune.envs.presets import default_nodes, small_nodes
@@ -141,6 +143,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         jobs: Sequence[Arrival] | Callable[[], Sequence[Arrival]] | None = None,
         forecaster: DemandForecaster | None = None,
         provisioner: Provisioner | None = None,
+        tenants: Sequence[TenantSpec] = (),
         **fields: Any,
     ) -> None:
         """``config`` with ``fields`` (any ``EnvConfig`` field, by name) replaced; see the
@@ -162,6 +165,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
             initial_jobs=0,
             max_jobs=0,
             wake_s=config.wake_s,
+            tenants=tuple(tenants),
         )
         self.provisioner = provisioner
         """Parks and wakes nodes every round (``autotune.provisioning``); with one, idle

@@ -7,7 +7,9 @@ simulated seconds) pass and reports its ``RoundOutcome``; ``observe()`` reports 
 cluster as a ``ClusterSnapshot`` and changes nothing; ``apply()`` starts or reconfigures
 jobs exactly as the decision step placed them. Jobs arrive from a list (a
 trace) or from the built-in job stream (``autotune.envs.workloads.job_stream``), and
-users' jobs can be submitted through the API.
+users' jobs can be submitted through the API. Its tenants (``SimConfig.tenants``) ride in
+its snapshots, so the decision step enforces their quotas as in the daemon; each job
+keeps its ``JobSpec.tenant``.
 
 Physics (``autotune.perf.model.estimate``, the same everywhere): a running job advances
 at its goodput (samples/s x statistical efficiency) for its configuration and placement
@@ -64,15 +66,10 @@ from autotune.core import (
     Layout,
     NodeInfo,
     PrecisionMap,
+    TenantSpec,
 )
 from autotune.envs.presets import default_nodes
-from autotune.interfaces import (
-    ClusterSnapshot,
-    JobMetrics,
-    JobStatus,
-    JobSubmission,
-    ReplayInfo,
-)
+from autotune.interfaces import ClusterSnapshot, JobMetrics, JobStatus, JobSubmission, ReplayInfo
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import (
     DEFAULT_COEFFICIENTS,
@@ -216,8 +213,13 @@ class SimConfig:
     """The performance model's coefficients of the jobs of the built-in stream and of
     those submitted: a calibrated cluster's (``autotune calibrate --cluster-file``);
     ``None``: the defaults."""
+    tenants: tuple[TenantSpec, ...] = ()
+    """The tenants sharing the cluster, with their quotas: its snapshots carry them, so the
+    decision step enforces them as in the daemon (``autotune.decision.quotas``)."""
 
     def __post_init__(self) -> None:
+        if len({t.name for t in self.tenants}) != len(self.tenants):
+            raise ValueError(f"tenants {[t.name for t in self.tenants]}: a name twice")
         if not self.round_s > 0:
             raise ValueError(f"round_s={self.round_s!r}: must be > 0")
         if self.restart_s < 0:
@@ -412,6 +414,7 @@ class SimulatedCluster:
                 for n in self.config.nodes
                 if n.node_id in self.parked and self.parked[n.node_id] < math.inf
             ],
+            tenants={t.name: t for t in self.config.tenants},
         )
 
     # -- provisioning -------------------------------------------------------------------

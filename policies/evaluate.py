@@ -16,6 +16,12 @@ finished (or ``max_steps`` rounds pass) and reports:
 - ``idle_energy_kwh``: the part idle GPUs drew;
 - ``n_jobs_done``; ``n_jobs_failed``: jobs whose config ran out of memory.
 
+With ``tenants`` (their quotas enforced by the decision step, as in the daemon), each
+run also reports ``tenants``: per tenant, its jobs, their average JCT, its share of the
+cluster's GPU time against its quota's share, its quota attainment and its time waiting
+for its quota (``autotune.envs.tenants``), measured round by round through
+``run_episode``'s per-round hook.
+
 Top-level figures are means over seeds; ``per_seed`` keeps each run.
 """
 
@@ -28,14 +34,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from autotune.core import NodeInfo
+from autotune.core import NodeInfo, TenantSpec
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import Arrival, SimulatedCluster
+from autotune.envs.tenants import TENANT_FIGURES, TenantMeter
 from autotune.interfaces import ClusterSnapshot, Policy, PolicyChoice
 from autotune.policies.baselines import make_policy
 from autotune.rl.environment import EVALUATION, EnvConfig
 
-__all__ = ["METRICS", "PlayedEnv", "evaluate_policies", "run_episode"]
+__all__ = ["METRICS", "PlayedEnv", "RoundHook", "evaluate_policies", "run_episode"]
+
+RoundHook = Callable[[ClusterSnapshot, SimulatedCluster], None]
+"""Called after every round of an episode with the snapshot the round was decided on
+and the simulated cluster that played it (e.g. ``autotune.envs.tenants.TenantMeter``)."""
 
 
 class PlayedEnv(Protocol):
@@ -71,8 +82,10 @@ METRICS = (
 )
 
 
-def run_episode(policy: Policy, env: PlayedEnv, seed: int) -> dict[str, float]:
-    """One replay of the env's trace under ``policy``."""
+def run_episode(
+    policy: Policy, env: PlayedEnv, seed: int, *, on_round: RoundHook | None = None
+) -> dict[str, float]:
+    """One replay of the env's trace under ``policy``; ``on_round`` sees every round."""
     env.reset(seed=seed)
     sim = env.sim
     assert sim is not None
@@ -80,7 +93,10 @@ def run_episode(policy: Policy, env: PlayedEnv, seed: int) -> dict[str, float]:
     interval = env.round_s
     goodput_s = busy_gpu_s = energy = idle = 0.0
     while True:
-        _, _, terminated, truncated, info = env.step_choices(policy.decide(env.snapshot).choices)
+        decided_on = env.snapshot
+        _, _, terminated, truncated, info = env.step_choices(policy.decide(decided_on).choices)
+        if on_round is not None:
+            on_round(decided_on, sim)
         goodput_s += info["normalized_goodput"] * interval
         busy_gpu_s += info["busy_gpus"] * interval
         energy += info["energy_kwh"]
@@ -118,6 +134,7 @@ def evaluate_policies(
     extra: Mapping[str, Callable[..., Policy]] | None = None,
     forecasts: Sequence[str] = ("lstm",),
     provisioning: Sequence[str] = (),
+    tenants: Sequence[TenantSpec] = (),
     **fields: Any,
 ) -> dict[str, Any]:
     """The report of ``autotune eval``: every policy on the same jobs and seeds, each
@@ -133,7 +150,12 @@ def evaluate_policies(
     provisions for persistence + buffer, ``forecast`` for the forecast of ``forecasts``);
     idle rounds are then played, so idle energy counts. Rows are named
     ``policy[ forecast=F][ provisioning=P]`` where there is more than one choice or
-    provisioning is on."""
+    provisioning is on.
+
+    ``tenants``: the cluster's tenants (the jobs name theirs in ``JobSpec.tenant``), whose
+    quotas the decision step enforces; each run then reports every tenant's figures
+    (``autotune.envs.tenants.TenantMeter``) under ``tenants``, their means over seeds in
+    the row."""
     from autotune.policies.forecast import demand_forecaster
     from autotune.provisioning import PROVISIONING, Provisioner
 
@@ -152,6 +174,7 @@ def evaluate_policies(
             **{k: played[k] for k in ("round_s", "restart_s", "start_s", "noise", "wake_s")},
             "forecasts": list(forecasts),
             "provisioning": list(provisioning),
+            **({"tenants": {t.name: t.nominal_gpus for t in tenants}} if tenants else {}),
         },
         "policies": {},
     }
@@ -167,13 +190,15 @@ def evaluate_policies(
                     row += f" forecast={forecast}"
                 if mode is not None:
                     row += f" provisioning={mode}"
-                per_seed: list[dict[str, float]] = []
+                per_seed: list[dict[str, Any]] = []
                 for seed in range(seeds):
                     provisioner = None
                     if mode is not None:
                         kind = {"none": None, "buffer": "persistence", "forecast": forecast}[mode]
                         provisioner = Provisioner(demand_forecaster(kind) if kind else None)
-                    cluster = ClusterEnv(config, nodes=nodes, jobs=jobs, provisioner=provisioner)
+                    cluster = ClusterEnv(
+                        config, nodes=nodes, jobs=jobs, provisioner=provisioner, tenants=tenants
+                    )
                     env: PlayedEnv = cluster if world is None else world(cluster)
                     policy = None
                     if extra and name in extra:
@@ -182,7 +207,17 @@ def evaluate_policies(
                             factory(env, seed, forecast=forecast) if learned else factory(env, seed)
                         )
                     policy = policy or make_policy(name, cluster, seed)
-                    per_seed.append(run_episode(policy, env, seed))
+                    meter = TenantMeter(tenants) if tenants else None
+                    hook = meter.observe if meter is not None else None
+                    run: dict[str, Any] = dict(run_episode(policy, env, seed, on_round=hook))
+                    if meter is not None:
+                        assert env.sim is not None
+                        run["tenants"] = meter.figures(
+                            [j.status for j in env.sim.jobs.values()],
+                            total_gpus=env.sim.total_gpus,
+                            makespan_s=run["makespan_s"],
+                        )
+                    per_seed.append(run)
                     if progress:
                         progress(row, seed)
                 summary: dict[str, Any] = {
@@ -191,6 +226,8 @@ def evaluate_policies(
                 summary["policy"] = name
                 summary["forecast"] = forecast
                 summary["provisioning"] = mode
+                if tenants:
+                    summary["tenants"] = _mean_tenants([run["tenants"] for run in per_seed])
                 summary["per_seed"] = per_seed
                 report["policies"][row] = summary
     return report
@@ -203,3 +240,16 @@ def _takes_forecast(factory: Callable[..., Any]) -> bool:
         return "forecast" in inspect.signature(factory).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _mean_tenants(runs: Sequence[Mapping[str, Mapping[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each tenant's figures averaged over runs (a tenant absent from a run is left out of
+    that run's share of the mean)."""
+    names = list(dict.fromkeys(name for run in runs for name in run))
+    return {
+        name: {
+            key: float(np.mean([run[name][key] for run in runs if name in run]))
+            for key in TENANT_FIGURES
+        }
+        for name in names
+    }

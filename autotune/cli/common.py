@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache, wraps
 from pathlib import Path
-from typing import Annotated, NoReturn, ParamSpec, TypeVar
+from typing import Annotated, Any, NoReturn, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -27,10 +27,12 @@ __all__ = [
     "DataDirOption",
     "DbOption",
     "JsonOption",
+    "TenantsOption",
     "err",
     "fail",
     "field_docs",
     "parse_compression",
+    "print_tenant_table",
     "progress_bar",
     "user_errors",
 ]
@@ -105,6 +107,38 @@ def print_policy_table(
     for name, row in rows.items():
         cells = [format(row[key], spec) for _, key, spec in columns]
         out.print(" ".join([f"{name:{width}s}", *cells]))
+
+
+TenantsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Tenants sharing the cluster, each with a quota in percent of its GPUs, e.g. "
+        "vision=50,nlp=30,speech=20 (rounded to whole GPUs, at most 100% in all); each job "
+        "goes to a tenant by a draw seeded by --trace-seed, the shares as probabilities. The "
+        "decision step enforces the quotas; each tenant's fairness is reported.",
+        show_default=False,
+    ),
+]
+
+
+def print_tenant_table(out: Console, rows: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each policy's tenants, a line each (``autotune.envs.tenants``'s figures): jobs,
+    average JCT, share of the cluster's GPU time against the quota's, quota attainment
+    and the time spent waiting for the quota."""
+    width = max(12, *(len(name) for name in rows))
+    names = [tenant for row in rows.values() for tenant in row.get("tenants", {})]
+    tenant_width = max(6, *(len(tenant) for tenant in names)) if names else 6
+    out.print(
+        f"{'policy':{width}s} {'tenant':{tenant_width}s} {'jobs':>5s} {'avg JCT s':>10s} "
+        f"{'GPU share':>9s} {'quota':>7s} {'attained':>9s} {'waited s':>9s}"
+    )
+    for name, row in rows.items():
+        for tenant, fig in row.get("tenants", {}).items():
+            out.print(
+                f"{name:{width}s} {tenant:{tenant_width}s} {fig['jobs']:5.0f} "
+                f"{fig['avg_jct_s']:10.0f} {fig['gpu_share']:9.1%} {fig['quota_share']:7.1%} "
+                f"{fig['quota_attainment']:9.1%} {fig['quota_wait_s']:9.0f}"
+            )
 
 
 @cache

@@ -12,8 +12,10 @@ from rich.console import Console
 
 from autotune.cli.common import (
     JsonOption,
+    TenantsOption,
     field_docs,
     print_policy_table,
+    print_tenant_table,
     runs_progress,
     user_errors,
 )
@@ -69,7 +71,10 @@ def eval_policies(
     round_s: Annotated[
         float, typer.Option("--round-s", min=1.0, help=_DOC.get("round_s"))
     ] = _EVAL.round_s,
-    trace_seed: Annotated[int, typer.Option(help="Seed of model assignment to trace jobs.")] = 0,
+    trace_seed: Annotated[
+        int, typer.Option(help="Seed of model assignment to trace jobs and of --tenants' draw.")
+    ] = 0,
+    tenants: TenantsOption = None,
     forecast: Annotated[
         str,
         typer.Option(
@@ -93,9 +98,13 @@ def eval_policies(
     """Replay a trace in the simulated cluster the daemon runs, through the daemon's
     decision step, under several policies (same jobs and seeds), and compare job
     completion time, makespan, goodput, GPU utilisation and energy. --provisioning
-    compares parking idle nodes by a demand forecast; --forecast ablates the forecast."""
+    compares parking idle nodes by a demand forecast; --forecast ablates the forecast.
+    --tenants shares the cluster between tenants with quotas and reports, per tenant, its
+    jobs' average JCT, its GPU time against its quota, its quota attainment and its time
+    waiting for its quota."""
     from autotune.envs import traces
     from autotune.envs.presets import philly_nodes, pollux_nodes
+    from autotune.envs.tenants import draw_tenants, parse_tenant_shares, quota_tenants
     from autotune.envs.traces import load_nodes
     from autotune.envs.workloads import jobs_from_trace
     from autotune.policies.baselines import BASELINES
@@ -120,6 +129,7 @@ def eval_policies(
         raise InputError(
             f"--provisioning {provisioning!r}: comma-separated, of {', '.join(PROVISIONING)}"
         )
+    shares = parse_tenant_shares(tenants) if tenants is not None else None
     if jobs is not None:
         if nodes is None:
             raise InputError("--jobs needs --nodes")
@@ -145,6 +155,10 @@ def eval_policies(
     if not trace:
         raise InputError("no jobs left to replay (--skip-jobs/--limit-jobs)")
     sim_jobs = jobs_from_trace(_rebase(trace))
+    tenant_specs = quota_tenants(shares, sum(n.gpu_count for n in node_list)) if shares else ()
+    if shares:
+        sim_jobs = draw_tenants(sim_jobs, shares, seed=trace_seed)
+        info["tenant_seed"] = trace_seed
     extra = learned_policies(
         names,
         checkpoint=policy_checkpoint,
@@ -172,6 +186,7 @@ def eval_policies(
             forecasts=forecasts,
             provisioning=modes,
             wake_s=wake_s,
+            tenants=tenant_specs,
             progress=advance,
         )
     if as_json:
@@ -197,6 +212,8 @@ def eval_policies(
         ],
         min_width=10,
     )
+    if shares:
+        print_tenant_table(out, report["policies"])
 
 
 def _window(trace: list[Any], skip: int, limit: int | None) -> list[Any]:

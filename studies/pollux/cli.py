@@ -23,9 +23,11 @@ from rich.console import Console
 
 from autotune.cli.common import (
     JsonOption,
+    TenantsOption,
     err,
     fail,
     print_policy_table,
+    print_tenant_table,
     runs_progress,
     user_errors,
 )
@@ -103,13 +105,17 @@ def eval_command(
     forecast: Annotated[
         str, typer.Option(help="What fills the learned policy's forecast features.")
     ] = "lstm",
+    tenants: TenantsOption = None,
+    trace_seed: Annotated[int, typer.Option(help="Seed of --tenants' draw.")] = 0,
     as_json: JsonOption = False,
 ) -> None:
     """Play a Pollux workload as Pollux's simulator does (each job's replicas and batch
     from the file, fp32, no compression, progress from the measured traces, 60 s rounds,
     30 s per start or restart, Pollux's clock) with Pollux's knobs only (each job's GPU
     count and batch size), under several policies; compare their job completion times.
-    The world has no noise: one seed is all there is."""
+    The world has no noise: one seed is all there is. --tenants shares the cluster
+    between tenants with quotas and reports each tenant's fairness."""
+    from autotune.envs.tenants import parse_tenant_shares
     from autotune.studies.pollux.evaluate import POLICIES, evaluate_compat
 
     names = [p.strip() for p in policies.split(",") if p.strip()]
@@ -119,6 +125,7 @@ def eval_command(
         raise InputError(
             f"unknown policy {unknown}; the Pollux-compatible world runs {', '.join(known)}"
         )
+    shares = parse_tenant_shares(tenants) if tenants is not None else None
     if "ppo" in names and policy_checkpoint is None:
         raise InputError(
             "ppo needs --policy-checkpoint: a policy trained in this world "
@@ -136,6 +143,8 @@ def eval_command(
             skip_jobs=skip_jobs,
             limit_jobs=limit_jobs,
             forecast=forecast,
+            tenants=shares,
+            tenant_seed=trace_seed,
             progress=advance,
         )
     if as_json:
@@ -153,6 +162,8 @@ def eval_command(
         ],
         min_width=12,
     )
+    if shares:
+        print_tenant_table(out, report["policies"])
 
 
 @app.command("train-policy")

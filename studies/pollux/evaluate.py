@@ -10,11 +10,12 @@ model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from autotune.envs.presets import pollux_nodes
+from autotune.envs.tenants import draw_tenants, quota_tenants
 from autotune.interfaces import Policy
 from autotune.policies.baselines import RandomPolicy, StaticPolicy
 from autotune.policies.evaluate import evaluate_policies
@@ -81,15 +82,23 @@ def evaluate_compat(
     skip_jobs: int = 0,
     limit_jobs: int | None = None,
     forecast: str = "lstm",
+    tenants: Mapping[str, float] | None = None,
+    tenant_seed: int = 0,
     progress: Callable[[str, int], None] | None = None,
 ) -> dict[str, Any]:
     """Every policy of ``policies`` on the workload's jobs (``skip_jobs``, then
     ``limit_jobs`` of them) in the Pollux-compatible world; the report of
-    ``autotune.policies.evaluate.evaluate_policies``."""
+    ``autotune.policies.evaluate.evaluate_policies``. ``tenants``: shares of the cluster
+    in percent by tenant (``autotune.envs.tenants``): the jobs drawn to them with
+    ``tenant_seed``, their quotas enforced, each tenant's figures reported."""
     stop = None if limit_jobs is None else skip_jobs + limit_jobs
     jobs = compat_arrivals(workload, traces, f"{skip_jobs}:{stop or ''}")
+    nodes = pollux_nodes(gpus)
+    specs = quota_tenants(tenants, sum(n.gpu_count for n in nodes)) if tenants else ()
+    if tenants:
+        jobs = draw_tenants(jobs, tenants, seed=tenant_seed)
     return evaluate_policies(
-        nodes=pollux_nodes(gpus),
+        nodes=nodes,
         jobs=jobs,
         policies=list(policies),
         seeds=seeds,
@@ -105,7 +114,9 @@ def evaluate_compat(
             "path": str(workload),
             "pollux_traces": str(traces),
             **({"policy_checkpoint": str(checkpoint)} if "ppo" in policies else {}),
+            **({"tenant_seed": tenant_seed} if tenants else {}),
         },
         extra=policy_factories(policies, checkpoint=checkpoint, slots=slots),
         forecasts=[forecast],
+        tenants=specs,
     )

@@ -211,6 +211,22 @@ def test_eval_pollux_compat_command(pollux_dir: Path) -> None:
     assert report["policies"]["tiresias"]["n_jobs_done"] == 20
 
 
+def test_eval_pollux_compat_command_with_tenants(pollux_dir: Path) -> None:
+    run = cli(
+        "pollux", "eval", "--workload", str(pollux_dir / "workloads" / "workload-6.csv"),
+        "--policies", "tiresias", "--limit-jobs", "20", "--json",
+        "--tenants", "vision=50,nlp=30,speech=20", "--trace-seed", "2",
+    )  # fmt: skip
+    assert run.exit_code == 0, run.stderr[-2000:]
+    report = json.loads(run.stdout)
+    assert report["trace"]["tenants"] == {"vision": 32, "nlp": 19, "speech": 13}
+    assert report["trace"]["tenant_seed"] == 2
+    tenants = report["policies"]["tiresias"]["tenants"]
+    assert list(tenants) == ["vision", "nlp", "speech"]
+    assert sum(t["n_jobs_done"] for t in tenants.values()) == 20
+    assert all(0 < t["quota_attainment"] <= 1 for t in tenants.values())
+
+
 def test_eval_pollux_compat_refuses_policies_that_judge_by_the_model(pollux_dir: Path) -> None:
     run = cli(
         "pollux", "eval", "--workload", str(pollux_dir / "workloads" / "workload-6.csv"),
