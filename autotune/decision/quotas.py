@@ -21,8 +21,9 @@ One round, after the policy chose (``enforce_quotas``):
 4. Then borrowing, the least served tenant first (GPUs above its quota per unit of
    weight, fair share): an ask beyond its tenant's quota is taken only if the tenant
    borrows and enough GPUs are free besides those non-lending tenants keep idle for
-   themselves; otherwise the job waits (a pending one) or keeps its size (a running
-   one), with the reason.
+   themselves. Otherwise a pending job starts smaller, on what its quota (or what it may
+   borrow) leaves, where its GPU range and chosen tensor and pipeline degrees allow;
+   else it waits (a running one keeps its size), with the reason.
 
 Quotas count whole GPUs a job holds or asks for, fractions of a shared GPU as
 fractions, over all GPU models (``TenantSpec.nominal_gpus``); a quota promised on a
@@ -66,6 +67,9 @@ class QuotaRound:
     """Running jobs whose growth is declined (they keep their size), with the reason."""
     borrowing: dict[str, str] = field(default_factory=dict)
     """Jobs taken beyond their tenant's quota on idle GPUs, with a note for the reason."""
+    shrink: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Pending jobs started smaller than the policy asked, to fit what their tenant's
+    quota (or the idle GPUs it may borrow) leaves: the world size, and a note."""
 
 
 def gpus_of(spec: JobSpec, world_size: int) -> float:
@@ -87,6 +91,20 @@ def _asked(job: JobStatus, choice: PolicyChoice, pin: Mapping[str, Any] | None) 
         return pinned_config(choice.config, pin)
     except ValueError:  # the decision step skips such a pin later, with the reason
         return choice.config
+
+
+def _fitting(job: JobStatus, choice: PolicyChoice, room: float) -> tuple[int, float] | None:
+    """The largest world size within ``room`` GPUs that the job allows (at least its
+    ``min_gpus``, a multiple of its chosen tensor and pipeline degrees), and the GPUs it
+    takes; ``None`` when none fits."""
+    assert choice.config is not None
+    layout = choice.config.layout
+    step = layout.tp * layout.pp
+    per_rank = job.spec.gpu_milli / MILLI_PER_GPU
+    size = min(int((room + _EPS) / per_rank), job.spec.max_gpus) // step * step
+    if size < max(job.spec.min_gpus, step) or size >= layout.world_size:
+        return None
+    return size, gpus_of(job.spec, size)
 
 
 def enforce_quotas(
@@ -202,11 +220,9 @@ def enforce_quotas(
         name = job.spec.tenant
         spec = tenant(name)
         quota = f"tenant {name!r} holds {held[name]:g} of its {spec.nominal_gpus} GPUs"
-        if not spec.borrow:
-            why = f"{quota} and does not borrow beyond it"
-        elif free - kept_idle() < gpus - _EPS:
-            why = f"{quota}; {gpus:g} more would borrow, and no idle GPUs are free to lend"
-        else:
+        left = min(free, max(0.0, spec.nominal_gpus - held[name]))  # within the quota
+        room = max(left, free - kept_idle()) if spec.borrow else left
+        if room >= gpus - _EPS:
             result.borrowing[job.spec.job_id] = (
                 f"borrows {gpus:g} idle GPU(s) beyond tenant {name!r}'s quota of "
                 f"{spec.nominal_gpus} (given back when their owners' jobs arrive)"
@@ -214,6 +230,23 @@ def enforce_quotas(
             held[name] += gpus
             free -= gpus
             continue
+        choice = choices[job.spec.job_id]
+        smaller = _fitting(job, choice, room) if job.state == "pending" else None
+        if smaller is not None and job.spec.job_id not in overrides:
+            size, taken = smaller
+            borrowed = taken - left
+            result.shrink[job.spec.job_id] = (
+                size,
+                f"started on {size} GPU(s), not the {gpus:g} asked, for the quota: {quota}"
+                + (f", borrowing {borrowed:g} idle" if borrowed > _EPS else ""),
+            )
+            held[name] += taken
+            free -= taken
+            continue
+        if not spec.borrow:
+            why = f"{quota} and does not borrow beyond it"
+        else:
+            why = f"{quota}; {gpus:g} more would borrow, and no idle GPUs are free to lend"
         if job.state == "running":
             result.keep[job.spec.job_id] = f"keeps its size for the quota: {why}"
         else:

@@ -215,6 +215,13 @@ def decide(
         decided[job_id] = PolicyChoice(config=None, reason=reason)
         if job_id in overrides:
             skipped[job_id] = f"override {overrides.pop(job_id).override_id} not applied: {reason}"
+    for job_id, (size, note) in quota.shrink.items():
+        c = decided[job_id]
+        assert c.config is not None
+        layout = replace(c.config.layout, world_size=size, dp=-1)
+        decided[job_id] = replace(
+            c, config=replace(c.config, layout=layout), reason=f"{c.reason}; {note}"
+        )
     for job_id, note in quota.borrowing.items():
         if (c := decided.get(job_id)) is not None:
             decided[job_id] = replace(c, reason=f"{c.reason}; {note}")

@@ -120,7 +120,9 @@ def test_a_tenant_that_does_not_borrow_waits_at_its_quota_and_one_that_does_not_
     snapshot = _tenanted_snapshot(tenants, ["small"])
     round_ = decide_for(snapshot, RulesPolicy(), {}, honoured={})
     placed = [d for d in round_.decisions if d.placement is not None]
-    assert sum(d.placement.world_size for d in placed if d.placement) <= 1
+    # rules asks 4 GPUs for each; the first starts on the 1 its quota leaves
+    assert [d.placement.world_size for d in placed if d.placement] == [1]
+    assert "started on 1 GPU(s), not the 4 asked, for the quota" in placed[0].reason
     waits = [why for why in round_.unplaced.values() if "waits for its quota" in why]
     assert waits
     assert all("does not borrow" in why for why in waits)
