@@ -122,6 +122,10 @@ def test_slow_caps_a_machines_cpus_and_kill_leaves_no_process() -> None:
         bed.slow("worker1", None)
         assert float(bed.python("worker1", burn).stdout) > 0.6
         sleeper = bed.run("worker1", ["sleep", "300"])
+        # `ip netns exec` joins the namespace just after it starts: wait for it there
+        deadline = time.monotonic() + 10
+        while sleeper.pid not in bed.pids("worker1") and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert sleeper.pid in bed.pids("worker1")
         assert sleeper.pid in bed.kill("worker1")
         assert sleeper.wait(timeout=10) == -signal.SIGKILL
