@@ -21,6 +21,7 @@ from autotune.db import Database
 from autotune.db.repository import CursorError
 
 __all__ = [
+    "AUTH_ERRORS",
     "BODY_ERRORS",
     "MAX_OFFSET",
     "MAX_ROW_ID",
@@ -124,6 +125,8 @@ WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     ),
 }
 """Those of a mutation: it needs a token whose role and tenant allow it."""
+AUTH_ERRORS: dict[int | str, dict[str, Any]] = {k: WRITE_ERRORS[k] for k in (401, 403)}
+"""The token's answers alone: for a read that needs a token (``/whoami``, ``/audit``)."""
 BODY_ERRORS: dict[int | str, dict[str, Any]] = {
     **WRITE_ERRORS,
     400: problem("The body is not UTF-8 text"),

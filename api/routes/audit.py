@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from autotune.api.deps import (
+    AUTH_ERRORS,
     MAX_ROW_ID,
     READ_ERRORS,
-    WRITE_ERRORS,
     AdminTokenDep,
     CursorQuery,
     bad_cursor,
@@ -28,7 +28,7 @@ router = APIRouter(prefix="/audit", tags=["tokens"])
     "",
     response_model=AuditPublic,
     dependencies=[AdminTokenDep],
-    responses={**READ_ERRORS, **{k: WRITE_ERRORS[k] for k in (401, 403)}},
+    responses={**READ_ERRORS, **AUTH_ERRORS},
 )
 async def list_audit(
     request: Request,

@@ -4,7 +4,6 @@ by anyone (as jobs are); created and changed by an admin's token."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Request
@@ -23,6 +22,7 @@ from autotune.api.schemas import TenantCreate, TenantPublic, TenantsPublic, Tena
 from autotune.core import ID_PATTERN, Placement, TenantSpec
 from autotune.db import repository as repo
 from autotune.errors import FieldError
+from autotune.serde import to_json
 
 router = APIRouter(prefix="/tenants", tags=["tenants"])
 
@@ -116,18 +116,7 @@ def update_tenant(session: SessionDep, name: TenantPath, body: TenantUpdate) -> 
     if record is None:
         raise HTTPException(status_code=404, detail=f"no tenant {name!r}")
     changes = body.model_dump(exclude_none=True)
-    spec = _spec(**{**_fields(record.spec), **changes})
-    updated = repo.update_tenant(session=session, spec=replace(spec))
+    spec = _spec(**{**to_json(record.spec), **changes})
+    updated = repo.update_tenant(session=session, spec=spec)
     assert updated is not None
     return _public(updated, repo.tenant_usage(session=session).get(name, {}))
-
-
-def _fields(spec: TenantSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name,
-        "gpus": spec.gpus,
-        "gpus_by_model": dict(spec.gpus_by_model),
-        "borrow": spec.borrow,
-        "lend": spec.lend,
-        "weight": spec.weight,
-    }

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 
 from autotune.api.deps import (
+    AUTH_ERRORS,
     BODY_ERRORS,
     MAX_ROW_ID,
     READ_ERRORS,
@@ -36,9 +37,6 @@ from autotune.db import repository as repo
 router = APIRouter(prefix="/tokens", tags=["tokens"])
 whoami_router = APIRouter(tags=["tokens"])
 _NO_TOKEN: dict[int | str, dict[str, Any]] = {404: problem("No token with that id")}
-_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
-    k: v for k, v in WRITE_ERRORS.items() if k in (401, 403)
-}
 
 
 def _public(record: repo.TokenRecord) -> dict[str, Any]:
@@ -65,7 +63,7 @@ def _changed(request: Request) -> None:
 
 
 @whoami_router.get(
-    "/whoami", response_model=PrincipalPublic, responses={**READ_ERRORS, **_AUTH_ERRORS}
+    "/whoami", response_model=PrincipalPublic, responses={**READ_ERRORS, **AUTH_ERRORS}
 )
 def whoami(principal: PrincipalDep) -> PrincipalPublic:
     """Who the presented token is: its tenant, role, id and name."""
@@ -81,7 +79,7 @@ def whoami(principal: PrincipalDep) -> PrincipalPublic:
     "",
     response_model=TokensPublic,
     dependencies=[AdminTokenDep],
-    responses={**READ_ERRORS, **_AUTH_ERRORS},
+    responses={**READ_ERRORS, **AUTH_ERRORS},
 )
 def list_tokens(
     session: SessionDep,
