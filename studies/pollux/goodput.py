@@ -24,6 +24,15 @@ Every round:
   costs over ``horizon_s`` (Pollux's re-allocation penalty), and a job left without a
   GPU is preempted. A job that keeps its GPU count takes its best batch for it in place
   (no restart, as Pollux's agent re-chooses the batch every epoch).
+- **Tenants' quotas** (``ClusterSnapshot.tenants``; Pollux has none). A tenant is owed
+  its quota, or what its active jobs ask for where that is less (each job its
+  ``JobSpec.gpu_request()``, as ``autotune.envs.tenants.TenantMeter`` counts its
+  entitlement). GPUs owed to a tenant it does not hold yet are kept back from the other
+  tenants' jobs (their first GPU and their growth) while the owed tenant's jobs have a
+  move that gains; once none has, they are lent to all. So the fair objective shares
+  what is left after every tenant's quota, instead of sizing a borrower's jobs up at a
+  quota owner's expense (the decision step only preempts for a quota what a policy asks
+  for, and this policy asks for allocations that fit).
 - **Placement** is the decision step's Planner's, not Pollux's.
 
 Jobs without measured physics (the default world) get their requested GPUs, as
@@ -42,8 +51,9 @@ use it). The learned policy of the Pollux-compatible mode chooses these weights
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from autotune import __version__
 from autotune.core import JobConfig
@@ -176,33 +186,62 @@ class GoodputPolicy:
                 if want <= free:
                     alloc[job.spec.job_id] = want
                     free -= want
-        # Everyone one GPU, in arrival order, while GPUs last.
+        # Tenants' quotas: GPUs kept back for a tenant below what it is owed
+        # (``_owed``) go to no other tenant's job while it has a move for them.
+        tenant_of = {j.spec.job_id: j.spec.tenant for j in active}
+        owed = _owed(snapshot, active, tables)
+        held: dict[str, int] = defaultdict(int)
         for job in active:
-            first = tables.get(job.spec.job_id)
-            if first is not None and free > 0 and len(first) > 1 and first[1][0] > 0:
-                alloc[job.spec.job_id] = 1
-                free -= 1
+            held[job.spec.tenant] += alloc[job.spec.job_id]
+
+        def kept(name: str) -> int:
+            """GPUs kept back for tenants other than ``name``."""
+            return sum(max(0, due - held[t]) for t, due in owed.items() if t != name)
+
+        # Everyone one GPU, in arrival order, while GPUs last (a tenant's job beyond
+        # what the others are owed only).
+        def first_gpus(reserve: bool) -> None:
+            """One GPU each to the jobs without one that gain from it, in arrival order."""
+            nonlocal free
+            for job in active:
+                table = tables.get(job.spec.job_id)
+                if alloc[job.spec.job_id] or table is None or len(table) < 2 or table[1][0] <= 0:
+                    continue
+                if free > (kept(job.spec.tenant) if reserve else 0):
+                    alloc[job.spec.job_id] = 1
+                    held[job.spec.tenant] += 1
+                    free -= 1
+
+        first_gpus(reserve=True)
         # Then GPUs where the fair objective gains most per GPU. A job's goodput need not
         # grow GPU by GPU (a second node can cost more than it adds until a third
-        # helps), so each step considers every larger count the free GPUs allow.
+        # helps), so each step considers every larger count the free GPUs allow. Once no
+        # owed tenant has a move left, what was kept back for it is free for all.
+        reserve = bool(owed)
         while free > 0:
             best_gain, best_move = 0.0, None
             for job_id, table in tables.items():
                 n = alloc[job_id]
                 if n == 0:
                     continue
+                room = free - kept(tenant_of[job_id]) if reserve else free
                 weight = weights.get(job_id, 1.0)
                 here = weight * self._term(table, n)
-                for m in range(n + 1, min(len(table), n + free + 1)):
+                for m in range(n + 1, min(len(table), n + room + 1)):
                     if table[m][0] <= 0:
                         continue
                     gain = (here - weight * self._term(table, m)) / (m - n)
                     if gain > best_gain:
                         best_gain, best_move = gain, (job_id, m)
             if best_move is None:
-                break
+                if not reserve:
+                    break
+                reserve = False  # nothing owed can use them: lend them,
+                first_gpus(reserve=False)  # first to the jobs kept waiting for them
+                continue
             job_id, m = best_move
             free -= m - alloc[job_id]
+            held[tenant_of[job_id]] += m - alloc[job_id]
             alloc[job_id] = m
         return self._choices(active, tables, alloc)
 
@@ -259,6 +298,25 @@ class GoodputPolicy:
                 features=features,
             )
         return choices
+
+
+def _owed(
+    snapshot: ClusterSnapshot, active: list[JobStatus], tables: Mapping[str, list[Any]]
+) -> dict[str, int]:
+    """GPUs each tenant with a quota is owed this round: its quota, or what its active
+    jobs ask for (each its ``JobSpec.gpu_request()``, at most the GPU counts its goodput
+    table covers) where that is less; what ``autotune.envs.tenants.TenantMeter`` counts
+    as its entitlement. Empty with no quota anywhere."""
+    asked: dict[str, int] = defaultdict(int)
+    for job in active:
+        table = tables.get(job.spec.job_id)
+        cap = len(table) - 1 if table is not None else job.spec.gpu_request()
+        asked[job.spec.tenant] += min(job.spec.gpu_request(), cap)
+    return {
+        name: min(spec.nominal_gpus, asked[name])
+        for name, spec in snapshot.tenants.items()
+        if spec.nominal_gpus > 0 and asked[name] > 0
+    }
 
 
 def size_weight(remaining_s: float, exponent: float = SIZE_EXPONENT) -> float:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import cli
 
-from autotune.core import JobConfig, PrecisionMap
+from autotune.core import JobConfig, PrecisionMap, TenantSpec
 from autotune.decision.step import decide_for
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.presets import pollux_nodes
@@ -29,17 +30,19 @@ from autotune.studies.pollux.trace import load_trace_apps
 POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
 
 
+_COMPAT: dict[str, Any] = {
+    "slots": 32,
+    "round_s": 60.0,
+    "restart_s": 30.0,
+    "start_s": 30.0,
+    "noise": False,
+    "max_steps": 100_000,
+}
+"""The Pollux-compatible mode's clock, restart cost and noise."""
+
+
 def _compat_env(jobs: list[Arrival], gpus: int = 64) -> ClusterEnv:
-    return ClusterEnv(
-        nodes=pollux_nodes(gpus),
-        jobs=jobs,
-        slots=32,
-        round_s=60.0,
-        restart_s=30.0,
-        start_s=30.0,
-        noise=False,
-        max_steps=100_000,
-    )
+    return ClusterEnv(nodes=pollux_nodes(gpus), jobs=jobs, **_COMPAT)
 
 
 def _workload(pollux_dir: Path, n: int) -> list[Arrival]:
@@ -293,6 +296,35 @@ def test_goodput_scales_a_lone_job_while_its_goodput_grows(pollux_dir: Path) -> 
     assert choice.features["goodput"] == pytest.approx(
         trace.rate((4,) * (n // 4) + ((n % 4,) if n % 4 else ()), batch, 0)
     )
+
+
+def test_goodput_gives_a_tenant_its_quota_before_others_borrow(pollux_dir: Path) -> None:
+    """Two tenants with 8 of 16 GPUs each: without quotas the fair objective spreads the
+    GPUs over seven jobs (tenant a's one job gets 3); with quotas, a's job
+    grows to its quota of 8 (it asks for 8) and b's six share the rest. With no job of
+    a's, nothing is kept for it: b's jobs take all 16."""
+    from autotune.studies.pollux.goodput import GoodputPolicy
+
+    jobs = _arrivals(pollux_dir, [("a0", 8, 0.0)] + [(f"b{i}", 8, 0.0) for i in range(6)])
+    jobs = [replace(j, spec=replace(j.spec, tenant=j.spec.job_id[0])) for j in jobs]
+    tenants = [TenantSpec(name="a", gpus=8), TenantSpec(name="b", gpus=8)]
+
+    def gpus(env: ClusterEnv) -> dict[str, int]:
+        env.reset(seed=0)
+        assert env.snapshot is not None
+        choices = GoodputPolicy(env).decide(env.snapshot).choices
+        return {k: c.config.world_size for k, c in choices.items() if c.config is not None}
+
+    free = gpus(_compat_env(jobs, gpus=16))
+    assert sum(free.values()) == 16
+    assert free["a0"] < 8
+    shared = gpus(ClusterEnv(**{**_COMPAT, "nodes": pollux_nodes(16)}, jobs=jobs, tenants=tenants))
+    assert shared["a0"] == 8
+    assert sum(n for k, n in shared.items() if k != "a0") == 8
+    alone = gpus(
+        ClusterEnv(**{**_COMPAT, "nodes": pollux_nodes(16)}, jobs=jobs[1:], tenants=tenants)
+    )
+    assert sum(alone.values()) == 16
 
 
 def test_goodput_looks_past_the_two_node_dip(pollux_dir: Path) -> None:
