@@ -37,7 +37,6 @@ from torch import nn
 
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import Arrival
-from autotune.envs.tenants import draw_tenants, parse_tenant_shares, quota_tenants
 from autotune.interfaces import ClusterSnapshot, Policy, PolicyChoice
 from autotune.policies.ppo_settings import (
     DEFAULT_WORLD_KINDS,
@@ -301,25 +300,17 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
                     f"{source.jobs}: no window of {source.window} jobs from job {source.start}"
                 )
         rng = np.random.default_rng([settings.seed, worker, k])
-        shares = parse_tenant_shares(source.tenants) if source.tenants else None
 
         def jobs(
             trace: list[Arrival] = trace,
             rng: np.random.Generator = rng,
             source: TraceSource = source,
             stop: int = stop,
-            shares: dict[str, float] | None = shares,
         ) -> Sequence[Arrival]:
             first = int(rng.integers(source.start, stop))
-            window = _retimed(trace[first : first + source.window])
-            if shares is None:
-                return window
-            return draw_tenants(window, shares, seed=int(rng.integers(2**31)))
+            return _retimed(trace[first : first + source.window])
 
-        tenants = quota_tenants(shares, sum(n.gpu_count for n in nodes)) if shares else ()
-        envs.append(
-            ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, tenants=tenants, **common)
-        )
+        envs.append(ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, **common))
     return _Mixture(
         envs, [s.weight for s in settings.sources], settings.reward_scale, settings.seed + worker
     )

@@ -67,11 +67,6 @@ class TraceSource:
     world's traces folder)."""
     weight: float = 1.0
     """Share of episodes drawn from this source, relative to the others."""
-    tenants: str | None = None
-    """Tenants sharing the cluster (an ``alibaba``, ``pollux`` or ``replay`` source):
-    their shares as ``autotune eval --tenants`` reads them (``vision=50,nlp=30``), each
-    a quota of its share of the GPUs (``autotune.envs.tenants``); each episode's jobs are
-    drawn to them afresh, and the decision step enforces the quotas."""
 
 
 @dataclass(frozen=True, slots=True)

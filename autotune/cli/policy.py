@@ -88,15 +88,6 @@ def train_policy(
         ),
     ] = None,
     pollux_gpus: Annotated[int, typer.Option(min=4, help="T4 GPUs for Pollux episodes.")] = 64,
-    tenants: Annotated[
-        str | None,
-        typer.Option(
-            help="Tenants sharing the cluster in the --trace and --pollux-workload "
-            "episodes, as NAME=PERCENT,... (e.g. vision=50,nlp=30,speech=20): each a quota "
-            "of its share of the GPUs, each episode's jobs drawn to them afresh; the "
-            "policy sees each job's tenant's quota and headroom."
-        ),
-    ] = None,
     stream: Annotated[
         bool,
         typer.Option(
@@ -162,15 +153,6 @@ def train_policy(
         fail(f"--warm-start {warm_start!r}: oracle, rules or none")
     if pollux_gpus % 4:
         fail(f"--pollux-gpus {pollux_gpus}: Pollux nodes have 4 GPUs each")
-    if tenants is not None:
-        from autotune.envs.tenants import parse_tenant_shares
-
-        try:
-            parse_tenant_shares(tenants)
-        except InputError as exc:
-            fail(str(exc))
-        if trace is None and not pollux_workload:
-            fail("--tenants shares the --trace and --pollux-workload episodes: give one")
     for path in (trace, nodes, *(pollux_workload or [])):
         if path is not None and not path.is_file():
             fail(f"{path}: no such file")
@@ -186,7 +168,6 @@ def train_policy(
                 stop=stop,
                 window=window,
                 round_s=round_s,
-                tenants=tenants,
             )
         )
     for workload in pollux_workload or []:
@@ -198,7 +179,6 @@ def train_policy(
                 window=window,
                 round_s=round_s,
                 weight=1.0 / len(pollux_workload or [1]),
-                tenants=tenants,
             )
         )
     if stream:

@@ -14,13 +14,6 @@ queue order (higher priority first, then earlier submission, then id: the Planne
 order). Jobs behind them are never dropped: a waiting one gets a ``wait`` choice naming
 its queue position (``autotune.rl.action.wait_choices``), a running one keeps its
 configuration, and each moves into the window as jobs ahead of it finish.
-
-**Tenants.** A slot's ``tenant_quota`` and ``tenant_headroom`` read the job's tenant
-(``ClusterSnapshot.tenants``): its quota, and how far the GPUs its running jobs hold are
-below it (over 0.5: it may start within its quota, and the decision step will reclaim
-borrowed GPUs for it) or above it (under 0.5: it borrows, and its jobs are the first
-preempted when a quota's owner has work). On a cluster without quotas both are neutral:
-0 and 0.5.
 """
 
 from __future__ import annotations
@@ -120,8 +113,6 @@ SLOT: Final = (
     Feature("statistical_efficiency", 0, 1, "of the current batch, compression, precision"),
     Feature("progress", 0, 1, "share of the job's work done"),
     Feature("gpu_model", 0, 1, "(index of the GPU model it runs on + 1) / 4; 0 if none"),
-    Feature("tenant_quota", 0, 1, "its tenant's GPU quota / the cluster's GPUs; 0 if none"),
-    Feature("tenant_headroom", 0, 1, "0.5 + (its tenant's quota - GPUs held) / 2 / GPUs"),
 )
 
 
@@ -269,20 +260,9 @@ class ObservationEncoder:
                 _speed(model) / fastest,
             )
         by_id = {n.node_id: n for n in nodes}
-        quotas = {name: t.nominal_gpus for name, t in snapshot.tenants.items()}
-        tenant_held = snapshot.tenant_gpus() if any(quotas.values()) else None
         for slot, job in enumerate(active[: self.slots]):
             base = HEADER + slot * len(SLOT)
-            quota = quotas.get(job.spec.tenant, 0)
-            headroom = 0.5
-            if tenant_held is not None:
-                room = (quota - tenant_held.get(job.spec.tenant, 0.0)) / total
-                headroom = min(1.0, max(0.0, 0.5 + room / 2))
-            obs[base : base + len(SLOT)] = (
-                *self._slot(snapshot, job, by_id, models),
-                min(1.0, quota / total),
-                headroom,
-            )
+            obs[base : base + len(SLOT)] = self._slot(snapshot, job, by_id, models)
         return obs
 
     @staticmethod
