@@ -53,7 +53,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from autotune import __version__
 from autotune.core import JobConfig
@@ -301,7 +301,9 @@ class GoodputPolicy:
 
 
 def _owed(
-    snapshot: ClusterSnapshot, active: list[JobStatus], tables: Mapping[str, list[Any]]
+    snapshot: ClusterSnapshot,
+    active: list[JobStatus],
+    tables: Mapping[str, list[tuple[float, int]]],
 ) -> dict[str, int]:
     """GPUs each tenant with a quota is owed this round: its quota, or what its active
     jobs ask for (each its ``JobSpec.gpu_request()``, at most the GPU counts its goodput

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from helpers import cli
@@ -30,19 +29,20 @@ from autotune.studies.pollux.trace import load_trace_apps
 POLLUX_TIRESIAS = {1: 2474, 2: 5145, 3: 3876, 4: 3280, 5: 3501, 6: 3470, 7: 5480, 8: 5080}
 
 
-_COMPAT: dict[str, Any] = {
-    "slots": 32,
-    "round_s": 60.0,
-    "restart_s": 30.0,
-    "start_s": 30.0,
-    "noise": False,
-    "max_steps": 100_000,
-}
-"""The Pollux-compatible mode's clock, restart cost and noise."""
-
-
-def _compat_env(jobs: list[Arrival], gpus: int = 64) -> ClusterEnv:
-    return ClusterEnv(nodes=pollux_nodes(gpus), jobs=jobs, **_COMPAT)
+def _compat_env(
+    jobs: list[Arrival], gpus: int = 64, tenants: tuple[TenantSpec, ...] = ()
+) -> ClusterEnv:
+    return ClusterEnv(
+        nodes=pollux_nodes(gpus),
+        jobs=jobs,
+        slots=32,
+        round_s=60.0,
+        restart_s=30.0,
+        start_s=30.0,
+        noise=False,
+        max_steps=100_000,
+        tenants=tenants,
+    )
 
 
 def _workload(pollux_dir: Path, n: int) -> list[Arrival]:
@@ -307,7 +307,7 @@ def test_goodput_gives_a_tenant_its_quota_before_others_borrow(pollux_dir: Path)
 
     jobs = _arrivals(pollux_dir, [("a0", 8, 0.0)] + [(f"b{i}", 8, 0.0) for i in range(6)])
     jobs = [replace(j, spec=replace(j.spec, tenant=j.spec.job_id[0])) for j in jobs]
-    tenants = [TenantSpec(name="a", gpus=8), TenantSpec(name="b", gpus=8)]
+    tenants = (TenantSpec(name="a", gpus=8), TenantSpec(name="b", gpus=8))
 
     def gpus(env: ClusterEnv) -> dict[str, int]:
         env.reset(seed=0)
@@ -318,12 +318,10 @@ def test_goodput_gives_a_tenant_its_quota_before_others_borrow(pollux_dir: Path)
     free = gpus(_compat_env(jobs, gpus=16))
     assert sum(free.values()) == 16
     assert free["a0"] < 8
-    shared = gpus(ClusterEnv(**{**_COMPAT, "nodes": pollux_nodes(16)}, jobs=jobs, tenants=tenants))
+    shared = gpus(_compat_env(jobs, gpus=16, tenants=tenants))
     assert shared["a0"] == 8
     assert sum(n for k, n in shared.items() if k != "a0") == 8
-    alone = gpus(
-        ClusterEnv(**{**_COMPAT, "nodes": pollux_nodes(16)}, jobs=jobs[1:], tenants=tenants)
-    )
+    alone = gpus(_compat_env(jobs[1:], gpus=16, tenants=tenants))
     assert sum(alone.values()) == 16
 
 
