@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime
-from typing import Literal, cast, get_args
+from typing import Generic, Literal, TypeVar, cast, get_args
 
 from autotune.errors import FieldError
 
@@ -169,6 +170,62 @@ class NodeInfo:
         )
         _check_int(owner, "cpu_milli", self.cpu_milli, 0)
         _check_int(owner, "memory_mib", self.memory_mib, 0)
+
+
+_T = TypeVar("_T")
+
+
+class ByIdentity(Generic[_T]):
+    """What ``build`` makes of a sequence of nodes, kept for the last ``size`` tuples by
+    their identity: a cluster that does not change (a simulator's round after round, the
+    same tuple each time) pays for it once. A tuple of frozen ``NodeInfo`` cannot change;
+    any other sequence might have since, so it is built anew every call. The tuples are
+    held while kept, so an identity is not reused meanwhile."""
+
+    def __init__(self, build: Callable[[Sequence[NodeInfo]], _T], size: int = 8) -> None:
+        self.build = build
+        self.size = size
+        self._kept: OrderedDict[int, tuple[Sequence[NodeInfo], _T]] = OrderedDict()
+
+    def __call__(self, nodes: Sequence[NodeInfo]) -> _T:
+        if type(nodes) is not tuple:
+            return self.build(nodes)
+        found = self._kept.pop(id(nodes), None)
+        if found is None or found[0] is not nodes:
+            found = (nodes, self.build(nodes))
+            if len(self._kept) >= self.size:
+                self._kept.popitem(last=False)
+        self._kept[id(nodes)] = found  # most recently used last
+        return found[1]
+
+
+@dataclass(frozen=True)
+class NodeTable:
+    """Facts of a set of nodes that do not depend on what runs on them (``node_table``)."""
+
+    by_id: Mapping[str, NodeInfo]
+    gpu_nodes: tuple[NodeInfo, ...]
+    """The nodes with GPUs, in the order given."""
+    gpus_by_model: Mapping[str, int]
+    """GPUs per GPU model."""
+    total_gpus: int
+
+
+def _node_table(nodes: Sequence[NodeInfo]) -> NodeTable:
+    gpu_nodes = tuple(n for n in nodes if n.gpu_count > 0)
+    by_model: dict[str, int] = {}
+    for n in gpu_nodes:
+        by_model[n.gpu_model] = by_model.get(n.gpu_model, 0) + n.gpu_count
+    return NodeTable(
+        by_id={n.node_id: n for n in nodes},
+        gpu_nodes=gpu_nodes,
+        gpus_by_model=by_model,
+        total_gpus=sum(by_model.values()),
+    )
+
+
+node_table = ByIdentity(_node_table)
+"""The ``NodeTable`` of a sequence of nodes (built once per unchanged tuple)."""
 
 
 # --------------------------------------------------------------------------------------

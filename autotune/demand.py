@@ -138,19 +138,28 @@ class DemandHistory:
 
     def __init__(self, keep_minutes: int = 8 * DAY_MINUTES) -> None:
         self.keep = keep_minutes
-        self._values: list[float] = []
+        self._buf = np.empty(0, dtype=np.float64)
+        """The minutes kept are ``_buf[_lo:_hi]``: an array that grows and is compacted
+        as minutes are added (a forecast reads them without a copy)."""
+        self._lo = self._hi = 0
         self._first: int | None = None
-        """Minute (since the clock's origin) of ``_values[0]``."""
+        """Minute (since the clock's origin) of the oldest minute kept."""
+
+    @property
+    def _values(self) -> np.ndarray:
+        return self._buf[self._lo : self._hi]
 
     def __len__(self) -> int:
-        return len(self._values)
+        return self._hi - self._lo
 
     def clear(self) -> None:
-        self._values = []
+        self._buf = np.empty(0, dtype=np.float64)
+        self._lo = self._hi = 0
         self._first = None
 
     def copy_from(self, other: DemandHistory) -> None:
-        self._values = list(other._values)
+        self._buf = other._values.copy()
+        self._lo, self._hi = 0, len(self._buf)
         self._first = other._first
 
     @property
@@ -160,35 +169,54 @@ class DemandHistory:
 
     def minutes_recorded(self) -> list[float]:
         """Demand at every minute kept, oldest first."""
-        return list(self._values)
+        return [float(v) for v in self._values]
 
     @property
     def last_minute(self) -> int | None:
-        return None if self._first is None else self._first + len(self._values) - 1
+        return None if self._first is None else self._first + len(self) - 1
 
     def record(self, time_s: float, demand: float) -> None:
         minute = math.floor(time_s / 60)
         last = self.last_minute
         if last is None:
-            self._first, self._values = minute, [float(demand)]
+            self._buf = np.empty(64, dtype=np.float64)
+            self._buf[0] = float(demand)
+            self._lo, self._hi, self._first = 0, 1, minute
             return
         if minute <= last:
-            self._values[-1] = float(demand)
+            self._buf[self._hi - 1] = float(demand)
             return
-        self._values.extend([self._values[-1]] * (minute - last - 1))
-        self._values.append(float(demand))
-        drop = len(self._values) - self.keep
+        gap = minute - last - 1
+        previous = self._buf[self._hi - 1]
+        kept_gap = min(gap, self.keep)  # minutes older than ``keep`` would be dropped
+        self._first = (self._first or 0) + (gap - kept_gap)
+        self._room(kept_gap + 1)
+        self._buf[self._hi : self._hi + kept_gap] = previous
+        self._buf[self._hi + kept_gap] = float(demand)
+        self._hi += kept_gap + 1
+        drop = len(self) - self.keep
         if drop > 0:
-            del self._values[:drop]
-            self._first = (self._first or 0) + drop
+            self._lo += drop
+            self._first += drop
+
+    def _room(self, more: int) -> None:
+        """Space for ``more`` minutes after the newest, moving the kept ones to the front
+        (and growing the array) when the end is reached."""
+        if self._hi + more <= self._buf.size:
+            return
+        n = len(self)
+        size = max(self._buf.size, 2 * (n + more))
+        buf = np.empty(size, dtype=np.float64)
+        buf[:n] = self._buf[self._lo : self._hi]
+        self._buf, self._lo, self._hi = buf, 0, n
 
     def forecast(self, forecaster: DemandForecaster, capacity: float) -> DemandForecast:
         """The forecast made now from every minute kept (padded with the first one where
         fewer than the forecaster reads)."""
-        if not self._values:
+        if not len(self):
             raise ValueError("no demand recorded yet")
         need = max(forecaster.history, 1)
-        values = np.asarray(self._values, dtype=np.float64)
+        values = self._values
         origin = max(0, need - values.size)
         if origin:
             values = np.concatenate([np.full(origin, values[0]), values])

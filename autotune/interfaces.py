@@ -35,6 +35,7 @@ from autotune.core import (
     NodeInfo,
     Placement,
     TenantSpec,
+    node_table,
 )
 
 if TYPE_CHECKING:
@@ -243,8 +244,8 @@ class ClusterSnapshot:
 
     def capacity_gpus(self) -> float:
         """GPUs of the cluster, parked and waking nodes included."""
-        every = (*self.nodes, *self.parked_nodes, *self.waking_nodes)
-        return float(sum(n.gpu_count for n in every))
+        out = (*self.parked_nodes, *self.waking_nodes)
+        return float(node_table(self.nodes).total_gpus + sum(n.gpu_count for n in out))
 
     def demand_gpus(self) -> float:
         """GPU demand: the GPUs running jobs hold plus the GPUs pending jobs ask for

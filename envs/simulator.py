@@ -303,6 +303,12 @@ class SimulatedCluster:
         """Reconfigurations applied since the last round."""
         self.parked: dict[str, float] = {}
         """Nodes out of service: parked (``inf``) or waking (the time they are usable)."""
+        self._views: tuple[tuple[tuple[str, float], ...], Any] | None = None
+        self._idle_watts = {
+            n.node_id: device(n.gpu_model).tdp_watts * IDLE_POWER_FRACTION for n in self.nodes
+        }
+        """Each GPU node's draw per idle GPU."""
+        self._idle_all_watts = sum(self._idle_watts[n.node_id] * n.gpu_count for n in self.nodes)
 
     # -- the job stream ---------------------------------------------------------------
 
@@ -402,20 +408,37 @@ class SimulatedCluster:
             if job.status.state == "running" and job.status.placement is not None
             for slot in job.status.placement.ranks
         )
+        usable, parked, waking = self._node_views()
         return ClusterSnapshot(
             time_s=self.now,
-            nodes=[n for n in self.config.nodes if n.node_id not in self.parked],
+            nodes=usable,
             jobs=[j.status for j in self.jobs.values()],
             telemetry=self.name,
             gpu_utilization=held / max(1, self.total_gpus * MILLI_PER_GPU),
-            parked_nodes=[n for n in self.config.nodes if self.parked.get(n.node_id) == math.inf],
-            waking_nodes=[
-                n
-                for n in self.config.nodes
-                if n.node_id in self.parked and self.parked[n.node_id] < math.inf
-            ],
+            parked_nodes=parked,
+            waking_nodes=waking,
             tenants={t.name: t for t in self.config.tenants},
         )
+
+    def _node_views(
+        self,
+    ) -> tuple[tuple[NodeInfo, ...], tuple[NodeInfo, ...], tuple[NodeInfo, ...]]:
+        """The usable, parked and waking nodes; the same tuples round after round while
+        no node is parked or woken, so the Planner reuses what it built from them."""
+        key = tuple(self.parked.items())
+        if self._views is None or self._views[0] != key:
+            nodes = self.config.nodes
+            views = (
+                tuple(n for n in nodes if n.node_id not in self.parked),
+                tuple(n for n in nodes if self.parked.get(n.node_id) == math.inf),
+                tuple(
+                    n
+                    for n in nodes
+                    if n.node_id in self.parked and self.parked[n.node_id] < math.inf
+                ),
+            )
+            self._views = (key, views)
+        return self._views[1]
 
     # -- provisioning -------------------------------------------------------------------
 
@@ -613,9 +636,7 @@ class SimulatedCluster:
         restarts, self._restarts = self._restarts, 0
         busy = 0.0
         per_job: dict[str, JobRound] = {}
-        idle_watts = {
-            n.node_id: device(n.gpu_model).tdp_watts * IDLE_POWER_FRACTION for n in self.nodes
-        }
+        idle_watts = self._idle_watts
         held_milli: dict[str, int] = {}
         for job in list(self.jobs.values()):
             status = job.status
@@ -721,12 +742,18 @@ class SimulatedCluster:
                 )
             norm += share
             per_job[job.job_id] = replace(mine, normalized_goodput=share, nan_events=events)
-        idle_j = 0.0
-        for node_id, watts in idle_watts.items():
-            idle_gpus = self._nodes[node_id].gpu_count - held_milli.get(node_id, 0) / 1000
-            if self.parked.get(node_id) == math.inf:  # parked (a waking node idles)
-                watts *= self.config.parked_power_fraction / IDLE_POWER_FRACTION
-            idle_j += watts * max(0.0, idle_gpus) * dt
+        # Every GPU idle, less the held ones, parked nodes at their own draw (a waking
+        # node idles): per held or parked node, not per node of the cluster.
+        idle_w = self._idle_all_watts
+        for node_id, milli in held_milli.items():
+            if (watts := idle_watts.get(node_id)) is not None:
+                idle_w -= watts * min(self._nodes[node_id].gpu_count, milli / 1000)
+        parked_share = self.config.parked_power_fraction / IDLE_POWER_FRACTION
+        for node_id, until in self.parked.items():
+            if until == math.inf and (watts := idle_watts.get(node_id)) is not None:
+                idle_gpus = self._nodes[node_id].gpu_count - held_milli.get(node_id, 0) / 1000
+                idle_w += watts * max(0.0, idle_gpus) * (parked_share - 1.0)
+        idle_j = idle_w * dt
         energy_j += idle_j
         self.now = end
         self._ready()

@@ -4,9 +4,11 @@ For every pending job, in queue order:
 
 1. **GPUs.** Its fair share of the free GPUs of the models it may use (free GPUs / jobs
    waiting for them), clamped to ``[min_gpus, max_gpus]``, rounded down to a power of
-   two (layouts and all-reduce rings like powers of two); doubled while no layout of
-   that many GPUs fits in memory (up to ``max_gpus`` and the free GPUs), so that a long
-   queue cannot shrink a big model's share below what it needs.
+   two (layouts and all-reduce rings like powers of two), and no more than one GPU
+   model can hold on ``max_nodes`` nodes (the Planner keeps a job on one model);
+   doubled while no layout of that many GPUs fits in memory (up to ``max_gpus``, the
+   free GPUs and that gang), so that a long queue cannot shrink a big model's share
+   below what it needs.
 2. **Precision.** The narrowest precision every candidate GPU model runs natively:
    bf16 if all have bf16 units, else fp16 (with dynamic loss scaling) if all have fast
    fp16, else fp32. Norms and optimizer state stay fp32.
@@ -77,10 +79,12 @@ class RulesPolicy:
         self.version = f"rules-{__version__}"
 
     def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
-        free = free_gpus(snapshot)
         pending = sorted(
             snapshot.by_state("pending"), key=lambda j: (-j.spec.priority, j.spec.submitted_at)
         )
+        if not pending:
+            return PolicyRound(choices={})
+        free = free_gpus(snapshot)
         choices: dict[str, PolicyChoice] = {}
         for status in pending:
             candidates = candidate_nodes(status.spec, snapshot.nodes, free)
@@ -128,11 +132,17 @@ def _choose(spec: JobSpec, candidates: _Candidates, waiting: int) -> PolicyChoic
         f"{gpus} GPU(s): fair share of {candidates.free_gpus} free over {waiting} waiting job(s), "
         f"within [{spec.min_gpus}, {spec.max_gpus}]"
     )
+    # The Planner runs a job's ranks on one GPU model, on at most max_nodes nodes: more
+    # than one model's largest such gang could hold would wait for ever.
+    gang = _largest_gang(spec, candidates.nodes)
+    if gpus > gang >= spec.min_gpus:
+        gpus = max(spec.min_gpus, _power_of_two_floor(gang))
+        why_gpus += f"; lowered to {gpus}: one GPU model holds at most {gang} of its ranks"
     precision, why_precision = _precision(candidates.nodes)
     layout, why_layout, fits = first_fitting_layout(spec, gpus, precision, candidates)
     # A fair share too small for the model would keep it waiting for ever (and the
     # queue with it): take the smallest power of two within its bounds that fits.
-    ceiling = min(spec.max_gpus, max(candidates.free_gpus, gpus))
+    ceiling = min(spec.max_gpus, max(candidates.free_gpus, gpus), max(gang, spec.min_gpus))
     while not fits and gpus * 2 <= ceiling:
         gpus *= 2
         layout, why_layout, fits = first_fitting_layout(spec, gpus, precision, candidates)
@@ -148,6 +158,19 @@ def _choose(spec: JobSpec, candidates: _Candidates, waiting: int) -> PolicyChoic
             "waiting_jobs": float(waiting),
             "min_gpu_memory_gib": candidates.min_memory_bytes / (1 << 30),
         },
+    )
+
+
+def _largest_gang(spec: JobSpec, nodes: Sequence[NodeInfo]) -> int:
+    """The most ranks one GPU model of ``nodes`` can hold for ``spec``: all its GPUs, or
+    those of its ``max_nodes`` largest nodes."""
+    counts: dict[str, list[int]] = {}
+    for n in nodes:
+        counts.setdefault(n.gpu_model, []).append(n.gpu_count)
+    limit = spec.max_nodes
+    return max(
+        (sum(sorted(c, reverse=True)[:limit] if limit else c) for c in counts.values()),
+        default=0,
     )
 
 

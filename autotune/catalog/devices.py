@@ -211,9 +211,12 @@ def device(name: str) -> DeviceSpec:
     """The catalog entry for ``name``, or the registered device of that name (a calibrated
     one, a GPU recognised from its properties), or the part of that name in the table of
     known parts (``autotune.catalog.detect``); ``KeyError`` with the known names if none."""
+    found = CATALOG.get(name) or _REGISTERED.get(name)
+    if found is not None:
+        return found
     from autotune.catalog.detect import KNOWN_PARTS
 
-    found = CATALOG.get(name) or _REGISTERED.get(name) or KNOWN_PARTS.get(name)
+    found = KNOWN_PARTS.get(name)
     if found is None:
         known = ", ".join(dict.fromkeys([*CATALOG, *_REGISTERED, *KNOWN_PARTS]))
         raise KeyError(f"unknown GPU model {name!r}; known: {known}")

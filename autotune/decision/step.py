@@ -55,6 +55,7 @@ from autotune.core import (
     ModelProfile,
     NodeInfo,
     Placement,
+    node_table,
 )
 from autotune.decision.explain import explain_decision
 from autotune.decision.overrides import pinned_config, pinned_placement
@@ -314,7 +315,7 @@ def decide(
         if not lost and not stuck and not displaced:
             break
     # 5. A decision for every job placed anew, and for every job preempted.
-    nodes = {n.node_id: n for n in snapshot.nodes}
+    nodes = node_table(snapshot.nodes).by_id
     decisions: list[Decision] = []
     why: dict[str, Why] = {}
     for job in view.by_state("running"):
@@ -646,13 +647,15 @@ def _hopeless_resizes(
     """Running jobs whose new configuration asks for more GPUs than any one GPU model has
     free, counting the job's own: declined before planning (the Planner would refuse them
     too, at the cost of planning the round twice)."""
-    nodes = {n.node_id: n for n in snapshot.nodes if n.gpu_count > 0}
-    free: dict[str, float] = {}
-    for node in nodes.values():
-        free[node.gpu_model] = free.get(node.gpu_model, 0.0) + node.gpu_count
+    changes = list(_policy_changes(active, choices, overrides))
+    if not changes:
+        return {}
+    table = node_table(snapshot.nodes)
+    nodes = table.by_id
+    free = {model: float(count) for model, count in table.gpus_by_model.items()}
     for node_id, count in snapshot.held_gpus().items():
         host = nodes.get(node_id)
-        if host is not None:
+        if host is not None and host.gpu_count > 0:
             free[host.gpu_model] -= count
     held: dict[str, dict[str, float]] = {}
     for job in snapshot.by_state("running"):
@@ -666,7 +669,7 @@ def _hopeless_resizes(
                     mine.get(host.gpu_model, 0.0) + slot.gpu_milli / MILLI_PER_GPU
                 )
     declined: dict[str, str] = {}
-    for job, choice in _policy_changes(active, choices, overrides):
+    for job, choice in changes:
         job_id = job.spec.job_id
         assert choice.config is not None
         own = held.get(job_id, {})

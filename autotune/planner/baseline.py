@@ -22,7 +22,7 @@ def first_fit(
     """The baseline: each job in queue order on the first nodes, in the order given,
     that have room (GPUs in index order). Same units, constraints and gang rule."""
     started = time.perf_counter()
-    state = FreeCapacity(nodes)
+    state = FreeCapacity.of(nodes)
     placements: dict[str, Placement] = {}
     prepared, unplaced = prepare_all(jobs, configs, state)
     for job in prepared:

@@ -3,12 +3,13 @@ running jobs taken from it: reserved as they are, or kept where they still fit."
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 
-from autotune.core import MILLI_PER_GPU, JobSpec, NodeInfo, Placement
+from autotune.core import MILLI_PER_GPU, ByIdentity, JobSpec, NodeInfo, Placement
 from autotune.planner.arrays import BoolArray, FloatArray, IntArray
 from autotune.planner.jobs import PreparedJob
 
@@ -64,6 +65,40 @@ class FreeCapacity:
         self._gpu_count_list: list[int] = self.capacity_gpus.tolist()
         self._model_list: list[int] = self.model_of.tolist()
         self._max_gpus: dict[bytes, int] = {}
+        self._shape: Hashable | None = None
+        self.memo: dict[str, object] = {}
+        """What planners derive from the nodes' static shape alone (shared by the copies
+        ``of`` makes)."""
+
+    @classmethod
+    def of(cls, nodes: Sequence[NodeInfo]) -> FreeCapacity:
+        """All of ``nodes`` free; for a tuple seen in one of the last few calls (an
+        unchanged cluster, round after round), a copy of what was built from it with
+        fresh free arrays (``autotune.core.ByIdentity``)."""
+        fresh = copy.copy(_BUILT(nodes))
+        fresh.free_milli = fresh.free_milli.copy()
+        fresh.free_cpu = fresh.free_cpu.copy()
+        fresh.free_mem = fresh.free_mem.copy()
+        fresh.version = fresh.version.copy()
+        return fresh
+
+    def shape_key(self) -> Hashable:
+        """What the nodes' requests depend on: their ids, GPU models, counts and
+        memories, CPU, host memory and peaks (not what is free)."""
+        if self._shape is None:
+            self._shape = tuple(
+                (
+                    n.node_id,
+                    n.gpu_model,
+                    n.gpu_count,
+                    n.gpu_memory_bytes,
+                    n.cpu_milli,
+                    n.memory_mib,
+                    tuple(sorted(n.peak_tflops.items())),
+                )
+                for n in self.nodes
+            )
+        return self._shape
 
     def take(self, node: int, gpus: Sequence[int], milli: int, cpu: int, mem: int) -> None:
         row = self.free_milli[node]
@@ -107,6 +142,15 @@ class FreeCapacity:
             eligible = self.gpu_nodes & allowed[self.model_safe]
             found = self._max_gpus[key] = int(self.capacity_gpus[eligible].max(initial=0))
         return found
+
+
+def _built(nodes: Sequence[NodeInfo]) -> FreeCapacity:
+    built = FreeCapacity(nodes)
+    built.shape_key()  # computed once, shared by the copies
+    return built
+
+
+_BUILT = ByIdentity(_built)
 
 
 def reserve_placement(state: FreeCapacity, spec: JobSpec, placement: Placement) -> None:

@@ -193,24 +193,17 @@ _MAX_PREPARERS = 8
 
 
 def _preparer(state: FreeCapacity) -> _Preparer:
-    key = tuple(
-        (
-            n.node_id,
-            n.gpu_model,
-            n.gpu_count,
-            n.gpu_memory_bytes,
-            n.cpu_milli,
-            n.memory_mib,
-            tuple(sorted(n.peak_tflops.items())),
-        )
-        for n in state.nodes
-    )
+    kept = state.memo.get("preparer")
+    if isinstance(kept, _Preparer):
+        return kept  # the same cluster as a recent plan's (``FreeCapacity.of``)
+    key = state.shape_key()
     found = _PREPARERS.pop(key, None)
     if found is None:
         found = _Preparer(state)
         if len(_PREPARERS) >= _MAX_PREPARERS:
             _PREPARERS.pop(next(iter(_PREPARERS)))
     _PREPARERS[key] = found  # most recently used last
+    state.memo["preparer"] = found
     return found
 
 

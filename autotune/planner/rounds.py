@@ -64,7 +64,7 @@ def plan(
     if round_size < 1:
         raise ValueError(f"round_size={round_size!r}: must be >= 1")
     current = current or {}
-    state = FreeCapacity(nodes)
+    state = FreeCapacity.of(nodes)
     placements: dict[str, Placement] = {}
     kept: set[str] = set()
     pending: list[PreparedJob] = []

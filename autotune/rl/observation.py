@@ -19,7 +19,7 @@ configuration, and each moves into the window as jobs ahead of it finish.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
@@ -27,7 +27,7 @@ from typing import Final
 import numpy as np
 
 from autotune.catalog.devices import device
-from autotune.core import JobConfig, Layout, ModelProfile, NodeInfo
+from autotune.core import ByIdentity, JobConfig, Layout, ModelProfile, NodeInfo, node_table
 from autotune.demand import DemandForecast, DemandForecaster, DemandHistory, NoForecast
 from autotune.interfaces import ClusterSnapshot, JobStatus
 from autotune.perf.memory import rank_memory
@@ -161,7 +161,14 @@ def _speed(gpu_model: str) -> float:
 
 def gpu_models(nodes: Sequence[NodeInfo]) -> list[str]:
     """The cluster's GPU models, fastest first (16-bit peak, else fp32); name breaks ties."""
-    return sorted({n.gpu_model for n in nodes if n.gpu_count > 0}, key=lambda m: (-_speed(m), m))
+    return list(_models_by_speed(nodes))
+
+
+def _by_speed(nodes: Sequence[NodeInfo]) -> tuple[str, ...]:
+    return tuple(sorted(node_table(nodes).gpus_by_model, key=lambda m: (-_speed(m), m)))
+
+
+_models_by_speed = ByIdentity(_by_speed)
 
 
 def slot_jobs(snapshot: ClusterSnapshot, slots: int) -> list[JobStatus]:
@@ -220,11 +227,10 @@ class ObservationEncoder:
 
     def encode(self, snapshot: ClusterSnapshot) -> np.ndarray:
         obs = np.zeros(observation_size(self.slots), dtype=np.float32)
-        nodes = [n for n in snapshot.nodes if n.gpu_count > 0]
-        total = float(sum(n.gpu_count for n in nodes)) or 1.0
+        table = node_table(snapshot.nodes)
+        total = float(table.total_gpus) or 1.0
         held = snapshot.held_gpus()
-        models = gpu_models(nodes)
-        node_model = {n.node_id: n.gpu_model for n in nodes}
+        models = gpu_models(table.gpu_nodes)
         busy = min(1.0, sum(held.values()) / total)
         last = self._busy[-1] if self._busy else 0.0
         self._busy.append(busy)
@@ -247,8 +253,10 @@ class ObservationEncoder:
         fastest = _speed(models[0]) if models else 1.0
         for i, model in enumerate(models[:MAX_GPU_MODELS]):
             spec = device(model)
-            count = sum(n.gpu_count for n in nodes if n.gpu_model == model)
-            used = sum(v for k, v in held.items() if node_model.get(k) == model)
+            count = table.gpus_by_model[model]
+            used = sum(
+                v for k, v in held.items() if (n := table.by_id.get(k)) and n.gpu_model == model
+            )
             base = len(GLOBAL) + i * len(GPU_MODEL)
             obs[base : base + len(GPU_MODEL)] = (
                 1.0,
@@ -259,17 +267,16 @@ class ObservationEncoder:
                 float("fp8" in spec.peak_tflops),
                 _speed(model) / fastest,
             )
-        by_id = {n.node_id: n for n in nodes}
         for slot, job in enumerate(active[: self.slots]):
             base = HEADER + slot * len(SLOT)
-            obs[base : base + len(SLOT)] = self._slot(snapshot, job, by_id, models)
+            obs[base : base + len(SLOT)] = self._slot(snapshot, job, table.by_id, models)
         return obs
 
     @staticmethod
     def _slot(
         snapshot: ClusterSnapshot,
         job: JobStatus,
-        nodes: dict[str, NodeInfo],
+        nodes: Mapping[str, NodeInfo],
         models: list[str],
     ) -> tuple[float, ...]:
         spec, model = job.spec, job.profile

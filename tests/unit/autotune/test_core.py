@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import pytest
@@ -191,3 +192,32 @@ def test_decision_json_round_trip_and_invalid_json_is_a_value_error() -> None:
     broken["config"]["layout"]["tp"] = 3
     with pytest.raises(ValueError, match=r"must equal dp\*tp\*pp"):
         from_json(Decision, broken)
+
+
+def test_by_identity_builds_once_per_kept_tuple_and_always_for_a_list() -> None:
+    from autotune.catalog.devices import node_info
+    from autotune.core import ByIdentity, node_table
+
+    built: list[int] = []
+
+    def count(nodes: Sequence[NodeInfo]) -> int:
+        built.append(len(nodes))
+        return len(built)
+
+    memo = ByIdentity(count, size=2)
+    a = (node_info("a", gpu_model="A100", gpu_count=8, cpu_milli=1000, memory_mib=1024),)
+    b = (node_info("b", gpu_model="T4", gpu_count=4, cpu_milli=1000, memory_mib=1024),)
+    c = (node_info("c", gpu_model="T4", gpu_count=2, cpu_milli=1000, memory_mib=1024),)
+    assert [memo(a), memo(a), memo(b), memo(a)] == [1, 1, 2, 1]
+    assert memo(list(a)) == 3
+    assert memo(list(a)) == 4
+    memo(c)  # evicts b, the least recently used
+    assert memo(b) == 6  # built again
+    assert memo(a) == 7  # evicted by b
+    table = node_table(
+        (*a, *b, node_info("cpu", gpu_model="", gpu_count=0, cpu_milli=1000, memory_mib=1024))
+    )
+    assert table.total_gpus == 12
+    assert table.gpus_by_model == {"A100": 8, "T4": 4}
+    assert [n.node_id for n in table.gpu_nodes] == ["a", "b"]
+    assert "cpu" in table.by_id

@@ -230,6 +230,27 @@ def test_first_fit_obeys_the_same_constraints(nodes: list[NodeInfo], jobs: list[
     assert_valid(jobs, nodes, {}, result.placements)
 
 
+@settings(max_examples=40, deadline=None)
+@given(nodes=nodes_strategy(max_nodes=3), jobs=jobs_strategy(max_jobs=8))
+def test_plans_on_an_unchanged_cluster_reuse_its_shape_and_start_all_free(
+    nodes: list[NodeInfo], jobs: list[JobSpec]
+) -> None:
+    """A tuple of nodes planned on again (an environment's rounds) reuses what was built
+    from it: each plan still starts from every GPU free and equals a plan on a list."""
+    shape = tuple(nodes)
+    fresh = plan(jobs, list(nodes), {})
+    for _ in range(2):
+        again = plan(jobs, shape, {})
+        assert again.placements == fresh.placements
+        assert again.unplaced == fresh.unplaced
+    first, second = FreeCapacity.of(shape), FreeCapacity.of(shape)
+    assert first.free_milli is not second.free_milli
+    assert first.shape_key() is second.shape_key()
+    if nodes[0].gpu_count:
+        first.take(0, [0], 1000, 0, 0)
+        assert FreeCapacity.of(shape).free_milli[0, 0] == 1000
+
+
 def test_gang_all_ranks_or_none() -> None:
     nodes = cluster(("A100", 2))
     jobs = [

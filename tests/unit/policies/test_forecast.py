@@ -129,6 +129,37 @@ def test_demand_history_puts_rounds_on_minutes() -> None:
     assert forecast.headroom() == pytest.approx(0.0)
 
 
+def test_demand_history_keeps_the_newest_minutes_through_gaps() -> None:
+    """Kept in an array that grows and compacts: after random rounds, gaps longer than
+    what is kept and updates within a minute, it holds what a plain list that drops its
+    oldest minutes holds, from the same first minute."""
+    rng = np.random.default_rng(3)
+    history = DemandHistory(keep_minutes=50)
+    plain: list[float] = []
+    first = 0
+    now = 0.0
+    for _ in range(2_000):
+        now += float(rng.choice([20.0, 60.0, 300.0, 60.0 * 80]))
+        value = float(rng.integers(0, 64))
+        minute = int(now // 60)
+        if not plain:
+            first, plain = minute, [value]
+        elif minute <= first + len(plain) - 1:
+            plain[-1] = value
+        else:
+            plain += [plain[-1]] * (minute - first - len(plain)) + [value]
+            drop = max(0, len(plain) - 50)
+            plain, first = plain[drop:], first + drop
+        history.record(now, value)
+        assert history.minutes_recorded() == plain
+        assert history.first_minute == first
+    copied = DemandHistory(keep_minutes=50)
+    copied.copy_from(history)
+    copied.record(now + 60.0, 1.0)
+    assert copied.minutes_recorded() == [*plain[1:], 1.0]
+    assert history.minutes_recorded() == plain  # the copy is its own
+
+
 def test_series_forecasts_match_one_at_a_time() -> None:
     """The daemon's replay over its recorded minutes makes, at each minute, the forecast
     a live DemandHistory made then."""
