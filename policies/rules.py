@@ -44,6 +44,7 @@ from autotune.core import (
 )
 from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.perf.memory import fit_memory
+from autotune.planner import largest_gang
 
 __all__ = ["RulesPolicy", "candidate_nodes", "first_fitting_layout", "free_gpus"]
 
@@ -134,7 +135,7 @@ def _choose(spec: JobSpec, candidates: _Candidates, waiting: int) -> PolicyChoic
     )
     # The Planner runs a job's ranks on one GPU model, on at most max_nodes nodes: more
     # than one model's largest such gang could hold would wait for ever.
-    gang = _largest_gang(spec, candidates.nodes)
+    gang = largest_gang(spec, candidates.nodes)
     if gpus > gang >= spec.min_gpus:
         gpus = max(spec.min_gpus, _power_of_two_floor(gang))
         why_gpus += f"; lowered to {gpus}: one GPU model holds at most {gang} of its ranks"
@@ -158,19 +159,6 @@ def _choose(spec: JobSpec, candidates: _Candidates, waiting: int) -> PolicyChoic
             "waiting_jobs": float(waiting),
             "min_gpu_memory_gib": candidates.min_memory_bytes / (1 << 30),
         },
-    )
-
-
-def _largest_gang(spec: JobSpec, nodes: Sequence[NodeInfo]) -> int:
-    """The most ranks one GPU model of ``nodes`` can hold for ``spec``: all its GPUs, or
-    those of its ``max_nodes`` largest nodes."""
-    counts: dict[str, list[int]] = {}
-    for n in nodes:
-        counts.setdefault(n.gpu_model, []).append(n.gpu_count)
-    limit = spec.max_nodes
-    return max(
-        (sum(sorted(c, reverse=True)[:limit] if limit else c) for c in counts.values()),
-        default=0,
     )
 
 

@@ -52,6 +52,7 @@ from autotune.core import (
     DecisionSource,
     JobConfig,
     JobSpec,
+    Layout,
     ModelProfile,
     NodeInfo,
     Placement,
@@ -64,7 +65,7 @@ from autotune.decision.quotas import enforce_quotas
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_memory
 from autotune.perf.online import JobModel
-from autotune.planner import plan
+from autotune.planner import largest_gang, plan
 
 
 class OverrideRecord(Protocol):
@@ -226,6 +227,22 @@ def decide(
     for job_id, note in quota.borrowing.items():
         if (c := decided.get(job_id)) is not None:
             decided[job_id] = replace(c, reason=f"{c.reason}; {note}")
+    # 2c. A waiting job sized beyond what any plan could give it (more ranks than one GPU
+    #     model it allows has, on at most its max_nodes nodes) would wait for ever:
+    #     the most that could.
+    for job_id, (size, note) in _beyond_reach(view, decided, overrides).items():
+        c = decided[job_id]
+        assert c.config is not None
+        layout = c.config.layout
+        inner = layout.tp * layout.pp
+        layout = (
+            replace(layout, world_size=size, dp=-1)
+            if layout.tp > 0 and layout.pp > 0 and size % inner == 0
+            else Layout(world_size=size)
+        )
+        decided[job_id] = replace(
+            c, config=replace(c.config, layout=layout), reason=f"{c.reason}; {note}"
+        )
     active = [j for j in active if j.spec.job_id not in preempted]
     choices = _fit_memory(decided, active, snapshot.nodes)
     waiting = {
@@ -636,6 +653,33 @@ def _unpaid_changes(
         else:
             paid[job_id] = arithmetic
     return declined, paid
+
+
+def _beyond_reach(
+    view: ClusterSnapshot,
+    decided: Mapping[str, PolicyChoice],
+    overrides: Mapping[str, OverrideRecord],
+) -> dict[str, tuple[int, str]]:
+    """Waiting jobs (no override) whose chosen GPUs exceed ``largest_gang`` on the
+    cluster while it could hold their minimum: the size they get instead (the largest
+    power of two it can hold, at least their minimum) and why."""
+    out: dict[str, tuple[int, str]] = {}
+    for job in view.by_state("pending"):
+        job_id, spec = job.spec.job_id, job.spec
+        c = decided.get(job_id)
+        if c is None or c.config is None or job_id in overrides or spec.gpu_milli < MILLI_PER_GPU:
+            continue
+        gang = largest_gang(spec, view.nodes)
+        if c.config.world_size <= gang or gang < spec.min_gpus:
+            continue
+        size = max(spec.min_gpus, 1 << (gang.bit_length() - 1))
+        out[job_id] = (
+            size,
+            f"{size} GPU(s) instead of {c.config.world_size}: one GPU model it may use holds at "
+            f"most {gang} of its ranks"
+            + (f" on {spec.max_nodes} node(s)" if spec.max_nodes else ""),
+        )
+    return out
 
 
 def _hopeless_resizes(

@@ -77,6 +77,7 @@ from __future__ import annotations
 from autotune.planner.baseline import first_fit
 from autotune.planner.capacity import FreeCapacity
 from autotune.planner.costs import CostWeights
+from autotune.planner.feasibility import largest_gang
 from autotune.planner.fragmentation import WorkloadClasses
 from autotune.planner.matching import UNPLACED_COST
 from autotune.planner.rounds import PlanResult, plan
@@ -89,6 +90,7 @@ __all__ = [
     "PlanResult",
     "WorkloadClasses",
     "first_fit",
+    "largest_gang",
     "plan",
     "verify_placements",
 ]

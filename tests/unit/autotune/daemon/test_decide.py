@@ -265,3 +265,37 @@ def _placement(job_id: str):  # type: ignore[no-untyped-def]
     from autotune.core import Placement, RankSlot
 
     return Placement(job_id=job_id, ranks=(RankSlot(rank=0, node_id="n", gpu_index=0),))
+
+
+def test_a_waiting_job_sized_beyond_any_plan_gets_the_most_one_could_give() -> None:
+    """Whatever the policy: 16 GPUs for a job held to one node of a cluster of 8-GPU nodes
+    would wait for ever; it gets 8, in the policy's tensor-parallel layout, and the
+    decision says why. Without the one-node limit the choice stands."""
+    from dataclasses import replace
+
+    from autotune.catalog.devices import node_info
+    from autotune.core import JobConfig, JobSpec, Layout
+    from autotune.decision.step import decide
+    from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+
+    nodes = [
+        node_info(f"a100-{i}", gpu_model="A100", gpu_count=8, cpu_milli=96_000, memory_mib=1 << 20)
+        for i in range(4)
+    ]
+    spec = JobSpec(job_id="pod", min_gpus=1, max_gpus=16, max_nodes=1)
+    snapshot = ClusterSnapshot(
+        time_s=0.0, nodes=nodes, jobs=[JobStatus(spec=spec, state="pending")], telemetry="sim"
+    )
+    config = JobConfig(layout=Layout(world_size=16, tp=2))
+    choice = {"pod": PolicyChoice(config=config, reason="the policy's")}
+    round_ = decide(snapshot, choice, {}, honoured={}, policy_version="t")
+    (decision,) = round_.decisions
+    assert decision.config is not None
+    assert (decision.config.world_size, decision.config.layout.tp) == (8, 2)
+    assert "8 GPU(s) instead of 16: one GPU model it may use holds at most 8" in decision.reason
+    spread = replace(
+        snapshot, jobs=[JobStatus(spec=replace(spec, max_nodes=None), state="pending")]
+    )
+    (free,) = decide(spread, choice, {}, honoured={}, policy_version="t").decisions
+    assert free.config is not None
+    assert free.config.world_size == 16
