@@ -562,7 +562,10 @@ def build_config(settings: PPOSettings) -> Any:
         PPOConfig()  # type: ignore[no-untyped-call]
         .environment(ENV_NAME, env_config=asdict(settings))
         .framework("torch")
-        .env_runners(num_env_runners=0, num_envs_per_env_runner=1)
+        .env_runners(
+            num_env_runners=settings.env_runners,
+            num_envs_per_env_runner=settings.envs_per_runner,
+        )
         .learners(num_learners=0)
         .rl_module(
             rl_module_spec=RLModuleSpec(
@@ -606,7 +609,7 @@ def train_ppo(
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     report: dict[str, Any] = {"settings": asdict(settings), "history": []}
-    started_ray = ensure_ray(num_cpus=2)
+    started_ray = ensure_ray(num_cpus=max(2, settings.env_runners + 1))
     try:
         algo = build_config(settings).build_algo()
         if settings.init_module and not settings.warm_start:

@@ -119,6 +119,13 @@ class PPOSettings:
     """An RLModule (or algorithm) checkpoint of a ``SlotPolicyModule`` with ``hidden``
     units that PPO starts from instead of a fresh module; with ``warm_start`` too, the
     imitation of the teacher starts from it."""
+    env_runners: int = 0
+    """Processes sampling episodes beside the learner, each with its own environments (0:
+    the learner's process samples). Up to one per core: sampling is most of an
+    iteration's time, and it splits across them."""
+    envs_per_runner: int = 1
+    """Environments each sampler steps in turn (a vector of them; RLlib's
+    ``num_envs_per_env_runner``)."""
     seed: int = 0
     sources: tuple[TraceSource, ...] = ()
     """Where episodes come from; empty: synthetic job streams (``autotune/Cluster-v0``)."""
@@ -139,9 +146,12 @@ class PPOSettings:
             "hidden",
             "warm_start_episodes",
             "warm_start_epochs",
+            "envs_per_runner",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"PPOSettings.{name}={getattr(self, name)!r}: must be >= 1")
+        if self.env_runners < 0:
+            raise ValueError(f"PPOSettings.env_runners={self.env_runners!r}: must be >= 0")
         if self.minibatch > self.train_batch:
             raise ValueError(
                 f"PPOSettings.minibatch={self.minibatch} is more than train_batch="

@@ -49,6 +49,8 @@ LrOption = Annotated[float, typer.Option(min=0.0, help=_DOC.get("lr"))]
 EntropyOption = Annotated[float, typer.Option(min=0.0, help=_DOC.get("entropy_coeff"))]
 TrainBatchOption = Annotated[int, typer.Option(min=16, help=_DOC.get("train_batch"))]
 HiddenOption = Annotated[int, typer.Option(min=4, help=_DOC.get("hidden"))]
+EnvRunnersOption = Annotated[int, typer.Option(min=0, help=_DOC.get("env_runners"))]
+EnvsPerRunnerOption = Annotated[int, typer.Option(min=1, help=_DOC.get("envs_per_runner"))]
 SeedOption = Annotated[int, typer.Option(help="Seed.")]
 TraceOption = Annotated[
     Path | None,
@@ -133,6 +135,8 @@ def train_policy(
     train_batch: TrainBatchOption = _PPO.train_batch,
     hidden: HiddenOption = _PPO.hidden,
     checkpoint_every: CheckpointEveryOption = _PPO.checkpoint_every,
+    env_runners: EnvRunnersOption = _PPO.env_runners,
+    envs_per_runner: EnvsPerRunnerOption = _PPO.envs_per_runner,
     seed: SeedOption = _PPO.seed,
     as_json: JsonOption = False,
 ) -> None:
@@ -208,6 +212,8 @@ def train_policy(
         entropy_coeff=entropy_coeff,
         hidden=hidden,
         warm_start_episodes=warm_start_episodes,
+        env_runners=env_runners,
+        envs_per_runner=envs_per_runner,
         seed=seed,
     )
     run_training(settings, out, as_json=as_json)

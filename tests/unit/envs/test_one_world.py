@@ -313,3 +313,18 @@ def test_training_episodes_use_the_energy_weight_setting() -> None:
     assert env.current.config.energy_weight == 0.7
     assert env.current.config.stream
     assert PPOSettings().energy_weight == DEFAULT_ENERGY_WEIGHT
+
+
+def test_training_samples_with_the_env_runners_and_vectors_asked_for() -> None:
+    from autotune.policies.ppo import build_config
+    from autotune.policies.ppo_settings import PPOSettings
+
+    config = build_config(PPOSettings(env_runners=2, envs_per_runner=4))
+    assert config.num_env_runners == 2
+    assert config.num_envs_per_env_runner == 4
+    default = build_config(PPOSettings())
+    assert (default.num_env_runners, default.num_envs_per_env_runner) == (0, 1)
+    with pytest.raises(ValueError, match="env_runners=-1"):
+        PPOSettings(env_runners=-1)
+    with pytest.raises(ValueError, match="envs_per_runner=0"):
+        PPOSettings(envs_per_runner=0)
