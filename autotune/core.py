@@ -209,18 +209,29 @@ class NodeTable:
     gpus_by_model: Mapping[str, int]
     """GPUs per GPU model."""
     total_gpus: int
+    memory_by_model: Mapping[str, int]
+    """The least memory of one GPU (bytes) on a node of each GPU model."""
+    node_gpus_by_model: Mapping[str, int]
+    """The most GPUs on one node of each GPU model."""
 
 
 def _node_table(nodes: Sequence[NodeInfo]) -> NodeTable:
     gpu_nodes = tuple(n for n in nodes if n.gpu_count > 0)
     by_model: dict[str, int] = {}
+    memory: dict[str, int] = {}
+    largest: dict[str, int] = {}
     for n in gpu_nodes:
-        by_model[n.gpu_model] = by_model.get(n.gpu_model, 0) + n.gpu_count
+        m = n.gpu_model
+        by_model[m] = by_model.get(m, 0) + n.gpu_count
+        memory[m] = min(memory.get(m, n.gpu_memory_bytes), n.gpu_memory_bytes)
+        largest[m] = max(largest.get(m, 0), n.gpu_count)
     return NodeTable(
         by_id={n.node_id: n for n in nodes},
         gpu_nodes=gpu_nodes,
         gpus_by_model=by_model,
         total_gpus=sum(by_model.values()),
+        memory_by_model=memory,
+        node_gpus_by_model=largest,
     )
 
 

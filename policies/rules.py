@@ -43,7 +43,7 @@ from autotune.core import (
     PrecisionMap,
 )
 from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
-from autotune.perf.memory import fit_memory
+from autotune.perf.memory import fit_layout
 from autotune.planner import largest_gang
 
 __all__ = ["RulesPolicy", "candidate_nodes", "first_fitting_layout", "free_gpus"]
@@ -178,48 +178,35 @@ def _precision(nodes: Sequence[NodeInfo]) -> tuple[PrecisionMap, str]:
 def first_fitting_layout(
     spec: JobSpec, gpus: int, precision: PrecisionMap, candidates: _Candidates
 ) -> tuple[Layout, str, bool]:
-    """The first layout of ``gpus`` ranks that fits the smallest candidate GPU, why, and
-    whether one fits (else plain data parallelism, which does not)."""
+    """The first layout of ``gpus`` ranks that fits the smallest candidate GPU
+    (``autotune.perf.memory.fit_layout``), why, and whether one fits (else plain data
+    parallelism, which does not)."""
     if spec.model is None:
         return Layout(world_size=gpus), f"dp={gpus} (opaque job: no model profile)", True
     memory = candidates.min_memory_bytes * spec.gpu_milli / MILLI_PER_GPU
-    tried: list[str] = []
-    options: list[tuple[int, int]] = [(1, 1)]
-    options += [
-        (tp, 1) for tp in (2, 4, 8) if gpus % tp == 0 and tp <= candidates.max_gpus_per_node
-    ]
-    best_tp = max(tp for tp, _ in options)
-    options += [
-        (best_tp, pp)
-        for pp in (2, 4, 8)
-        if gpus % (best_tp * pp) == 0 and pp <= spec.model.num_layers
-    ]
-    for tp, pp in options:
-        layout = Layout(world_size=gpus, tp=tp, pp=pp, micro_batches=2 * pp if pp > 1 else 1)
-        # The decision step's memory rule: gradient accumulation, then checkpointing.
-        config, estimate = fit_memory(
-            spec.model, JobConfig(layout=layout, precision=precision), spec.global_batch, memory
+    config = JobConfig(layout=Layout(world_size=gpus), precision=precision)
+    fitted, estimate, tried = fit_layout(
+        spec.model, config, spec.global_batch, memory, max_tp=candidates.max_gpus_per_node
+    )
+    layout = fitted.layout
+    label = f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
+    if not estimate.fits(int(memory)):
+        return (
+            Layout(world_size=gpus),
+            f"no layout of {gpus} GPU(s) fits {memory / (1 << 30):.0f} GiB: "
+            f"{', '.join([*tried, label])}",
+            False,
         )
-        layout = config.layout
-        label = f"dp={layout.dp} tp={tp} pp={pp}"
-        if estimate.fits(int(memory)):
-            if pp == 1 and layout.micro_batches > 1:
-                label += f" accum={layout.micro_batches}"
-            if layout.activation_checkpointing:
-                label += " +ckpt"
-            skipped = f" (too big: {', '.join(tried)})" if tried else ""
-            return (
-                layout,
-                f"{label}: {estimate.total_bytes / (1 << 30):.1f} GiB per rank fits "
-                f"{memory / (1 << 30):.0f} GiB{skipped}",
-                True,
-            )
-        tried.append(label)
-    layout = Layout(world_size=gpus)
+    if layout.pp == 1 and layout.micro_batches > 1:
+        label += f" accum={layout.micro_batches}"
+    if layout.activation_checkpointing:
+        label += " +ckpt"
+    skipped = f" (too big: {', '.join(tried)})" if tried else ""
     return (
         layout,
-        f"no layout of {gpus} GPU(s) fits {memory / (1 << 30):.0f} GiB: {', '.join(tried)}",
-        False,
+        f"{label}: {estimate.total_bytes / (1 << 30):.1f} GiB per rank fits "
+        f"{memory / (1 << 30):.0f} GiB{skipped}",
+        True,
     )
 
 

@@ -63,7 +63,7 @@ from autotune.decision.overrides import pinned_config, pinned_placement
 from autotune.decision.payoff import Payoff, payoff, unproven_change
 from autotune.decision.quotas import enforce_quotas
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
-from autotune.perf.memory import fit_memory
+from autotune.perf.memory import fit_layout, fit_memory, rank_memory
 from autotune.perf.online import JobModel
 from autotune.planner import largest_gang, plan
 
@@ -206,6 +206,24 @@ def decide(
                 reason=f"not chosen by the policy: data parallel over its {j.spec.min_gpus} "
                 "minimum GPU(s)",
             )
+    # 2a. A waiting job sized beyond what any plan could give it (more ranks than one GPU
+    #     model it allows has, on at most its max_nodes nodes) would wait for ever:
+    #     the most that could; one whose layout fits no GPU, one that does. Before the
+    #     quotas, which then weigh the sizes the jobs will have.
+    for job_id, (size, note) in _beyond_reach(view, decided, overrides).items():
+        c = decided[job_id]
+        assert c.config is not None
+        layout = c.config.layout
+        inner = layout.tp * layout.pp
+        layout = (
+            replace(layout, world_size=size, dp=-1)
+            if layout.tp > 0 and layout.pp > 0 and size % inner == 0
+            else Layout(world_size=size)
+        )
+        decided[job_id] = replace(
+            c, config=replace(c.config, layout=layout), reason=f"{c.reason}; {note}"
+        )
+    _layouts_that_fit(decided, view, overrides)
     # 2b. The tenants' quotas, whatever the policy: borrowed GPUs given back to a tenant
     #     within its quota, jobs beyond a quota waiting unless they can borrow idle GPUs.
     quota = enforce_quotas(view, decided, overrides, preempted)
@@ -227,22 +245,6 @@ def decide(
     for job_id, note in quota.borrowing.items():
         if (c := decided.get(job_id)) is not None:
             decided[job_id] = replace(c, reason=f"{c.reason}; {note}")
-    # 2c. A waiting job sized beyond what any plan could give it (more ranks than one GPU
-    #     model it allows has, on at most its max_nodes nodes) would wait for ever:
-    #     the most that could.
-    for job_id, (size, note) in _beyond_reach(view, decided, overrides).items():
-        c = decided[job_id]
-        assert c.config is not None
-        layout = c.config.layout
-        inner = layout.tp * layout.pp
-        layout = (
-            replace(layout, world_size=size, dp=-1)
-            if layout.tp > 0 and layout.pp > 0 and size % inner == 0
-            else Layout(world_size=size)
-        )
-        decided[job_id] = replace(
-            c, config=replace(c.config, layout=layout), reason=f"{c.reason}; {note}"
-        )
     active = [j for j in active if j.spec.job_id not in preempted]
     choices = _fit_memory(decided, active, snapshot.nodes)
     waiting = {
@@ -532,11 +534,63 @@ def fit_to_cluster(spec: JobSpec, config: JobConfig, nodes: Sequence[NodeInfo]) 
     ``nodes`` (unchanged for a job without a model profile or with no such GPU)."""
     if spec.model is None:
         return config
-    memory = [n.gpu_memory_bytes for n in nodes if n.gpu_count > 0 and spec.allows(n.gpu_model)]
-    if not memory:
+    share = _gpu_share(spec, nodes)
+    if share is None:
         return config
-    share = min(memory) * spec.gpu_milli / MILLI_PER_GPU
     return _fitted(spec.model, config, config.batch(spec), share)
+
+
+def _gpu_share(spec: JobSpec, nodes: Sequence[NodeInfo], *, largest: bool = False) -> float | None:
+    """The memory one rank of ``spec`` has on the smallest GPU it may run on in
+    ``nodes`` (its milli's share; ``largest``: on the GPU model it may use whose GPUs
+    have most), ``None`` with no such GPU."""
+    memory = [m for model, m in node_table(nodes).memory_by_model.items() if spec.allows(model)]
+    if not memory:
+        return None
+    return (max(memory) if largest else min(memory)) * spec.gpu_milli / MILLI_PER_GPU
+
+
+def _layouts_that_fit(
+    choices: dict[str, PolicyChoice],
+    view: ClusterSnapshot,
+    overrides: Mapping[str, OverrideRecord],
+) -> None:
+    """2a. A waiting job whose chosen layout fits no GPU it may use, even under the
+    memory rule, takes the first layout of its size that fits the largest (tensor, then
+    pipeline parallel: ``fit_layout``), else of twice its size, and so on up to its
+    ``max_gpus`` and ``largest_gang``: a policy's data parallel 7B model on 16 GiB GPUs
+    would otherwise wait for ever. Precision and compression stay the policy's."""
+    table = node_table(view.nodes)
+    for job in view.by_state("pending"):
+        spec, job_id = job.spec, job.spec.job_id
+        c = choices.get(job_id)
+        if spec.model is None or c is None or c.config is None or job_id in overrides:
+            continue
+        share = _gpu_share(spec, view.nodes, largest=True)
+        batch = c.config.batch(spec)
+        if share is None:
+            continue
+        ruled = _fitted(spec.model, c.config, batch, share)  # the memory rule on that GPU
+        if rank_memory(spec.model, ruled, batch).fits(int(share)):
+            continue
+        max_tp = max(
+            (g for model, g in table.node_gpus_by_model.items() if spec.allows(model)), default=1
+        )
+        size, ceiling = c.config.world_size, min(spec.max_gpus, largest_gang(spec, view.nodes))
+        while size <= ceiling:
+            start = replace(c.config, layout=Layout(world_size=size))
+            fitted, estimate, _ = fit_layout(spec.model, start, batch, share, max_tp=max_tp)
+            if estimate.fits(int(share)):
+                layout = fitted.layout
+                choices[job_id] = replace(
+                    c,
+                    config=fitted,
+                    reason=f"{c.reason}; fitting no GPU so, {size} GPU(s) as dp={layout.dp} "
+                    f"tp={layout.tp} pp={layout.pp} ({estimate.total_bytes / (1 << 30):.1f} "
+                    f"GiB per rank of {share / (1 << 30):.0f})",
+                )
+                break
+            size *= 2
 
 
 @lru_cache(maxsize=65_536)

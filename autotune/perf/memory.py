@@ -28,13 +28,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Final
 
-from autotune.core import MILLI_PER_GPU, JobConfig, ModelProfile, Precision
+from autotune.core import MILLI_PER_GPU, JobConfig, Layout, ModelProfile, Precision
 
 __all__ = [
     "BYTES_PER_ELEMENT",
     "MAX_MICRO_BATCHES",
     "PARAMETER_SHARE",
     "MemoryEstimate",
+    "fit_layout",
     "fit_memory",
     "rank_memory",
 ]
@@ -168,3 +169,31 @@ def fit_memory(
                 break
             micro *= 2
     return tried
+
+
+def fit_layout(
+    model: ModelProfile, config: JobConfig, global_batch: int, memory_bytes: float, *, max_tp: int
+) -> tuple[JobConfig, MemoryEstimate, list[str]]:
+    """The first layout of ``config``'s world size whose rank fits ``memory_bytes`` under
+    the memory rule (``fit_memory``), in this order: data parallel; tensor parallel 2, 4,
+    8 (within a node: at most ``max_tp``); then the largest of those with 2, 4, 8
+    pipeline stages (each with at least 2 x stages micro-batches). Precision and
+    compression stay ``config``'s. Returns the config, its estimate and the layouts
+    tried before it (``dp=.. tp=.. pp=..``); when none fits, the last tried."""
+    gpus = config.world_size
+    options: list[tuple[int, int]] = [(1, 1)]
+    options += [(tp, 1) for tp in (2, 4, 8) if gpus % tp == 0 and tp <= max_tp]
+    best_tp = max(tp for tp, _ in options)
+    options += [
+        (best_tp, pp) for pp in (2, 4, 8) if gpus % (best_tp * pp) == 0 and pp <= model.num_layers
+    ]
+    tried: list[str] = []
+    for tp, pp in options:
+        layout = Layout(world_size=gpus, tp=tp, pp=pp, micro_batches=2 * pp if pp > 1 else 1)
+        fitted, estimate = fit_memory(
+            model, replace(config, layout=layout), global_batch, memory_bytes
+        )
+        if estimate.fits(int(memory_bytes)):
+            return fitted, estimate, tried
+        tried.append(f"dp={fitted.layout.dp} tp={tp} pp={pp}")
+    return fitted, estimate, tried[:-1]

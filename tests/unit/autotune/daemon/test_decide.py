@@ -299,3 +299,41 @@ def test_a_waiting_job_sized_beyond_any_plan_gets_the_most_one_could_give() -> N
     (free,) = decide(spread, choice, {}, honoured={}, policy_version="t").decisions
     assert free.config is not None
     assert free.config.world_size == 16
+
+
+def test_a_waiting_job_whose_layout_cannot_fit_any_gpu_takes_one_that_does() -> None:
+    """Whatever the policy: a 7B model data parallel on 16 GiB GPUs fits under no
+    gradient accumulation and would wait for ever; the decision step takes the first
+    layout of its size that fits (tensor, then pipeline parallel), keeping the policy's
+    precision and compression, and says so."""
+    from autotune.catalog.devices import node_info
+    from autotune.catalog.profiles import MODEL_CATALOG
+    from autotune.core import CompressionSpec, JobConfig, JobSpec, Layout, PrecisionMap
+    from autotune.decision.step import decide
+    from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+    from autotune.perf.memory import rank_memory
+
+    nodes = [
+        node_info(f"p100-{i}", gpu_model="P100", gpu_count=8, cpu_milli=96_000, memory_mib=1 << 20)
+        for i in range(8)
+    ]
+    model = MODEL_CATALOG["gpt-7b"]
+    spec = JobSpec(job_id="big", model=model, global_batch=16, min_gpus=1, max_gpus=32)
+    snapshot = ClusterSnapshot(
+        time_s=0.0, nodes=nodes, jobs=[JobStatus(spec=spec, state="pending")], telemetry="sim"
+    )
+    chosen = JobConfig(
+        layout=Layout(world_size=4),
+        precision=PrecisionMap.uniform("fp16"),
+        compression=CompressionSpec(kind="powersgd", rank=4),
+    )
+    assert not rank_memory(model, chosen, 16).fits(nodes[0].gpu_memory_bytes)
+    choice = {"big": PolicyChoice(config=chosen, reason="the policy's")}
+    round_ = decide(snapshot, choice, {}, honoured={}, policy_version="t")
+    (decision,) = round_.decisions
+    config = decision.config
+    assert config is not None
+    assert config.layout.tp * config.layout.pp > 1
+    assert rank_memory(model, config, 16).fits(nodes[0].gpu_memory_bytes)
+    assert (config.precision, config.compression) == (chosen.precision, chosen.compression)
+    assert f"fitting no GPU so, {config.world_size} GPU(s) as dp=" in decision.reason
