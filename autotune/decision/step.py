@@ -540,14 +540,11 @@ def fit_to_cluster(spec: JobSpec, config: JobConfig, nodes: Sequence[NodeInfo]) 
     return _fitted(spec.model, config, config.batch(spec), share)
 
 
-def _gpu_share(spec: JobSpec, nodes: Sequence[NodeInfo], *, largest: bool = False) -> float | None:
+def _gpu_share(spec: JobSpec, nodes: Sequence[NodeInfo]) -> float | None:
     """The memory one rank of ``spec`` has on the smallest GPU it may run on in
-    ``nodes`` (its milli's share; ``largest``: on the GPU model it may use whose GPUs
-    have most), ``None`` with no such GPU."""
+    ``nodes`` (its milli's share), ``None`` with no such GPU."""
     memory = [m for model, m in node_table(nodes).memory_by_model.items() if spec.allows(model)]
-    if not memory:
-        return None
-    return (max(memory) if largest else min(memory)) * spec.gpu_milli / MILLI_PER_GPU
+    return min(memory) * spec.gpu_milli / MILLI_PER_GPU if memory else None
 
 
 def _layouts_that_fit(
@@ -566,16 +563,16 @@ def _layouts_that_fit(
         c = choices.get(job_id)
         if spec.model is None or c is None or c.config is None or job_id in overrides:
             continue
-        share = _gpu_share(spec, view.nodes, largest=True)
-        batch = c.config.batch(spec)
-        if share is None:
+        allowed = [m for m in table.memory_by_model if spec.allows(m)]
+        if not allowed:
             continue
+        largest = max(allowed, key=lambda m: (table.memory_by_model[m], m))
+        share = table.memory_by_model[largest] * spec.gpu_milli / MILLI_PER_GPU
+        batch = c.config.batch(spec)
         ruled = _fitted(spec.model, c.config, batch, share)  # the memory rule on that GPU
         if rank_memory(spec.model, ruled, batch).fits(int(share)):
             continue
-        max_tp = max(
-            (g for model, g in table.node_gpus_by_model.items() if spec.allows(model)), default=1
-        )
+        max_tp = table.node_gpus_by_model[largest]  # tensor parallel within its nodes
         size, ceiling = c.config.world_size, min(spec.max_gpus, largest_gang(spec, view.nodes))
         while size <= ceiling:
             start = replace(c.config, layout=Layout(world_size=size))
