@@ -211,27 +211,27 @@ class NodeTable:
     total_gpus: int
     memory_by_model: Mapping[str, int]
     """The least memory of one GPU (bytes) on a node of each GPU model."""
-    node_gpus_by_model: Mapping[str, int]
-    """The most GPUs on one node of each GPU model."""
+    node_gpus_by_model: Mapping[str, tuple[int, ...]]
+    """The GPUs of each node of each GPU model, most first."""
 
 
 def _node_table(nodes: Sequence[NodeInfo]) -> NodeTable:
     gpu_nodes = tuple(n for n in nodes if n.gpu_count > 0)
     by_model: dict[str, int] = {}
     memory: dict[str, int] = {}
-    largest: dict[str, int] = {}
+    counts: dict[str, list[int]] = {}
     for n in gpu_nodes:
         m = n.gpu_model
         by_model[m] = by_model.get(m, 0) + n.gpu_count
         memory[m] = min(memory.get(m, n.gpu_memory_bytes), n.gpu_memory_bytes)
-        largest[m] = max(largest.get(m, 0), n.gpu_count)
+        counts.setdefault(m, []).append(n.gpu_count)
     return NodeTable(
         by_id={n.node_id: n for n in nodes},
         gpu_nodes=gpu_nodes,
         gpus_by_model=by_model,
         total_gpus=sum(by_model.values()),
         memory_by_model=memory,
-        node_gpus_by_model=largest,
+        node_gpus_by_model={m: tuple(sorted(c, reverse=True)) for m, c in counts.items()},
     )
 
 

@@ -572,7 +572,7 @@ def _layouts_that_fit(
         ruled = _fitted(spec.model, c.config, batch, share)  # the memory rule on that GPU
         if rank_memory(spec.model, ruled, batch).fits(int(share)):
             continue
-        max_tp = table.node_gpus_by_model[largest]  # tensor parallel within its nodes
+        max_tp = table.node_gpus_by_model[largest][0]  # tensor parallel within a node
         size, ceiling = c.config.world_size, min(spec.max_gpus, largest_gang(spec, view.nodes))
         while size <= ceiling:
             start = replace(c.config, layout=Layout(world_size=size))

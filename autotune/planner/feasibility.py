@@ -12,7 +12,7 @@ from typing import Final
 
 import numpy as np
 
-from autotune.core import MILLI_PER_GPU, ByIdentity, JobConfig, JobSpec, NodeInfo
+from autotune.core import MILLI_PER_GPU, JobConfig, JobSpec, NodeInfo, node_table
 from autotune.perf.memory import rank_memory
 from autotune.perf.model import effective_peak_tflops
 from autotune.planner.arrays import BoolArray, FloatArray
@@ -231,29 +231,15 @@ def prepare_all(
     return prepared, unplaced
 
 
-def _gang_sizes(nodes: Sequence[NodeInfo]) -> dict[str, list[int]]:
-    """Per GPU model: GPUs on its largest node, its two largest, ... (prefix sums of its
-    nodes' counts, largest first, from 0)."""
-    counts: dict[str, list[int]] = {}
-    for n in nodes:
-        if n.gpu_count > 0:
-            counts.setdefault(n.gpu_model, []).append(n.gpu_count)
-    return {
-        model: np.concatenate([[0], np.cumsum(sorted(c, reverse=True))]).tolist()
-        for model, c in counts.items()
-    }
-
-
-_GANG_SIZES = ByIdentity(_gang_sizes)
-
-
 def largest_gang(spec: JobSpec, nodes: Sequence[NodeInfo]) -> int:
     """The most whole-GPU ranks any plan could give ``spec`` on ``nodes`` with all of them
     free: a job's ranks run on one GPU model it allows, on at most ``max_nodes`` nodes.
     Memory, CPU and what is free are not counted."""
-    best = 0
-    for model, prefix in _GANG_SIZES(nodes).items():
-        if spec.allows(model):
-            used = len(prefix) - 1 if spec.max_nodes is None else spec.max_nodes
-            best = max(best, prefix[min(used, len(prefix) - 1)])
-    return best
+    return max(
+        (
+            sum(counts[: spec.max_nodes])  # all of them when max_nodes is None
+            for model, counts in node_table(nodes).node_gpus_by_model.items()
+            if spec.allows(model)
+        ),
+        default=0,
+    )

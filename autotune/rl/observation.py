@@ -27,7 +27,7 @@ from typing import Final
 import numpy as np
 
 from autotune.catalog.devices import device
-from autotune.core import ByIdentity, JobConfig, Layout, ModelProfile, NodeInfo, node_table
+from autotune.core import JobConfig, Layout, ModelProfile, NodeInfo, node_table
 from autotune.demand import DemandForecast, DemandForecaster, DemandHistory, NoForecast
 from autotune.interfaces import ClusterSnapshot, JobStatus
 from autotune.perf.memory import rank_memory
@@ -161,14 +161,7 @@ def _speed(gpu_model: str) -> float:
 
 def gpu_models(nodes: Sequence[NodeInfo]) -> list[str]:
     """The cluster's GPU models, fastest first (16-bit peak, else fp32); name breaks ties."""
-    return list(_models_by_speed(nodes))
-
-
-def _by_speed(nodes: Sequence[NodeInfo]) -> tuple[str, ...]:
-    return tuple(sorted(node_table(nodes).gpus_by_model, key=lambda m: (-_speed(m), m)))
-
-
-_models_by_speed = ByIdentity(_by_speed)
+    return sorted(node_table(nodes).gpus_by_model, key=lambda m: (-_speed(m), m))
 
 
 def slot_jobs(snapshot: ClusterSnapshot, slots: int) -> list[JobStatus]:
