@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.policy == "rules":
             policy: Any = RulesPolicy()
         else:
-            policy = LearnedPolicy(args.checkpoint, round_s=settings.round_period_s)
+            policy = LearnedPolicy(
+                args.checkpoint, round_s=settings.round_period_s, every_job=args.every_job
+            )
         daemon = Daemon(
             DaemonParts(db=database, backend=backend, policy=policy, fallback=RulesPolicy())
         )
@@ -95,6 +97,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--policy", choices=["ppo", "rules"], default="ppo")
     parser.add_argument("--checkpoint", type=Path, default=None)
+    parser.add_argument(
+        "--every-job",
+        action="store_true",
+        help="the learned policy decides every active job, not only its 32 slots",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--round-s", type=float, default=None)
     parser.add_argument("--initial-jobs", type=int, default=40)

@@ -25,6 +25,21 @@ def main() -> int:
     parser.add_argument("--seeds", default="0", help="training seeds, e.g. 0,1,2")
     parser.add_argument("--iterations", type=int, default=10, help="PPO iterations per fold")
     parser.add_argument("--train-batch", type=int, default=2048, help="env steps per iteration")
+    parser.add_argument(
+        "--residual",
+        action="store_true",
+        help="a residual policy: it corrects its teacher's weights, zero correction is the teacher",
+    )
+    parser.add_argument(
+        "--pooled", action="store_true", help="each job's policy reads a summary of all jobs"
+    )
+    parser.add_argument("--env-runners", type=int, default=0, help="sampling processes")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="iterations between checkpoints that selection weighs too (default: last only)",
+    )
     parser.add_argument("--out", type=Path, default=OUT / "pollux_learned")
     parser.add_argument("--table", action="store_true", help="only print the table of OUT")
     parser.add_argument(
@@ -51,7 +66,13 @@ def main() -> int:
             path = args.out / f"fold-{w}-seed-{seed}.json"
             if path.exists():
                 done = json.loads(path.read_text())
-                if (done.get("teacher_exponent"), done.get("fairness_p")) == (exponent, p):
+                same = (
+                    done.get("teacher_exponent"),
+                    done.get("fairness_p"),
+                    done.get("residual", False),
+                    done.get("pooled", False),
+                ) == (exponent, p, args.residual, args.pooled)
+                if same:
                     continue
                 print(f"  fold {w} seed {seed}: redone with exponent {exponent}, p {p}")
             row = fold(
@@ -63,6 +84,10 @@ def main() -> int:
                 train_batch=args.train_batch,
                 exponent=exponent,
                 p=p,
+                residual=args.residual,
+                pooled=args.pooled,
+                env_runners=args.env_runners,
+                checkpoint_every=args.checkpoint_every,
             )
             path.write_text(json.dumps(row, indent=1) + "\n")
             print(

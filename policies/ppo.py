@@ -81,20 +81,32 @@ Pollux-compatible mode's log2 weights): exploration of about 0.37 around the mea
 
 
 class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
-    """Per-slot shared policy; ``model_config``: ``hidden`` (width, default 64).
+    """Per-slot shared policy; ``model_config``: ``hidden`` (width, default 64) and
+    ``pooled`` (default off).
 
     With a ``MultiDiscrete`` action space (``ACTION_DIMS`` per slot) each slot gets
     categorical logits; with a ``Box`` of one entry per slot (a study's world, such as
     the Pollux-compatible mode's job weights, ``autotune.studies.pollux.env``) each slot
-    gets a Gaussian's mean and log standard deviation."""
+    gets a Gaussian's mean and log standard deviation.
+
+    ``pooled``: each slot's policy also reads a summary of all the jobs (a deep set: the
+    mean over occupied slots of a shared per-slot embedding, ``context``), so that a
+    job's choice can depend on the others, and it still acts on any number of slots."""
 
     def setup(self) -> None:
         config: Any = self.model_config or {}
         hidden = int(config.get("hidden", 64))
+        self.pooled = bool(config.get("pooled", False))
         self.continuous = isinstance(self.action_space, gym.spaces.Box)
         n_in = GLOBAL_FEATURES + SLOT_FEATURES
+        self.context: nn.Module | None = None
+        if self.pooled:
+            self.context = nn.Sequential(nn.Linear(n_in, hidden), nn.Tanh())
         self.encoder = nn.Sequential(
-            nn.Linear(n_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+            nn.Linear(n_in + (hidden if self.pooled else 0), hidden),
+            nn.Tanh(),
+            nn.Linear(hidden, hidden),
+            nn.Tanh(),
         )
         self.logits = nn.Linear(hidden, 2 if self.continuous else N_LOGITS)
         # The critic has its own encoder: value-loss gradients must not move the
@@ -129,8 +141,17 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
         joined = torch.cat([glob[:, None, :].expand(-1, slots.shape[1], -1), slots], dim=-1)
         return joined, glob, slots[:, :, 0]
 
+    @staticmethod
+    def _mean(emb: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, S, H) -> (B, H): the mean over the occupied slots."""
+        weights = mask[..., None]
+        return (emb * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
     def _forward(self, batch: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-        joined, _, _ = self._split(batch[Columns.OBS])
+        joined, _, mask = self._split(batch[Columns.OBS])
+        if self.context is not None:
+            summary = self._mean(self.context(joined), mask)
+            joined = torch.cat([joined, summary[:, None, :].expand(-1, joined.shape[1], -1)], -1)
         emb = self.encoder(joined)
         out = self.logits(emb)
         if self.continuous:  # (B, S, 2) -> means of every slot, then log-stds
@@ -141,9 +162,7 @@ class SlotPolicyModule(TorchRLModule, ValueFunctionAPI):
 
     def compute_values(self, batch: dict[str, Any], embeddings: Any | None = None) -> torch.Tensor:
         joined, glob, mask = self._split(batch[Columns.OBS])
-        emb = self.value_encoder(joined)
-        weights = mask[..., None]
-        pooled = (emb * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        pooled = self._mean(self.value_encoder(joined), mask)
         values: torch.Tensor = self.value(torch.cat([pooled, glob], dim=-1)).squeeze(-1)
         return values
 
@@ -569,7 +588,7 @@ def build_config(settings: PPOSettings) -> Any:
         .learners(num_learners=0)
         .rl_module(
             rl_module_spec=RLModuleSpec(
-                module_class=SlotPolicyModule, model_config={"hidden": settings.hidden}
+                module_class=SlotPolicyModule, model_config=_model_config(settings)
             )
         )
         .training(
@@ -584,6 +603,11 @@ def build_config(settings: PPOSettings) -> Any:
         .debugging(seed=settings.seed, log_level="ERROR")
         .reporting(metrics_num_episodes_for_smoothing=20)
     )
+
+
+def _model_config(settings: PPOSettings) -> dict[str, Any]:
+    """The ``SlotPolicyModule``'s ``model_config`` of ``settings``."""
+    return {"hidden": settings.hidden, "pooled": settings.pooled}
 
 
 def _save_beside(module: Path, settings: PPOSettings) -> None:
@@ -620,7 +644,7 @@ def train_ppo(
             module = SlotPolicyModule(
                 observation_space=algo.get_module().observation_space,
                 action_space=algo.get_module().action_space,
-                model_config={"hidden": settings.hidden},
+                model_config=_model_config(settings),
             )
             if settings.init_module:
                 # Imitation starts from these weights (any slot count: they are shared).

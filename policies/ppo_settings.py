@@ -103,6 +103,9 @@ class PPOSettings:
     """Discount per round."""
     hidden: int = 64
     """Width of the shared per-slot network."""
+    pooled: bool = False
+    """Each slot's policy also reads a summary of every job (``SlotPolicyModule``'s
+    ``pooled``: a mean over the slots), not only its own features and the cluster's."""
     reward_scale: float = 0.1
     """Rewards are multiplied by this before PPO sees them."""
     energy_weight: float = DEFAULT_ENERGY_WEIGHT

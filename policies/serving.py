@@ -189,7 +189,7 @@ def _missing_policy_weights(path: Path, module: Any) -> list[str]:
         return []  # another format: RLlib has already read it
     with files[0].open("rb") as f:
         saved = pickle.load(f)
-    needed = [k for k in module.state_dict() if k.startswith(("encoder.", "logits."))]
+    needed = [k for k in module.state_dict() if k.startswith(("encoder.", "logits.", "context."))]
     return [k for k in needed if k not in saved]
 
 
@@ -218,6 +218,7 @@ class LearnedPolicy:
         epsilon: float = 0.0,
         seed: int = 0,
         kind: str = "ppo",
+        every_job: bool = False,
     ) -> None:
         """``server``: an already loaded checkpoint (``checkpoint`` is then ignored).
 
@@ -230,12 +231,17 @@ class LearnedPolicy:
         one otherwise (``entry_probabilities``), so the log-probability of every logged
         action is known and never 0 or 1; 0 acts deterministically. ``seed`` seeds those
         draws. ``kind`` names the policy family in its version: ``<kind>-<first 12 hex
-        digits of the checkpoint's content hash>``."""
+        digits of the checkpoint's content hash>``.
+
+        ``every_job``: a round with more active jobs than ``slots`` is encoded with a
+        slot for each, so the policy (shared across slots) decides every job; otherwise
+        the jobs beyond the slots wait in queue order."""
         from autotune.policies.rules import RulesPolicy
 
         if not 0.0 <= epsilon < 1.0:
             raise InputError(f"exploration epsilon {epsilon!r}: must be in [0, 1)")
         self.slots = slots
+        self.every_job = every_job
         self.epsilon = float(epsilon)
         self._rng = np.random.default_rng(seed)
         self.fallback_reason: str | None = None
@@ -269,7 +275,9 @@ class LearnedPolicy:
     ) -> dict[str, PolicyChoice]:
         return fallback_choices(self.rules, snapshot, f"fallback to rules ({why})", job_ids=job_ids)
 
-    def _act(self, obs: np.ndarray, active: list[Any]) -> tuple[np.ndarray, ActedStep | None]:
+    def _act(
+        self, obs: np.ndarray, active: list[Any], slots: int
+    ) -> tuple[np.ndarray, ActedStep | None]:
         """The round's action: the module's most likely entries, each replaced by a
         uniform draw with probability ``epsilon``; and what the policy saw and did in
         its slots (``None`` when no job is in them)."""
@@ -282,7 +290,7 @@ class LearnedPolicy:
             explore = self._rng.random(greedy.shape) < self.epsilon
             uniform = np.floor(self._rng.random(greedy.shape) * np.array(ACTION_DIMS))
             action = np.where(explore, uniform.astype(np.int64), greedy).reshape(-1)
-        acted = active[: self.slots]
+        acted = active[:slots]
         step: ActedStep | None = None
         if acted:
             width = len(ACTION_DIMS)
@@ -312,7 +320,9 @@ class LearnedPolicy:
             return PolicyRound(
                 choices=self._fallback(snapshot, self.fallback_reason or "no policy")
             )
-        obs = self.encoder.encode(snapshot)
+        active = snapshot.queue_order()
+        slots = max(self.slots, len(active)) if self.every_job else self.slots
+        obs = self.encoder.encode(snapshot, slots=slots)
         forecast = self.encoder.forecast
         assert forecast is not None
         headroom = {
@@ -320,9 +330,8 @@ class LearnedPolicy:
             "arrival_60": forecast.p_arrival[60],
             "headroom": forecast.headroom(60, 0.95),
         }
-        active = snapshot.queue_order()
         try:
-            action, acted = self._act(obs, active)
+            action, acted = self._act(obs, active, slots)
         except Exception as exc:  # the module itself failed: every job falls back
             why = f"the policy failed: {type(exc).__name__}: {exc}"
             event("policy.error", level=40, policy=self.version, error=why)
@@ -330,7 +339,7 @@ class LearnedPolicy:
         width = len(ACTION_DIMS)
         choices: dict[str, PolicyChoice] = {}
         failed: dict[str, str] = {}
-        for slot, job in enumerate(active[: self.slots]):
+        for slot, job in enumerate(active[:slots]):
             try:
                 choice = decode_slot(action[slot * width : (slot + 1) * width], job, slot)
             except ValueError as exc:  # this job's entries make no config for it
@@ -342,7 +351,7 @@ class LearnedPolicy:
                     reason=choice.reason,
                     features={**choice.features, **headroom},
                 )
-        choices.update(wait_choices(active, self.slots))
+        choices.update(wait_choices(active, slots))
         for job_id, why in failed.items():
             event("policy.error", level=30, policy=self.version, job=job_id, error=why)
             choices.update(self._fallback(snapshot, why, {job_id}))

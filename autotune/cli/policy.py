@@ -21,11 +21,13 @@ from autotune.policies.ppo_settings import PPOSettings, TraceSource
 __all__ = [
     "CheckpointEveryOption",
     "EntropyOption",
+    "EnvRunnersOption",
     "ForecastOption",
     "HiddenOption",
     "IterationsOption",
     "LrOption",
     "OutOption",
+    "PooledOption",
     "SeedOption",
     "TrainBatchOption",
     "WarmStartEpisodesOption",
@@ -49,6 +51,7 @@ LrOption = Annotated[float, typer.Option(min=0.0, help=_DOC.get("lr"))]
 EntropyOption = Annotated[float, typer.Option(min=0.0, help=_DOC.get("entropy_coeff"))]
 TrainBatchOption = Annotated[int, typer.Option(min=16, help=_DOC.get("train_batch"))]
 HiddenOption = Annotated[int, typer.Option(min=4, help=_DOC.get("hidden"))]
+PooledOption = Annotated[bool, typer.Option(help=_DOC.get("pooled"))]
 EnvRunnersOption = Annotated[int, typer.Option(min=0, help=_DOC.get("env_runners"))]
 EnvsPerRunnerOption = Annotated[int, typer.Option(min=1, help=_DOC.get("envs_per_runner"))]
 SeedOption = Annotated[int, typer.Option(help="Seed.")]
@@ -134,6 +137,7 @@ def train_policy(
     entropy_coeff: EntropyOption = _PPO.entropy_coeff,
     train_batch: TrainBatchOption = _PPO.train_batch,
     hidden: HiddenOption = _PPO.hidden,
+    pooled: PooledOption = _PPO.pooled,
     checkpoint_every: CheckpointEveryOption = _PPO.checkpoint_every,
     env_runners: EnvRunnersOption = _PPO.env_runners,
     envs_per_runner: EnvsPerRunnerOption = _PPO.envs_per_runner,
@@ -211,6 +215,7 @@ def train_policy(
         lr=lr,
         entropy_coeff=entropy_coeff,
         hidden=hidden,
+        pooled=pooled,
         warm_start_episodes=warm_start_episodes,
         env_runners=env_runners,
         envs_per_runner=envs_per_runner,

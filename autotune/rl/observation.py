@@ -14,6 +14,8 @@ queue order (higher priority first, then earlier submission, then id: the Planne
 order). Jobs behind them are never dropped: a waiting one gets a ``wait`` choice naming
 its queue position (``autotune.rl.action.wait_choices``), a running one keeps its
 configuration, and each moves into the window as jobs ahead of it finish.
+``encode(snapshot, slots=n)`` encodes with ``n`` slots instead: a policy shared across
+slots serves every active job with a slot each.
 """
 
 from __future__ import annotations
@@ -218,8 +220,13 @@ class ObservationEncoder:
         self.demand.copy_from(other.demand)
         self.forecast = other.forecast
 
-    def encode(self, snapshot: ClusterSnapshot) -> np.ndarray:
-        obs = np.zeros(observation_size(self.slots), dtype=np.float32)
+    def encode(self, snapshot: ClusterSnapshot, *, slots: int | None = None) -> np.ndarray:
+        """The observation of ``snapshot`` with ``slots`` slots (default: the encoder's;
+        more serve every active job to a policy shared across slots)."""
+        slots = self.slots if slots is None else slots
+        if slots < 1:
+            raise ValueError(f"slots={slots!r}: must be >= 1")
+        obs = np.zeros(observation_size(slots), dtype=np.float32)
         table = node_table(snapshot.nodes)
         total = float(table.total_gpus) or 1.0
         held = snapshot.held_gpus()
@@ -236,7 +243,7 @@ class ObservationEncoder:
         obs[: len(GLOBAL)] = (
             _log_share(pending),
             _log_share(len(active) - pending),
-            max(0, len(active) - self.slots) / max(1, len(active)),
+            max(0, len(active) - slots) / max(1, len(active)),
             busy,
             last,
             min(1.0, max(0.0, self.forecast.p_arrival[15])),
@@ -260,7 +267,7 @@ class ObservationEncoder:
                 float("fp8" in spec.peak_tflops),
                 _speed(model) / fastest,
             )
-        for slot, job in enumerate(active[: self.slots]):
+        for slot, job in enumerate(active[:slots]):
             base = HEADER + slot * len(SLOT)
             obs[base : base + len(SLOT)] = self._slot(snapshot, job, table.by_id, models)
         return obs

@@ -34,11 +34,13 @@ from autotune.cli.common import (
 from autotune.cli.policy import (
     CheckpointEveryOption,
     EntropyOption,
+    EnvRunnersOption,
     ForecastOption,
     HiddenOption,
     IterationsOption,
     LrOption,
     OutOption,
+    PooledOption,
     SeedOption,
     TrainBatchOption,
     WarmStartEpisodesOption,
@@ -198,12 +200,21 @@ def train_policy(
             "saved beside the module.",
         ),
     ] = -1.0,
+    residual: Annotated[
+        bool,
+        typer.Option(
+            help="A residual policy: its action corrects the weights goodput-size gives "
+            "(log2 of the factor), so it starts as the teacher; saved beside the module.",
+        ),
+    ] = False,
     forecast: ForecastOption = _PPO.forecast,
     lr: LrOption = _PPO.lr,
     entropy_coeff: EntropyOption = _PPO.entropy_coeff,
     train_batch: TrainBatchOption = _PPO.train_batch,
     hidden: HiddenOption = _PPO.hidden,
+    pooled: PooledOption = _PPO.pooled,
     checkpoint_every: CheckpointEveryOption = _PPO.checkpoint_every,
+    env_runners: EnvRunnersOption = _PPO.env_runners,
     seed: SeedOption = _PPO.seed,
     as_json: JsonOption = False,
 ) -> None:
@@ -245,9 +256,15 @@ def train_policy(
         lr=lr,
         entropy_coeff=entropy_coeff,
         hidden=hidden,
+        pooled=pooled,
+        env_runners=env_runners,
         warm_start_episodes=warm_start_episodes,
         seed=seed,
-        world_options={"size_exponent": size_exponent, "fairness_p": fairness_p},
+        world_options={
+            "size_exponent": size_exponent,
+            "fairness_p": fairness_p,
+            "residual": float(residual),
+        },
     )
     run_training(settings, out, as_json=as_json)
 

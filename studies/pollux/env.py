@@ -44,7 +44,7 @@ from autotune.errors import InputError
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
 from autotune.rl.action import InvalidActionError
 from autotune.rl.observation import slot_jobs
-from autotune.studies.pollux.goodput import FAIRNESS_P, GoodputPolicy
+from autotune.studies.pollux.goodput import FAIRNESS_P, GoodputPolicy, SizedGoodputPolicy
 from autotune.studies.pollux.trace import load_trace_apps
 
 __all__ = [
@@ -52,6 +52,8 @@ __all__ = [
     "ROUND_S",
     "WEIGHT_RANGE",
     "PolluxCompatEnv",
+    "allocator",
+    "base_weights",
     "compat_arrivals",
     "compat_env",
     "decode_weights",
@@ -139,30 +141,46 @@ def weight_space(slots: int) -> spaces.Box:
     return spaces.Box(low, high, (slots,), dtype=np.float32)
 
 
-def decode_weights(action: np.ndarray, snapshot: ClusterSnapshot, slots: int) -> dict[str, float]:
-    """The slot jobs' weights an action of ``weight_space`` means (entries beyond
+def decode_weights(
+    action: np.ndarray,
+    snapshot: ClusterSnapshot,
+    slots: int,
+    base: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """The jobs' weights an action of ``weight_space`` means (entries beyond
     ``WEIGHT_RANGE`` clipped, as for any bounded continuous action). Raises
-    ``InvalidActionError`` for a wrong length or a value that is not a number; jobs
-    beyond the slots keep weight 1."""
+    ``InvalidActionError`` for a wrong length or a value that is not a number.
+
+    ``base`` (a residual policy's: its teacher's weights): an entry multiplies the slot
+    job's base weight by 2 to its power instead of setting it, and jobs beyond the
+    slots keep their base weight; without it they weigh 1."""
     flat = np.asarray(action, dtype=np.float64).reshape(-1)
     if flat.shape != (slots,):
         raise InvalidActionError(f"action has {flat.size} entries; expected {slots}")
     if not np.isfinite(flat).all():
         raise InvalidActionError("action has an entry that is not a finite number")
     low, high = WEIGHT_RANGE
-    return {
-        job.spec.job_id: float(2.0 ** np.clip(flat[slot], low, high))
-        for slot, job in enumerate(slot_jobs(snapshot, slots))
-    }
+    out = dict(base or {})
+    for slot, job in enumerate(slot_jobs(snapshot, slots)):
+        job_id = job.spec.job_id
+        out[job_id] = float(2.0 ** np.clip(flat[slot], low, high)) * out.get(job_id, 1.0)
+    return out
 
 
-def encode_weights(weights: dict[str, float], snapshot: ClusterSnapshot, slots: int) -> np.ndarray:
-    """The action that decodes to (about) ``weights`` (a slot whose job has none: 1)."""
+def encode_weights(
+    weights: dict[str, float],
+    snapshot: ClusterSnapshot,
+    slots: int,
+    base: Mapping[str, float] | None = None,
+) -> np.ndarray:
+    """The action that decodes to (about) ``weights`` (a slot whose job has none: 1),
+    relative to ``base`` where given (see ``decode_weights``)."""
     low, high = WEIGHT_RANGE
     out = np.zeros(slots, dtype=np.float32)
     for slot, job in enumerate(slot_jobs(snapshot, slots)):
-        weight = weights.get(job.spec.job_id, 1.0)
-        out[slot] = float(np.clip(math.log2(weight), low, high))
+        job_id = job.spec.job_id
+        ratio = weights.get(job_id, 1.0) / (base or {}).get(job_id, 1.0)
+        out[slot] = float(np.clip(math.log2(ratio), low, high))
     return out
 
 
@@ -173,12 +191,24 @@ class PolluxCompatEnv(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     """A ``ClusterEnv`` in the Pollux-compatible world (see the module docstring): its
     action is every slot job's log2 weight in the goodput allocation (with fairness
     ``fairness_p``, built afresh each episode), its choices are kept to Pollux's knobs,
-    its reward is minus the round's job-hours (``info["reward_parts"]["jct"]``)."""
+    its reward is minus the round's job-hours (``info["reward_parts"]["jct"]``).
 
-    def __init__(self, env: ClusterEnv, *, fairness_p: float = FAIRNESS_P) -> None:
+    ``residual_exponent`` (a residual policy's world): the action is instead each slot
+    job's log2 correction to the weight ``goodput-size`` gives it at that exponent
+    (``SizedGoodputPolicy.weights``), so the zero action is that teacher, and jobs
+    beyond the slots keep the teacher's weight."""
+
+    def __init__(
+        self,
+        env: ClusterEnv,
+        *,
+        fairness_p: float = FAIRNESS_P,
+        residual_exponent: float | None = None,
+    ) -> None:
         super().__init__(env)
         self.cluster = env
         self.fairness_p = fairness_p
+        self.residual_exponent = residual_exponent
         self.action_space = weight_space(env.slots)
         self.allocator: GoodputPolicy | None = None
 
@@ -203,7 +233,7 @@ class PolluxCompatEnv(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.cluster.reset(seed=seed, options=options)
-        self.allocator = GoodputPolicy(self.cluster, p=self.fairness_p)
+        self.allocator = allocator(self.cluster, self.fairness_p, self.residual_exponent)
         return obs, info
 
     def choices(self, action: np.ndarray) -> dict[str, PolicyChoice]:
@@ -212,7 +242,8 @@ class PolluxCompatEnv(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray
         snapshot = self.cluster.snapshot
         if snapshot is None or self.allocator is None:
             raise RuntimeError("call reset() before step()")
-        weights = decode_weights(action, snapshot, self.slots)
+        base = base_weights(self.allocator, snapshot)
+        weights = decode_weights(action, snapshot, self.slots, base)
         return self.allocator.allocate(snapshot, weights)
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:
@@ -232,6 +263,23 @@ class PolluxCompatEnv(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray
         return obs, value, terminated, truncated, info
 
 
+def allocator(env: ClusterEnv, fairness_p: float, residual_exponent: float | None) -> GoodputPolicy:
+    """The goodput allocation actions go through: ``goodput-size`` at
+    ``residual_exponent`` where a residual policy corrects its weights (it allocates as
+    ``GoodputPolicy`` does), else ``GoodputPolicy``."""
+    if residual_exponent is None:
+        return GoodputPolicy(env, p=fairness_p)
+    return SizedGoodputPolicy(env, exponent=residual_exponent, p=fairness_p)
+
+
+def base_weights(allocation: GoodputPolicy, snapshot: ClusterSnapshot) -> dict[str, float] | None:
+    """The weights an action corrects: the teacher's where ``allocation`` is a residual
+    policy's (``allocator``), else ``None``."""
+    if isinstance(allocation, SizedGoodputPolicy):
+        return allocation.weights(snapshot)
+    return None
+
+
 def compat_env(
     workload: str | Path,
     traces: str | Path,
@@ -241,12 +289,13 @@ def compat_env(
     max_steps: int = 5000,
     forecaster: DemandForecaster | None = None,
     fairness_p: float = FAIRNESS_P,
+    residual_exponent: float | None = None,
     jobs: str | None = None,
     arrivals: Sequence[Arrival] | None = None,
 ) -> PolluxCompatEnv:
     """The Pollux-compatible environment of a workload CSV (``traces``: Pollux's traces
     folder), on ``gpus`` T4 GPUs; ``arrivals``: its jobs already loaded
-    (``compat_arrivals``)."""
+    (``compat_arrivals``); ``residual_exponent``: see ``PolluxCompatEnv``."""
     config = EnvConfig(
         slots=slots,
         round_s=ROUND_S,
@@ -261,4 +310,4 @@ def compat_env(
         jobs=list(arrivals) if arrivals is not None else compat_arrivals(workload, traces, jobs),
         forecaster=forecaster,
     )
-    return PolluxCompatEnv(env, fairness_p=fairness_p)
+    return PolluxCompatEnv(env, fairness_p=fairness_p, residual_exponent=residual_exponent)

@@ -27,15 +27,17 @@ from autotune.policies.ppo import DemonstrationRecorder, TeacherRound
 from autotune.policies.ppo_settings import Demonstrations, PPOSettings, TraceSource
 from autotune.policies.serving import IncompatiblePolicyError, PolicyServer, checkpoint_hash
 from autotune.rl.observation import ObservationEncoder, slot_jobs
-from autotune.studies.pollux.env import PolluxCompatEnv, compat_env, decode_weights, encode_weights
-from autotune.studies.pollux.goodput import (
-    FAIRNESS_P,
-    SIZE_EXPONENT,
-    GoodputPolicy,
-    SizedGoodputPolicy,
+from autotune.studies.pollux.env import (
+    PolluxCompatEnv,
+    allocator,
+    base_weights,
+    compat_env,
+    decode_weights,
+    encode_weights,
 )
+from autotune.studies.pollux.goodput import FAIRNESS_P, SIZE_EXPONENT, SizedGoodputPolicy
 
-__all__ = ["ALLOCATION_FILE", "WORLD", "PolluxLearnedPolicy", "PolluxWorld", "saved_fairness_p"]
+__all__ = ["ALLOCATION_FILE", "WORLD", "PolluxLearnedPolicy", "PolluxWorld", "saved_allocation"]
 
 ALLOCATION_FILE: Final = "allocation.json"
 """Beside a module trained in this world: the goodput allocation its weights act through
@@ -50,13 +52,21 @@ class PolluxWorld:
     kind = "pollux-compat"
     teachers = ("goodput-size",)
     options: Mapping[str, float] = MappingProxyType(
-        {"fairness_p": FAIRNESS_P, "size_exponent": SIZE_EXPONENT}
+        {"fairness_p": FAIRNESS_P, "size_exponent": SIZE_EXPONENT, "residual": 0.0}
     )
     """``fairness_p``: the goodput allocation's p (Pollux's -1), for the teacher and the
-    policy; ``size_exponent``: the teacher ``goodput-size``'s exponent."""
+    policy; ``size_exponent``: the teacher ``goodput-size``'s exponent; ``residual``: 1
+    for a residual policy, whose action corrects the teacher's weights (log2 of the
+    factor; zero is the teacher), 0 for one that sets the weights."""
 
     def option(self, settings: PPOSettings, name: str) -> float:
         return float(settings.world_options.get(name, self.options[name]))
+
+    def residual_exponent(self, settings: PPOSettings) -> float | None:
+        """The teacher's exponent a residual policy corrects, ``None`` for a plain one."""
+        if self.option(settings, "residual") == 0:
+            return None
+        return self.option(settings, "size_exponent")
 
     def make_env(
         self, source: TraceSource, settings: PPOSettings, forecaster: Any
@@ -71,6 +81,7 @@ class PolluxWorld:
             max_steps=settings.max_steps,
             forecaster=forecaster,
             fairness_p=self.option(settings, "fairness_p"),
+            residual_exponent=self.residual_exponent(settings),
         )
 
     def demonstrations(
@@ -87,48 +98,71 @@ class PolluxWorld:
                 exponent=self.option(settings, "size_exponent"),
                 p=self.option(settings, "fairness_p"),
             )
-            recorder.play(inner, obs, partial(_weights_round, policy, settings.slots))
+            residual = self.residual_exponent(settings) is not None
+            recorder.play(
+                inner, obs, partial(_weights_round, policy, settings.slots, residual=residual)
+            )
         return recorder.arrays()
 
     def save_beside(self, module: Path, settings: PPOSettings) -> None:
         (module / ALLOCATION_FILE).write_text(
-            json.dumps({"fairness_p": self.option(settings, "fairness_p")})
+            json.dumps(
+                {
+                    "fairness_p": self.option(settings, "fairness_p"),
+                    "residual_exponent": self.residual_exponent(settings),
+                }
+            )
         )
 
 
 def _weights_round(
-    teacher: SizedGoodputPolicy, slots: int, snapshot: ClusterSnapshot
+    teacher: SizedGoodputPolicy, slots: int, snapshot: ClusterSnapshot, *, residual: bool
 ) -> TeacherRound:
     """A round of the teacher ``goodput-size``: its allocation, every slot job's log2
-    weight as the action, every occupied slot in the mask."""
+    weight as the action (relative to its own weights for a residual policy: zero),
+    every occupied slot in the mask."""
     weights = teacher.weights(snapshot)
     occupied = np.zeros(slots, dtype=np.float32)
     occupied[: len(slot_jobs(snapshot, slots))] = 1.0
-    return teacher.allocate(snapshot, weights), encode_weights(weights, snapshot, slots), occupied
+    action = encode_weights(weights, snapshot, slots, weights if residual else None)
+    return teacher.allocate(snapshot, weights), action, occupied
 
 
 WORLD: Final = PolluxWorld()
 """The world the ``autotune.worlds`` entry point ``pollux-compat`` names."""
 
 
-def saved_fairness_p(module: Path) -> float:
-    """The fairness p saved beside a module trained here (Pollux's -1 if none)."""
+def saved_allocation(module: Path) -> tuple[float, float | None]:
+    """The fairness p and the residual exponent saved beside a module trained here
+    (Pollux's -1 and ``None`` if none: a plain policy)."""
     saved = module / ALLOCATION_FILE
-    return float(json.loads(saved.read_text())["fairness_p"]) if saved.is_file() else FAIRNESS_P
+    if not saved.is_file():
+        return FAIRNESS_P, None
+    data = json.loads(saved.read_text())
+    exponent = data.get("residual_exponent")
+    return float(data["fairness_p"]), None if exponent is None else float(exponent)
 
 
 class PolluxLearnedPolicy:
     """The learned policy of the Pollux-compatible world: each round it encodes the
     snapshot with the environment's ``ObservationEncoder``, takes the module's mean log2
-    weight for every slot job (``decode_weights``) and lets the goodput allocation
+    weight for every active job (``decode_weights``) and lets the goodput allocation
     (``GoodputPolicy.allocate``) turn the weights into GPU counts and batch sizes: what
-    the training environment does with its action, with the fairness p saved beside the
-    module (``ALLOCATION_FILE``; Pollux's -1 if none). ``env``: the environment's
-    ``ClusterEnv``. Version: ``ppo-pollux-<checkpoint hash>``."""
+    the training environment does with its action, with the fairness p and, for a
+    residual policy, the teacher's exponent saved beside the module (``ALLOCATION_FILE``;
+    Pollux's -1 and a plain policy if none). ``env``: the environment's ``ClusterEnv``.
+    Version: ``ppo-pollux-<checkpoint hash>``.
+
+    Every active job is the policy's, however many: the module is shared across slots,
+    so a round with more active jobs than the slots it trained with is encoded with a
+    slot for each (``every_job=False``: only the first ``env.slots``, the others weigh
+    1, or the teacher's weight for a residual policy, as in training)."""
 
     name = "ppo"
 
-    def __init__(self, env: Any, server: PolicyServer, *, forecast: str = "lstm") -> None:
+    def __init__(
+        self, env: Any, server: PolicyServer, *, forecast: str = "lstm", every_job: bool = True
+    ) -> None:
         from autotune.policies.forecast import demand_forecaster
 
         if not server.continuous:
@@ -138,14 +172,19 @@ class PolluxLearnedPolicy:
             )
         self.env = env
         self.server = server
-        self.fairness_p = saved_fairness_p(server.path)
-        self.allocator = GoodputPolicy(env, p=self.fairness_p)
+        self.every_job = every_job
+        self.fairness_p, self.residual_exponent = saved_allocation(server.path)
+        self.allocator = allocator(env, self.fairness_p, self.residual_exponent)
         self.version = f"ppo-pollux-{checkpoint_hash(server.path)[:12]}"
         self.encoder = ObservationEncoder(
             env.slots, round_s=env.round_s, forecaster=demand_forecaster(forecast)
         )
 
     def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
-        obs = self.encoder.encode(snapshot)
-        weights = decode_weights(self.server.act(obs), snapshot, self.encoder.slots)
+        slots = self.encoder.slots
+        if self.every_job:
+            slots = max(slots, len(snapshot.queue_order()))
+        obs = self.encoder.encode(snapshot, slots=slots)
+        base = base_weights(self.allocator, snapshot)
+        weights = decode_weights(self.server.act(obs), snapshot, slots, base)
         return PolicyRound(choices=self.allocator.allocate(snapshot, weights))

@@ -190,8 +190,17 @@ def fold(
     train_batch: int,
     exponent: float,
     p: float,
+    residual: bool = False,
+    pooled: bool = False,
+    env_runners: int = 0,
+    checkpoint_every: int | None = None,
 ) -> dict[str, Any]:
-    """Train without ``held_out``, select on the training workloads, test on it."""
+    """Train without ``held_out``, select on the training workloads, test on it.
+    ``residual``: the policy corrects its teacher's weights (zero correction is the
+    teacher) instead of setting them; ``pooled``: each job's policy reads a summary of
+    all jobs (``PPOSettings.pooled``); ``env_runners``: sampling processes;
+    ``checkpoint_every``: iterations between the checkpoints that selection weighs
+    beside the imitation and the last (``None``: those two only)."""
     train = [w for w in range(1, 9) if w != held_out]
     settings = PPOSettings(
         iterations=iterations,
@@ -204,14 +213,19 @@ def fold(
         warm_start="goodput-size",
         warm_start_episodes=len(train),
         warm_start_epochs=60,
-        checkpoint_every=10**6,
+        checkpoint_every=checkpoint_every or 10**6,
         seed=seed,
         sources=tuple(_source(pollux, w) for w in train),
-        world_options={"size_exponent": exponent, "fairness_p": p},
+        world_options={"size_exponent": exponent, "fairness_p": p, "residual": float(residual)},
+        pooled=pooled,
+        env_runners=env_runners,
     )
     folder = out / f"fold-{held_out}-seed-{seed}"
     report = train_ppo(settings, folder)
-    candidates = {"imitation": folder / "warm_start", "ppo": Path(report["checkpoint"])}
+    candidates = {"imitation": folder / "warm_start"}
+    for saved in sorted(folder.glob("iter_*")):
+        candidates[f"ppo-{int(saved.name.split('_')[1])}"] = saved
+    candidates["ppo"] = Path(report["checkpoint"])
     selection: dict[str, dict[str, float]] = {}
     for name, path in candidates.items():
         runs = {w: learned(pollux, w, path)["avg_jct_s"] for w in train}
@@ -227,6 +241,8 @@ def fold(
         "train_workloads": train,
         "teacher_exponent": exponent,
         "fairness_p": p,
+        "residual": residual,
+        "pooled": pooled,
         "chosen": chosen,
         "learned": tested[chosen],
         "candidates": tested,

@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +19,7 @@ from helpers import cli
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.presets import pollux_nodes
 from autotune.envs.simulator import Arrival
+from autotune.interfaces import ClusterSnapshot
 from autotune.policies.evaluate import run_episode
 from autotune.policies.ppo import (
     SlotPolicyModule,
@@ -28,7 +30,7 @@ from autotune.policies.ppo import (
 from autotune.policies.ppo_settings import PPOSettings, TraceSource
 from autotune.policies.serving import IncompatiblePolicyError, PolicyServer
 from autotune.rl.action import InvalidActionError
-from autotune.rl.observation import observation_size
+from autotune.rl.observation import HEADER, SLOT, observation_size
 from autotune.studies.pollux.env import (
     RESTART_S,
     ROUND_S,
@@ -321,7 +323,7 @@ def test_train_in_compat_mode_then_evaluate(tmp_path: Path, pollux_dir: Path) ->
     assert report["warm_start"]["teacher"] == "goodput-size"
     assert report["settings"]["world_options"]["size_exponent"] == 1.0
     saved = json.loads((Path(report["module"]) / ALLOCATION_FILE).read_text())
-    assert saved == {"fairness_p": -0.5}
+    assert saved == {"fairness_p": -0.5, "residual_exponent": None}
     assert (out / "warm_start" / ALLOCATION_FILE).is_file()
     assert report["settings"]["sources"][0]["kind"] == "pollux-compat"
     run = cli(
@@ -331,3 +333,122 @@ def test_train_in_compat_mode_then_evaluate(tmp_path: Path, pollux_dir: Path) ->
     )  # fmt: skip
     assert run.exit_code == 0, run.stderr[-2000:]
     assert json.loads(run.stdout)["policies"]["ppo"]["n_jobs_done"] == 12
+
+
+def _residual_env(jobs: list[Arrival], slots: int = 32, exponent: float = 0.5) -> PolluxCompatEnv:
+    env = _env(jobs, slots=slots)
+    return PolluxCompatEnv(env.cluster, residual_exponent=exponent)
+
+
+def test_a_residual_action_corrects_the_teachers_weights(pollux_dir: Path) -> None:
+    env = _residual_env(_together(_jobs(pollux_dir, 6)), slots=4)
+    env.reset(seed=0)
+    snapshot = env.snapshot
+    assert snapshot is not None
+    assert isinstance(env.allocator, SizedGoodputPolicy)
+    base = env.allocator.weights(snapshot)
+    ids = [j.spec.job_id for j in snapshot.queue_order()]
+    assert len(base) == 6
+    weights = decode_weights(np.array([1.0, -1.0, 0.0, 0.0]), snapshot, 4, base)
+    assert weights[ids[0]] == pytest.approx(2 * base[ids[0]])
+    assert weights[ids[1]] == pytest.approx(base[ids[1]] / 2)
+    assert weights[ids[2]] == pytest.approx(base[ids[2]])
+    # Beyond the four slots: the teacher's weight, not 1.
+    assert [weights[i] for i in ids[4:]] == [base[i] for i in ids[4:]]
+    assert encode_weights(weights, snapshot, 4, base).tolist() == pytest.approx([1, -1, 0, 0])
+
+
+def test_the_zero_residual_plays_exactly_as_its_teacher(pollux_dir: Path) -> None:
+    """A residual policy starts as its teacher: the zero action gives every job the
+    completion time ``goodput-size`` gives it (at the same exponent and p)."""
+    jobs = _jobs(pollux_dir)
+    env = _residual_env(jobs, exponent=1.0)
+    env.fairness_p = -0.5
+    env.reset(seed=0)
+    while True:
+        *_, terminated, truncated, _ = env.step(np.zeros(32, np.float32))
+        if terminated or truncated:
+            break
+    by_action = sorted(_jct_s(env))
+    env2 = _env(jobs)
+    run_episode(SizedGoodputPolicy(env2, exponent=1.0, p=-0.5), env2, seed=0)
+    assert len(by_action) == len(jobs)
+    assert by_action == sorted(_jct_s(env2))
+    # And the teacher's demonstrations in the residual world are all zero corrections.
+    settings = PPOSettings(
+        slots=32,
+        sources=(_source(pollux_dir, 6),),
+        warm_start="goodput-size",
+        world_options={"residual": 1.0},
+        max_steps=40,
+    )
+    _, actions, occupied, _ = _demonstrations(settings, "goodput-size", 1)
+    assert occupied.sum() > 0
+    assert not actions.any()
+
+
+def test_the_pooled_module_reads_the_other_jobs() -> None:
+    """``pooled``: a slot's action depends on the other slots' jobs (a mean over them);
+    without it, only on its own; both act on any number of slots."""
+    from ray.rllib.core.columns import Columns
+
+    env = _env([], slots=4)
+    obs = torch.rand(1, observation_size(4))
+    obs[0, HEADER :: len(SLOT)] = 1.0  # every slot occupied
+    other = obs.clone()
+    other[0, HEADER + 3 * len(SLOT) + 2] += 0.5  # slot 3's job changes
+    for pooled in (False, True):
+        module = SlotPolicyModule(
+            observation_space=env.observation_space,
+            action_space=env.action_space,
+            model_config={"hidden": 16, "pooled": pooled},
+        )
+        nn_init = torch.nn.init
+        nn_init.normal_(module.logits.weight, std=1.0)  # visible differences
+
+        def means(x: torch.Tensor, module: SlotPolicyModule = module) -> torch.Tensor:
+            return module.greedy(x)[0]
+
+        a, b = means(obs), means(other)
+        assert torch.equal(a[:3], b[:3]) != pooled
+        assert a[3] != b[3]
+        wider = torch.rand(1, observation_size(40))
+        assert module._forward({Columns.OBS: wider})[Columns.ACTION_DIST_INPUTS].shape == (1, 80)
+
+
+def test_every_active_job_is_the_policys_however_many(pollux_dir: Path, tmp_path: Path) -> None:
+    """300 active jobs against 32 trained slots: each gets the policy's weight (a module
+    whose every mean is log2 weight 1: weight 2), not only the first 32."""
+    jobs = _jobs(pollux_dir, 160)
+    many = _together(
+        jobs + [replace(a, spec=replace(a.spec, job_id=f"{a.spec.job_id}-b")) for a in jobs[:140]]
+    )
+    env = _env(many)
+    env.reset(seed=0)
+    snapshot = env.snapshot
+    assert snapshot is not None
+    assert len(snapshot.queue_order()) == 300
+    module = _module()
+    with torch.no_grad():
+        module.logits.weight.zero_()
+        module.logits.bias[0] = 1.0
+    module.save_to_path(tmp_path / "module")
+    server = PolicyServer(tmp_path / "module", slots=32, continuous=True)
+    for every_job, weighted in ((True, 300), (False, 32)):
+        policy = PolluxLearnedPolicy(env.cluster, server, forecast="none", every_job=every_job)
+        seen: dict[str, float] = {}
+        allocate = policy.allocator.allocate
+
+        def spy(
+            snap: ClusterSnapshot,
+            weights: dict[str, float],
+            allocate: Any = allocate,
+            seen: dict[str, float] = seen,
+        ) -> Any:
+            seen.update(weights)
+            return allocate(snap, weights)
+
+        policy.allocator.allocate = spy  # type: ignore[method-assign]
+        choices = policy.decide(snapshot).choices
+        assert sum(1 for w in seen.values() if w == pytest.approx(2.0)) == weighted
+        assert sum(c.config.world_size for c in choices.values() if c.config) <= 64

@@ -24,7 +24,7 @@ from autotune.interfaces import PolicyChoice
 from autotune.planner import verify_placements
 from autotune.policies.serving import LearnedPolicy
 from autotune.rl.action import ACTION_DIMS, InvalidActionError, decode_action
-from autotune.rl.observation import FEATURES, slot_jobs
+from autotune.rl.observation import FEATURES, observation_size, slot_jobs
 
 
 class ScriptedServer:
@@ -328,3 +328,28 @@ def test_training_samples_with_the_env_runners_and_vectors_asked_for() -> None:
         PPOSettings(env_runners=-1)
     with pytest.raises(ValueError, match="envs_per_runner=0"):
         PPOSettings(envs_per_runner=0)
+
+
+def test_every_job_gives_300_active_jobs_a_slot_each() -> None:
+    """``every_job``: with 300 active jobs against 8 slots, the policy (shared across
+    slots) sees and decides all 300, in one observation with a slot each; without it,
+    the jobs behind the slots wait with their queue position."""
+    sim = SimulatedCluster(SimConfig(seed=3, initial_jobs=300, max_jobs=300))
+    snapshot = sim.observe()
+    active = snapshot.queue_order()
+    assert len(active) == 300
+    width = len(ACTION_DIMS)
+    for every_job, slots_seen in ((True, 300), (False, 8)):
+        server = ScriptedServer([np.ones(slots_seen * width, dtype=np.int64)])
+        policy = LearnedPolicy(slots=8, forecast=False, server=server, every_job=every_job)  # type: ignore[arg-type]
+        decided = policy.decide(snapshot)
+        (obs,) = server.seen
+        assert obs.shape == (observation_size(slots_seen),)
+        assert decided.acted is not None
+        assert len(decided.acted.job_ids) == slots_seen
+        waiting = [c for c in decided.choices.values() if "position" in c.reason]
+        assert len(waiting) == 300 - slots_seen
+        assert (
+            sum(c.source == "policy" and c.config is not None for c in decided.choices.values())
+            == slots_seen
+        )
