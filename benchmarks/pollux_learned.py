@@ -15,7 +15,15 @@ import sys
 from pathlib import Path
 
 from autotune.benchmarks import OUT
-from autotune.studies.pollux.protocol import POLLUX, baselines, fold, table, teacher, workloads
+from autotune.studies.pollux.protocol import (
+    POLLUX,
+    ablation,
+    baselines,
+    fold,
+    table,
+    teacher,
+    workloads,
+)
 
 
 def main() -> int:
@@ -33,6 +41,9 @@ def main() -> int:
     parser.add_argument(
         "--pooled", action="store_true", help="each job's policy reads a summary of all jobs"
     )
+    parser.add_argument(
+        "--from-scratch", action="store_true", help="no imitation of the teacher before PPO"
+    )
     parser.add_argument("--env-runners", type=int, default=0, help="sampling processes")
     parser.add_argument(
         "--checkpoint-every",
@@ -43,9 +54,18 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=OUT / "pollux_learned")
     parser.add_argument("--table", action="store_true", help="only print the table of OUT")
     parser.add_argument(
+        "--ablation",
+        default=None,
+        help="only print training variants side by side: LABEL=OUT,LABEL=OUT,...",
+    )
+    parser.add_argument(
         "--teachers-only", action="store_true", help="only choose the folds' teacher exponents"
     )
     args = parser.parse_args()
+    if args.ablation:
+        variants = dict(part.split("=", 1) for part in args.ablation.split(","))
+        print(ablation({label: Path(out) for label, out in variants.items()}))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     if args.table:
         print(table(args.out))
@@ -71,7 +91,8 @@ def main() -> int:
                     done.get("fairness_p"),
                     done.get("residual", False),
                     done.get("pooled", False),
-                ) == (exponent, p, args.residual, args.pooled)
+                    done.get("imitate", True),
+                ) == (exponent, p, args.residual, args.pooled, not args.from_scratch)
                 if same:
                     continue
                 print(f"  fold {w} seed {seed}: redone with exponent {exponent}, p {p}")
@@ -88,6 +109,7 @@ def main() -> int:
                 pooled=args.pooled,
                 env_runners=args.env_runners,
                 checkpoint_every=args.checkpoint_every,
+                imitate=not args.from_scratch,
             )
             path.write_text(json.dumps(row, indent=1) + "\n")
             print(

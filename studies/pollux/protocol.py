@@ -25,6 +25,7 @@ Markdown table of whatever is in ``OUT``.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -194,13 +195,16 @@ def fold(
     pooled: bool = False,
     env_runners: int = 0,
     checkpoint_every: int | None = None,
+    imitate: bool = True,
 ) -> dict[str, Any]:
     """Train without ``held_out``, select on the training workloads, test on it.
     ``residual``: the policy corrects its teacher's weights (zero correction is the
     teacher) instead of setting them; ``pooled``: each job's policy reads a summary of
     all jobs (``PPOSettings.pooled``); ``env_runners``: sampling processes;
     ``checkpoint_every``: iterations between the checkpoints that selection weighs
-    beside the imitation and the last (``None``: those two only)."""
+    beside the imitation and the last (``None``: those two only); ``imitate``: False
+    trains from scratch (no imitation of the teacher first, and no imitation-only
+    checkpoint to select)."""
     train = [w for w in range(1, 9) if w != held_out]
     settings = PPOSettings(
         iterations=iterations,
@@ -210,7 +214,7 @@ def fold(
         train_batch=train_batch,
         minibatch=256,
         gamma=0.99,
-        warm_start="goodput-size",
+        warm_start="goodput-size" if imitate else None,
         warm_start_episodes=len(train),
         warm_start_epochs=60,
         checkpoint_every=checkpoint_every or 10**6,
@@ -222,7 +226,7 @@ def fold(
     )
     folder = out / f"fold-{held_out}-seed-{seed}"
     report = train_ppo(settings, folder)
-    candidates = {"imitation": folder / "warm_start"}
+    candidates = {"imitation": folder / "warm_start"} if imitate else {}
     for saved in sorted(folder.glob("iter_*")):
         candidates[f"ppo-{int(saved.name.split('_')[1])}"] = saved
     candidates["ppo"] = Path(report["checkpoint"])
@@ -243,6 +247,7 @@ def fold(
         "fairness_p": p,
         "residual": residual,
         "pooled": pooled,
+        "imitate": imitate,
         "chosen": chosen,
         "learned": tested[chosen],
         "candidates": tested,
@@ -348,6 +353,49 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def ablation(variants: dict[str, Path]) -> str:
+    """The Markdown table of training variants side by side (each an ``OUT`` of the
+    protocol run its own way: ``label -> folder``), beside the teacher each fold chose:
+    per variant, the mean over the held-out workloads of the average JCT (each workload's
+    seeds averaged), against the teacher's on the same workloads, on how many it is
+    below the teacher, the checkpoints selection picked, and the training steps and
+    wall time of a fold."""
+    lines = [
+        "| variant | held-out workloads | mean average JCT (s) | its teachers' (s) | vs "
+        "teacher | below teacher | chosen | PPO env steps / fold | wall / fold (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, out in variants.items():
+        folds: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for path in sorted(out.glob("fold-*-seed-*.json")):
+            row = json.loads(path.read_text())
+            folds[row["held_out"]].append(row)
+        grid_path = out / "teacher-grid.json"
+        if not folds or not grid_path.exists():
+            continue
+        grid = json.loads(grid_path.read_text())
+        ours, theirs = [], []
+        for w, runs in sorted(folds.items()):
+            ours.append(float(np.mean([r["learned"]["avg_jct_s"] for r in runs])))
+            key = f"{runs[0]['teacher_exponent']},{runs[0]['fairness_p']}"
+            theirs.append(grid[key][str(w)])
+        rows = [r for runs in folds.values() for r in runs]
+        chosen: dict[str, int] = defaultdict(int)
+        for r in rows:
+            chosen[r["chosen"]] += 1
+        steps = np.mean([r["training"]["ppo_env_steps"] or 0 for r in rows])
+        wall = np.mean([r["training"]["wall_s"] for r in rows])
+        mean, base = float(np.mean(ours)), float(np.mean(theirs))
+        below = sum(a < b for a, b in zip(ours, theirs, strict=True))
+        lines.append(
+            f"| {label} | {','.join(str(w) for w in sorted(folds))} | {mean:,.0f} | "
+            f"{base:,.0f} | {mean / base - 1:+.2%} | {below} of {len(ours)} | "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(chosen.items()))
+            + f" | {steps:,.0f} | {wall:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
 PAIRED = ("learned (held out)", "goodput-size", "goodput", "tiresias")
 """The policies the job-by-job table sets against Pollux."""
 
@@ -446,7 +494,7 @@ def _training(folds: dict[int, list[dict[str, Any]]]) -> list[str]:
             lines.append(
                 f"| {w} | {r['seed']} | {t.get('imitation_samples') or 0:,} | "
                 f"{t['ppo_iterations']} | {f'{steps:,.0f}' if steps else ''} | "
-                f"{t['wall_s']:,.0f} | {sel['imitation']['mean']:,.0f} / "
+                f"{t['wall_s']:,.0f} | {sel.get('imitation', {}).get('mean', math.nan):,.0f} / "
                 f"{sel['ppo']['mean']:,.0f} | {r['chosen']} |"
             )
     return lines

@@ -117,3 +117,34 @@ def test_a_workload_above_pollux_is_attributed_to_its_applications(tmp_path: Pat
     assert len(rows) == 6
     assert rows["cifar10"].endswith(f"| {gap:+,.0f} |")
     assert all(line.endswith("| +0 |") for app, line in rows.items() if app != "cifar10")
+
+
+def test_the_ablation_sets_variants_beside_their_teachers(tmp_path: Path) -> None:
+    """Two variants of training, each its own protocol folder: per variant the held-out
+    mean (seeds averaged per workload) against the teachers the folds chose."""
+    grid = {"0.5,-0.25": {"3": 2000.0, "6": 3000.0}, "0.0,-1.0": {"3": 9.0, "6": 9.0}}
+
+    def write(out: Path, jcts: dict[int, list[float]], chosen: str) -> None:
+        out.mkdir()
+        (out / "teacher-grid.json").write_text(json.dumps(grid))
+        for w, values in jcts.items():
+            for seed, value in enumerate(values):
+                row = {
+                    "held_out": w,
+                    "seed": seed,
+                    "teacher_exponent": 0.5,
+                    "fairness_p": -0.25,
+                    "chosen": chosen,
+                    "learned": {"avg_jct_s": value},
+                    "training": {"ppo_env_steps": 61440.0, "wall_s": 700.0},
+                }
+                (out / f"fold-{w}-seed-{seed}.json").write_text(json.dumps(row))
+
+    write(tmp_path / "residual", {3: [1900.0, 1940.0], 6: [3000.0]}, "ppo-20")
+    write(tmp_path / "scratch", {3: [2200.0], 6: [3300.0]}, "ppo")
+    text = protocol.ablation({"residual": tmp_path / "residual", "scratch": tmp_path / "scratch"})
+    residual = next(line for line in text.splitlines() if line.startswith("| residual"))
+    # (1920 + 3000) / 2 against (2000 + 3000) / 2: -1.6%, below on one of two.
+    assert "| 2,460 | 2,500 | -1.60% | 1 of 2 | ppo-20 x3 | 61,440 | 700 |" in residual
+    scratch = next(line for line in text.splitlines() if line.startswith("| scratch"))
+    assert "| 2,750 | 2,500 | +10.00% | 0 of 2 |" in scratch
