@@ -75,6 +75,16 @@ def _jct_s(env: PolluxCompatEnv) -> list[float]:
     ]
 
 
+def _zero_action_jcts(env: PolluxCompatEnv) -> list[float]:
+    """The sorted JCTs of an episode played with the zero action every round."""
+    env.reset(seed=0)
+    while True:
+        *_, terminated, truncated, _ = env.step(np.zeros(env.slots, np.float32))
+        if terminated or truncated:
+            break
+    return sorted(_jct_s(env))
+
+
 def _together(jobs: list[Arrival]) -> list[Arrival]:
     """``jobs`` all submitted with the first."""
     first = jobs[0].spec.submitted_at
@@ -103,13 +113,7 @@ def test_equal_weights_play_exactly_as_goodput(pollux_dir: Path) -> None:
     """The environment's decoder is the goodput allocation: weight 1 everywhere (action
     0) gives the jobs the same completion times as ``goodput`` itself."""
     jobs = _jobs(pollux_dir)
-    env = _env(jobs)
-    env.reset(seed=0)
-    while True:
-        *_, terminated, truncated, _ = env.step(np.zeros(32, np.float32))
-        if terminated or truncated:
-            break
-    by_action = sorted(_jct_s(env))
+    by_action = _zero_action_jcts(_env(jobs))
     env2 = _env(jobs)
     run_episode(GoodputPolicy(env2), env2, seed=0)
     assert len(by_action) == len(jobs)
@@ -364,12 +368,7 @@ def test_the_zero_residual_plays_exactly_as_its_teacher(pollux_dir: Path) -> Non
     jobs = _jobs(pollux_dir)
     env = _residual_env(jobs, exponent=1.0)
     env.fairness_p = -0.5
-    env.reset(seed=0)
-    while True:
-        *_, terminated, truncated, _ = env.step(np.zeros(32, np.float32))
-        if terminated or truncated:
-            break
-    by_action = sorted(_jct_s(env))
+    by_action = _zero_action_jcts(env)
     env2 = _env(jobs)
     run_episode(SizedGoodputPolicy(env2, exponent=1.0, p=-0.5), env2, seed=0)
     assert len(by_action) == len(jobs)
