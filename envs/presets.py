@@ -6,21 +6,30 @@ small one of quick tests and training, and the clusters of the public traces' ow
 - ``small_nodes()``: 2 x 4 A100, 2 x 4 T4 (16 GPUs); ``autotune/ClusterSmall-v0`` and tests;
 - ``pollux_nodes(gpus)``: nodes of 4 T4 at the inter-node bandwidth Pollux's measurements
   imply; Pollux workloads in ``autotune eval`` and in training;
-- ``philly_nodes(gpus)``: nodes of 8 P100; Philly-style traces in ``autotune eval``.
+- ``philly_nodes(gpus)``: nodes of 8 P100; Philly-style traces in ``autotune eval``;
+- ``drawn_cluster(rng)``: a cluster drawn from a distribution of sizes (16 to 512 GPUs),
+  mixes of ``CLUSTER_MODELS`` and link speeds (``LINK_GBPS``): training a policy for
+  clusters no one named.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
-from autotune.catalog.devices import node_info
+import numpy as np
+
+from autotune.catalog.devices import device, node_info
 from autotune.core import NodeInfo
 from autotune.errors import InputError
 
 __all__ = [
+    "CLUSTER_MODELS",
+    "LINK_GBPS",
     "POLLUX_GPU",
     "POLLUX_INTER_NODE_GBPS",
     "default_nodes",
+    "drawn_cluster",
     "philly_nodes",
     "pollux_nodes",
     "small_nodes",
@@ -92,3 +101,53 @@ def philly_nodes(gpus: int) -> list[NodeInfo]:
         )
         for i in range(gpus // 8)
     ]
+
+
+CLUSTER_MODELS: Final = ("T4", "A10", "V100M32", "A100", "H100")
+"""The GPU models a drawn cluster mixes: five generations and classes (P100, V100M16, H200
+and the Alibaba trace's G2/G3 are left out, so a policy trained on drawn clusters can be
+tested on devices it never saw)."""
+LINK_GBPS: Final = (1.25, 3.125, 6.25, 12.5, 25.0, 50.0)
+"""Inter-node bandwidths (GB/s) a drawn cluster's nodes have: 10, 25, 50, 100, 200 and 400
+Gbit/s."""
+_SMALL_NODE_BYTES: Final = 24 * (1 << 30)
+"""GPUs with at most this much memory (T4, A10: PCIe inference-class cards) come 4 to a
+node; the others 8."""
+
+
+def drawn_cluster(
+    rng: np.random.Generator,
+    *,
+    gpus: tuple[int, int] = (16, 512),
+    models: tuple[str, ...] = CLUSTER_MODELS,
+    links: tuple[float, ...] = LINK_GBPS,
+) -> list[NodeInfo]:
+    """A cluster drawn at random: about ``gpus`` GPUs in all (log-uniform between the
+    bounds), of 1 to 3 of ``models`` in shares drawn uniformly (Dirichlet(1)), each
+    model's GPUs on nodes of 4 (small cards) or 8, at least one node each, every node on
+    one inter-node bandwidth drawn from ``links``."""
+    low, high = gpus
+    if not 1 <= low <= high:
+        raise InputError(f"gpus={gpus!r}: need 1 <= low <= high")
+    if not models or not links:
+        raise InputError("a drawn cluster needs at least one GPU model and one link speed")
+    total = math.exp(rng.uniform(math.log(low), math.log(high)))
+    count = int(rng.integers(1, min(3, len(models)) + 1))
+    chosen = [str(m) for m in rng.choice(models, size=count, replace=False)]
+    shares = rng.dirichlet(np.ones(count))
+    bandwidth = float(rng.choice(links))
+    nodes: list[NodeInfo] = []
+    for model, share in zip(chosen, shares, strict=True):
+        per = 4 if device(model).memory_bytes <= _SMALL_NODE_BYTES else 8
+        for i in range(max(1, round(total * share / per))):
+            nodes.append(
+                node_info(
+                    f"{model.lower()}-{i}",
+                    gpu_model=model,
+                    gpu_count=per,
+                    cpu_milli=per * 12_000,
+                    memory_mib=per * 64 * 1024,
+                    inter_node_bandwidth_gbps=bandwidth,
+                )
+            )
+    return nodes

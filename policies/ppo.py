@@ -290,7 +290,14 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
             world=found,
         )
     envs: list[ClusterEnv] = []
+    weights: list[float] = []
     for k, source in enumerate(settings.sources):
+        if source.kind == "clusters":
+            drawn = _drawn_cluster_envs(source, settings.seed, k, worker, common)
+            envs.extend(drawn)
+            weights.extend([source.weight / len(drawn)] * len(drawn))
+            continue
+        weights.append(source.weight)
         if source.kind == "stream":
             # The daemon's own world: its default cluster and built-in job stream, a
             # queue of half a window at the start.
@@ -330,9 +337,48 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
             return _retimed(trace[first : first + source.window])
 
         envs.append(ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, **common))
-    return _Mixture(
-        envs, [s.weight for s in settings.sources], settings.reward_scale, settings.seed + worker
-    )
+    return _Mixture(envs, weights, settings.reward_scale, settings.seed + worker)
+
+
+DRAWN_CLUSTERS: Final = 24
+"""Clusters a ``clusters`` source draws (``autotune.envs.presets.drawn_cluster``); its
+episodes are spread evenly over them."""
+DRAWN_LOADS: Final = (0.5, 2.0)
+"""The range of a drawn cluster's episode load: job arrivals at this multiple of the
+daemon's stream's rate per GPU (300 s between arrivals on its 32 GPUs)."""
+
+
+def _drawn_cluster_envs(
+    source: TraceSource, seed: int, k: int, worker: int, common: dict[str, Any]
+) -> list[ClusterEnv]:
+    """The environments of a ``clusters`` source: ``DRAWN_CLUSTERS`` clusters drawn with
+    ``seed`` (the same in every sampler), each with the built-in job stream at a load
+    drawn per episode from ``DRAWN_LOADS``: ``window`` jobs per 32 GPUs (at most 8x),
+    half of them waiting at the start."""
+    from autotune.envs.presets import drawn_cluster
+    from autotune.envs.workloads import job_stream
+
+    shapes = np.random.default_rng([seed, k, 7_919])
+    envs: list[ClusterEnv] = []
+    for c in range(DRAWN_CLUSTERS):
+        nodes = drawn_cluster(shapes)
+        gpus = sum(n.gpu_count for n in nodes)
+        n_jobs = round(source.window * min(8.0, max(1.0, gpus / 32)))
+        rng = np.random.default_rng([seed, worker, k, c])
+
+        def jobs(rng: np.random.Generator = rng, gpus: int = gpus, n_jobs: int = n_jobs) -> Any:
+            load = rng.uniform(*DRAWN_LOADS)
+            return list(
+                job_stream(
+                    rng,
+                    mean_interarrival_s=300.0 * 32 / gpus / load,
+                    initial_jobs=n_jobs // 2,
+                    max_jobs=n_jobs,
+                )
+            )
+
+        envs.append(ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, **common))
+    return envs
 
 
 def _cluster_env(source: TraceSource, rng: np.random.Generator, common: dict[str, Any]) -> Any:

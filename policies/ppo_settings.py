@@ -47,6 +47,10 @@ class TraceSource:
     ``NAME:N`` or ``NAME:LO-HI`` devices, as ``task_mix`` reads them): the built-in
     stream's arrivals of those tasks (``autotune.envs.workloads.task_mix``), ``window``
     per episode, on the cluster's nodes, with the calibration's device and coefficients.
+    ``kind="clusters"``: clusters no one named: ``DRAWN_CLUSTERS`` of
+    ``autotune.envs.presets.drawn_cluster`` (16 to 512 GPUs, mixes of GPU models, link
+    speeds), each with the built-in job stream at a load drawn per episode; ``window``
+    jobs per 32 GPUs; ``jobs`` is unused.
 
     Any other kind names a study's world (a ``World`` among the ``autotune.worlds``
     entry points: ``pollux-compat``, ``autotune.studies.pollux``), which builds the
@@ -212,7 +216,7 @@ def world(kind: str) -> World | None:
     raise ValueError(f"source kind {kind!r}: one of {', '.join(known)}")
 
 
-DEFAULT_WORLD_KINDS: Final = ("alibaba", "pollux", "stream", "replay", "cluster")
+DEFAULT_WORLD_KINDS: Final = ("alibaba", "pollux", "stream", "replay", "cluster", "clusters")
 """Source kinds played in the default world."""
 WORLDS_GROUP: Final = "autotune.worlds"
 """The entry-point group under which studies register their worlds."""

@@ -100,6 +100,14 @@ def train_policy(
             "built-in job stream."
         ),
     ] = False,
+    drawn_clusters: Annotated[
+        bool,
+        typer.Option(
+            help="Also train on clusters drawn at random (16 to 512 GPUs of 1 to 3 GPU "
+            "models, 10 to 400 Gbit/s links; the built-in job stream at a drawn load), "
+            "for a policy that serves clusters it never saw."
+        ),
+    ] = False,
     cluster_file: Annotated[
         Path | None,
         typer.Option(
@@ -148,8 +156,8 @@ def train_policy(
 
     The cluster environment's observation carries the LSTM demand forecast. Episodes are
     windows of Alibaba pods (--trace/--nodes) and Pollux workloads (--pollux-workload),
-    the daemon's default world (--stream), your own cluster (--cluster-file, --task), or
-    synthetic jobs. RLlib checkpoints go under
+    the daemon's default world (--stream), clusters drawn at random (--drawn-clusters),
+    your own cluster (--cluster-file, --task), or synthetic jobs. RLlib checkpoints go under
     OUT (iter_NNNN/ and final/); the RLModule that serving loads is
     final/learner_group/learner/rl_module/default_policy.
     """
@@ -191,6 +199,8 @@ def train_policy(
         )
     if stream:
         sources.append(TraceSource(kind="stream", jobs="", window=window, round_s=round_s))
+    if drawn_clusters:
+        sources.append(TraceSource(kind="clusters", jobs="", window=window, round_s=round_s))
     if task and cluster_file is None:
         fail("--task names the jobs of the --cluster-file's users: give the cluster file")
     if cluster_file is not None:
