@@ -359,7 +359,9 @@ def ablation(variants: dict[str, Path]) -> str:
     per variant, the mean over the held-out workloads of the average JCT (each workload's
     seeds averaged), against the teacher's on the same workloads, on how many it is
     below the teacher, the checkpoints selection picked, and the training steps and
-    wall time of a fold."""
+    wall time of a fold. Below each variant, a row per checkpoint every fold weighed
+    (``imitation`` only, ``ppo-10``, ...): what each would have given held out, had
+    selection picked it."""
     lines = [
         "| variant | held-out workloads | mean average JCT (s) | its teachers' (s) | vs "
         "teacher | below teacher | chosen | PPO env steps / fold | wall / fold (s) |",
@@ -374,25 +376,41 @@ def ablation(variants: dict[str, Path]) -> str:
         if not folds or not grid_path.exists():
             continue
         grid = json.loads(grid_path.read_text())
-        ours, theirs = [], []
-        for w, runs in sorted(folds.items()):
-            ours.append(float(np.mean([r["learned"]["avg_jct_s"] for r in runs])))
-            key = f"{runs[0]['teacher_exponent']},{runs[0]['fairness_p']}"
-            theirs.append(grid[key][str(w)])
+        theirs = [
+            grid[f"{runs[0]['teacher_exponent']},{runs[0]['fairness_p']}"][str(w)]
+            for w, runs in sorted(folds.items())
+        ]
+        base = float(np.mean(theirs))
         rows = [r for runs in folds.values() for r in runs]
-        chosen: dict[str, int] = defaultdict(int)
-        for r in rows:
-            chosen[r["chosen"]] += 1
-        steps = np.mean([r["training"]["ppo_env_steps"] or 0 for r in rows])
-        wall = np.mean([r["training"]["wall_s"] for r in rows])
-        mean, base = float(np.mean(ours)), float(np.mean(theirs))
-        below = sum(a < b for a, b in zip(ours, theirs, strict=True))
-        lines.append(
-            f"| {label} | {','.join(str(w) for w in sorted(folds))} | {mean:,.0f} | "
-            f"{base:,.0f} | {mean / base - 1:+.2%} | {below} of {len(ours)} | "
-            + ", ".join(f"{k} x{v}" for k, v in sorted(chosen.items()))
-            + f" | {steps:,.0f} | {wall:,.0f} |"
-        )
+        everywhere = set.intersection(*(set(r.get("candidates", {})) for r in rows))
+        for name in [None, *sorted(everywhere)]:
+            ours = [
+                float(
+                    np.mean(
+                        [
+                            (r["learned"] if name is None else r["candidates"][name])["avg_jct_s"]
+                            for r in runs
+                        ]
+                    )
+                )
+                for _, runs in sorted(folds.items())
+            ]
+            mean = float(np.mean(ours))
+            below = sum(a < b for a, b in zip(ours, theirs, strict=True))
+            if name is None:
+                chosen: dict[str, int] = defaultdict(int)
+                for r in rows:
+                    chosen[r["chosen"]] += 1
+                steps = np.mean([r["training"]["ppo_env_steps"] or 0 for r in rows])
+                wall = np.mean([r["training"]["wall_s"] for r in rows])
+                picked = ", ".join(f"{k} x{v}" for k, v in sorted(chosen.items()))
+                head, tail = label, f"{picked} | {steps:,.0f} | {wall:,.0f}"
+            else:
+                head, tail = f"{label}: `{name}` alone", " | | "
+            lines.append(
+                f"| {head} | {','.join(str(w) for w in sorted(folds))} | {mean:,.0f} | "
+                f"{base:,.0f} | {mean / base - 1:+.2%} | {below} of {len(ours)} | {tail} |"
+            )
     return "\n".join(lines)
 
 

@@ -124,6 +124,8 @@ def test_the_ablation_sets_variants_beside_their_teachers(tmp_path: Path) -> Non
     mean (seeds averaged per workload) against the teachers the folds chose."""
     grid = {"0.5,-0.25": {"3": 2000.0, "6": 3000.0}, "0.0,-1.0": {"3": 9.0, "6": 9.0}}
 
+    theirs = {3: 2000.0, 6: 3000.0}
+
     def write(out: Path, jcts: dict[int, list[float]], chosen: str) -> None:
         out.mkdir()
         (out / "teacher-grid.json").write_text(json.dumps(grid))
@@ -136,6 +138,7 @@ def test_the_ablation_sets_variants_beside_their_teachers(tmp_path: Path) -> Non
                     "fairness_p": -0.25,
                     "chosen": chosen,
                     "learned": {"avg_jct_s": value},
+                    "candidates": {"imitation": {"avg_jct_s": theirs[w]}},
                     "training": {"ppo_env_steps": 61440.0, "wall_s": 700.0},
                 }
                 (out / f"fold-{w}-seed-{seed}.json").write_text(json.dumps(row))
@@ -146,5 +149,8 @@ def test_the_ablation_sets_variants_beside_their_teachers(tmp_path: Path) -> Non
     residual = next(line for line in text.splitlines() if line.startswith("| residual"))
     # (1920 + 3000) / 2 against (2000 + 3000) / 2: -1.6%, below on one of two.
     assert "| 2,460 | 2,500 | -1.60% | 1 of 2 | ppo-20 x3 | 61,440 | 700 |" in residual
-    scratch = next(line for line in text.splitlines() if line.startswith("| scratch"))
+    # The imitation-only checkpoint of every fold, as if selection had picked it.
+    alone = next(line for line in text.splitlines() if "residual: `imitation` alone" in line)
+    assert "| 2,500 | 2,500 | +0.00% | 0 of 2 |" in alone
+    scratch = next(line for line in text.splitlines() if line.startswith("| scratch |"))
     assert "| 2,750 | 2,500 | +10.00% | 0 of 2 |" in scratch
