@@ -38,6 +38,7 @@ __all__ = [
     "load_workload",
     "pick_jobs",
     "pollux_arrivals",
+    "scaled_stream",
     "synthetic_jobs",
     "task_mix",
 ]
@@ -275,3 +276,27 @@ def job_stream(
             reference_gpus=spec.gpu_request(),
             coeffs=coeffs or DEFAULT_COEFFICIENTS,
         )
+
+
+STREAM_GPUS: Final = 32
+"""The daemon's built-in cluster's GPUs, on which its stream sends a job every 300 s."""
+
+
+def scaled_stream(
+    rng: np.random.Generator, gpus: int, *, window: int = 60, load: float = 1.0
+) -> list[Arrival]:
+    """The built-in stream (``job_stream``) sized for a cluster of ``gpus`` GPUs:
+    ``window`` jobs per ``STREAM_GPUS`` GPUs (at most 8x), half of them waiting at the
+    start, arriving at ``load`` times the built-in stream's rate per GPU (a job every 300 s
+    on its 32 GPUs)."""
+    if gpus < 1 or load <= 0 or window < 1:
+        raise ValueError(f"gpus={gpus}, window={window}, load={load}: must be positive")
+    n_jobs = round(window * min(8.0, max(1.0, gpus / STREAM_GPUS)))
+    return list(
+        job_stream(
+            rng,
+            mean_interarrival_s=300.0 * STREAM_GPUS / gpus / load,
+            initial_jobs=n_jobs // 2,
+            max_jobs=n_jobs,
+        )
+    )

@@ -352,30 +352,22 @@ def _drawn_cluster_envs(
     source: TraceSource, seed: int, k: int, worker: int, common: dict[str, Any]
 ) -> list[ClusterEnv]:
     """The environments of a ``clusters`` source: ``DRAWN_CLUSTERS`` clusters drawn with
-    ``seed`` (the same in every sampler), each with the built-in job stream at a load
-    drawn per episode from ``DRAWN_LOADS``: ``window`` jobs per 32 GPUs (at most 8x),
-    half of them waiting at the start."""
+    ``seed`` (the same in every sampler), each with the built-in job stream sized for it
+    (``scaled_stream``: ``window`` jobs per 32 GPUs) at a load drawn per episode from
+    ``DRAWN_LOADS``."""
     from autotune.envs.presets import drawn_cluster
-    from autotune.envs.workloads import job_stream
+    from autotune.envs.workloads import scaled_stream
 
     shapes = np.random.default_rng([seed, k, 7_919])
     envs: list[ClusterEnv] = []
     for c in range(DRAWN_CLUSTERS):
         nodes = drawn_cluster(shapes)
         gpus = sum(n.gpu_count for n in nodes)
-        n_jobs = round(source.window * min(8.0, max(1.0, gpus / 32)))
         rng = np.random.default_rng([seed, worker, k, c])
 
-        def jobs(rng: np.random.Generator = rng, gpus: int = gpus, n_jobs: int = n_jobs) -> Any:
+        def jobs(rng: np.random.Generator = rng, gpus: int = gpus) -> list[Arrival]:
             load = rng.uniform(*DRAWN_LOADS)
-            return list(
-                job_stream(
-                    rng,
-                    mean_interarrival_s=300.0 * 32 / gpus / load,
-                    initial_jobs=n_jobs // 2,
-                    max_jobs=n_jobs,
-                )
-            )
+            return scaled_stream(rng, gpus, window=source.window, load=load)
 
         envs.append(ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, **common))
     return envs
