@@ -21,6 +21,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -58,8 +59,13 @@ def shapes(draws: int) -> dict[str, Callable[[], list[NodeInfo]]]:
         "lab-16xH100+32xV100-16GB": _lab,
     }
     for i in range(draws):
-        out[f"drawn-{i}"] = lambda i=i: drawn_cluster(np.random.default_rng([UNSEEN_SEED, i]))
+        out[f"drawn-{i}"] = partial(_drawn, i)
     return out
+
+
+def _drawn(i: int) -> list[NodeInfo]:
+    """The ``i``-th drawn shape no training draws."""
+    return drawn_cluster(np.random.default_rng([UNSEEN_SEED, i]))
 
 
 def run(
