@@ -55,15 +55,17 @@ def main() -> int:
     parser.add_argument("--table", action="store_true", help="only print the table of OUT")
     parser.add_argument(
         "--ablation",
+        action="append",
         default=None,
-        help="only print training variants side by side: LABEL=OUT,LABEL=OUT,...",
+        metavar="LABEL=OUT",
+        help="only print training variants side by side; repeat for each variant",
     )
     parser.add_argument(
         "--teachers-only", action="store_true", help="only choose the folds' teacher exponents"
     )
     args = parser.parse_args()
     if args.ablation:
-        variants = dict(part.split("=", 1) for part in args.ablation.split(","))
+        variants = dict(part.split("=", 1) for part in args.ablation)
         print(ablation({label: Path(out) for label, out in variants.items()}))
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
