@@ -8,9 +8,9 @@ with a seed no training uses, each with the built-in job stream sized for it
 
 Every shape is played through the daemon's decision step, as ``autotune eval`` plays a
 trace (same jobs and seeds for both policies, 300 s rounds, 32 slots). Prints a table and
-one JSON object (``--out`` writes it too): per shape its GPUs and models, and per policy
-the average JCT, goodput and jobs finished (means over seeds), and the learned policy's
-average JCT and goodput relative to ``rules``.
+one JSON object (``--out`` writes it too, after every shape): per shape its GPUs and
+models, and per policy the average JCT, goodput and jobs finished (means over seeds),
+and the learned policy's average JCT and goodput relative to ``rules``.
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ def run(
     seeds: int,
     window: int = 60,
     only: list[str] | None = None,
+    out: Path | None = None,
 ) -> dict[str, Any]:
+    """Every shape played (``only``: those named); ``out``: the report so far is written
+    there after each shape, so a long run interrupted keeps what it finished."""
     extra = learned_policies(["ppo"], checkpoint=checkpoint, slots=32, round_s=300.0, budget_s=0)
     report: dict[str, Any] = {
         "checkpoint": str(checkpoint or "shipped"),
@@ -116,6 +119,9 @@ def run(
             "wall_s": round(time.perf_counter() - began, 1),
         }
         report["shapes"][name] = entry
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report) + "\n")
         print(
             f"{name}: {gpus} GPUs {dict(models)}, {len(jobs)} jobs; ppo/rules JCT "
             f"{entry['ppo_jct_vs_rules']:.2f}x, goodput {entry['ppo_goodput_vs_rules']:.2f}x",
@@ -140,6 +146,7 @@ def main() -> int:
         seeds=args.seeds,
         window=args.window,
         only=args.only.split(",") if args.only else None,
+        out=args.out,
     )
     columns = ["cluster", "GPUs", "jobs", "rules JCT (s)", "ppo JCT (s)", "JCT ppo/rules"]
     print("| " + " | ".join([*columns, "goodput ppo/rules"]) + " |")
@@ -150,11 +157,7 @@ def main() -> int:
             f"| {name} | {e['gpus']} | {e['jobs']} | {r['avg_jct_s']:,.0f} | {p['avg_jct_s']:,.0f} "
             f"| {e['ppo_jct_vs_rules']:.2f}x | {e['ppo_goodput_vs_rules']:.2f}x |"
         )
-    text = json.dumps(report)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    print(json.dumps(report))
     return 0
 
 

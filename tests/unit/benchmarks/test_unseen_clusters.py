@@ -3,6 +3,9 @@ drew."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from autotune.benchmarks import unseen_clusters
@@ -19,8 +22,11 @@ def test_the_named_shapes_hold_gpu_models_no_training_draws() -> None:
     assert built["drawn-0"] != built["drawn-1"]
 
 
-def test_both_policies_play_the_same_jobs_on_a_drawn_shape() -> None:
-    report = unseen_clusters.run(checkpoint=None, draws=1, seeds=1, window=4, only=["drawn-0"])
+def test_both_policies_play_the_same_jobs_on_a_drawn_shape(tmp_path: Path) -> None:
+    report = unseen_clusters.run(
+        checkpoint=None, draws=1, seeds=1, window=4, only=["drawn-0"], out=tmp_path / "r.json"
+    )
+    assert json.loads((tmp_path / "r.json").read_text()) == report
     entry = report["shapes"]["drawn-0"]
     assert list(report["shapes"]) == ["drawn-0"]
     rules, ppo = entry["policies"]["rules"], entry["policies"]["ppo"]
