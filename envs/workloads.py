@@ -23,7 +23,7 @@ import numpy as np
 from autotune.catalog.applications import APPLICATIONS, coefficients, target_samples
 from autotune.catalog.profiles import MODEL_CATALOG
 from autotune.core import ELASTIC_FACTOR, JobSpec, NodeInfo
-from autotune.envs.simulator import Arrival
+from autotune.envs.simulator import Arrival, SimConfig
 from autotune.envs.traces import TraceJob
 from autotune.errors import InputError
 from autotune.perf.model import DEFAULT_COEFFICIENTS, Coefficients
@@ -278,24 +278,23 @@ def job_stream(
         )
 
 
-STREAM_GPUS: Final = 32
-"""The daemon's built-in cluster's GPUs, on which its stream sends a job every 300 s."""
-
-
 def scaled_stream(
     rng: np.random.Generator, gpus: int, *, window: int = 60, load: float = 1.0
 ) -> list[Arrival]:
     """The built-in stream (``job_stream``) sized for a cluster of ``gpus`` GPUs:
-    ``window`` jobs per ``STREAM_GPUS`` GPUs (at most 8x), half of them waiting at the
-    start, arriving at ``load`` times the built-in stream's rate per GPU (a job every 300 s
-    on its 32 GPUs)."""
+    ``window`` jobs per GPU of the built-in cluster's size (``SimConfig``'s nodes, 32
+    GPUs; at most 8x), half of them waiting at the start, arriving at ``load`` times the
+    built-in stream's rate per GPU (``SimConfig.mean_interarrival_s`` on its nodes: a job
+    every 300 s on 32 GPUs)."""
     if gpus < 1 or load <= 0 or window < 1:
         raise ValueError(f"gpus={gpus}, window={window}, load={load}: must be positive")
-    n_jobs = round(window * min(8.0, max(1.0, gpus / STREAM_GPUS)))
+    builtin = SimConfig()
+    builtin_gpus = sum(n.gpu_count for n in builtin.nodes)
+    n_jobs = round(window * min(8.0, max(1.0, gpus / builtin_gpus)))
     return list(
         job_stream(
             rng,
-            mean_interarrival_s=300.0 * STREAM_GPUS / gpus / load,
+            mean_interarrival_s=builtin.mean_interarrival_s * builtin_gpus / gpus / load,
             initial_jobs=n_jobs // 2,
             max_jobs=n_jobs,
         )

@@ -36,7 +36,13 @@ from autotune.rl.acting import (
     split_logits,
 )
 from autotune.rl.action import ACTION_DIMS, decode_slot, wait_choices
-from autotune.rl.observation import HEADER, SLOT, ObservationEncoder, observation_size
+from autotune.rl.observation import (
+    HEADER,
+    SLOT,
+    ObservationEncoder,
+    observation_size,
+    round_slots,
+)
 
 __all__ = [
     "IncompatiblePolicyError",
@@ -321,7 +327,7 @@ class LearnedPolicy:
                 choices=self._fallback(snapshot, self.fallback_reason or "no policy")
             )
         active = snapshot.queue_order()
-        slots = max(self.slots, len(active)) if self.every_job else self.slots
+        slots = round_slots(snapshot, self.slots, every_job=self.every_job)
         obs = self.encoder.encode(snapshot, slots=slots)
         forecast = self.encoder.forecast
         assert forecast is not None

@@ -54,6 +54,7 @@ __all__ = [
     "gpu_models",
     "observation_bounds",
     "observation_size",
+    "round_slots",
     "slot_jobs",
 ]
 
@@ -169,6 +170,12 @@ def gpu_models(nodes: Sequence[NodeInfo]) -> list[str]:
 def slot_jobs(snapshot: ClusterSnapshot, slots: int) -> list[JobStatus]:
     """The jobs in the policy's slots."""
     return snapshot.queue_order()[:slots]
+
+
+def round_slots(snapshot: ClusterSnapshot, slots: int, *, every_job: bool) -> int:
+    """The slots a round is encoded with: ``slots``, or one for each active job where
+    there are more and ``every_job`` (a policy shared across slots decides them all)."""
+    return max(slots, len(snapshot.queue_order())) if every_job else slots
 
 
 def _log_share(n: int) -> float:

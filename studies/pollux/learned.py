@@ -26,7 +26,7 @@ from autotune.interfaces import ClusterSnapshot, PolicyRound
 from autotune.policies.ppo import DemonstrationRecorder, TeacherRound
 from autotune.policies.ppo_settings import Demonstrations, PPOSettings, TraceSource
 from autotune.policies.serving import IncompatiblePolicyError, PolicyServer, checkpoint_hash
-from autotune.rl.observation import ObservationEncoder, slot_jobs
+from autotune.rl.observation import ObservationEncoder, round_slots, slot_jobs
 from autotune.studies.pollux.env import (
     PolluxCompatEnv,
     allocator,
@@ -181,9 +181,7 @@ class PolluxLearnedPolicy:
         )
 
     def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
-        slots = self.encoder.slots
-        if self.every_job:
-            slots = max(slots, len(snapshot.queue_order()))
+        slots = round_slots(snapshot, self.encoder.slots, every_job=self.every_job)
         obs = self.encoder.encode(snapshot, slots=slots)
         base = base_weights(self.allocator, snapshot)
         weights = decode_weights(self.server.act(obs), snapshot, slots, base)
