@@ -240,8 +240,9 @@ def job_stream(
     log-uniform 1,000-10,000 steps of its batch (``batches``, else ``STREAM_BATCH``
     samples); ids ``job-00000`` on, skipping those ``taken``. ``coeffs``: the performance
     model's coefficients of the cluster they run on (a calibrated cluster's), else the
-    defaults."""
-    from autotune.catalog.tasks import BUILTIN_TASKS
+    defaults. Each task's profile is ``autotune.catalog.tasks.task_profile``'s: with the
+    noise scale a calibration measured of it, where one did."""
+    from autotune.catalog.tasks import BUILTIN_TASKS, task_profile
 
     for name, *_ in mix:
         if name not in BUILTIN_TASKS:
@@ -260,7 +261,7 @@ def job_stream(
             number += 1  # the id belongs to a job of an earlier run
         spec = JobSpec(
             job_id=f"job-{number:05d}",
-            model=BUILTIN_TASKS[name].profile,
+            model=task_profile(name),
             global_batch=batch,
             min_gpus=min_gpus,
             max_gpus=max_gpus,

@@ -6,8 +6,11 @@ device (dense fp32 peak and the 16-bit speed relative to it) and the model's
 coefficients (compute efficiency, per-step overhead, link latency and bandwidth
 efficiency, compute/communication overlap) by least squares on log step time, and
 reports the step-time MAPE in sample and leave-one-out (each configuration predicted by
-a fit without it). The profile is saved as JSON; ``load_profile`` gives back the
-``DeviceSpec`` and ``Coefficients`` the simulator's performance model takes.
+a fit without it). The report also keeps the gradient noise scale the runs measured of
+the task (``statistics``), which a cluster file's calibration makes the task's prior
+(``autotune.catalog.tasks.task_profile``). The profile is saved as JSON;
+``load_profile`` gives back the ``DeviceSpec`` and ``Coefficients`` the simulator's
+performance model takes.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "link_grid",
     "load_profile",
     "step_of",
+    "task_statistics",
 ]
 
 TASK = "gpt-char"
@@ -91,6 +95,9 @@ class Measurement:
     """The gradient synchronisation the step did not hide, where measured
     (``JobMetrics.sync_time_s``): the fit then also matches the model's compute to the
     step without it, as the Pollux fit does."""
+    noise_scale: float | None = None
+    """The gradient noise scale the run measured (``JobResult.summary``), where it made
+    enough measurements."""
 
 
 # Free parameters, all fitted on a log scale. One rank is one core on CPU: 0.5 TFLOP/s is
@@ -186,8 +193,9 @@ def measure(
     run = RunnerConfig(task=task, steps=steps + warmup, batch_size=batch_size, seed=seed)
     result = JobRunner(run, config).run()
     times = result.step_times_s[warmup:]
+    noise = result.summary()["noise_scale"]
     if cluster is None:
-        return Measurement(config, statistics.median(times), result.bytes_sent)
+        return Measurement(config, statistics.median(times), result.bytes_sent, noise_scale=noise)
     shape = _shape_on(cluster, [p["node"] for p in result.placement])
     sync = result.sync_times_s[warmup:]
     return Measurement(
@@ -197,7 +205,24 @@ def measure(
         shape=shape,
         batch=batch_size,
         sync_s=statistics.median(sync) if sync and shape.nodes > 1 else None,
+        noise_scale=noise,
     )
+
+
+def task_statistics(rows: Sequence[Measurement]) -> dict[str, dict[str, Any]]:
+    """What the calibration runs measured of their task's training: the median of the
+    gradient noise scales they reported (runs of several replicas, enough steps), with
+    the configurations it comes from; nothing where none reported one."""
+    found = [(m.config.describe(), m.noise_scale) for m in rows if m.noise_scale is not None]
+    if not found:
+        return {}
+    return {
+        TASK: {
+            "noise_scale": round(statistics.median(v for _, v in found), 3),
+            "global_batch": BATCH,
+            "measured_in": [name for name, _ in found],
+        }
+    }
 
 
 def _shape_on(cluster: ClusterDescription, ray_nodes: Sequence[str]) -> Shape:
@@ -299,6 +324,7 @@ def calibrate(
             }
             for m, p, h in zip(rows, predicted, held, strict=True)
         ],
+        "statistics": task_statistics(rows),
         "mape_step_time": round(mape(predicted, measured), 4),
         "mape_step_time_held_out": round(mape(held, measured), 4),
         "target_mape": 0.15,

@@ -162,12 +162,18 @@ class ClusterDescription:
 
 def register_calibration(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coefficients]:
     """Register a calibration's device and, as the prior of every job on that device, its
-    coefficients (``autotune.catalog.applications.catalog_coefficients``); returns both."""
+    coefficients (``autotune.catalog.applications.catalog_coefficients``), and the
+    gradient noise scale it measured of its task (``autotune.catalog.tasks.task_profile``,
+    where its report has ``statistics``); returns the device and coefficients."""
     from autotune.catalog.applications import register_coefficients
+    from autotune.catalog.tasks import register_noise_scale
 
     spec, coeffs = calibration_profile(report)
     register_device(spec)
     register_coefficients(spec.name, coeffs)
+    for task, figures in (report.get("statistics") or {}).items():
+        if figures.get("noise_scale") is not None:
+            register_noise_scale(task, float(figures["noise_scale"]))
     return spec, coeffs
 
 

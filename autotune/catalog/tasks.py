@@ -63,8 +63,11 @@ __all__ = [
     "Task",
     "gpt_char_profile",
     "lightning_installed",
+    "measured_noise_scale",
     "mlp_synthetic_profile",
+    "register_noise_scale",
     "resolve_task",
+    "task_profile",
     "trainable_tasks",
 ]
 
@@ -193,6 +196,35 @@ BUILTIN_TASKS: Final[MappingProxyType[str, BuiltinTask]] = MappingProxyType(
 )
 
 
+_MEASURED_NOISE: dict[str, float] = {}
+"""Gradient noise scales a cluster's calibration measured, by built-in task name."""
+
+
+def register_noise_scale(task: str, noise_scale: float) -> None:
+    """The gradient noise scale (samples) a calibration measured of built-in ``task``
+    (``autotune calibrate --cluster-file``; ``autotune.catalog.clusters.
+    register_calibration``): from then on the task's profile (``task_profile``) starts from
+    it instead of the catalog's, in the simulated cluster a policy trains in and in the
+    daemon that serves it, until the job measures its own (``JobMetrics.noise_scale``)."""
+    if task not in BUILTIN_TASKS:
+        raise ValueError(f"task {task!r}: not a built-in task")
+    if not noise_scale > 0:
+        raise ValueError(f"task {task!r}: a noise scale must be positive, not {noise_scale!r}")
+    _MEASURED_NOISE[task] = float(noise_scale)
+
+
+def measured_noise_scale(task: str) -> float | None:
+    """The noise scale a calibration measured of built-in ``task``, if one did."""
+    return _MEASURED_NOISE.get(task)
+
+
+def task_profile(name: str) -> ModelProfile:
+    """Built-in task ``name``'s profile: the catalog's, with the noise scale a calibration
+    measured of it where one did (``register_noise_scale``)."""
+    profile = BUILTIN_TASKS[name].profile
+    return profile.with_noise_scale(_MEASURED_NOISE.get(name))
+
+
 def trainable_tasks() -> list[str]:
     """The built-in tasks the executor trains for real, in table order."""
     return [name for name, task in BUILTIN_TASKS.items() if task.trainer is not None]
@@ -276,7 +308,7 @@ def resolve_task(name: str, allowed_modules: Sequence[str], *, trains: bool = Fa
                 f"task {name!r} is simulated only: {builtin.simulated_only}. Tasks this "
                 f"backend trains: {', '.join(trainable_tasks())}"
             )
-        return Task(name=name, model=builtin.profile, builtin=True)
+        return Task(name=name, model=task_profile(name), builtin=True)
     if name.startswith(LIGHTNING_PREFIX):
         return _lightning_task(name, allowed_modules)
     match = _MODULE_TASK.match(name)

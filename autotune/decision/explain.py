@@ -11,7 +11,8 @@ maximise it, so the explanation says so when an alternative is predicted to be b
 
 The statistical efficiency (``statistical_efficiency``) says, factor by factor, which was
 measured on the job and which assumed: the batch's from the gradient noise scale the job
-measured (``JobMetrics.noise_scale``) where it did, else from the catalog's; the
+measured (``JobMetrics.noise_scale``) where it did, else from the one the cluster's
+calibration measured of its task, else from the catalog's; the
 compression's and the precision's from the catalog's constants, with the compression
 fidelity the job measured beside them where it did.
 
@@ -28,6 +29,7 @@ from typing import Any, Final
 
 from autotune.catalog.applications import catalog_coefficients
 from autotune.catalog.devices import device
+from autotune.catalog.tasks import measured_noise_scale
 from autotune.core import (
     CompressionSpec,
     JobConfig,
@@ -173,7 +175,14 @@ def _efficiency(
 ) -> dict[str, Any]:
     """Each factor of the chosen configuration's statistical efficiency, and where it
     comes from."""
-    measured_noise = profile is not spec.model  # with_noise_scale took a measurement
+    if profile is not spec.model:  # with_noise_scale took the job's measurement
+        noise_source = "measured noise scale"
+    elif spec.model.noise_scale > 0 and measured_noise_scale(spec.model.name) == (
+        spec.model.noise_scale
+    ):
+        noise_source = "measured in the cluster's calibration (autotune calibrate)"
+    else:
+        noise_source = "assumed (catalog noise scale)"
     batch = config.batch(spec)
     compression: dict[str, Any] = {
         "value": round(compression_efficiency(config.compression), 4),
@@ -188,7 +197,7 @@ def _efficiency(
             "value": round(batch_efficiency(profile, batch), 4),
             "global_batch": batch,
             "noise_scale": round(profile.noise_scale, 3),
-            "source": "measured noise scale" if measured_noise else "assumed (catalog noise scale)",
+            "source": noise_source,
         },
         "compression": compression,
         "precision": {

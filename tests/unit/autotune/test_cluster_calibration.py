@@ -24,7 +24,7 @@ from autotune.catalog.clusters import (
 )
 from autotune.catalog.devices import device, node_info, register_device
 from autotune.catalog.tasks import BUILTIN_TASKS
-from autotune.core import JobConfig, Layout, PrecisionMap
+from autotune.core import JobConfig, Layout, Placement, PrecisionMap, RankSlot
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.envs.workloads import job_stream, task_mix
 from autotune.errors import InputError
@@ -242,3 +242,66 @@ def test_the_time_to_target_bench_reads_a_calibrated_cluster_file(tmp_path: Path
     save_cluster(_cluster(), tmp_path / "plain.json")
     with pytest.raises(SystemExit, match="holds no calibration"):
         _calibration(tmp_path / "plain.json")
+
+
+def test_the_noise_scale_a_calibration_measured_is_its_tasks_prior(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster file whose calibration measured gpt-char's gradient noise scale: loading
+    it makes that the task's prior where a policy trains (the job stream) and where the
+    daemon serves it (a submitted task's profile, the explanation), so a larger batch is
+    no longer free; other tasks keep the catalog's."""
+    from autotune.catalog import tasks
+    from autotune.decision.explain import explain_decision
+    from autotune.interfaces import JobMetrics
+    from autotune.perf.model import batch_efficiency
+
+    monkeypatch.setattr(tasks, "_MEASURED_NOISE", {})
+    catalog = BUILTIN_TASKS["gpt-char"].profile
+    assert catalog.noise_scale == 0
+    assert batch_efficiency(catalog, 256) == 1.0
+    report = {**REPORT, "statistics": {"gpt-char": {"noise_scale": 200.0, "global_batch": 64}}}
+    save_cluster(_cluster().with_calibration(report), tmp_path / "cluster.json")
+    monkeypatch.setattr(tasks, "_MEASURED_NOISE", {})
+    assert tasks.task_profile("gpt-char") == catalog  # nothing loaded yet
+    load_cluster(tmp_path / "cluster.json")
+    prior = tasks.task_profile("gpt-char")
+    assert prior == replace(catalog, noise_scale=200.0)
+    assert tasks.task_profile("mlp-synthetic") == BUILTIN_TASKS["mlp-synthetic"].profile
+    m0 = catalog.reference_batch
+    assert batch_efficiency(prior, 256) == pytest.approx((200 + m0) / (200 + 256))
+    assert tasks.resolve_task("gpt-char", []).model == prior
+    mix, batches = task_mix(["gpt-char", "mlp-synthetic"], 2)
+    jobs = list(
+        job_stream(
+            np.random.default_rng(0), mean_interarrival_s=60, initial_jobs=4, max_jobs=8,
+            mix=mix, batches=batches,
+        )
+    )  # fmt: skip
+    assert {j.spec.model.noise_scale for j in jobs if j.task == "gpt-char"} == {200.0}
+    assert {j.spec.model for j in jobs if j.task == "mlp-synthetic"} <= {
+        BUILTIN_TASKS["mlp-synthetic"].profile
+    }
+    # The explanation names where the batch's efficiency came from.
+    spec = next(j.spec for j in jobs if j.task == "gpt-char")
+    config = JobConfig(layout=Layout(world_size=2, dp=2), precision=PrecisionMap.uniform("fp32"))
+    cluster = load_cluster(tmp_path / "cluster.json")
+    placement = Placement(
+        job_id=spec.job_id,
+        ranks=tuple(RankSlot(rank=i, node_id=f"m{i}", gpu_index=0) for i in range(2)),
+    )
+    nodes = {n.node_id: n for n in cluster.nodes}
+
+    def source(metrics: JobMetrics) -> str:
+        found = explain_decision(
+            spec=spec, config=config, placement=placement, nodes=nodes, features={},
+            why="test", metrics=metrics,
+        )["statistical_efficiency"]["batch"]  # fmt: skip
+        return str(found["source"])
+
+    assert source(JobMetrics()).startswith("measured in the cluster's calibration")
+    assert source(JobMetrics(noise_scale=50.0)) == "measured noise scale"
+    with pytest.raises(ValueError, match="positive"):
+        tasks.register_noise_scale("gpt-char", 0.0)
+    with pytest.raises(ValueError, match="not a built-in task"):
+        tasks.register_noise_scale("no-such-task", 1.0)

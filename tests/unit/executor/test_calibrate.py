@@ -22,6 +22,7 @@ from autotune.executor.calibrate import (
     fit_profile,
     load_profile,
     step_of,
+    task_statistics,
 )
 from autotune.perf.model import Coefficients, Shape
 
@@ -36,6 +37,24 @@ def test_grid_spans_layouts_compression_and_precision() -> None:
     }
     assert {c.compression.kind for c in GRID} == {"none", "topk", "int8"}
     assert {c.precision.ffn for c in GRID} == {"fp32", "bf16"}
+
+
+def test_the_task_statistics_are_the_median_noise_scale_of_the_runs_that_measured_one() -> None:
+    rows = [
+        Measurement(GRID[0], 1.0, 0),  # one replica: no noise scale
+        Measurement(GRID[2], 1.0, 0, noise_scale=180.0),
+        Measurement(GRID[3], 1.0, 0, noise_scale=260.0),
+        Measurement(GRID[4], 1.0, 0, noise_scale=200.0),
+    ]
+    found = task_statistics(rows)
+    assert found == {
+        "gpt-char": {
+            "noise_scale": 200.0,
+            "global_batch": BUILTIN_TASKS["gpt-char"].shape.batch_size,  # type: ignore[union-attr]
+            "measured_in": [GRID[i].describe() for i in (2, 3, 4)],
+        }
+    }
+    assert task_statistics(rows[:1]) == {}
 
 
 def test_fit_recovers_step_times_of_a_known_machine() -> None:
@@ -116,6 +135,8 @@ def test_calibrate_command_measures_the_grid_and_saves_a_profile(tmp_path) -> No
     dense = next(r for r in report["configs"] if r["config"] == "dp=2 tp=1 pp=1, fp32, none")
     assert 0 < topk["bytes_sent"] < dense["bytes_sent"]
     assert 0 <= report["mape_step_time"] <= report["mape_step_time_held_out"] + 1.0
+    # Two steps are too few for a noise scale (8 measurements): none is claimed.
+    assert report["statistics"] == {}
     spec, coeffs = load_profile(out)
     assert spec.peak_tflops["fp32"] == report["device"]["peak_tflops"]["fp32"]
     assert coeffs.compute_overhead_s == report["coefficients"]["compute_overhead_s"]
