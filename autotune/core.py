@@ -650,6 +650,16 @@ class JobConfig:
             and self.compression == other.compression
         )
 
+    def executor_refusal(self) -> str | None:
+        """Why the executor cannot train this configuration, ``None`` when it can.
+        PowerSGD runs as DDP's communication hook: on data-parallel layouts only."""
+        if self.compression.kind == "powersgd" and (self.layout.tp > 1 or self.layout.pp > 1):
+            return (
+                "PowerSGD runs as DDP's communication hook, here for data-parallel layouts "
+                "only (tp = pp = 1): use topk, int8 or fp8 with tp or pp > 1"
+            )
+        return None
+
     @classmethod
     def data_parallel(cls, world_size: int) -> JobConfig:
         """Plain data parallelism in fp32 without compression."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from autotune.core import CompressionSpec, Layout
+from autotune.core import CompressionSpec, JobConfig, Layout
 from autotune.executor.compression import (
     ByteCounter,
     CountingAllReduce,
@@ -172,11 +172,9 @@ def apply_data_parallel(
     dp_group = dp_mesh.get_group()
     stop_counting_powersgd_traffic()
     if compression.kind == "powersgd":
-        if layout.tp > 1 or layout.pp > 1:
-            raise ParallelError(
-                "PowerSGD runs as DDP's communication hook, here for data-parallel "
-                "layouts only (tp = pp = 1): use topk, int8 or fp8 with tp or pp > 1"
-            )
+        refusal = JobConfig(layout=layout, compression=compression).executor_refusal()
+        if refusal is not None:
+            raise ParallelError(refusal)
         if layout.dp > 1:
             return _powersgd_ddp(stage, model, dp_group, compression, counter, seed)
     elif compression.kind == "none" and layout.dp > 1 and layout.tp == 1 and layout.pp == 1:

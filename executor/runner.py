@@ -78,12 +78,9 @@ class NodeLost(ExecutorError):  # noqa: N818 - named for what happened, like Ray
 
 def check_config(config: JobConfig) -> None:
     """Refuse, before any actor starts, what the executor cannot run."""
-    layout, compression = config.layout, config.compression
-    if compression.kind == "powersgd" and (layout.tp > 1 or layout.pp > 1):
-        raise ParallelError(
-            "PowerSGD runs as DDP's communication hook, here for data-parallel layouts only "
-            "(tp = pp = 1): use topk, int8 or fp8 with tp or pp > 1"
-        )
+    refusal = config.executor_refusal()
+    if refusal is not None:
+        raise ParallelError(refusal)
 
 
 @dataclass

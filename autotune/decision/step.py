@@ -12,7 +12,8 @@ One round:
 2. the policy's choices (``Policy.decide`` on that view) say, for waiting jobs and, where
    it wants, for running ones (resize, recompress, another precision map or batch), a
    configuration; a choice without a configuration keeps its job waiting, with the
-   reason;
+   reason; a choice the executor cannot train (PowerSGD with tensor or pipeline
+   parallelism) compresses by top-k 1% instead;
    then the tenants' quotas (``autotune.decision.quotas``): a tenant within its quota
    gets GPUs others borrowed back (their jobs are preempted), a job beyond its tenant's
    quota waits unless it can borrow idle GPUs;
@@ -43,11 +44,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from autotune.core import (
     ACTIVE_STATES,
     MILLI_PER_GPU,
+    CompressionSpec,
     Decision,
     DecisionSource,
     JobConfig,
@@ -224,6 +226,7 @@ def decide(
             c, config=replace(c.config, layout=layout), reason=f"{c.reason}; {note}"
         )
     _layouts_that_fit(decided, view, overrides)
+    _compression_that_runs(decided)
     # 2b. The tenants' quotas, whatever the policy: borrowed GPUs given back to a tenant
     #     within its quota, jobs beyond a quota waiting unless they can borrow idle GPUs.
     quota = enforce_quotas(view, decided, overrides, preempted)
@@ -588,6 +591,28 @@ def _layouts_that_fit(
                 )
                 break
             size *= 2
+
+
+RUNNABLE_COMPRESSION: Final = CompressionSpec(kind="topk", ratio=0.01)
+"""What a choice of PowerSGD with tensor or pipeline parallelism compresses by instead:
+the strongest compression of the policy's choices that the executor runs on any layout."""
+
+
+def _compression_that_runs(choices: dict[str, PolicyChoice]) -> None:
+    """2a. A choice the executor cannot train (``JobConfig.executor_refusal``: PowerSGD
+    with tensor or pipeline parallelism) keeps its layout and compresses by
+    ``RUNNABLE_COMPRESSION`` instead, saying so; the same in the simulated cluster, so
+    that a policy learns what the executor runs."""
+    for job_id, c in choices.items():
+        if c.config is None or c.config.executor_refusal() is None:
+            continue
+        layout = c.config.layout
+        choices[job_id] = replace(
+            c,
+            config=replace(c.config, compression=RUNNABLE_COMPRESSION),
+            reason=f"{c.reason}; {RUNNABLE_COMPRESSION} instead of {c.config.compression}: "
+            f"PowerSGD runs on data-parallel layouts only, not tp={layout.tp} pp={layout.pp}",
+        )
 
 
 @lru_cache(maxsize=65_536)

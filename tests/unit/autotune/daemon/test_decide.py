@@ -335,5 +335,48 @@ def test_a_waiting_job_whose_layout_cannot_fit_any_gpu_takes_one_that_does() -> 
     assert config is not None
     assert config.layout.tp * config.layout.pp > 1
     assert rank_memory(model, config, 16).fits(nodes[0].gpu_memory_bytes)
-    assert (config.precision, config.compression) == (chosen.precision, chosen.compression)
+    assert config.precision == chosen.precision
+    # PowerSGD runs on data-parallel layouts only: top-k 1% instead, saying so.
+    assert config.compression == CompressionSpec(kind="topk", ratio=0.01)
+    assert config.executor_refusal() is None
     assert f"fitting no GPU so, {config.world_size} GPU(s) as dp=" in decision.reason
+    assert "topk:0.01 instead of powersgd:4" in decision.reason
+
+
+def test_a_choice_the_executor_cannot_train_compresses_as_it_can() -> None:
+    """PowerSGD with tensor or pipeline parallelism, which the executor refuses, keeps
+    its layout and takes top-k 1%; PowerSGD on a data-parallel layout is kept."""
+    from autotune.core import CompressionSpec, JobConfig, Layout
+    from autotune.decision.step import decide
+    from autotune.interfaces import PolicyChoice
+
+    snapshot = _snapshot()
+    pending = [j.spec for j in snapshot.jobs if j.state == "pending"][:3]
+    powersgd = CompressionSpec(kind="powersgd", rank=4)
+    layouts = {
+        pending[0].job_id: Layout(world_size=2, dp=1, tp=2),
+        pending[1].job_id: Layout(world_size=2, dp=1, pp=2, micro_batches=2),
+        pending[2].job_id: Layout(world_size=2),
+    }
+    choices = {
+        job_id: PolicyChoice(config=JobConfig(layout=layout, compression=powersgd), reason="p")
+        for job_id, layout in layouts.items()
+    }
+    assert [c.config.executor_refusal() is None for c in choices.values()] == [  # type: ignore[union-attr]
+        False,
+        False,
+        True,
+    ]
+    round_ = decide(snapshot, choices, {}, honoured={}, policy_version="t")
+    decided = {d.job_id: d for d in round_.decisions}
+    assert set(layouts) <= set(decided)  # the others: data parallel, not the policy's
+    for job_id, layout in layouts.items():
+        config = decided[job_id].config
+        assert config is not None
+        assert (config.layout.tp, config.layout.pp) == (layout.tp, layout.pp)
+        assert config.executor_refusal() is None
+        if layout.tp * layout.pp > 1:
+            assert config.compression == CompressionSpec(kind="topk", ratio=0.01)
+            assert "PowerSGD runs on data-parallel layouts only" in decided[job_id].reason
+        else:
+            assert config.compression == powersgd
