@@ -86,5 +86,6 @@ def merge_rank_states(parts: list[dict[str, Any] | None]) -> dict[str, Any]:
             "dp": dp,
             "residuals": residuals,
             "powersgd": powersgd,
+            "ratio": first.get("ratio"),
         }
     return merged

@@ -20,15 +20,22 @@ parameter name so that it does not depend on the flat buffer's or DDP bucket's o
 ``GradientReducer.residual_parts`` / ``load_residual_parts`` and ``NamedPowerSGD``'s
 ``export`` / ``load``. ``int8`` and ``fp8`` have no error feedback (stochastic rounding
 seeded by step and rank): they have no state.
+
+**Adaptive top-k** (``AdaptiveTopk``, ``WorkerSpec.adaptive_topk``): the kept share moves
+between steps along ``TOPK_LADDER`` with what the job measures, from the figures every
+rank agreed (``autotune.executor.quality.agree``), so every rank keeps the same share and
+the all-gather's sizes match. The residual does not depend on the ratio (it is what was
+not sent, whatever was kept), so error feedback carries over a change unchanged.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import torch
 import torch.distributed as dist
@@ -36,13 +43,19 @@ from torch import Tensor
 from torch._C._distributed_c10d import GradBucket
 
 from autotune.core import CompressionSpec
-from autotune.executor.quality import Probe
+from autotune.executor.quality import Probe, Quality
 
 __all__ = [
+    "ADAPTIVE_REFERENCE_BUDGET",
+    "EXPLORING_REFERENCE_BUDGET",
+    "FIDELITY_FLOOR",
+    "TOPK_LADDER",
+    "AdaptiveTopk",
     "ByteCounter",
     "CountingAllReduce",
     "GradientReducer",
     "NamedPowerSGD",
+    "ShareMeasured",
     "count_powersgd_traffic",
     "counting_allreduce_hook",
     "local_grad",
@@ -487,3 +500,169 @@ counting_allreduce_hook.__annotations__.update(
 named_powersgd_hook.__annotations__.update(
     bucket=GradBucket, state=NamedPowerSGD, **{"return": torch.futures.Future[Tensor]}
 )
+
+
+TOPK_LADDER: Final = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)
+"""The kept shares adaptive top-k moves along, one rung at a time: from 0.1% to 20% (at
+20% the values and int64 indices of 2 ranks already weigh 60% of a dense float32
+all-reduce's bytes)."""
+FIDELITY_FLOOR: Final = 0.6
+"""Cosine of the compressed to the dense average below which adaptive top-k keeps more
+(mlp-synthetic on 2 ranks: cosine 0.45 at 0.1%, and its loss after 60 steps 1.45 against
+0.77 at 1%, cosine 0.4-0.7, and 0.76 at 10%, cosine 0.9)."""
+TIME_TOLERANCE: Final = 0.05
+"""Step time within which two shares count as equally fast: adaptive top-k keeps the
+larger (the more faithful) of them."""
+MIN_STEPS: Final = 8
+"""Steps a share is timed on before adaptive top-k judges it."""
+MIN_REFERENCES: Final = 2
+"""Reference steps (cosines) a share is measured on before adaptive top-k judges it."""
+ADAPTIVE_REFERENCE_BUDGET: Final = 0.05
+"""Share of the step an adaptive top-k job's reference steps may cost once it settled on
+a share (a fixed job's: ``autotune.executor.quality.REFERENCE_BUDGET``)."""
+EXPLORING_REFERENCE_BUDGET: Final = 0.2
+"""... and while it judges a share it has just moved to: it needs ``MIN_REFERENCES`` of
+them there, and on mlp-synthetic (a reference costs about 70% of its 10 ms step) 5%
+spaced them 14 steps apart, so that trying four shares took 117 steps."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShareMeasured:
+    """What adaptive top-k measured at one kept share: medians over its steps."""
+
+    step_s: float
+    cosine: float
+    sync_share: float
+    """The gradient reduction's share of the step (waiting for slower ranks included)."""
+
+
+@dataclass
+class AdaptiveTopk:
+    """Top-k's kept share, moved one rung of ``ladder`` (within ``[low, high]``) at a
+    time to the fastest step whose compressed average stays faithful to the dense one.
+
+    It times each share it tries (the median step over ``min_steps`` steps, the same
+    figure on every rank: ``Quality.step_s``) and measures its fidelity (the median cosine
+    of the compressed to the dense average over ``min_references`` reference steps). Then:
+
+    - cosine below ``floor``: keep more (one rung up); this share and those below it are
+      not tried again;
+    - else, while the rung below was not tried and is not known to be unfaithful, try it
+      where the reduction takes more than ``tolerance`` of the step (keeping less cannot
+      save more time than the reduction takes);
+    - else go one rung towards the largest faithful share whose step is within
+      ``tolerance`` of the fastest faithful one measured; where that is the current share
+      and the rung above was not tried, try it (fidelity that costs no time: a job bound
+      by latency or computation sends 10x more at the same step time). A share left for
+      a faster one is not returned to: two neighbours' steps often differ by less than
+      this host's noise, and a job went back and forth between them eight times in 170
+      steps.
+
+    Once it kept a share (judged it and stayed), only a cosine under the floor moves it
+    again: a later median a little slower than the fastest one measured is more likely
+    noise (the fastest of several noisy medians is biased low) than a change.
+
+    Decisions come only from figures the ranks agreed, so every rank keeps the same share
+    and the all-gather's sizes match."""
+
+    ratio: float
+    low: float = TOPK_LADDER[0]
+    high: float = TOPK_LADDER[-1]
+    floor: float = FIDELITY_FLOOR
+    tolerance: float = TIME_TOLERANCE
+    min_steps: int = MIN_STEPS
+    min_references: int = MIN_REFERENCES
+    ladder: tuple[float, ...] = TOPK_LADDER
+    measured: dict[float, ShareMeasured] = field(default_factory=dict)
+    unfaithful: float = 0.0
+    """The largest share whose cosine fell below the floor (none: 0)."""
+    step_times: list[float] = field(default_factory=list)
+    """This share's step times so far."""
+    sync_times: list[float] = field(default_factory=list)
+    """This share's reduction times so far."""
+    cosines: list[float] = field(default_factory=list)
+    """This share's cosines so far (reference steps)."""
+    settled: bool = False
+    """Whether the current share was judged and kept (``False`` after each move)."""
+    slower: set[float] = field(default_factory=set)
+    """Shares left for a faster one: not returned to (their step times are within the
+    host's noise of their neighbours', and going back and forth costs)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.low <= self.high < 1:
+            raise ValueError(
+                f"adaptive top-k limits must satisfy 0 < low <= high < 1, got "
+                f"[{self.low}, {self.high}]"
+            )
+        if not 0 < self.ratio < 1:
+            raise ValueError(f"top-k ratio must be in (0, 1), got {self.ratio}")
+
+    @property
+    def rungs(self) -> list[float]:
+        """The ladder's shares within the limits, and the current one if off the ladder."""
+        inside = {r for r in self.ladder if self.low <= r <= self.high}
+        return sorted(inside | {self.ratio})
+
+    def observe(self, quality: Quality) -> tuple[float, str] | None:
+        """Feed one step's agreed figures; returns ``(new share, why)`` when the share
+        moves (the caller applies it from the next step), else ``None``."""
+        if quality.step_s > 0:
+            self.step_times.append(quality.step_s)
+            self.sync_times.append(quality.sync_s)
+        if quality.cosine is not None and math.isfinite(quality.cosine):
+            self.cosines.append(quality.cosine)
+        if len(self.step_times) < self.min_steps or len(self.cosines) < self.min_references:
+            return None
+        window = 4 * self.min_steps  # recent figures: a link can change under a job
+        step_s = statistics.median(self.step_times[-window:])
+        here = ShareMeasured(
+            step_s,
+            statistics.median(self.cosines[-window:]),
+            min(1.0, statistics.median(self.sync_times[-window:]) / step_s),
+        )
+        self.measured[self.ratio] = here
+        move = self._decide(here)
+        self.settled = move is None
+        if move is not None:
+            self.ratio = move[0]
+            self.step_times.clear()
+            self.sync_times.clear()
+            self.cosines.clear()
+        return move
+
+    def _decide(self, here: ShareMeasured) -> tuple[float, str] | None:
+        rungs = self.rungs
+        i = rungs.index(self.ratio)
+        up = rungs[i + 1] if i + 1 < len(rungs) else None
+        down = rungs[i - 1] if i > 0 else None
+        figures = (
+            f"{self.ratio:g} kept: step {here.step_s * 1e3:.0f} ms, reduction "
+            f"{here.sync_share:.0%} of it, cosine {here.cosine:.2f}"
+        )
+        if here.cosine < self.floor:
+            self.unfaithful = max(self.unfaithful, self.ratio)
+            if up is None:
+                return None
+            return up, f"{figures}, below the floor of {self.floor}: keep more"
+        if self.settled:
+            return None
+        if (
+            down is not None
+            and down > self.unfaithful
+            and down not in self.measured
+            and here.sync_share > self.tolerance
+        ):
+            return down, f"{figures}: try keeping less"
+        faithful = {r: m for r, m in self.measured.items() if r > self.unfaithful and r in rungs}
+        if not faithful:
+            return None
+        fastest = min(m.step_s for m in faithful.values())
+        target = max(r for r, m in faithful.items() if m.step_s <= fastest * (1 + self.tolerance))
+        if target == self.ratio and up is not None and up not in self.measured:
+            return up, f"{figures}, as fast as any: try keeping more"
+        if target > self.ratio and up is not None and up not in self.slower:
+            return up, f"{figures}; {target:g} is as fast and more faithful: keep more"
+        if target < self.ratio and down is not None:
+            self.slower.add(self.ratio)
+            return down, f"{figures}; {target:g} is faster: keep less"
+        return None

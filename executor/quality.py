@@ -202,6 +202,9 @@ class Quality:
     """Mean seconds of the reference's dense all-reduce (reference steps)."""
     step_s: float = 0.0
     """Mean seconds of the step so far over the ranks (for the reference schedule)."""
+    sync_s: float = 0.0
+    """Mean seconds over the ranks of the step's gradient reduction (waiting for the
+    slower ranks included; 0 where it is not timed apart), for ``AdaptiveTopk``."""
     measure_s: float = 0.0
     """Seconds the reporting rank spent measuring in the step: the probe's and the
     figures' all-reduce (the overhead of measuring, as its share of the step)."""
@@ -217,6 +220,7 @@ def agree(
     scale: float,
     dense_reduction: bool,
     step_s: float,
+    sync_s: float = 0.0,
 ) -> Quality:
     """Sum ``probe`` and the per-class squared norms ``class_sq`` (of the unscaled update,
     this rank's parts) over all ``world`` ranks in one all-reduce (none on one rank) and
@@ -237,15 +241,15 @@ def agree(
             f(probe.dense_sq) / s2,
             f(probe.residual_sq) / s2,
             f(probe.spread_sq) / s2,
-            torch.tensor([probe.reference_s, step_s]),
+            torch.tensor([probe.reference_s, step_s, sync_s]),
         ]
     ).to(class_sq.device)
     vector = torch.cat([head, class_sq.float()])
     if world > 1:
         dist.all_reduce(vector)
     values = vector.cpu().tolist()
-    local, dot, c_sq, d_sq, r_sq, spread, ref_s, mean_step = values[:8]
-    per_class = values[8:]
+    local, dot, c_sq, d_sq, r_sq, spread, ref_s, mean_step, mean_sync = values[:9]
+    per_class = values[9:]
     n = replicas
     update = sum(per_class) / n
     out: dict[str, Any] = {}
@@ -267,6 +271,7 @@ def agree(
         dense_sq=dense,
         residual_norm=math.sqrt(r_sq / n) if r_sq > 0 else None,
         step_s=mean_step / world,
+        sync_s=mean_sync / world,
         measure_s=probe.spent_s + time.perf_counter() - began,
         **out,
     )

@@ -220,6 +220,10 @@ class RunnerConfig:
     """Where each rank appends a JSON line per step (job, term, rank, node, step, start
     and end wall times): ``<dir>/t<term>-r<rank>-<attempt>.jsonl``. ``None``: no log."""
 
+    adaptive_topk: bool = False
+    """A top-k job's kept share moves with its measured communication share and fidelity
+    (``WorkerSpec.adaptive_topk``), starting from the config's ratio."""
+
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ExecutorError(f"steps must be >= 1, not {self.steps}")
@@ -430,6 +434,7 @@ class JobRunner:
             step_log=None if run.step_log_dir is None else str(run.step_log_dir),
             job=None if run.fence is None else run.fence.job_id,
             term=None if run.fence is None else run.fence.term,
+            adaptive_topk=run.adaptive_topk,
         )
         passed = {k: v for k, v in os.environ.items() if k in ("TRITON_INTERPRET",)}
         actor = ray.remote(RankWorker)

@@ -48,9 +48,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from autotune.core import JobConfig, PrecisionMap
+from autotune.core import CompressionSpec, JobConfig, PrecisionMap
 from autotune.executor.checkpoint import full_from_part, full_tensor, local_part
-from autotune.executor.compression import NamedPowerSGD, local_grad
+from autotune.executor.compression import (
+    ADAPTIVE_REFERENCE_BUDGET,
+    EXPLORING_REFERENCE_BUDGET,
+    AdaptiveTopk,
+    NamedPowerSGD,
+    local_grad,
+)
 from autotune.executor.errors import ParallelError
 from autotune.executor.mesh import RankCoordinates, bind_interface, init_mesh
 from autotune.executor.parallelize import parallelize
@@ -109,6 +115,17 @@ class WorkerSpec:
     grad_norm_guard: bool = True
     """Raise a class in fp16 or fp8 one step safer when its gradient norm grows by more
     than 25% three steps in a row (``autotune.executor.quality.NormGuard``)."""
+    adaptive_topk: bool = False
+    """A top-k job's kept share moves between steps with its measured communication
+    share and fidelity (``autotune.executor.compression.AdaptiveTopk``), starting from
+    the config's ratio; each move is a ``compression_ratio`` event. Needs
+    ``measure_quality``; other compressions ignore it."""
+
+    def __post_init__(self) -> None:
+        if self.adaptive_topk and not self.measure_quality:
+            raise ValueError(
+                "adaptive_topk moves the ratio by the measured fidelity: it needs measure_quality"
+            )
 
 
 def _all_finite(grads: list[Tensor]) -> bool:
@@ -240,8 +257,22 @@ class RankWorker:
         self.powersgd, self.counter = parallel.powersgd, parallel.counter
         self.named = self._own_parameters()
         self._classes = self._parameter_classes()
-        self.references = ReferenceSchedule()
         self.guard = NormGuard()
+        compression = spec.config.compression
+        self.adaptive = (
+            AdaptiveTopk(ratio=compression.ratio)
+            if spec.adaptive_topk
+            and compression.kind == "topk"
+            and compression.ratio is not None
+            and self.dp > 1
+            and self.ddp is None
+            else None
+        )
+        self.references = (
+            ReferenceSchedule(budget=EXPLORING_REFERENCE_BUDGET)
+            if self.adaptive is not None
+            else ReferenceSchedule()
+        )
         self.optimizer = self._optimizer()
         self.scaler = LossScaler() if self.precision.uses_fp16 else None
         if state is not None:
@@ -449,6 +480,15 @@ class RankWorker:
                 "still owes the update (the ranks' mean residual) unchanged",
             )
         own = {n: t for n, t in mine.items() if t is not None}
+        ratio = saved.get("ratio")
+        if self.adaptive is not None and ratio is not None and ratio != self.adaptive.ratio:
+            self._note(
+                "compression_ratio",
+                f"adaptive top-k resumes at the kept share it had reached, {ratio:g} (the "
+                f"config says {self.adaptive.ratio:g})",
+            )
+            self.adaptive.ratio = float(ratio)
+            self.reducer.spec = CompressionSpec(kind="topk", ratio=float(ratio))
         if self.powersgd is not None:
             powersgd = saved.get("powersgd") or {}
             rank = self.powersgd.state.matrix_approximation_rank
@@ -571,8 +611,11 @@ class RankWorker:
                     for g in grads:
                         g.div_(scale)
                 if measure:
-                    quality = self._measure(probe, params, grads, scale, compressed, start)
+                    quality = self._measure(
+                        probe, params, grads, scale, compressed, start, sync_s or 0.0
+                    )
                     events.extend(self._guard(quality))
+                    events.extend(self._adapt(quality))
                 self.optimizer.step()
                 self.precision.round_optimizer_state(self.optimizer)
                 if self.scaler is not None:
@@ -612,6 +655,7 @@ class RankWorker:
         scale: float,
         compressed: bool,
         start: float,
+        sync_s: float = 0.0,
     ) -> Quality:
         """The step's gradient figures, agreed by all ranks (``quality.agree``); the next
         reference step scheduled after this one."""
@@ -637,10 +681,35 @@ class RankWorker:
             scale=scale,
             dense_reduction=not compressed,
             step_s=time.perf_counter() - start,
+            sync_s=sync_s,
         )
         if probe.reference:
             self.references.done(self.step_count, quality)
         return quality
+
+    def _adapt(self, quality: Quality) -> list[dict[str, Any]]:
+        """Adaptive top-k: the next step's kept share (a ``compression_ratio`` event when
+        it moves). The error-feedback residual carries over as it is."""
+        if self.adaptive is None:
+            return []
+        before = self.adaptive.ratio
+        move = self.adaptive.observe(quality)
+        self.references.budget = (
+            ADAPTIVE_REFERENCE_BUDGET if self.adaptive.settled else EXPLORING_REFERENCE_BUDGET
+        )
+        if move is None:
+            return []
+        self.reducer.spec = CompressionSpec(kind="topk", ratio=move[0])
+        self.references.next_step = self.step_count + 1  # the new share's first reference
+        return [
+            {
+                "step": self.step_count,
+                "kind": "compression_ratio",
+                "from": before,
+                "to": move[0],
+                "detail": move[1],
+            }
+        ]
 
     def _guard(self, quality: Quality) -> list[dict[str, Any]]:
         """The gradient-norm guard: the classes in a narrow-range format (``GUARDED``)
@@ -758,7 +827,13 @@ class RankWorker:
             residuals = {
                 self.named[i][0]: full_from_part(parts[i], params[i]) for i in sorted(parts)
             }
-        return {"kind": kind, "dp": self.dp, "residuals": residuals, "powersgd": powersgd}
+        return {
+            "kind": kind,
+            "dp": self.dp,
+            "residuals": residuals,
+            "powersgd": powersgd,
+            "ratio": self.reducer.spec.ratio if kind == "topk" else None,
+        }
 
     def close(self) -> None:
         if dist.is_initialized():

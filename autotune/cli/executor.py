@@ -62,6 +62,15 @@ def run_command(
             "--compression", help="none | topk:RATIO | int8 | fp8 | powersgd:RANK (data-parallel)."
         ),
     ] = "none",
+    adaptive_topk: Annotated[
+        bool,
+        typer.Option(
+            "--adaptive-topk",
+            help="With --compression topk:RATIO: start from RATIO and move the kept share "
+            "(0.1%-20%) to the fastest step whose compressed gradient stays faithful to the "
+            "dense one, as measured while training.",
+        ),
+    ] = False,
     precision: Annotated[
         str,
         typer.Option(
@@ -126,6 +135,10 @@ def run_command(
         raise
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    if adaptive_topk and config.compression.kind != "topk":
+        raise InputError(
+            f"--adaptive-topk moves top-k's ratio: use --compression topk:RATIO, not {compression}"
+        )
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
@@ -145,6 +158,7 @@ def run_command(
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=checkpoint_every,
         device=device,
+        adaptive_topk=adaptive_topk,
     )
     runner = JobRunner(run, config, on_step=on_step)
     started = ensure_ray(ray_address, num_cpus=config.world_size)

@@ -323,6 +323,7 @@ def test_job_run_exits_2_on_bad_input(tmp_path) -> None:
         (["--task", "gpt-char", "--compression", "topk:2"], "ratio"),
         (["--task", "gpt-char", "--compression", "powersgd:2", "--tp", "2"], "PowerSGD"),
         (["--task", "gpt-char", "--precision", "fp4"], "--precision"),
+        (["--task", "gpt-char", "--dp", "2", "--adaptive-topk"], "--compression topk:RATIO"),
     ],
 )
 def test_job_run_rejects_bad_input_with_exit_code_2(args: list[str], message: str) -> None:
