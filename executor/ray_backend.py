@@ -99,18 +99,22 @@ class RayBackend:
         step_timeout_s: float = 600.0,
         on_step: Callable[[str, int, JobMetrics], None] | None = None,
         cluster: ClusterDescription | None = None,
+        adaptive_topk: bool = False,
     ) -> None:
         """``step_timeout_s``: a step that takes longer is taken for a hung rank (the job
         restarts from its checkpoint); ``on_step(job_id, step, metrics)`` is called after
         every step of every job, from the job's thread; ``cluster``: the cluster's
         description (``autotune cluster describe``), whose nodes' measured inter-node
-        bandwidth replaces the catalog's default for the same Ray nodes."""
+        bandwidth replaces the catalog's default for the same Ray nodes;
+        ``adaptive_topk``: top-k jobs move their kept share with what they measure
+        (``RunnerConfig.adaptive_topk``)."""
         import torch
 
         self._started_ray = ensure_ray(address)
         self._root = checkpoint_root
         self._every = checkpoint_every
         self._step_timeout_s = step_timeout_s
+        self._adaptive_topk = adaptive_topk
         self._on_step = on_step
         self._device = (
             device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -380,6 +384,7 @@ class RayBackend:
             step_timeout_s=self._step_timeout_s,
             fence=None if self._term is None else Fence(job_id, self._term),
             step_log_dir=self._root / job_id / "steps",
+            adaptive_topk=self._adaptive_topk,
         )
         runner = JobRunner(run, config, placement=placement, on_step=on_step)
         job.runner, job.config, job.placement, job.state = runner, config, placement, "running"

@@ -63,6 +63,7 @@ def _ray(settings: Settings) -> Backend:
         address=settings.ray_address,
         checkpoint_every=settings.checkpoint_every,
         step_timeout_s=settings.step_timeout_s,
+        adaptive_topk=settings.adaptive_topk,
     )
 
 

@@ -109,6 +109,10 @@ class Settings(BaseSettings):
     step_timeout_s: float = Field(default=600.0, gt=0)
     """Seconds a training step of a ``ray`` job may take before its silent ranks are
     taken for hung: the job restarts from its newest checkpoint."""
+    adaptive_topk: bool = False
+    """Jobs the ``ray`` backend trains with top-k compression start from the decided
+    ratio and move their kept share with what they measure (``autotune job run
+    --adaptive-topk``; docs/executor.md, "Adaptive top-k")."""
     token: SecretStr | None = None
     """Bearer token for the API's mutations (``AUTOTUNE_TOKEN``, which the CLI client
     reads too). Unset: the daemon generates one at its first start, prints it once and

@@ -128,3 +128,20 @@ def test_the_simulator_plays_a_slice_of_a_pollux_workload(pollux_dir: Path) -> N
         load_settings(sim_workload=workload, sim_workload_jobs="80-160")
     with pytest.raises(InputError, match="no job of the workload"):
         build_backend(load_settings(sim_workload=workload, sim_workload_jobs="500:"))
+
+
+def test_the_ray_backend_is_built_with_the_settings_adaptive_top_k(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``adaptive_topk`` (off by default) reaches the Ray backend, which hands it to every
+    job's runner (``RunnerConfig.adaptive_topk``)."""
+    import autotune.executor.ray_backend as ray_backend
+    from autotune.daemon.backends import build_backend
+
+    made: list[dict[str, object]] = []
+    monkeypatch.setattr(ray_backend, "RayBackend", lambda **kwargs: made.append(kwargs))
+    monkeypatch.setenv("AUTOTUNE_ADAPTIVE_TOPK", "true")
+    build_backend(load_settings(backend="ray", data_dir=tmp_path))
+    monkeypatch.delenv("AUTOTUNE_ADAPTIVE_TOPK")
+    build_backend(load_settings(backend="ray", data_dir=tmp_path))
+    assert [m["adaptive_topk"] for m in made] == [True, False]
