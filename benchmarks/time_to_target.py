@@ -13,9 +13,11 @@ each), with the driver on the head machine:
 1. **The reference.** Plain DDP in fp32 over every machine (what a user runs without
    autotune) trains ``--n-steps`` steps. The **target** is its loss at step N: the mean
    of the last ``--window`` steps' losses.
-2. **Each configuration** (``--configs``: each knob alone and the grid's combinations)
-   trains from the same seed until the mean of its last ``--window`` losses is at or
-   below the target, or ``3 N`` steps (then it failed to reach it).
+2. **Each configuration** (``--configs``: each knob alone, the grid's combinations, top-k
+   at 0.1%, 0.2% and 0.5%, and adaptive top-k from 1%) trains from the same seed until
+   the mean of its last ``--window`` losses is at or below the target, or ``3 N`` steps
+   (then it failed to reach it). Adaptive top-k's rows list the shares it moved to
+   (``ratios``: step, share).
 3. **Each policy served by the daemon** (``--policies``: ``rules``, ``learned``, the
    shipped learned policy as the daemon loads it by default): the job is submitted to
    the daemon on ``--backend ray`` (in this process: its tick, decision step, policy and
@@ -32,7 +34,7 @@ Each run reports the wall time from its start (ranks started, or the job submitt
 the step that reached the target, the steps, the bytes of gradients sent, the median step,
 and the communication share of the step: the gradient synchronisation no rank hid
 (``JobMetrics.sync_time_s``) over the step time. The **grid's best** (the oracle) is the
-fastest of the configurations run. ``--seeds`` repeats it all; the summary gives, per
+fastest of the fixed configurations run (adaptive top-k is not one). ``--seeds`` repeats it all; the summary gives, per
 configuration, the median and the spread (min, max) over the seeds, and its speed-up
 against plain DDP.
 """
@@ -79,6 +81,16 @@ COMBINATIONS: dict[str, str] = {
 }
 """The grid's combinations of knobs, beside the knobs alone."""
 
+TOPK_SHARES: dict[str, str] = {
+    "topk-0.1%": "compression=topk:0.001",
+    "topk-0.2%": "compression=topk:0.002",
+    "topk-0.5%": "compression=topk:0.005",
+    "topk-adaptive": "compression=topk:0.01 adaptive_topk=1",
+}
+"""Top-k's other kept shares, and adaptive top-k (``WorkerSpec.adaptive_topk``: from 1%,
+the share moves with what the job measures). Adaptive top-k is not one of the grid's
+fixed configurations: the grid's best is chosen without it."""
+
 
 def job_config(machines: int, recipe: str) -> Any:
     """The ``JobConfig`` of a recipe (``key=value`` words: ``compression``, ``precision``,
@@ -89,6 +101,7 @@ def job_config(machines: int, recipe: str) -> Any:
     from autotune.core import JobConfig, Layout
 
     words = dict(w.split("=", 1) for w in recipe.split())
+    words.pop("adaptive_topk", None)  # how the executor runs it, not the config
     tp, pp = int(words.get("tp", 1)), int(words.get("pp", 1))
     if machines % (tp * pp):
         raise ValueError(f"{recipe!r}: tp x pp must divide the {machines} machines")
@@ -182,7 +195,15 @@ def run_fixed(
         if target is not None and value is not None and value <= target:
             runner.stop()
 
-    run = RunnerConfig(task=task, steps=limit, batch_size=batch, seed=seed, device="cpu")
+    adaptive = "adaptive_topk=1" in recipe.split()
+    run = RunnerConfig(
+        task=task,
+        steps=limit,
+        batch_size=batch,
+        seed=seed,
+        device="cpu",
+        adaptive_topk=adaptive,
+    )
     runner = JobRunner(run, config, on_step=on_step)
     curve.started = time.time()
     result = runner.run().summary()
@@ -201,6 +222,19 @@ def run_fixed(
             "step_time_s_median": round(result["step_time_s_median"], 4),
             "sync_time_s_median": _round(result["sync_time_s_median"]),
             "communication_share": _round(result["communication_share"]),
+            "compression_cosine": _round(result["compression_cosine"]),
+            **(
+                {
+                    "adaptive": True,
+                    "ratios": [
+                        [e["step"], e["to"]]
+                        for e in result["events"]
+                        if e["kind"] == "compression_ratio" and "to" in e
+                    ],
+                }
+                if adaptive
+                else {}
+            ),
         },
     )
 
@@ -324,7 +358,7 @@ def run(
         raise SystemExit(f"--task {args.task!r}: not a built-in task")
     batch = args.batch or BUILTIN_TASKS[args.task].profile.reference_batch
     calibration = _calibration(args.calibration)
-    recipes = {REFERENCE: "", **KNOBS, **COMBINATIONS}
+    recipes = {REFERENCE: "", **KNOBS, **COMBINATIONS, **TOPK_SHARES}
     chosen = {k: v for k, v in recipes.items() if args.configs is None or k in args.configs}
     result: dict[str, Any] = {
         "task": args.task,
@@ -432,7 +466,7 @@ def _line(row: dict[str, Any]) -> str:
 def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Per configuration over the seeds: the median time to target (a run that missed
     it counts as never), its spread, and the speed-up against plain DDP; the grid's
-    best per seed (the fastest fixed configuration)."""
+    best per seed (the fastest fixed configuration: not adaptive top-k)."""
     by: dict[str, list[dict[str, Any]]] = {}
     for row in runs:
         by.setdefault(row["config"], []).append(row)
@@ -443,6 +477,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if (
             t is not None
             and "recipe" in row
+            and not row.get("adaptive")
             and (row["seed"] not in best or t < best[row["seed"]][0])
         ):
             best[row["seed"]] = (t, row["config"])
@@ -479,7 +514,7 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _args(argv: list[str] | None) -> argparse.Namespace:
-    every = [REFERENCE, *KNOBS, *COMBINATIONS]
+    every = [REFERENCE, *KNOBS, *COMBINATIONS, *TOPK_SHARES]
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -10,6 +10,7 @@ from autotune.benchmarks.time_to_target import (
     COMBINATIONS,
     KNOBS,
     REFERENCE,
+    TOPK_SHARES,
     Curve,
     job_config,
     summarise,
@@ -32,12 +33,13 @@ def test_a_curve_reaches_the_target_when_its_window_mean_does() -> None:
 def test_every_recipe_is_a_valid_configuration_on_two_and_four_machines() -> None:
     for machines in (2, 4):
         assert job_config(machines, "").layout.dp == machines
-        for recipe in (*KNOBS.values(), *COMBINATIONS.values()):
+        for recipe in (*KNOBS.values(), *COMBINATIONS.values(), *TOPK_SHARES.values()):
             config = job_config(machines, recipe)
             assert config.world_size == machines
     assert job_config(2, KNOBS["tp2"]).layout.tp == 2
     assert job_config(4, KNOBS["pp2"]).layout.dp == 2
     assert job_config(2, KNOBS["powersgd-4"]).compression.rank == 4
+    assert job_config(2, TOPK_SHARES["topk-adaptive"]).compression.ratio == 0.01
     with pytest.raises(ValueError, match="must divide"):
         job_config(3, KNOBS["tp2"])
 
@@ -55,14 +57,20 @@ def test_the_summary_gives_medians_speedups_and_the_grids_best() -> None:
         row("bf16", 0, None), row("bf16", 1, 200.0),
         row("learned (daemon)", 0, 40.0, fixed=False),
         row("learned (daemon)", 1, 80.0, fixed=False),
+        {**row("topk-adaptive", 0, 30.0), "adaptive": True},
+        {**row("topk-adaptive", 1, 70.0), "adaptive": True},
     ]  # fmt: skip
     summary = summarise(runs)
     assert summary["int8"]["time_to_target_s_median"] == pytest.approx(55.0)
     assert summary["int8"]["speedup_vs_ddp_median"] == pytest.approx(2.0)
     assert summary["bf16"]["time_to_target_s_median"] is None, "one seed missed the target"
     assert summary["bf16"]["reached"] == 1
-    # A served policy is not part of the grid: the best fixed configuration is int8.
+    # Neither a served policy nor adaptive top-k is part of the grid: the best fixed
+    # configuration is int8.
     assert summary["grid_best"] == {"0": "int8", "1": "int8"}
     assert summary["learned (daemon)"]["of_grid_best_median"] == pytest.approx(
         (50 / 40 + 60 / 80) / 2
+    )
+    assert summary["topk-adaptive"]["of_grid_best_median"] == pytest.approx(
+        (50 / 30 + 60 / 70) / 2, abs=1e-3
     )
