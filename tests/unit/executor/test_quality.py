@@ -137,8 +137,10 @@ def test_one_rank_agrees_with_itself() -> None:
         scale=2.0,
         dense_reduction=True,
         step_s=0.5,
+        sync_s=0.2,
     )
     assert q.replica_sq == pytest.approx(25 / 4)  # loss scale 2 taken out
+    assert (q.step_s, q.sync_s) == pytest.approx((0.5, 0.2))
     assert q.class_norms["ffn"] == pytest.approx(4.0)
     assert q.update_sq == q.dense_sq == pytest.approx(16.0)
     assert q.cosine is None
