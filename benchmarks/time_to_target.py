@@ -34,9 +34,9 @@ Each run reports the wall time from its start (ranks started, or the job submitt
 the step that reached the target, the steps, the bytes of gradients sent, the median step,
 and the communication share of the step: the gradient synchronisation no rank hid
 (``JobMetrics.sync_time_s``) over the step time. The **grid's best** (the oracle) is the
-fastest of the fixed configurations run (adaptive top-k is not one). ``--seeds`` repeats it all; the summary gives, per
-configuration, the median and the spread (min, max) over the seeds, and its speed-up
-against plain DDP.
+fastest of the fixed configurations run (adaptive top-k is not one). ``--seeds`` repeats
+it all; the summary gives, per configuration, the median and the spread (min, max)
+over the seeds, and its speed-up against plain DDP.
 """
 
 from __future__ import annotations
