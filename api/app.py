@@ -177,7 +177,7 @@ def attach_daemon(app: FastAPI, daemon: Daemon) -> None:
     app.state.tick_health = lambda: daemon.health
     metrics: ServiceMetrics = app.state.metrics
     metrics.tick_health = app.state.tick_health
-    metrics.job_metrics_every_s = daemon.job_metrics_every_s
+    metrics.job_metrics_every_s = daemon.job_samples.every_s
     if daemon.leadership is not None:
         metrics.leader_status = daemon.leadership.status
     daemon.add_tick_observer(metrics.observe_tick)

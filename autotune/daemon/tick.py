@@ -45,9 +45,7 @@ from autotune.daemon.log import event
 from autotune.daemon.parts import DaemonParts, RoundInput
 from autotune.daemon.performance import JobModels
 from autotune.daemon.samples import (
-    Sample,
-    goodput_samples,
-    measured_samples,
+    JobSampler,
     provisioning_samples,
 )
 from autotune.db import database_error
@@ -89,13 +87,10 @@ class Daemon:
         self.lifecycle = parts.lifecycle
         self.transitions = parts.transitions
         self.provisioner = parts.provisioner
-        self.job_metrics_every_s = parts.job_metrics_every_s
+        self.job_samples = JobSampler(parts.job_metrics_every_s)
         self._term: int | None = None
         """The leader term this daemon decides in; ``None`` without leadership or while
         it follows."""
-        self._job_metrics_at = -float("inf")
-        self._jobs_sampled: set[str] = set()
-        """Running jobs whose samples were recorded at least once."""
         self._unmarked: list[int] = []
         """Decisions applied whose ``applied_at`` is not committed yet (the database
         failed right after the backend applied them): marked at the next tick."""
@@ -216,7 +211,7 @@ class Daemon:
         self._known, self._honoured, self._job_rows = set(), {}, {}
         self._nodes_written, self._reconciled, self._unmarked = None, False, []
         self.models, self._models_now, self._provisioned = JobModels(), {}, None
-        self._jobs_sampled, self._job_metrics_at = set(), -float("inf")
+        self.job_samples = JobSampler(self.job_samples.every_s)
         self._health = TickHealth()
 
     def _restore(self, session: Session) -> int:
@@ -544,7 +539,7 @@ class Daemon:
             stopped_now = sum(1 for d in stored if d.preempt)
             running = len(snapshot.by_state("running")) + started_now - stopped_now
             pending = len(pending_ids) - started_now + stopped_now
-            per_job = self._job_samples(snapshot, started)
+            per_job = self.job_samples.take(snapshot, started)
             repo.record_metrics(
                 session=session,
                 values=[
@@ -585,31 +580,6 @@ class Daemon:
             fallback=used_fallback,
         )
         return report
-
-    def _job_samples(self, snapshot: ClusterSnapshot, now: float) -> list[Sample]:
-        """The jobs' samples this tick records: every running job's every
-        ``job_metrics_every_s``; between, those of a job measured for the first time and
-        the last ones of a job that ended since (so a short job's figures are kept)."""
-        running = snapshot.by_state("running")
-        running_ids = {j.spec.job_id for j in running}
-        ended = [
-            j
-            for j in snapshot.jobs
-            if j.spec.job_id in self._jobs_sampled and j.spec.job_id not in running_ids
-        ]
-        if now - self._job_metrics_at >= self.job_metrics_every_s:
-            self._job_metrics_at = now
-            chosen = running_ids
-        else:
-            chosen = running_ids - self._jobs_sampled
-        self._jobs_sampled = (self._jobs_sampled | chosen) & running_ids
-        if not chosen and not ended:
-            return []
-        return [
-            *(v for v in goodput_samples(snapshot) if v[2] in chosen),
-            *measured_samples([j for j in running if j.spec.job_id in chosen]),
-            *measured_samples(ended),
-        ]
 
     def _reconcile(self, session: Session, snapshot: ClusterSnapshot) -> None:
         """At the first tick: a job the database holds as pending or running that the
