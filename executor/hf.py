@@ -35,7 +35,7 @@ The catalog counts each one's profile from the same configuration
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final, cast
 
 import torch
@@ -265,8 +265,10 @@ class HFTask:
         assert isinstance(model, HFTransformer)
         return model.tp_plan()
 
-    def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        part = _shard(self.batch_size, rank, world_size)
+    def batches(
+        self, rank: int, world_size: int, seed: int, *, shares: Sequence[float] | None = None
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        part = _shard(self.batch_size, rank, world_size, shares)
         if self.masked:
             return masked_byte_batches(self.batch_size, self.context, 0.15, part, seed)
         return next_byte_batches(self.batch_size, self.context, part, seed)

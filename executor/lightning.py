@@ -61,7 +61,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final
 
@@ -433,14 +433,16 @@ class LightningTask:
     def batch_size(self, value: int) -> None:
         self._requested = value
 
-    def batches(self, rank: int, world_size: int, seed: int) -> Iterator[Any]:
+    def batches(
+        self, rank: int, world_size: int, seed: int, *, shares: Sequence[float] | None = None
+    ) -> Iterator[Any]:
         loader = self._loader(seed)
         size = self._requested if self._requested is not None else self._loader_batch
         stream = self._epochs(loader)
         if size is not None:
             stream = _rebatch(stream, size)
         for batch in stream:
-            yield _take(batch, _shard(_rows(batch), rank, world_size))
+            yield _take(batch, _shard(_rows(batch), rank, world_size, shares))
 
     # ------------------------------------------------------------------ loss
 

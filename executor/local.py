@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from autotune.executor.checkpoint import merge_rank_states
-from autotune.executor.reports import RankStep, distinct_events
+from autotune.executor.reports import RankStep, distinct_events, job_loss
 from autotune.executor.worker import RankWorker, WorkerSpec, _free_port
 
 __all__ = ["LocalRun", "run_local", "single_rank"]
@@ -43,11 +43,12 @@ class LocalRun:
     """The merged checkpoint after the last step (``None`` unless asked for)."""
 
     def losses(self) -> list[float]:
-        """Each step's loss as ``JobRunner`` records it: the mean of the ranks' reports."""
+        """Each step's loss as ``JobRunner`` records it (``job_loss``)."""
         out = []
         for step in zip(*self.reports, strict=True):
-            reported = [r.loss for r in step if r.loss is not None]
-            out.append(sum(reported) / len(reported))
+            loss = job_loss(step)
+            assert loss is not None, "no rank reported the step's loss"
+            out.append(loss)
         return out
 
     def events(self) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from autotune.executor.quality import Quality
 
-__all__ = ["RankStep", "distinct_events"]
+__all__ = ["RankStep", "distinct_events", "job_loss"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +31,11 @@ class RankStep:
     the same samples), ``None`` on the others and where the batch cannot be counted."""
     step_time_s: float
     """Seconds the step took on this rank (forward, backward, reduction, optimizer)."""
+    compute_time_s: float | None = None
+    """Seconds from the step's start until this rank's gradients were ready (forward and
+    backward; under DDP until backward handed over its last bucket): the rank's own
+    speed, without the time it waited for slower peers (``autotune.executor.balance``).
+    ``None`` where not measured."""
     sync_time_s: float | None
     """Seconds of the step this rank spent synchronising gradients across data-parallel
     ranks that it did not hide behind computation: under DDP (dense, PowerSGD) from the
@@ -76,3 +81,17 @@ def distinct_events(reports: Iterable[RankStep]) -> list[dict[str, Any]]:
                 seen.add(key)
                 out.append(event)
     return out
+
+
+def job_loss(reports: Iterable[RankStep]) -> float | None:
+    """The step's loss over the global batch: the replicas' losses weighted by their
+    samples where every replica that reports a loss counted its samples (a
+    data-parallel-only layout, where batch shares may be uneven), else their mean.
+    ``None`` where no rank reported one."""
+    reported = [r for r in reports if r.loss is not None]
+    if not reported:
+        return None
+    if all(r.samples for r in reported):
+        total = sum(r.samples or 0 for r in reported)
+        return sum((r.loss or 0.0) * (r.samples or 0) for r in reported) / total
+    return sum(r.loss or 0.0 for r in reported) / len(reported)

@@ -41,13 +41,20 @@ from typing import Any
 import torch
 
 from autotune.core import JobConfig, Placement
+from autotune.executor.balance import BatchBalancer
 from autotune.executor.cluster import node_name, ray_node_id
 from autotune.executor.errors import ExecutorError, ParallelError
 from autotune.executor.fencing import NAMESPACE, Fence, Fenced
 from autotune.executor.placement import bundle_totals, describe_bundles, rank_resources
 from autotune.executor.quality import NOISE_MIN_MEASUREMENTS, NoiseScale
-from autotune.executor.reports import RankStep, distinct_events
-from autotune.executor.tasks import TaskError, count_samples, declared_samples, load_task
+from autotune.executor.reports import RankStep, distinct_events, job_loss
+from autotune.executor.tasks import (
+    TaskError,
+    count_samples,
+    declared_samples,
+    load_task,
+    takes_shares,
+)
 from autotune.executor.worker import RankWorker, WorkerSpec
 from autotune.interfaces import JobMetrics
 
@@ -224,7 +231,26 @@ class RunnerConfig:
     """A top-k job's kept share moves with its measured communication share and fidelity
     (``WorkerSpec.adaptive_topk``), starting from the config's ratio."""
 
+    batch_shares: tuple[float, ...] | None = None
+    """The global batch split across the data-parallel ranks in these proportions (one
+    weight per rank, e.g. ``(2, 1)``: rank 0 takes two thirds) instead of evenly;
+    gradients are averaged by samples. Needs a data-parallel-only layout; dropped (with a
+    ``batch_shares_reset`` event) when the job is reconfigured to another data-parallel
+    degree."""
+
+    balance_batch: bool = False
+    """Move the batch shares to the ranks' measured speeds while the job trains
+    (``autotune.executor.balance``): a ``batch_shares`` event at each move. Needs a
+    data-parallel-only layout; ignored with one rank."""
+
     def __post_init__(self) -> None:
+        if self.batch_shares is not None and (
+            len(self.batch_shares) < 1
+            or any(not w > 0 or w == float("inf") for w in self.batch_shares)
+        ):
+            raise ExecutorError(
+                f"batch shares must be positive numbers, one per rank, not {self.batch_shares}"
+            )
         if self.steps < 1:
             raise ExecutorError(f"steps must be >= 1, not {self.steps}")
         if self.checkpoint_every < 1:
@@ -290,6 +316,10 @@ class JobRunner:
             placement=[],
             events=[],
         )
+        self._balancer: BatchBalancer | None = None
+        self._shares: tuple[float, ...] | None = None
+        """The batch shares the ranks train on now (``None``: even)."""
+        self._check_shares(config)
         self._noise = NoiseScale()
         self._fidelity: dict[str, float] = {}
         """The latest reference step's figures, reported until the next one."""
@@ -298,6 +328,26 @@ class JobRunner:
     def steps(self) -> int:
         """The steps the job runs to (``run_config.steps``)."""
         return self.run_config.steps
+
+    def _check_shares(self, config: JobConfig) -> None:
+        """Refuse uneven batch shares (given or balanced) where they cannot apply: a
+        layout with tensor or pipeline parallelism, or a task whose batches split evenly
+        only or that declares no global batch."""
+        run, layout = self.run_config, config.layout
+        if run.batch_shares is None and not run.balance_batch:
+            return
+        if layout.tp > 1 or layout.pp > 1:
+            raise ParallelError(
+                "uneven batch shares need a data-parallel-only layout (tp = pp = 1), not "
+                f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
+            )
+        probe = load_task(run.task, batch_size=run.batch_size)
+        if not takes_shares(probe) or self.samples_per_step is None:
+            raise TaskError(
+                f"task {run.task!r} cannot split its batch unevenly: its batches() takes no "
+                "'shares' keyword or it declares no batch_size (see "
+                "autotune.executor.tasks.split_batch)"
+            )
 
     @staticmethod
     def _check_placement(config: JobConfig, placement: Placement | None) -> None:
@@ -360,6 +410,7 @@ class JobRunner:
                     metrics = self._step_all()
                     self.step += 1
                     self._record(metrics, wall_s=time.perf_counter() - started)
+                    self._balance(metrics)
                     if self.step % self.run_config.checkpoint_every == 0 or self.step == self.steps:
                         self._save_checkpoint()
                 except _WorkerDied as died:
@@ -423,8 +474,10 @@ class JobRunner:
             name="" if fence is None else fence.group_name(attempt),
         )
         self._await_group(world, bundles)
+        self._start_shares(config)
         spec = WorkerSpec(
             task=run.task,
+            batch_shares=self._shares,
             config=config,
             seed=run.seed,
             batch_size=run.batch_size,
@@ -534,8 +587,66 @@ class JobRunner:
         return list(ray.get(refs))
 
     def _step_all(self) -> list[RankStep]:
+        shares = self._shares
         return self._wait_all(
-            [w.step.remote() for w in self.workers], timeout_s=self.run_config.step_timeout_s
+            [w.step.remote(shares) for w in self.workers],
+            timeout_s=self.run_config.step_timeout_s,
+        )
+
+    def _start_shares(self, config: JobConfig) -> None:
+        """The batch shares the ranks start on: the configured ones where they fit the
+        data-parallel degree (else even, with a ``batch_shares_reset`` event), and a
+        fresh balancer where the job balances."""
+        run, layout = self.run_config, config.layout
+        dp, dp_only = layout.dp, layout.tp == 1 and layout.pp == 1
+        shares = run.batch_shares
+        if shares is not None and (len(shares) != dp or not dp_only):
+            self._result.events.append(
+                {
+                    "step": self.step,
+                    "kind": "batch_shares_reset",
+                    "shares": list(shares),
+                    "dp": dp,
+                    "detail": f"{len(shares)} shares given for {dp} data-parallel ranks"
+                    if dp_only
+                    else f"uneven shares need tp = pp = 1, not tp={layout.tp} pp={layout.pp}",
+                }
+            )
+            shares = None
+        self._balancer = None
+        if run.balance_batch and dp > 1 and dp_only:
+            assert self.samples_per_step is not None  # _check_shares
+            self._balancer = BatchBalancer(
+                self.samples_per_step, dp, least=config.layout.micro_batches, shares=shares
+            )
+            shares = tuple(float(n) for n in self._balancer.counts)
+        self._shares = shares
+
+    @property
+    def _uneven(self) -> bool:
+        return self._shares is not None and len(set(self._shares)) > 1
+
+    def _balance(self, reports: list[RankStep]) -> None:
+        """Feed the step's compute times to the balancer; move the shares when it says."""
+        balancer = self._balancer
+        if balancer is None:
+            return
+        times = [r.compute_time_s for r in sorted(reports, key=lambda r: r.rank)]
+        if any(t is None for t in times):
+            return
+        before = balancer.counts
+        moved = balancer.observe([t for t in times if t is not None])
+        if moved is None:
+            return
+        self._shares = tuple(float(n) for n in moved)
+        self._result.events.append(
+            {
+                "step": self.step,
+                "kind": "batch_shares",
+                "from": list(before),
+                "to": list(moved),
+                **balancer.last,
+            }
         )
 
     def _stop(self) -> None:
@@ -653,11 +764,11 @@ class JobRunner:
     def _record(self, reports: list[RankStep], *, wall_s: float) -> None:
         """Account one step: ``reports`` from every rank, ``wall_s`` the step's wall time
         as the job sees it (from asking the ranks to step to the last one's answer)."""
-        losses = [r.loss for r in reports if r.loss is not None]
+        loss = job_loss(reports)
         step_time = max(r.step_time_s for r in reports)
         result = self._result
-        if losses:
-            result.losses.append(sum(losses) / len(losses))
+        if loss is not None:
+            result.losses.append(loss)
         result.step_times_s.append(step_time)
         samples = self.samples_per_step or sum(r.samples or 0 for r in reports)
         if samples < 1:
@@ -687,7 +798,7 @@ class JobRunner:
         self._measure_quality(reports, samples)
         scales = [r.loss_scale for r in reports if r.loss_scale is not None]
         self._last = JobMetrics(
-            loss=result.losses[-1] if losses else None,
+            loss=loss,
             step_time_s=step_time,
             samples_per_s=rate,
             tokens_per_s=rate * self.tokens_per_sample if self.tokens_per_sample else None,
@@ -714,7 +825,9 @@ class JobRunner:
         if quality is None:
             return
         dp = self.config.layout.dp
-        if quality.dense_sq is not None and dp > 1:
+        # The estimator takes every replica's batch to be samples / dp: with uneven
+        # shares the noise scale keeps the figure of the even steps.
+        if quality.dense_sq is not None and dp > 1 and not self._uneven:
             self._noise.update(
                 quality.replica_sq, quality.dense_sq, samples / dp, samples, step=self.step
             )

@@ -9,7 +9,11 @@ name -> ``"colwise"`` | ``"rowwise"``), ``split_points()`` (names of the blocks 
 pipeline stages begin) and ``optimizer(model, parameters)`` (the optimizer over
 ``parameters``, the ``(name, parameter)`` pairs of ``model`` this rank holds and trains:
 under tensor or pipeline parallelism a subset of the model's, or shards of them; without
-it the rank trains with AdamW at ``learning_rate``).
+it the rank trains with AdamW at ``learning_rate``). A task whose ``batches`` also takes
+a keyword ``shares`` (one weight per data-parallel rank; ``_shard`` and ``split_batch``
+implement it, as every built-in task does) can train on uneven per-rank batches: a fast
+device's rank takes more of the global batch than a slow one's
+(``autotune.executor.balance``).
 
 Samples per step, behind every throughput the executor reports: the task's
 ``batch_size`` when it declares one; otherwise counted from the batches themselves, the
@@ -44,10 +48,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import math
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, Final, Protocol, cast, runtime_checkable
@@ -124,9 +129,52 @@ def declared_samples(task: Any) -> int | None:
     return size
 
 
-def _shard(global_batch: int, rank: int, world_size: int) -> slice:
-    """Rank ``rank``'s part of a global batch: equal parts, the first ``global_batch %
-    world_size`` ranks one sample more (``tensor_split``'s rule)."""
+def split_batch(global_batch: int, weights: Sequence[float], *, least: int = 1) -> tuple[int, ...]:
+    """``global_batch`` samples split in proportion to ``weights`` (one per data-parallel
+    rank), each part at least ``least``: the exact proportions rounded down (raised to
+    ``least``), the samples left over to the largest remainders (the first rank first on
+    ties), or, where raising took more, taken back from the parts most over theirs."""
+    parts = len(weights)
+    if parts < 1 or any(not math.isfinite(w) or w <= 0 for w in weights):
+        raise TaskError(f"batch shares must be positive numbers, one per rank, not {weights}")
+    if global_batch < least * parts:
+        raise TaskError(
+            f"batch size {global_batch} cannot give each of {parts} data-parallel ranks "
+            f"{least} sample{'s' if least > 1 else ''} or more"
+        )
+    total = float(sum(weights))
+    exact = [global_batch * w / total for w in weights]
+    counts = [max(least, int(x)) for x in exact]
+    left = global_batch - sum(counts)
+    while left > 0:  # to the largest remainders, the first rank first on ties
+        i = max(range(parts), key=lambda i: (exact[i] - counts[i], -i))
+        counts[i] += 1
+        left -= 1
+    while left < 0:  # given to reach ``least``: taken from those most over their part
+        i = max(
+            (i for i in range(parts) if counts[i] > least),
+            key=lambda i: (counts[i] - exact[i], -i),
+        )
+        counts[i] -= 1
+        left += 1
+    return tuple(counts)
+
+
+def _shard(
+    global_batch: int, rank: int, world_size: int, shares: Sequence[float] | None = None
+) -> slice:
+    """Rank ``rank``'s part of a global batch. Without ``shares``, equal parts, the first
+    ``global_batch % world_size`` ranks one sample more (``tensor_split``'s rule); with
+    them (one weight per rank), parts in their proportions (``split_batch``)."""
+    if shares is not None:
+        if len(shares) != world_size:
+            raise TaskError(
+                f"{len(shares)} batch shares for {world_size} data-parallel ranks: give one "
+                "per rank"
+            )
+        counts = split_batch(global_batch, shares)
+        start = sum(counts[:rank])
+        return slice(start, start + counts[rank])
     if global_batch < world_size:
         raise TaskError(
             f"batch size {global_batch} is smaller than the data-parallel degree {world_size}"
@@ -134,6 +182,21 @@ def _shard(global_batch: int, rank: int, world_size: int) -> slice:
     base, extra = divmod(global_batch, world_size)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (rank < extra))
+
+
+def takes_shares(task: Any) -> bool:
+    """Whether ``task.batches`` splits a batch unevenly when asked: it takes a ``shares``
+    keyword (one weight per data-parallel rank, as ``split_batch`` reads them)."""
+    batches = getattr(task, "batches", None)
+    if batches is None:
+        return False
+    try:
+        parameters = inspect.signature(batches).parameters
+    except (TypeError, ValueError):
+        return False
+    return "shares" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -318,8 +381,10 @@ class GPTBytes:
     def build_model(self) -> nn.Module:
         return GPT(self.config)
 
-    def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        part = _shard(self.batch_size, rank, world_size)
+    def batches(
+        self, rank: int, world_size: int, seed: int, *, shares: Sequence[float] | None = None
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        part = _shard(self.batch_size, rank, world_size, shares)
         return next_byte_batches(self.batch_size, self.config.context, part, seed)
 
     def loss(self, model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
@@ -395,8 +460,10 @@ class BERTMasked:
     def build_model(self) -> nn.Module:
         return BERT(self.config)
 
-    def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        part = _shard(self.batch_size, rank, world_size)
+    def batches(
+        self, rank: int, world_size: int, seed: int, *, shares: Sequence[float] | None = None
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        part = _shard(self.batch_size, rank, world_size, shares)
         c = self.config
         return masked_byte_batches(self.batch_size, c.context, c.mask_rate, part, seed)
 
@@ -513,8 +580,10 @@ class ResNetSynthetic:
             "or nn.Linear feed-forward pairs to shard; use data or pipeline parallelism"
         )
 
-    def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        part = _shard(self.batch_size, rank, world_size)
+    def batches(
+        self, rank: int, world_size: int, seed: int, *, shares: Sequence[float] | None = None
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        part = _shard(self.batch_size, rank, world_size, shares)
         side = self.config.image
         step = 0
         while True:
@@ -612,8 +681,10 @@ class MLPSynthetic:
     def build_model(self) -> nn.Module:
         return MLPNet(self.features, self.hidden, self.depth, self.classes)
 
-    def batches(self, rank: int, world_size: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
-        part = _shard(self.batch_size, rank, world_size)
+    def batches(
+        self, rank: int, world_size: int, seed: int, *, shares: Sequence[float] | None = None
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        part = _shard(self.batch_size, rank, world_size, shares)
         step = 0
         while True:
             generator = torch.Generator().manual_seed(seed * 1_000_003 + step)

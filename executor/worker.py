@@ -74,7 +74,15 @@ from autotune.executor.quality import (
 from autotune.executor.reports import RankStep
 from autotune.executor.stage_build import BuiltStage, build_stage, parameter_bytes
 from autotune.executor.stage_plan import derive_split_points
-from autotune.executor.tasks import TrainingTask, count_samples, load_task
+from autotune.executor.tasks import (
+    TaskError,
+    TrainingTask,
+    count_samples,
+    declared_samples,
+    load_task,
+    split_batch,
+    takes_shares,
+)
 
 __all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
 
@@ -121,7 +129,26 @@ class WorkerSpec:
     the config's ratio; each move is a ``compression_ratio`` event. Needs
     ``measure_quality``; other compressions ignore it."""
 
+    batch_shares: tuple[float, ...] | None = None
+    """The global batch split across the data-parallel ranks in these proportions (one
+    weight per rank; ``autotune.executor.tasks.split_batch``) instead of evenly, so that
+    a slow device's rank takes fewer samples; gradients are then averaged by samples.
+    Needs a data-parallel-only layout and a task whose ``batches`` takes ``shares``.
+    ``RankWorker.step(shares=...)`` changes it between steps."""
+
     def __post_init__(self) -> None:
+        layout = self.config.layout
+        if self.batch_shares is not None:
+            if layout.tp > 1 or layout.pp > 1:
+                raise ParallelError(
+                    "uneven batch shares need a data-parallel-only layout (tp = pp = 1), not "
+                    f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
+                )
+            if len(self.batch_shares) != layout.dp:
+                raise ParallelError(
+                    f"{len(self.batch_shares)} batch shares for {layout.dp} data-parallel "
+                    "ranks: give one per rank"
+                )
         if self.adaptive_topk and not self.measure_quality:
             raise ValueError(
                 "adaptive_topk moves the ratio by the measured fidelity: it needs measure_quality"
@@ -191,6 +218,10 @@ class RankWorker:
         self._restore_events: list[dict[str, Any]] = []
         """Events of restoring a checkpoint, reported with the next step's."""
         self.powersgd: NamedPowerSGD | None = None
+        self.shares: tuple[float, ...] | None = spec.batch_shares
+        self._weight = 1.0
+        """What this rank's loss is multiplied by before backward so that the ranks'
+        mean gradient is the mean over samples: dp * its samples / the global batch."""
         torch.set_num_threads(spec.threads)
 
     # ----------------------------------------------------------------- placement
@@ -278,9 +309,7 @@ class RankWorker:
         if state is not None:
             self._restore(state)
         self.pipeline = self._schedule() if self.pp > 1 else None
-        self.batches: Iterator[Any] = islice(
-            self.task.batches(self.dp_index, self.dp, spec.seed), self.step_count, None
-        )
+        self.batches = self._open_batches()
         # What setup built lives as long as the rank: keep it out of the collector's full
         # passes, which would walk it every time (planning pipeline stages on the meta
         # device imports torch's Python decompositions, ~130,000 objects: a 160 ms pause
@@ -293,6 +322,31 @@ class RankWorker:
             "stage_blocks": self.stage_blocks,
             "restore_events": list(self._restore_events),
         }
+
+    def _open_batches(self) -> Iterator[Any]:
+        """The task's batches for this rank from the current step, split by
+        ``self.shares`` (evenly without them)."""
+        spec = self.spec
+        if self.shares is None or len(set(self.shares)) == 1:
+            self._weight = 1.0
+            stream = self.task.batches(self.dp_index, self.dp, spec.seed)
+        else:
+            if not takes_shares(self.task):
+                raise TaskError(
+                    f"task {spec.task!r} splits its batches evenly only: for uneven batch "
+                    "shares its batches() must take a 'shares' keyword (one weight per "
+                    "data-parallel rank; see autotune.executor.tasks.split_batch)"
+                )
+            total = declared_samples(self.task)
+            if total is None:
+                raise TaskError(
+                    f"task {spec.task!r} declares no batch_size: uneven batch shares split "
+                    "a declared global batch"
+                )
+            mine = split_batch(total, self.shares)[self.dp_index]
+            self._weight = self.dp * mine / total
+            stream = self.task.batches(self.dp_index, self.dp, spec.seed, shares=self.shares)  # type: ignore[call-arg]
+        return islice(stream, self.step_count, None)
 
     def _select_device(self) -> torch.device:
         """The device this rank computes on, made current: on ``cuda``, GPU
@@ -541,13 +595,23 @@ class RankWorker:
             last = i == len(chunks) - 1
             with self.ddp.no_sync() if self.ddp is not None and not last else nullcontext():
                 loss = self.task.loss(self.train_module, chunk) / len(chunks)
-                torch.autograd.backward(loss * scale)
+                torch.autograd.backward(loss * (scale * self._weight))
             total += float(loss.detach())
         return total
 
-    def step(self) -> RankStep:
+    def step(self, shares: tuple[float, ...] | None = None) -> RankStep:
+        """Train one step. ``shares``: split the global batch in these proportions from
+        this step on (``WorkerSpec.batch_shares``); ``None`` keeps the current split."""
         from autotune.kernels import use_backend
 
+        if shares is not None and tuple(shares) != self.shares:
+            if len(shares) != self.dp or self.tp > 1 or self.pp > 1:
+                raise ParallelError(
+                    f"{len(shares)} batch shares for a layout of dp={self.dp} tp={self.tp} "
+                    f"pp={self.pp}: uneven shares need one per data-parallel rank, tp = pp = 1"
+                )
+            self.shares = tuple(shares)
+            self.batches = self._open_batches()
         began = time.time()
         start = time.perf_counter()
         batch = next(self.batches)
@@ -567,6 +631,10 @@ class RankWorker:
         with use_backend(self.spec.kernel_backend):  # type: ignore[arg-type]
             loss = self._forward_backward(batch, scale)
             backward_end = time.perf_counter()
+            # Until this rank's gradients were ready: under DDP when backward handed over
+            # its last bucket (after that it waits for its peers), else backward's end.
+            handed = self.counter.handed_at if self.ddp is not None else None
+            compute_s = (handed if handed is not None else backward_end) - start
             sync_s: float | None = None
             params = [p for _, p in self.named]
             flags = torch.zeros(len(COMPUTE_CLASSES) + 1)
@@ -636,6 +704,7 @@ class RankWorker:
             step=self.step_count,
             loss=loss if reports_loss else None,
             step_time_s=elapsed,
+            compute_time_s=compute_s,
             sync_time_s=sync_s,
             bytes_sent=int(sent),
             bytes_dense=int(dense),
