@@ -20,7 +20,7 @@ from autotune.core import (
 from autotune.errors import InputError
 from autotune.interfaces import JobMetrics
 
-__all__ = ["calibrate_command", "parse_precision", "run_command"]
+__all__ = ["calibrate_command", "parse_precision", "parse_shares", "run_command"]
 
 
 def parse_precision(text: str) -> PrecisionMap:
@@ -41,6 +41,19 @@ def parse_precision(text: str) -> PrecisionMap:
         return PrecisionMap(**data)
     except (TypeError, ValueError) as exc:
         raise InputError(str(exc), path=str(path)) from None
+
+
+def parse_shares(text: str, dp: int) -> tuple[float, ...]:
+    """``--batch-shares``: one positive weight per data-parallel rank, comma-separated."""
+    try:
+        shares = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(f"--batch-shares {text!r}: expected numbers such as 2,1") from None
+    if len(shares) != dp:
+        raise InputError(f"--batch-shares {text!r}: give one weight per rank (--dp {dp})")
+    if any(not 0 < w < float("inf") for w in shares):
+        raise InputError(f"--batch-shares {text!r}: weights must be positive")
+    return shares
 
 
 def run_command(
@@ -79,6 +92,23 @@ def run_command(
             "module class -> precision.",
         ),
     ] = "fp32",
+    batch_shares: Annotated[
+        str | None,
+        typer.Option(
+            "--batch-shares",
+            help="Split the global batch across the data-parallel ranks in these "
+            "proportions, one weight per rank (2,1: rank 0 takes two thirds, for a device "
+            "twice as fast); gradients are averaged by samples. Data parallelism only.",
+        ),
+    ] = None,
+    balance_batch: Annotated[
+        bool,
+        typer.Option(
+            "--balance-batch",
+            help="Move the batch shares to the ranks' measured speeds while training, so "
+            "that a fast rank does not wait for a slow one (data parallelism only).",
+        ),
+    ] = False,
     steps: Annotated[int, typer.Option("--steps", help="Training steps.", min=1)] = 100,
     batch_size: Annotated[
         int | None, typer.Option("--batch-size", help="Global batch (default: the task's).", min=1)
@@ -139,6 +169,11 @@ def run_command(
         raise InputError(
             f"--adaptive-topk moves top-k's ratio: use --compression topk:RATIO, not {compression}"
         )
+    shares = parse_shares(batch_shares, dp) if batch_shares is not None else None
+    if (shares is not None or balance_batch) and (tp > 1 or pp > 1):
+        raise InputError(
+            "--batch-shares and --balance-batch need a data-parallel-only layout (--tp 1 --pp 1)"
+        )
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
@@ -159,6 +194,8 @@ def run_command(
         checkpoint_every=checkpoint_every,
         device=device,
         adaptive_topk=adaptive_topk,
+        batch_shares=shares,
+        balance_batch=balance_batch,
     )
     runner = JobRunner(run, config, on_step=on_step)
     started = ensure_ray(ray_address, num_cpus=config.world_size)

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from helpers import autotune_command, cli
+from helpers import REPO, autotune_command, cli
 from torch import nn
 
 from autotune.cli.common import parse_compression
@@ -324,6 +324,14 @@ def test_job_run_exits_2_on_bad_input(tmp_path) -> None:
         (["--task", "gpt-char", "--compression", "powersgd:2", "--tp", "2"], "PowerSGD"),
         (["--task", "gpt-char", "--precision", "fp4"], "--precision"),
         (["--task", "gpt-char", "--dp", "2", "--adaptive-topk"], "--compression topk:RATIO"),
+        (["--task", "gpt-char", "--dp", "2", "--batch-shares", "2,1,1"], "one weight per rank"),
+        (["--task", "gpt-char", "--dp", "2", "--batch-shares", "2,x"], "expected numbers"),
+        (["--task", "gpt-char", "--dp", "2", "--batch-shares", "2,0"], "must be positive"),
+        (["--task", "gpt-char", "--tp", "2", "--balance-batch"], "data-parallel-only"),
+        (
+            ["--task", f"{REPO}/tests/data/hang_task.py:HangOnce", "--dp", "2", "--balance-batch"],
+            "cannot split its batch unevenly",
+        ),
     ],
 )
 def test_job_run_rejects_bad_input_with_exit_code_2(args: list[str], message: str) -> None:
