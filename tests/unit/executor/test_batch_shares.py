@@ -112,6 +112,29 @@ def test_a_cpu_quotas_bursts_neither_hide_a_slow_rank_nor_move_equal_ones() -> N
     assert drive(BatchBalancer(64, 4), [0.001] * 4, 200) == []
 
 
+def test_a_rank_stalled_every_few_steps_is_judged_by_what_it_costs() -> None:
+    """A quota's rhythm: each rank stalls one step in four (5x as long), in its own
+    phase. Block means see through it: the slow rank is found, equal ones never move."""
+
+    def drive(balancer: BatchBalancer, speeds: list[float], steps: int) -> list[int]:
+        moved_at = []
+        for step in range(steps):
+            times = [
+                (0.002 + s * n) * (5.0 if (step + rank) % 4 == 0 else 1.0)
+                for rank, (s, n) in enumerate(zip(speeds, balancer.counts, strict=True))
+            ]
+            if balancer.observe(times) is not None:
+                moved_at.append(step)
+        return moved_at
+
+    slow = BatchBalancer(64, 2)
+    moved_at = drive(slow, [0.001, 0.002], 200)
+    assert moved_at
+    assert moved_at[0] < 40
+    assert 38 <= slow.counts[0] <= 48
+    assert drive(BatchBalancer(64, 4), [0.001] * 4, 200) == []
+
+
 def test_a_move_must_save_more_than_min_gain() -> None:
     balancer = BatchBalancer(64, 2)
     # Rank 1 slower by 4%: the best split saves ~2% of the step, under MIN_GAIN.
