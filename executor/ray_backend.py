@@ -37,7 +37,7 @@ from autotune.catalog.clusters import ClusterDescription
 from autotune.core import Decision, JobConfig, NodeInfo, Placement
 from autotune.executor.cluster import ray_cluster
 from autotune.executor.fencing import Fence, Fenced
-from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig
+from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig, balances
 from autotune.interfaces import (
     ClusterSnapshot,
     ConfigChange,
@@ -100,6 +100,7 @@ class RayBackend:
         on_step: Callable[[str, int, JobMetrics], None] | None = None,
         cluster: ClusterDescription | None = None,
         adaptive_topk: bool = False,
+        balance_batch: bool = False,
     ) -> None:
         """``step_timeout_s``: a step that takes longer is taken for a hung rank (the job
         restarts from its checkpoint); ``on_step(job_id, step, metrics)`` is called after
@@ -107,7 +108,10 @@ class RayBackend:
         description (``autotune cluster describe``), whose nodes' measured inter-node
         bandwidth replaces the catalog's default for the same Ray nodes;
         ``adaptive_topk``: top-k jobs move their kept share with what they measure
-        (``RunnerConfig.adaptive_topk``)."""
+        (``RunnerConfig.adaptive_topk``); ``balance_batch``: data-parallel jobs whose task
+        can split its batch unevenly move their ranks' batch shares to the ranks'
+        measured speeds (``RunnerConfig.balance_batch``; other jobs train as they
+        would)."""
         import torch
 
         self._started_ray = ensure_ray(address)
@@ -115,6 +119,7 @@ class RayBackend:
         self._every = checkpoint_every
         self._step_timeout_s = step_timeout_s
         self._adaptive_topk = adaptive_topk
+        self._balance_batch = balance_batch
         self._on_step = on_step
         self._device = (
             device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -385,6 +390,8 @@ class RayBackend:
             fence=None if self._term is None else Fence(job_id, self._term),
             step_log_dir=self._root / job_id / "steps",
             adaptive_topk=self._adaptive_topk,
+            balance_batch=self._balance_batch
+            and balances(job.submission.task, config.batch(job.submission.spec), config),
         )
         runner = JobRunner(run, config, placement=placement, on_step=on_step)
         job.runner, job.config, job.placement, job.state = runner, config, placement, "running"

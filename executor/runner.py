@@ -23,6 +23,7 @@ event); a change of compression, or to one data-parallel rank, drops the state (
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -64,7 +65,9 @@ __all__ = [
     "JobRunner",
     "NodeLost",
     "RunnerConfig",
+    "balances",
     "check_config",
+    "splits_unevenly",
 ]
 
 log = logging.getLogger(__name__)
@@ -341,8 +344,7 @@ class JobRunner:
                 "uneven batch shares need a data-parallel-only layout (tp = pp = 1), not "
                 f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
             )
-        probe = load_task(run.task, batch_size=run.batch_size)
-        if not takes_shares(probe) or self.samples_per_step is None:
+        if not splits_unevenly(load_task(run.task, batch_size=run.batch_size)):
             raise TaskError(
                 f"task {run.task!r} cannot split its batch unevenly: its batches() takes no "
                 "'shares' keyword or it declares no batch_size (see "
@@ -843,6 +845,30 @@ class JobRunner:
                 "noise_scale": self._noise.value if self._noise.measurements else None,
             }
         )
+
+
+def splits_unevenly(task: Any) -> bool:
+    """Whether ``task`` can train on uneven batch shares: its ``batches`` takes
+    ``shares`` and it declares its global batch."""
+    return takes_shares(task) and declared_samples(task) is not None
+
+
+@functools.cache
+def _splits_unevenly(task: str, batch_size: int | None) -> bool:
+    try:
+        return splits_unevenly(load_task(task, batch_size=batch_size))
+    except Exception:  # a task that does not load fails where the job starts, with why
+        return False
+
+
+def balances(task: str, batch_size: int | None, config: JobConfig) -> bool:
+    """Whether a job of ``task`` under ``config`` can balance its batch shares
+    (``RunnerConfig.balance_batch``): data parallelism only, over two ranks or more, and a
+    task that ``splits_unevenly``."""
+    layout = config.layout
+    if layout.dp < 2 or layout.tp > 1 or layout.pp > 1:
+        return False
+    return _splits_unevenly(task, batch_size)
 
 
 def _median_of(rows: list[dict[str, Any]], key: str) -> float | None:

@@ -64,6 +64,7 @@ def _ray(settings: Settings) -> Backend:
         checkpoint_every=settings.checkpoint_every,
         step_timeout_s=settings.step_timeout_s,
         adaptive_topk=settings.adaptive_topk,
+        balance_batch=settings.balance_batch,
     )
 
 

@@ -113,6 +113,11 @@ class Settings(BaseSettings):
     """Jobs the ``ray`` backend trains with top-k compression start from the decided
     ratio and move their kept share with what they measure (``autotune job run
     --adaptive-topk``; docs/executor.md, "Adaptive top-k")."""
+    balance_batch: bool = False
+    """Data-parallel jobs the ``ray`` backend trains move their ranks' batch shares to
+    the ranks' measured speeds, so that a slow node's rank takes fewer samples (``autotune
+    job run --balance-batch``; docs/executor.md, "Uneven batch shares"); jobs whose task
+    splits its batch evenly only train as before."""
     token: SecretStr | None = None
     """Bearer token for the API's mutations (``AUTOTUNE_TOKEN``, which the CLI client
     reads too). Unset: the daemon generates one at its first start, prints it once and

@@ -145,3 +145,28 @@ def test_the_ray_backend_is_built_with_the_settings_adaptive_top_k(
     monkeypatch.delenv("AUTOTUNE_ADAPTIVE_TOPK")
     build_backend(load_settings(backend="ray", data_dir=tmp_path))
     assert [m["adaptive_topk"] for m in made] == [True, False]
+
+
+def test_the_ray_backend_is_built_with_the_settings_batch_balancing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``balance_batch`` (off by default) reaches the Ray backend, which balances only the
+    jobs that can (``balances``: data parallelism only, a task that splits unevenly)."""
+    import autotune.executor.ray_backend as ray_backend
+    from autotune.core import JobConfig, Layout
+    from autotune.daemon.backends import build_backend
+    from autotune.executor.runner import balances
+
+    made: list[dict[str, object]] = []
+    monkeypatch.setattr(ray_backend, "RayBackend", lambda **kwargs: made.append(kwargs))
+    monkeypatch.setenv("AUTOTUNE_BALANCE_BATCH", "1")
+    build_backend(load_settings(backend="ray", data_dir=tmp_path))
+    monkeypatch.delenv("AUTOTUNE_BALANCE_BATCH")
+    build_backend(load_settings(backend="ray", data_dir=tmp_path))
+    assert [m["balance_batch"] for m in made] == [True, False]
+    dp2 = JobConfig.data_parallel(2)
+    assert balances("gpt-char", 64, dp2)
+    assert not balances("gpt-char", 64, JobConfig.data_parallel(1))
+    assert not balances("gpt-char", 64, JobConfig(layout=Layout(world_size=4, tp=2)))
+    hang = Path(__file__).resolve().parents[3] / "data" / "hang_task.py"
+    assert not balances(f"{hang}:HangOnce", 64, dp2)  # its batches() takes no shares
