@@ -17,7 +17,8 @@ on machine ``i``, trains each task for ``--steps`` steps three ways:
   (``--balance-batch``, ``autotune.executor.balance``).
 
 Each run reports its throughput (samples/s from the end of step ``--warmup`` to the last
-step), the median step, the shares it ended on and, for ``balanced``, when it moved. The
+step, and over the last half of the steps: after ``balanced`` found its shares), the
+median step, the shares it ended on and, for ``balanced``, when it moved. The
 loss per sample is the same by construction (gradients averaged by samples, the same
 global batch): each run's losses are compared step by step with ``even``'s of the same
 seed, beside the spread of ``even``'s final loss over the seeds (the noise). The summary
@@ -106,6 +107,9 @@ def run_arm(
         "seed": seed,
         "steps": result.steps,
         "samples_per_s": round(sum(samples) / sum(walls), 3),
+        "samples_per_s_last_half": round(
+            sum(result.samples[steps // 2 :]) / sum(result.wall_times_s[steps // 2 :]), 3
+        ),
         "step_s_median": round(statistics.median(walls), 4),
         "wall_s": round(wall, 2),
         "shares": shares,
@@ -151,8 +155,14 @@ def summarise(runs: list[dict[str, Any]], window: int) -> dict[str, Any]:
                 for r in mine
                 if r["seed"] in even
             ]
+            halves = [
+                r["samples_per_s_last_half"] / even[r["seed"]]["samples_per_s_last_half"]
+                for r in mine
+                if r["seed"] in even
+            ]
             per_task[arm] = {
                 "samples_per_s_median": round(statistics.median(rates), 3),
+                "last_half_vs_even_median": round(statistics.median(halves), 3) if halves else None,
                 "samples_per_s_range": [min(rates), max(rates)],
                 "vs_even_median": round(statistics.median(ratios), 3) if ratios else None,
                 "vs_even_per_seed": [round(x, 3) for x in ratios],
@@ -184,12 +194,7 @@ def run(
     try:
         for machine, speed in zip(bed.machines, args.speeds, strict=False):
             bed.slow(machine, speed)
-        with bed.client("head"):
-            import ray
-
-            from autotune.ray_session import ensure_ray
-
-            ensure_ray(bed.ray_address)
+        with bed.driver("head"):
             for seed in args.seeds:
                 for task in args.tasks:
                     for arm in args.arms:
@@ -205,10 +210,7 @@ def run(
                         result["runs"].append(row)
                         if save is not None:
                             save(result)
-            ray.shutdown()
     finally:
-        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-            sys.modules["ray"].shutdown()
         bed.close()
     result["summary"] = summarise(result["runs"], args.window)
     return result

@@ -453,6 +453,22 @@ class Testbed:
                 else:
                     os.environ[key] = value
 
+    @contextmanager
+    def driver(self, which: str | int | Machine = "head") -> Iterator[None]:
+        """``client``, connected: this process a Ray driver of the testbed for the block
+        (``ray.init`` to its head), disconnected after it, on an error too."""
+        with self.client(which):
+            from autotune.ray_session import ensure_ray
+
+            ensure_ray(self.ray_address)
+            try:
+                yield
+            finally:
+                import ray
+
+                if ray.is_initialized():
+                    ray.shutdown()
+
     def slow(self, which: str | int | Machine, cpus: float | None) -> None:
         """Cap the machine's processes at ``cpus`` CPUs of the host (``None``: no cap)."""
         m = self.machine(which)

@@ -379,13 +379,9 @@ def run(
 
     bed = Testbed(args.machines, mbit=args.mbit, cpus=1)
     try:
-        with bed.client("head"):
-            import ray
-
+        with bed.driver("head"):
             from autotune.policies.serving import LearnedPolicy
-            from autotune.ray_session import ensure_ray
 
-            ensure_ray(bed.ray_address)
             if args.checkpoint is not None and "learned" in args.policies:
                 # Loaded once Ray is connected (loading reads Ray's settings, its token
                 # authentication among them).
@@ -439,10 +435,7 @@ def run(
                     result["runs"].append({"seed": seed, **row})
                     if save is not None:
                         save(result)
-            ray.shutdown()
     finally:
-        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-            sys.modules["ray"].shutdown()
         bed.close()
     result["summary"] = summarise(result["runs"])
     return result

@@ -4,6 +4,8 @@ training exactly as one rank on the whole batch (gradients averaged by samples).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -51,39 +53,50 @@ def test_the_built_in_tasks_split_unevenly_and_user_tasks_are_asked() -> None:
 
 
 def _drive(
-    balancer: BatchBalancer, seconds_per_sample: list[float], steps: int
-) -> list[tuple[int, ...]]:
-    """Feed ``steps`` steps of ranks that take 2 ms plus their seconds per sample."""
-    moves = []
-    for _ in range(steps):
-        times = [0.002 + s * n for s, n in zip(seconds_per_sample, balancer.counts, strict=True)]
-        moved = balancer.observe(times)
-        if moved is not None:
-            moves.append(moved)
-    return moves
+    balancer: BatchBalancer,
+    seconds_per_sample: list[float],
+    steps: int,
+    slowdown: Callable[[int, int], float] = lambda step, rank: 1.0,
+) -> list[int]:
+    """Feed ``steps`` steps of ranks that take 2 ms plus their seconds per sample, times
+    ``slowdown(step, rank)``; the steps at which the shares moved."""
+    moved_at = []
+    for step in range(steps):
+        times = [
+            (0.002 + s * n) * slowdown(step, rank)
+            for rank, (s, n) in enumerate(zip(seconds_per_sample, balancer.counts, strict=True))
+        ]
+        if balancer.observe(times) is not None:
+            moved_at.append(step)
+    return moved_at
 
 
 def test_the_balancer_moves_to_the_speeds_and_stops() -> None:
     balancer = BatchBalancer(64, 2)
-    moves = _drive(balancer, [0.001, 0.002], 10 * (WARMUP_STEPS + WINDOW))
-    assert moves
-    assert moves[0][0] > moves[0][1]
+    moved_at = _drive(balancer, [0.001, 0.002], 10 * (WARMUP_STEPS + WINDOW))
+    assert moved_at
+    assert len(moved_at) <= 3
     # Ends near 2:1 (the fixed 2 ms per step skews it a little) and stays there.
     assert 40 <= balancer.counts[0] <= 46
-    assert len(moves) <= 3
     before = balancer.counts
     assert _drive(balancer, [0.001, 0.002], 5 * (WARMUP_STEPS + WINDOW)) == []
     assert balancer.counts == before
 
 
 def test_equal_speeds_never_move_and_noise_does_not_either() -> None:
-    balancer = BatchBalancer(64, 4)
-    assert _drive(balancer, [0.001] * 4, 10 * WINDOW) == []
+    assert _drive(BatchBalancer(64, 4), [0.001] * 4, 10 * WINDOW) == []
     generator = torch.Generator().manual_seed(0)
-    for _ in range(20 * WINDOW):
-        noise = (1 + 0.1 * torch.randn(4, generator=generator)).tolist()  # +-10% per step
-        assert balancer.observe([0.03 * x for x in noise]) is None
-    assert balancer.even
+    noisy = BatchBalancer(64, 4)
+    assert (
+        _drive(
+            noisy,
+            [0.001] * 4,
+            20 * WINDOW,
+            lambda step, rank: 1 + 0.1 * float(torch.randn((), generator=generator)),
+        )
+        == []
+    )  # +-10% a step
+    assert noisy.even
     assert MIN_GAIN > 0
 
 
@@ -92,47 +105,31 @@ def test_a_cpu_quotas_bursts_neither_hide_a_slow_rank_nor_move_equal_ones() -> N
     next): the balancer judges by means, and measures longer while the gain is noise."""
     generator = torch.Generator().manual_seed(1)
 
-    def drive(balancer: BatchBalancer, speeds: list[float], steps: int) -> list[int]:
-        moved_at = []
-        for step in range(steps):
-            bursts = (1.0 + 1.2 * (torch.rand(len(speeds), generator=generator) < 0.5)).tolist()
-            times = [
-                (0.002 + s * n) * b for s, n, b in zip(speeds, balancer.counts, bursts, strict=True)
-            ]
-            if balancer.observe(times) is not None:
-                moved_at.append(step)
-        return moved_at
+    def bursts(step: int, rank: int) -> float:
+        return 2.2 if float(torch.rand((), generator=generator)) < 0.5 else 1.0
 
     slow = BatchBalancer(64, 2)
-    moved_at = drive(slow, [0.001, 0.002], 200)
+    moved_at = _drive(slow, [0.001, 0.002], 200, bursts)
     assert moved_at
     assert moved_at[0] < 30
     assert 38 <= slow.counts[0] <= 48
-    assert drive(BatchBalancer(64, 2), [0.001, 0.001], 200) == []
-    assert drive(BatchBalancer(64, 4), [0.001] * 4, 200) == []
+    assert _drive(BatchBalancer(64, 2), [0.001, 0.001], 200, bursts) == []
+    assert _drive(BatchBalancer(64, 4), [0.001] * 4, 200, bursts) == []
 
 
 def test_a_rank_stalled_every_few_steps_is_judged_by_what_it_costs() -> None:
     """A quota's rhythm: each rank stalls one step in four (5x as long), in its own
     phase. Block means see through it: the slow rank is found, equal ones never move."""
 
-    def drive(balancer: BatchBalancer, speeds: list[float], steps: int) -> list[int]:
-        moved_at = []
-        for step in range(steps):
-            times = [
-                (0.002 + s * n) * (5.0 if (step + rank) % 4 == 0 else 1.0)
-                for rank, (s, n) in enumerate(zip(speeds, balancer.counts, strict=True))
-            ]
-            if balancer.observe(times) is not None:
-                moved_at.append(step)
-        return moved_at
+    def rhythm(step: int, rank: int) -> float:
+        return 5.0 if (step + rank) % 4 == 0 else 1.0
 
     slow = BatchBalancer(64, 2)
-    moved_at = drive(slow, [0.001, 0.002], 200)
+    moved_at = _drive(slow, [0.001, 0.002], 200, rhythm)
     assert moved_at
     assert moved_at[0] < 40
     assert 38 <= slow.counts[0] <= 48
-    assert drive(BatchBalancer(64, 4), [0.001] * 4, 200) == []
+    assert _drive(BatchBalancer(64, 4), [0.001] * 4, 200, rhythm) == []
 
 
 def test_a_move_must_save_more_than_min_gain() -> None:

@@ -130,40 +130,33 @@ def test_the_simulator_plays_a_slice_of_a_pollux_workload(pollux_dir: Path) -> N
         build_backend(load_settings(sim_workload=workload, sim_workload_jobs="500:"))
 
 
-def test_the_ray_backend_is_built_with_the_settings_adaptive_top_k(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("variable", "argument"),
+    [("AUTOTUNE_ADAPTIVE_TOPK", "adaptive_topk"), ("AUTOTUNE_BALANCE_BATCH", "balance_batch")],
+)
+def test_the_ray_backend_is_built_with_the_settings_executor_switches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, argument: str
 ) -> None:
-    """``adaptive_topk`` (off by default) reaches the Ray backend, which hands it to every
-    job's runner (``RunnerConfig.adaptive_topk``)."""
+    """``adaptive_topk`` and ``balance_batch`` (off by default) reach the Ray backend,
+    which hands them to every job's runner (``RunnerConfig``)."""
     import autotune.executor.ray_backend as ray_backend
     from autotune.daemon.backends import build_backend
 
     made: list[dict[str, object]] = []
     monkeypatch.setattr(ray_backend, "RayBackend", lambda **kwargs: made.append(kwargs))
-    monkeypatch.setenv("AUTOTUNE_ADAPTIVE_TOPK", "true")
+    monkeypatch.setenv(variable, "true")
     build_backend(load_settings(backend="ray", data_dir=tmp_path))
-    monkeypatch.delenv("AUTOTUNE_ADAPTIVE_TOPK")
+    monkeypatch.delenv(variable)
     build_backend(load_settings(backend="ray", data_dir=tmp_path))
-    assert [m["adaptive_topk"] for m in made] == [True, False]
+    assert [m[argument] for m in made] == [True, False]
 
 
-def test_the_ray_backend_is_built_with_the_settings_batch_balancing(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``balance_batch`` (off by default) reaches the Ray backend, which balances only the
-    jobs that can (``balances``: data parallelism only, a task that splits unevenly)."""
-    import autotune.executor.ray_backend as ray_backend
+def test_the_ray_backend_balances_only_the_jobs_that_can() -> None:
+    """``balances``: data parallelism only, over two ranks or more, and a task whose
+    batches split unevenly."""
     from autotune.core import JobConfig, Layout
-    from autotune.daemon.backends import build_backend
     from autotune.executor.runner import balances
 
-    made: list[dict[str, object]] = []
-    monkeypatch.setattr(ray_backend, "RayBackend", lambda **kwargs: made.append(kwargs))
-    monkeypatch.setenv("AUTOTUNE_BALANCE_BATCH", "1")
-    build_backend(load_settings(backend="ray", data_dir=tmp_path))
-    monkeypatch.delenv("AUTOTUNE_BALANCE_BATCH")
-    build_backend(load_settings(backend="ray", data_dir=tmp_path))
-    assert [m["balance_batch"] for m in made] == [True, False]
     dp2 = JobConfig.data_parallel(2)
     assert balances("gpt-char", 64, dp2)
     assert not balances("gpt-char", 64, JobConfig.data_parallel(1))
