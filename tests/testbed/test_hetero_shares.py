@@ -1,0 +1,32 @@
+"""Uneven batch shares on testbed machines of different speeds (CPU quotas): the
+benchmark's arms run rank i on machine i, the by-speed shares follow the machines'
+quotas, and the losses are even shares' (``bench/hetero_shares.py``; its throughput
+figures are measured on a quiet host: bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.benchmarks import hetero_shares
+
+pytestmark = [pytest.mark.testbed, pytest.mark.usefixtures("testbed_host")]
+
+
+def test_shares_by_speed_train_as_even_shares_on_machines_of_two_speeds(tmp_path: Path) -> None:
+    out = tmp_path / "hetero.json"
+    argv = ["--tasks", "mlp-synthetic", "--batch", "1024", "--steps", "12", "--warmup", "2"]
+    argv += ["--seeds", "0", "--arms", "even", "by-speed", "--json", str(out)]
+    assert hetero_shares.main(argv) == 0
+    result = json.loads(out.read_text())
+    rows = {r["arm"]: r for r in result["runs"]}
+    assert set(rows) == {"even", "by-speed"}
+    for row in rows.values():
+        assert [p["rank"] for p in row["placement"]] == [0, 1]
+        assert len({p["node"] for p in row["placement"]}) == 2
+        assert row["steps"] == 12
+    assert rows["by-speed"]["shares"] == [683, 341]  # 1 : 0.5 of 1024
+    summary = result["summary"]["mlp-synthetic"]
+    assert summary["by-speed"]["max_loss_gap_to_even"] < 1e-3
