@@ -456,16 +456,23 @@ class Testbed:
     @contextmanager
     def driver(self, which: str | int | Machine = "head") -> Iterator[None]:
         """``client``, connected: this process a Ray driver of the testbed for the block
-        (``ray.init`` to its head), disconnected after it, on an error too."""
+        (``ray.init`` to its head), disconnected after it, on an error too. A process
+        already connected to another Ray is refused: it cannot be a driver of two."""
         with self.client(which):
+            import ray
+
             from autotune.ray_session import ensure_ray
 
+            if ray.is_initialized():
+                raise TestbedError(
+                    "this process is a Ray driver already: drive the testbed from a process "
+                    "of its own (python bench/...), as Ray reads the testbed's token "
+                    "settings when it is imported"
+                )
             ensure_ray(self.ray_address)
             try:
                 yield
             finally:
-                import ray
-
                 if ray.is_initialized():
                     ray.shutdown()
 
