@@ -54,7 +54,8 @@ from autotune.executor.tasks import (
     count_samples,
     declared_samples,
     load_task,
-    takes_shares,
+    shares_refusal,
+    splits_unevenly,
 )
 from autotune.executor.worker import RankWorker, WorkerSpec
 from autotune.interfaces import JobMetrics
@@ -67,7 +68,6 @@ __all__ = [
     "RunnerConfig",
     "balances",
     "check_config",
-    "splits_unevenly",
 ]
 
 log = logging.getLogger(__name__)
@@ -339,11 +339,9 @@ class JobRunner:
         run, layout = self.run_config, config.layout
         if run.batch_shares is None and not run.balance_batch:
             return
-        if layout.tp > 1 or layout.pp > 1:
-            raise ParallelError(
-                "uneven batch shares need a data-parallel-only layout (tp = pp = 1), not "
-                f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
-            )
+        why = shares_refusal(layout.dp, layout.tp, layout.pp)
+        if why is not None:
+            raise ParallelError(why)
         if not splits_unevenly(load_task(run.task, batch_size=run.batch_size)):
             raise TaskError(
                 f"task {run.task!r} cannot split its batch unevenly: its batches() takes no "
@@ -600,18 +598,18 @@ class JobRunner:
         data-parallel degree (else even, with a ``batch_shares_reset`` event), and a
         fresh balancer where the job balances."""
         run, layout = self.run_config, config.layout
-        dp, dp_only = layout.dp, layout.tp == 1 and layout.pp == 1
+        dp = layout.dp
+        dp_only = shares_refusal(dp, layout.tp, layout.pp) is None
         shares = run.batch_shares
-        if shares is not None and (len(shares) != dp or not dp_only):
+        why = None if shares is None else shares_refusal(dp, layout.tp, layout.pp, len(shares))
+        if shares is not None and why is not None:
             self._result.events.append(
                 {
                     "step": self.step,
                     "kind": "batch_shares_reset",
                     "shares": list(shares),
                     "dp": dp,
-                    "detail": f"{len(shares)} shares given for {dp} data-parallel ranks"
-                    if dp_only
-                    else f"uneven shares need tp = pp = 1, not tp={layout.tp} pp={layout.pp}",
+                    "detail": why,
                 }
             )
             shares = None
@@ -847,12 +845,6 @@ class JobRunner:
         )
 
 
-def splits_unevenly(task: Any) -> bool:
-    """Whether ``task`` can train on uneven batch shares: its ``batches`` takes
-    ``shares`` and it declares its global batch."""
-    return takes_shares(task) and declared_samples(task) is not None
-
-
 @functools.cache
 def _splits_unevenly(task: str, batch_size: int | None) -> bool:
     try:
@@ -866,7 +858,7 @@ def balances(task: str, batch_size: int | None, config: JobConfig) -> bool:
     (``RunnerConfig.balance_batch``): data parallelism only, over two ranks or more, and a
     task that ``splits_unevenly``."""
     layout = config.layout
-    if layout.dp < 2 or layout.tp > 1 or layout.pp > 1:
+    if layout.dp < 2 or shares_refusal(layout.dp, layout.tp, layout.pp) is not None:
         return False
     return _splits_unevenly(task, batch_size)
 

@@ -167,11 +167,9 @@ def _shard(
     ``global_batch % world_size`` ranks one sample more (``tensor_split``'s rule); with
     them (one weight per rank), parts in their proportions (``split_batch``)."""
     if shares is not None:
-        if len(shares) != world_size:
-            raise TaskError(
-                f"{len(shares)} batch shares for {world_size} data-parallel ranks: give one "
-                "per rank"
-            )
+        why = shares_refusal(world_size, 1, 1, len(shares))
+        if why is not None:
+            raise TaskError(why)
         counts = split_batch(global_batch, shares)
         start = sum(counts[:rank])
         return slice(start, start + counts[rank])
@@ -182,6 +180,25 @@ def _shard(
     base, extra = divmod(global_batch, world_size)
     start = rank * base + min(rank, extra)
     return slice(start, start + base + (rank < extra))
+
+
+def shares_refusal(dp: int, tp: int, pp: int, shares: int | None = None) -> str | None:
+    """Why uneven batch shares cannot apply to a layout of ``dp x tp x pp`` (``shares``:
+    how many were given), or ``None``: they need data parallelism only, one per rank."""
+    if tp > 1 or pp > 1:
+        return (
+            "uneven batch shares need a data-parallel-only layout (tp = pp = 1), not "
+            f"dp={dp} tp={tp} pp={pp}"
+        )
+    if shares is not None and shares != dp:
+        return f"{shares} batch shares for {dp} data-parallel ranks: give one per rank"
+    return None
+
+
+def splits_unevenly(task: Any) -> bool:
+    """Whether ``task`` can train on uneven batch shares: its ``batches`` takes
+    ``shares`` (``takes_shares``) and it declares its global batch."""
+    return takes_shares(task) and declared_samples(task) is not None
 
 
 def takes_shares(task: Any) -> bool:

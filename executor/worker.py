@@ -80,8 +80,9 @@ from autotune.executor.tasks import (
     count_samples,
     declared_samples,
     load_task,
+    shares_refusal,
     split_batch,
-    takes_shares,
+    splits_unevenly,
 )
 
 __all__ = ["RankWorker", "WorkerSpec", "gpu_power_watts"]
@@ -139,16 +140,9 @@ class WorkerSpec:
     def __post_init__(self) -> None:
         layout = self.config.layout
         if self.batch_shares is not None:
-            if layout.tp > 1 or layout.pp > 1:
-                raise ParallelError(
-                    "uneven batch shares need a data-parallel-only layout (tp = pp = 1), not "
-                    f"dp={layout.dp} tp={layout.tp} pp={layout.pp}"
-                )
-            if len(self.batch_shares) != layout.dp:
-                raise ParallelError(
-                    f"{len(self.batch_shares)} batch shares for {layout.dp} data-parallel "
-                    "ranks: give one per rank"
-                )
+            why = shares_refusal(layout.dp, layout.tp, layout.pp, len(self.batch_shares))
+            if why is not None:
+                raise ParallelError(why)
         if self.adaptive_topk and not self.measure_quality:
             raise ValueError(
                 "adaptive_topk moves the ratio by the measured fidelity: it needs measure_quality"
@@ -331,17 +325,12 @@ class RankWorker:
             self._weight = 1.0
             stream = self.task.batches(self.dp_index, self.dp, spec.seed)
         else:
-            if not takes_shares(self.task):
-                raise TaskError(
-                    f"task {spec.task!r} splits its batches evenly only: for uneven batch "
-                    "shares its batches() must take a 'shares' keyword (one weight per "
-                    "data-parallel rank; see autotune.executor.tasks.split_batch)"
-                )
             total = declared_samples(self.task)
-            if total is None:
+            if total is None or not splits_unevenly(self.task):
                 raise TaskError(
-                    f"task {spec.task!r} declares no batch_size: uneven batch shares split "
-                    "a declared global batch"
+                    f"task {spec.task!r} cannot split its batch unevenly: its batches() takes "
+                    "no 'shares' keyword or it declares no batch_size (see "
+                    "autotune.executor.tasks.split_batch)"
                 )
             mine = split_batch(total, self.shares)[self.dp_index]
             self._weight = self.dp * mine / total
@@ -605,11 +594,9 @@ class RankWorker:
         from autotune.kernels import use_backend
 
         if shares is not None and tuple(shares) != self.shares:
-            if len(shares) != self.dp or self.tp > 1 or self.pp > 1:
-                raise ParallelError(
-                    f"{len(shares)} batch shares for a layout of dp={self.dp} tp={self.tp} "
-                    f"pp={self.pp}: uneven shares need one per data-parallel rank, tp = pp = 1"
-                )
+            why = shares_refusal(self.dp, self.tp, self.pp, len(shares))
+            if why is not None:
+                raise ParallelError(why)
             self.shares = tuple(shares)
             self.batches = self._open_batches()
         began = time.time()

@@ -170,10 +170,6 @@ def run_command(
             f"--adaptive-topk moves top-k's ratio: use --compression topk:RATIO, not {compression}"
         )
     shares = parse_shares(batch_shares, dp) if batch_shares is not None else None
-    if (shares is not None or balance_batch) and (tp > 1 or pp > 1):
-        raise InputError(
-            "--batch-shares and --balance-batch need a data-parallel-only layout (--tp 1 --pp 1)"
-        )
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
