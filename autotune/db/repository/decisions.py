@@ -324,4 +324,8 @@ def running_placements(*, session: Session) -> dict[str, Placement]:
         .group_by(DecisionRow.job_id)
     )
     rows = session.scalars(select(DecisionRow).where(DecisionRow.id.in_(newest)))
-    return {row.job_id: from_json(Placement, row.placement) for row in rows}
+    # A preemption's placement may be stored as JSON null, which ``is_not(None)`` keeps:
+    # a job preempted by the tick while it still reads as running holds no GPUs.
+    return {
+        row.job_id: from_json(Placement, row.placement) for row in rows if row.placement is not None
+    }
