@@ -3,6 +3,7 @@ and, where one is at hand, on PostgreSQL (``any_database``, see conftest)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -119,6 +120,11 @@ def test_jobs_decisions_round_trip_with_filters_and_pages(any_database: Database
         record = repo.get_decision(session=session, decision_id=6)
         assert record is not None
         assert record.applied_at is not None
+        # A preemption (its placement stored as JSON null) is j2's newest decision while
+        # j2 still reads as running: it holds no GPUs.
+        stop = replace(decision("j2"), placement=None, preempt=True, reason="preempted")
+        repo.create_decision(session=session, decision=stop)
+        assert repo.running_placements(session=session) == {}
 
 
 def test_a_failed_transaction_leaves_nothing_behind(any_database: Database) -> None:
