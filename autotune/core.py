@@ -336,6 +336,14 @@ class TenantSpec:
             if not isinstance(model, str) or not model:
                 raise _fail(owner, "gpus_by_model", by_model, "keys must be GPU model names")
             _check_int(owner, f"gpus_by_model[{model}]", count, 0)
+        if self.gpus and sum(by_model.values()) > self.gpus:
+            raise _fail(
+                owner,
+                "gpus_by_model",
+                by_model,
+                f"promises {sum(by_model.values())} GPUs on given models, more than the "
+                f"quota of {self.gpus} in all (gpus) it is part of",
+            )
         object.__setattr__(self, "gpus_by_model", by_model)
         _check_number(owner, "weight", self.weight, positive=True)
 

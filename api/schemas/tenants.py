@@ -32,8 +32,8 @@ ModelName = Annotated[str, Field(min_length=1, max_length=64)]
 
 _GPUS = "Nominal quota: GPUs promised to the tenant over all models when it has work for them"
 _BY_MODEL = (
-    "Part of the quota promised on given GPU models ({model: count}); where gpus is 0, the "
-    "whole quota"
+    "Part of the quota promised on given GPU models ({model: count}), kept on those "
+    "models: at most gpus in all; where gpus is 0, the whole quota"
 )
 _BORROW = "Its jobs may use GPUs beyond its quota that others leave idle"
 _LEND = "Others may use its idle nominal GPUs, taken back (by preemption) when its jobs arrive"

@@ -44,8 +44,8 @@ _out = Console()
 
 _GPUS = "Nominal quota: GPUs promised over all GPU models when the tenant has work."
 _BY_MODEL = (
-    "Quota on one GPU model, MODEL=N (repeatable): part of --gpus, or, with --gpus 0, "
-    "the quota is their sum."
+    "Quota on one GPU model, MODEL=N (repeatable), kept on that model: part of --gpus "
+    "(at most --gpus in all), or, with --gpus 0, the quota is their sum."
 )
 _BORROW = "Whether its jobs may use GPUs beyond its quota that others leave idle."
 _LEND = (

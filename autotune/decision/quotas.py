@@ -26,11 +26,31 @@ One round, after the policy chose (``enforce_quotas``):
    else it waits (a running one keeps its size), with the reason.
 
 Quotas count whole GPUs a job holds or asks for, fractions of a shared GPU as
-fractions, over all GPU models (``TenantSpec.nominal_gpus``); a quota promised on a
-given model (``gpus_by_model``) is counted towards the total, not yet per model. A job
-of a tenant the cluster does not know is taken as one with no quota that borrows. With
-no quota anywhere (and every tenant borrowing and lending) the round is as without
-tenants: nothing changes.
+fractions, over all GPU models (``TenantSpec.nominal_gpus``). A job of a tenant the
+cluster does not know is taken as one with no quota that borrows. With no quota anywhere
+(and every tenant borrowing and lending) the round is as without tenants: nothing
+changes.
+
+GPUs promised on a given model (``TenantSpec.gpus_by_model``, part of the nominal
+quota) are kept on that model, in the habit of Kueue's resource flavors. A job runs on
+one GPU model, so:
+
+- a waiting job that keeps its tenant within its quota and within what is promised to
+  it on a model the job may run on is placed on that model (``QuotaRound.models``: the
+  Planner sees only that model's GPUs for it); where too few of that model's GPUs are
+  free, jobs of other tenants holding more of that model than is promised to them are
+  preempted for it (the tenant furthest above its weighted share first, then the
+  furthest above its promise on the model, then lower priority, then the newest
+  started), even a tenant within its total quota: the promise names the model;
+- a job on the model its tenant was promised, while the tenant holds no more of that
+  model than promised, is never preempted to give back a total quota;
+- GPUs of a model promised to a tenant that does not lend, and left idle by it, are
+  kept from other tenants' jobs, and so are the GPUs set aside this round for a job on
+  its promised model: another job taken this round is placed only on models that have
+  room for it besides those, where any has.
+
+Without a promise on any model, jobs are placed on any model they allow, as the Planner
+chooses.
 """
 
 from __future__ import annotations
@@ -70,6 +90,9 @@ class QuotaRound:
     shrink: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Pending jobs started smaller than the policy asked, to fit what their tenant's
     quota (or the idle GPUs it may borrow) leaves: the world size, and a note."""
+    models: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
+    """Pending jobs to place only on these GPU models this round (for GPUs promised on
+    a model: the job's tenant's promise, or others' kept from it), with a note."""
 
 
 def gpus_of(spec: JobSpec, world_size: int) -> float:
@@ -121,13 +144,24 @@ def enforce_quotas(
     tenants = dict(view.tenants)
     if all(t.nominal_gpus == 0 and t.borrow and t.lend for t in tenants.values()):
         return result  # no quota anywhere: every ask borrows from an idle cluster
+    by_model = any(t.gpus_by_model for t in tenants.values())
 
     def tenant(name: str) -> TenantSpec:
         if name not in tenants:
             tenants[name] = TenantSpec(name=name)
         return tenants[name]
 
+    def promised(name: str, model: str) -> int:
+        return tenant(name).gpus_by_model.get(model, 0)
+
+    model_of = {n.node_id: n.gpu_model for n in view.nodes}
+    free_on: dict[str, float] = defaultdict(float)
+    for node in view.nodes:
+        free_on[node.gpu_model] += node.gpu_count
+    cluster_models = sorted(m for m, count in free_on.items() if count > 0)
     held: dict[str, float] = defaultdict(float)
+    held_on: dict[tuple[str, str], float] = defaultdict(float)  # (tenant, model)
+    on: dict[str, dict[str, float]] = {}  # a running job's GPUs per model
     running: list[tuple[JobStatus, float]] = []
     for job in view.by_state("running"):
         if job.placement is None or job.spec.job_id in preempted:
@@ -135,6 +169,13 @@ def enforce_quotas(
         gpus = _held(job.placement)
         held[job.spec.tenant] += gpus
         running.append((job, gpus))
+        models: dict[str, float] = defaultdict(float)
+        for slot in job.placement.ranks:
+            models[model_of.get(slot.node_id, "")] += slot.gpu_milli / MILLI_PER_GPU
+        on[job.spec.job_id] = models
+        for model, count in models.items():
+            held_on[job.spec.tenant, model] += count
+            free_on[model] -= count
     free = sum(n.gpu_count for n in view.nodes) - sum(held.values())
 
     asks: list[tuple[JobStatus, float]] = []
@@ -159,6 +200,21 @@ def enforce_quotas(
         spec = tenant(name)
         return (held[name] - spec.nominal_gpus) / spec.weight
 
+    def within_promise(job: JobStatus) -> bool:
+        """Whether every model the running job is on is one its tenant holds no more
+        of than is promised to it."""
+        name = job.spec.tenant
+        return all(
+            held_on[name, model] <= promised(name, model) + _EPS for model in on[job.spec.job_id]
+        )
+
+    def stop(job: JobStatus, gpus: float, reason: str) -> None:
+        result.preempt[job.spec.job_id] = reason
+        held[job.spec.tenant] -= gpus
+        for model, count in on[job.spec.job_id].items():
+            held_on[job.spec.tenant, model] -= count
+            free_on[model] += count
+
     def reclaim(owner: str, need: float) -> float:
         """Preempt borrowed jobs of other tenants until ``need`` GPUs are free, or none
         is left to preempt; the GPUs freed."""
@@ -171,6 +227,7 @@ def enforce_quotas(
                 and job.spec.job_id not in overrides
                 and job.spec.job_id not in result.preempt
                 and held[job.spec.tenant] > tenant(job.spec.tenant).nominal_gpus + _EPS
+                and not within_promise(job)
             ]
             if not candidates:
                 break
@@ -184,14 +241,105 @@ def enforce_quotas(
                 ),
             )
             lender = tenant(job.spec.tenant)
-            result.preempt[job.spec.job_id] = (
+            stop(
+                job,
+                gpus,
                 f"for tenant {owner!r}'s quota: tenant {lender.name!r} holds "
                 f"{held[lender.name]:g} GPUs, above its quota of {lender.nominal_gpus}, and "
-                f"{owner!r} has work within its own ({tenant(owner).nominal_gpus} GPUs)"
+                f"{owner!r} has work within its own ({tenant(owner).nominal_gpus} GPUs)",
             )
-            held[lender.name] -= gpus
             freed += gpus
         return freed
+
+    def reclaim_on(owner: str, model: str, need: float) -> float:
+        """Preempt jobs on ``model`` of other tenants holding more of it than is
+        promised to them, until ``need`` of its GPUs are free or none is left to
+        preempt; the GPUs freed (on every model)."""
+        freed = 0.0
+        while free_on[model] < need - _EPS:
+            candidates = [
+                (job, gpus)
+                for job, gpus in running
+                if job.spec.tenant != owner
+                and model in on[job.spec.job_id]
+                and job.spec.job_id not in overrides
+                and job.spec.job_id not in result.preempt
+                and held_on[job.spec.tenant, model] > promised(job.spec.tenant, model) + _EPS
+            ]
+            if not candidates:
+                break
+            job, gpus = max(
+                candidates,
+                key=lambda c: (
+                    above(c[0].spec.tenant),
+                    held_on[c[0].spec.tenant, model] - promised(c[0].spec.tenant, model),
+                    -c[0].spec.priority,
+                    c[0].started_s or 0.0,
+                    c[0].spec.job_id,
+                ),
+            )
+            lender = job.spec.tenant
+            stop(
+                job,
+                gpus,
+                f"for tenant {owner!r}'s quota on {model}: tenant {lender!r} holds "
+                f"{held_on[lender, model]:g} {model} GPUs, above the "
+                f"{promised(lender, model)} promised to it, and {owner!r} has work within "
+                f"the {promised(owner, model)} promised to it",
+            )
+            freed += gpus
+        return freed
+
+    def allowed(job: JobStatus) -> list[str]:
+        types = job.spec.gpu_types
+        return [m for m in cluster_models if types is None or m in types]
+
+    def reclaimable_on(owner: str, model: str) -> float:
+        """GPUs of ``model`` other tenants hold beyond what is promised to them on it,
+        in jobs no override holds."""
+        excess: dict[str, float] = defaultdict(float)
+        for job, _ in running:
+            name = job.spec.tenant
+            if (
+                name != owner
+                and job.spec.job_id not in overrides
+                and job.spec.job_id not in result.preempt
+            ):
+                excess[name] += on[job.spec.job_id].get(model, 0.0)
+        return sum(max(0.0, count - promised(name, model)) for name, count in excess.items())
+
+    def promised_model(job: JobStatus, gpus: float) -> str | None:
+        """The model a waiting job goes on for its tenant's promise on it: one the job
+        allows with room for it in the promise, the one with the most free GPUs."""
+        if not by_model or job.state != "pending" or job.spec.job_id in overrides:
+            return None
+        name = job.spec.tenant
+        fits = [m for m in allowed(job) if held_on[name, m] + gpus <= promised(name, m) + _EPS]
+        return max(fits, key=lambda m: (free_on[m], m)) if fits else None
+
+    def kept_on(model: str) -> float:
+        """GPUs of ``model`` promised to tenants that do not lend them, left idle."""
+        return sum(
+            max(0.0, spec.gpus_by_model.get(model, 0) - held_on[name, model])
+            for name, spec in tenants.items()
+            if not spec.lend
+        )
+
+    set_aside: dict[str, float] = defaultdict(float)  # GPUs on a model kept for a job
+
+    def narrow(job: JobStatus, gpus: float) -> None:
+        """Keep a job taken this round off GPUs set aside on a model (promised to a job
+        placed on it, or kept idle by a tenant that does not lend), where another model
+        it allows has room for it."""
+        if not by_model or job.state != "pending" or job.spec.job_id in overrides:
+            return
+        models = allowed(job)
+        room = [m for m in models if free_on[m] - set_aside[m] - kept_on(m) >= gpus - _EPS]
+        if room and room != models:
+            result.models[job.spec.job_id] = (
+                tuple(room),
+                "placed on " + ", ".join(room) + " (other models' GPUs are promised)",
+            )
 
     # Within quota first, in queue order; preempting borrowers where too few are free.
     beyond: list[tuple[JobStatus, float]] = []
@@ -200,8 +348,25 @@ def enforce_quotas(
         if held[name] + gpus > tenant(name).nominal_gpus + _EPS:
             beyond.append((job, gpus))
             continue
+        target = promised_model(job, gpus)
+        if target is not None:
+            if free_on[target] < gpus - _EPS:
+                free += reclaim_on(name, target, gpus)
+            if free_on[target] >= gpus - _EPS:
+                result.models[job.spec.job_id] = (
+                    (target,),
+                    f"placed on {target}: within the {promised(name, target)} {target} "
+                    f"GPUs promised to tenant {name!r}",
+                )
+                held[name] += gpus
+                held_on[name, target] += gpus
+                free_on[target] -= gpus
+                set_aside[target] += gpus
+                free -= gpus
+                continue
         if free < gpus - _EPS:
             free += reclaim(name, gpus - free)
+        narrow(job, gpus)
         held[name] += gpus
         free -= gpus
 
@@ -227,6 +392,7 @@ def enforce_quotas(
                 f"borrows {gpus:g} idle GPU(s) beyond tenant {name!r}'s quota of "
                 f"{spec.nominal_gpus} (given back when their owners' jobs arrive)"
             )
+            narrow(job, gpus)
             held[name] += gpus
             free -= gpus
             continue
@@ -240,6 +406,7 @@ def enforce_quotas(
                 f"started on {size} GPU(s), not the {gpus:g} asked, for the quota: {quota}"
                 + (f", borrowing {borrowed:g} idle" if borrowed > _EPS else ""),
             )
+            narrow(job, taken)
             held[name] += taken
             free -= taken
             continue

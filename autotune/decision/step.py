@@ -16,7 +16,8 @@ One round:
    parallelism) compresses by top-k 1% instead;
    then the tenants' quotas (``autotune.decision.quotas``): a tenant within its quota
    gets GPUs others borrowed back (their jobs are preempted), a job beyond its tenant's
-   quota waits unless it can borrow idle GPUs;
+   quota waits unless it can borrow idle GPUs, and a job within GPUs promised to its
+   tenant on a model is planned on that model;
 3. the memory rule (``autotune.perf.memory.fit_memory``) adds gradient accumulation,
    then activation checkpointing, until a rank of each chosen configuration fits the
    smallest GPU the job may run on;
@@ -248,7 +249,17 @@ def decide(
     for job_id, note in quota.borrowing.items():
         if (c := decided.get(job_id)) is not None:
             decided[job_id] = replace(c, reason=f"{c.reason}; {note}")
-    active = [j for j in active if j.spec.job_id not in preempted]
+    for job_id, (_, note) in quota.models.items():
+        if (c := decided.get(job_id)) is not None and c.config is not None:
+            decided[job_id] = replace(c, reason=f"{c.reason}; {note}")
+    # A job kept on given GPU models for a quota is planned as one that allows only those.
+    active = [
+        replace(j, spec=replace(j.spec, gpu_types=quota.models[j.spec.job_id][0]))
+        if j.spec.job_id in quota.models
+        else j
+        for j in active
+        if j.spec.job_id not in preempted
+    ]
     choices = _fit_memory(decided, active, snapshot.nodes)
     waiting = {
         job_id: c.reason

@@ -11,13 +11,15 @@ import pytest
 from helpers import next_snapshot
 
 from autotune.catalog.tasks import resolve_task
-from autotune.core import JobSpec, TenantSpec
+from autotune.core import JobConfig, JobSpec, Placement, RankSlot, TenantSpec
 from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
 from autotune.db import repository as repo
-from autotune.decision.step import decide_for
+from autotune.decision.quotas import enforce_quotas
+from autotune.decision.step import decide, decide_for
 from autotune.envs.simulator import SimConfig, SimulatedCluster
-from autotune.interfaces import Policy
+from autotune.errors import FieldError
+from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.policies.rules import RulesPolicy
 from autotune.policies.serving import LearnedPolicy
 
@@ -45,12 +47,14 @@ def _held(db: Database) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("policy", ["rules", "ppo"])
+@pytest.mark.parametrize("promise", ["in-all", "on-A100"])
 def test_a_tenant_gets_its_quota_back_from_borrowers_within_two_rounds(
-    database: Database, policy: str
+    database: Database, policy: str, promise: str
 ) -> None:
-    """``owner`` (16 of the 32 GPUs) is idle while ``others`` (no quota) fill the cluster
-    with 4-GPU jobs; then ``owner`` submits 16 GPUs of work: within two decision rounds
-    its jobs hold 16 GPUs, taken from borrowed jobs, which wait again."""
+    """``owner`` (16 of the 32 GPUs, in all or promised on the cluster's 16 A100s) is
+    idle while ``others`` (no quota) fill the cluster with 4-GPU jobs; then ``owner``
+    submits 16 GPUs of work: within two decision rounds its jobs hold 16 GPUs (the A100s
+    where they were promised), taken from borrowed jobs, which wait again."""
     backend = SimulatedCluster(SimConfig(seed=1, initial_jobs=0, max_jobs=0))
     chosen: Policy = RulesPolicy()
     if policy == "ppo":  # the shipped learned policy, on its default checkpoint
@@ -58,7 +62,8 @@ def test_a_tenant_gets_its_quota_back_from_borrowers_within_two_rounds(
     daemon = Daemon(DaemonParts(db=database, backend=backend, policy=chosen))
     daemon.start()
     with database.session() as session:
-        repo.create_tenant(session=session, spec=TenantSpec(name="owner", gpus=16))
+        quota = {"gpus": 16} if promise == "in-all" else {"gpus_by_model": {"A100": 16}}
+        repo.create_tenant(session=session, spec=TenantSpec(name="owner", **quota))
         repo.create_tenant(session=session, spec=TenantSpec(name="others"))
     capacity = sum(n.gpu_count for n in backend.observe().nodes)
     assert capacity == 32
@@ -74,13 +79,17 @@ def test_a_tenant_gets_its_quota_back_from_borrowers_within_two_rounds(
         daemon.tick()
         rounds += 1
         assert rounds <= 2, _held(database)
-    print(f"tenant owner holds its 16 GPUs after {rounds} round(s)")
+    print(f"tenant owner ({promise}) holds its 16 GPUs after {rounds} round(s)")
     assert _held(database) == {"owner": 16, "others": capacity - 16}
+    if promise == "on-A100":
+        with database.session() as session:
+            assert repo.tenant_usage(session=session)["owner"] == {"A100": 16}
     with database.session() as session:
         decisions = repo.list_decisions(session=session, limit=100).rows
     preempted = [d for d in decisions if d.decision.preempt]
     assert len(preempted) == 4
-    assert all("for tenant 'owner''s quota" in d.decision.reason for d in preempted)
+    where = "'s quota" + ("" if promise == "in-all" else " on A100")
+    assert all(f"for tenant 'owner'{where}" in d.decision.reason for d in preempted)
     # the preempted borrowers wait again, saying why
     with database.session() as session:
         waiting = [r for r in repo.list_jobs(session=session, state="pending").rows]
@@ -133,3 +142,127 @@ def test_a_tenant_that_does_not_borrow_waits_at_its_quota_and_one_that_does_not_
     held = sum(d.placement.world_size for d in round_.decisions if d.placement is not None)
     assert held == 8
     assert any("no idle GPUs are free to lend" in why for why in round_.unplaced.values())
+
+
+# GPUs promised on a given model (``TenantSpec.gpus_by_model``) are kept on that model.
+
+_NODES = SimulatedCluster(SimConfig(seed=0, initial_jobs=0, max_jobs=0)).observe().nodes
+"""A100 (a100-0, a100-1: 8 each), V100M32 (v100-0: 8), T4 (t4-0, t4-1: 4 each)."""
+
+
+def _running(job_id: str, tenant: str, node: str, first_gpu: int, started_s: float) -> JobStatus:
+    """A 4-GPU job of ``tenant`` running on GPUs ``first_gpu..first_gpu+3`` of ``node``."""
+    ranks = tuple(RankSlot(rank=r, node_id=node, gpu_index=first_gpu + r) for r in range(4))
+    return JobStatus(
+        spec=JobSpec(job_id=job_id, min_gpus=4, max_gpus=4, tenant=tenant),
+        state="running",
+        config=JobConfig.data_parallel(4),
+        placement=Placement(job_id=job_id, ranks=ranks),
+        started_s=started_s,
+    )
+
+
+def _pending(job_id: str, tenant: str, at: float = 100.0) -> JobStatus:
+    return JobStatus(
+        spec=JobSpec(job_id=job_id, min_gpus=4, max_gpus=4, tenant=tenant, submitted_at=at),
+        state="pending",
+    )
+
+
+def _full_cluster(tenant: str) -> list[JobStatus]:
+    """``tenant``'s 4-GPU jobs on all 32 GPUs, the one on v100-0's first GPUs started
+    first and the one on a100-1's last GPUs last."""
+    where = [("v100-0", 0), ("v100-0", 4), ("t4-0", 0), ("t4-1", 0)]
+    where += [(n, g) for n in ("a100-0", "a100-1") for g in (0, 4)]
+    return [
+        _running(f"{tenant}-{i}", tenant, node, gpu, started_s=float(i))
+        for i, (node, gpu) in enumerate(where)
+    ]
+
+
+def _snapshot(jobs: list[JobStatus], tenants: list[TenantSpec]) -> ClusterSnapshot:
+    return ClusterSnapshot(
+        time_s=200.0,
+        nodes=_NODES,
+        jobs=jobs,
+        telemetry="simulator",
+        tenants={t.name: t for t in tenants},
+    )
+
+
+def _asks(snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
+    """4 GPUs, data parallel, for every waiting job."""
+    return {
+        j.spec.job_id: PolicyChoice(config=JobConfig.data_parallel(4), reason="asked")
+        for j in snapshot.by_state("pending")
+    }
+
+
+def test_a_quota_promised_on_a_model_takes_that_models_gpus_back_and_places_the_job_there() -> None:
+    """``vision`` is promised 4 V100M32 GPUs; ``others`` (no quota) fill the cluster.
+    ``vision``'s 4-GPU job preempts the newest of the jobs on V100M32 and is planned
+    there; a quota of 4 in all instead takes the newest started job, on an A100."""
+    tenants = [TenantSpec(name="vision", gpus_by_model={"V100M32": 4}), TenantSpec(name="others")]
+    snapshot = _snapshot([*_full_cluster("others"), _pending("v-0", "vision")], tenants)
+    quota = enforce_quotas(snapshot, _asks(snapshot), {}, {})
+    assert list(quota.preempt) == ["others-1"]  # on v100-0, started after others-0
+    assert "for tenant 'vision''s quota on V100M32" in quota.preempt["others-1"]
+    assert quota.models["v-0"][0] == ("V100M32",)
+    round_ = decide(snapshot, _asks(snapshot), {}, honoured={}, policy_version="test")
+    placed = {d.job_id: d for d in round_.decisions if d.placement is not None}
+    placement = placed["v-0"].placement
+    assert placement is not None
+    assert placement.nodes == ("v100-0",)
+    assert "within the 4 V100M32 GPUs promised to tenant 'vision'" in placed["v-0"].reason
+    in_all = _snapshot(snapshot.jobs, [TenantSpec(name="vision", gpus=4), tenants[1]])
+    quota = enforce_quotas(in_all, _asks(in_all), {}, {})
+    assert list(quota.preempt) == ["others-7"]
+    assert not quota.models
+
+
+def test_a_job_within_its_tenants_promise_on_a_model_is_not_preempted_for_a_total_quota() -> None:
+    """``x`` (4 GPUs in all, promised on T4) holds its T4 job and borrows an A100 one;
+    ``y`` is within its quota of 28 and wants 4 more with the cluster full: the borrowed
+    A100 job gives them back, though the T4 one started later."""
+    tenants = [
+        TenantSpec(name="x", gpus=4, gpus_by_model={"T4": 4}),
+        TenantSpec(name="y", gpus=28),
+    ]
+    jobs = [
+        _running("x-a100", "x", "a100-0", 0, started_s=1.0),
+        _running("x-t4", "x", "t4-0", 0, started_s=9.0),
+        *[
+            _running(f"y-{n}-{g}", "y", n, g, started_s=2.0)
+            for n, g in [("a100-0", 4), ("a100-1", 0), ("a100-1", 4), ("v100-0", 0)]
+        ],
+        _running("y-v100-4", "y", "v100-0", 4, started_s=2.0),
+        _running("y-t4", "y", "t4-1", 0, started_s=2.0),
+        _pending("y-new", "y"),
+    ]
+    snapshot = _snapshot(jobs, tenants)
+    quota = enforce_quotas(snapshot, _asks(snapshot), {}, {})
+    assert list(quota.preempt) == ["x-a100"]
+    # without the promise, the newest started of x's jobs goes
+    bare = _snapshot(jobs, [TenantSpec(name="x", gpus=4), tenants[1]])
+    assert list(enforce_quotas(bare, _asks(bare), {}, {}).preempt) == ["x-t4"]
+
+
+def test_gpus_promised_to_a_tenant_that_does_not_lend_are_kept_from_borrowers() -> None:
+    """``keeper`` is promised both T4 machines and lends nothing; ``others``' eight 4-GPU
+    jobs borrow the other 24 GPUs, none on a T4."""
+    tenants = [
+        TenantSpec(name="keeper", gpus_by_model={"T4": 8}, lend=False),
+        TenantSpec(name="others"),
+    ]
+    snapshot = _snapshot([_pending(f"o-{i}", "others", float(i)) for i in range(8)], tenants)
+    round_ = decide(snapshot, _asks(snapshot), {}, honoured={}, policy_version="test")
+    placed = [d.placement for d in round_.decisions if d.placement is not None]
+    assert len(placed) == 6
+    assert not any(node.startswith("t4") for p in placed for node in p.nodes)
+    assert len(round_.unplaced) == 2
+
+
+def test_a_promise_on_models_cannot_exceed_the_quota_it_is_part_of() -> None:
+    with pytest.raises(FieldError, match="more than the quota of 8"):
+        TenantSpec(name="t", gpus=8, gpus_by_model={"A100": 8, "T4": 4})
+    assert TenantSpec(name="t", gpus_by_model={"A100": 8, "T4": 4}).nominal_gpus == 12
