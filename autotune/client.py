@@ -49,6 +49,8 @@ from autotune.api.schemas import (
     ForecastPublic,
     Health,
     JobCreate,
+    JobEventPublic,
+    JobEventsPublic,
     JobPublic,
     JobsPublic,
     MetricSamplePublic,
@@ -387,6 +389,28 @@ class Client:
             page = self.job_metrics_page(
                 job_id, name=name, since=since, limit=page_size, cursor=cursor
             )
+            return page.data, page.next
+
+        return self._pages(fetch)
+
+    def job_events_page(
+        self, job_id: str, *, kind: str | None = None, limit: int = 500, cursor: str | None = None
+    ) -> JobEventsPublic:
+        return self._get(
+            JobEventsPublic,
+            f"/jobs/{_segment(job_id)}/events",
+            kind=kind,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    def job_events(
+        self, job_id: str, *, kind: str | None = None, page_size: int = 500
+    ) -> Iterator[JobEventPublic]:
+        """What happened to the job on the backend while it trained, oldest first."""
+
+        def fetch(cursor: str | None) -> tuple[list[JobEventPublic], str | None]:
+            page = self.job_events_page(job_id, kind=kind, limit=page_size, cursor=cursor)
             return page.data, page.next
 
         return self._pages(fetch)

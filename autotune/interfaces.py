@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from autotune.core import (
     ACTIVE_STATES,
@@ -48,6 +48,7 @@ __all__ = [
     "ConfigChange",
     "Fenceable",
     "JobControl",
+    "JobEvents",
     "JobMetrics",
     "JobState",
     "JobStatus",
@@ -307,6 +308,19 @@ class JobControl(Protocol):
         """Before the first ``observe()``: resume ``jobs`` as they were (state,
         progress, config and placement), and never create a job whose id is in
         ``taken_ids`` (the database already holds it)."""
+        ...
+
+
+@runtime_checkable
+class JobEvents(Protocol):
+    """A backend that reports what happens to its jobs while they train (a node lost, a
+    resume from a checkpoint, precision raised by the gradient-norm guard, batch shares
+    moved): the daemon's tick takes them and stores them (``GET /jobs/{id}/events``)."""
+
+    def take_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """The ``(job_id, event)`` pairs reported since the previous call, oldest first,
+        each event a dict with ``kind``, ``at`` (Unix time) and its own fields; a pair is
+        given once."""
         ...
 
 

@@ -50,6 +50,8 @@ fits each job's throughput model online from these reports.
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -60,6 +62,7 @@ from autotune.catalog.devices import device
 from autotune.core import (
     ACTIVE_STATES,
     MILLI_PER_GPU,
+    MODULE_CLASSES,
     Decision,
     JobConfig,
     JobSpec,
@@ -92,6 +95,9 @@ __all__ = [
     "SimJob",
     "SimulatedCluster",
 ]
+
+_EVENTS_KEPT = 10_000
+"""Job events the simulated cluster keeps until they are taken."""
 
 
 MEASUREMENT_NOISE = 0.05
@@ -301,6 +307,8 @@ class SimulatedCluster:
         self._cache: dict[tuple[object, ...], Estimate] = {}
         self._restarts = 0
         """Reconfigurations applied since the last round."""
+        self._events: deque[tuple[str, dict[str, Any]]] = deque(maxlen=_EVENTS_KEPT)
+        """What happened to jobs, until taken (``take_events``)."""
         self.parked: dict[str, float] = {}
         """Nodes out of service: parked (``inf``) or waking (the time they are usable)."""
         self._views: tuple[tuple[tuple[str, float], ...], Any] | None = None
@@ -473,6 +481,21 @@ class SimulatedCluster:
         }
 
     # -- Backend ------------------------------------------------------------------------
+
+    def _event(self, job_id: str, kind: str, **detail: Any) -> None:
+        self._events.append(
+            (job_id, {"kind": kind, "at": time.time(), "sim_s": self.now, **detail})
+        )
+
+    def take_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """What happened to jobs since the previous call (``JobEvents``): a divergence's
+        move to a safer precision (``nonfinite``, one per module class, as the executor's
+        fall-back reports it) and an out-of-memory crash (``out_of_memory``), each with
+        the simulated time ``sim_s``; at most the newest ``_EVENTS_KEPT`` when nobody
+        takes them (a training environment)."""
+        taken = list(self._events)
+        self._events.clear()
+        return taken
 
     def observe(self) -> ClusterSnapshot:
         """The cluster now (the first call starts it: the jobs present at the start
@@ -657,6 +680,7 @@ class SimulatedCluster:
             if est.oom and physics is None:  # a measured job ran at this size
                 per_job[job.job_id] = replace(mine, ooms=1)
                 ooms += 1
+                self._event(job.job_id, "out_of_memory", world_size=status.config.world_size)
                 job.goodput = 0.0
                 job.status = replace(
                     status,
@@ -684,6 +708,16 @@ class SimulatedCluster:
                     safer.batch(status.spec),
                     node.gpu_memory_bytes * status.placement.ranks[0].gpu_milli / MILLI_PER_GPU,
                 )[0]
+                for cls in MODULE_CLASSES:  # as the executor's fall-back reports it
+                    was, now = getattr(status.config.precision, cls), getattr(safer.precision, cls)
+                    if was != now:
+                        self._event(
+                            job.job_id,
+                            "nonfinite",
+                            module_class=cls,
+                            **{"from": was, "to": now},
+                            divergences=events,
+                        )
             need = job.work - job.done
             reached = job.done
             if physics is not None:

@@ -75,6 +75,8 @@ class _Job:
     interrupted: str | None = None
     """Why the job waits to be placed again (a lost node, a preemption), until it starts."""
     events: list[dict[str, Any]] = field(default_factory=list)
+    forwarded: int = 0
+    """Events of its current run (``JobRunner.events_after``) already in ``events``."""
     rates: list[float] = field(default_factory=list)
     """Throughput of its steps since it started or was last reconfigured."""
     change: ConfigChange | None = None
@@ -127,6 +129,8 @@ class RayBackend:
         self._jobs: dict[str, _Job] = {}
         self._taken: set[str] = set()
         self._lock = threading.Lock()
+        self._outbox: list[tuple[str, dict[str, Any]]] = []
+        """Events not yet taken (``take_events``)."""
         self._clock = time.monotonic()
         self._term: int | None = None
         self._links: dict[str, float] = {}
@@ -204,15 +208,40 @@ class RayBackend:
                 log.warning("job %s: stopped %s of an older term", fence.job_id, stopped)
                 with self._lock:
                     event = {"kind": "fenced_older", "term": self._term, "stopped": stopped}
-                    job.events.append({**event, "at": time.time()})
+                    self._record(job, {**event, "at": time.time()})
+
+    def _record(self, job: _Job, event: dict[str, Any]) -> None:
+        """Keep ``event`` with the job and for ``take_events`` (under ``_lock``)."""
+        job.events.append(event)
+        self._outbox.append((job.submission.spec.job_id, dict(event)))
+
+    def _forward(self, job: _Job, runner: JobRunner | None) -> None:
+        """The events ``runner`` reported since the last call (the gradient-norm guard's,
+        batch shares moved, reconfigurations, ...), stamped with the time they are taken
+        (under ``_lock``)."""
+        if runner is None:
+            return
+        new = runner.events_after(job.forwarded)
+        job.forwarded += len(new)
+        now = time.time()
+        for event in new:
+            self._record(job, {**event, "at": now})
 
     # ----------------------------------------------------------------- Backend
 
     def job_events(self, job_id: str) -> list[dict[str, Any]]:
-        """What happened to the job on this backend: ``node_lost`` (``nodes``, ``step``)
-        and ``resumed`` (``step``, ``steps_redone``), each with ``at`` (Unix time)."""
+        """What happened to the job on this backend: ``node_lost`` (``nodes``, ``step``),
+        ``resumed`` (``step``, ``steps_redone``), ``fenced``, and what its runs reported
+        (``JobResult.events``: ``grad_norm_growth``, ``batch_shares``, ``reconfigured``,
+        ...), each with ``at`` (Unix time)."""
         with self._lock:
             return [dict(e) for e in self._jobs[job_id].events]
+
+    def take_events(self) -> list[tuple[str, dict[str, Any]]]:
+        """The jobs' events since the previous call (``JobEvents``)."""
+        with self._lock:
+            taken, self._outbox = self._outbox, []
+        return taken
 
     def observe(self) -> ClusterSnapshot:
         cluster = ray_cluster()
@@ -347,7 +376,8 @@ class RayBackend:
                 if first and job.interrupted is not None:
                     redone = max(0, job.step - runner.resumed_from)
                     job.steps_redone += redone
-                    job.events.append(
+                    self._record(
+                        job,
                         {
                             "kind": "resumed",
                             "step": step,
@@ -355,7 +385,7 @@ class RayBackend:
                             "steps_redone": redone,
                             "at": time.time(),
                             "nodes": sorted({s.node_id for s in placement.ranks}),
-                        }
+                        },
                     )
                     job.interrupted = None
                 if first and runner.start_s is not None:
@@ -376,6 +406,7 @@ class RayBackend:
                     ):
                         job.change = replace(change, samples_per_s_after=statistics.median(steady))
                 job.metrics = replace(metrics, steps_redone=job.steps_redone + runner.steps_redone)
+                self._forward(job, runner)
             if self._on_step is not None:
                 self._on_step(job_id, step, metrics)
 
@@ -395,6 +426,7 @@ class RayBackend:
         )
         runner = JobRunner(run, config, placement=placement, on_step=on_step)
         job.runner, job.config, job.placement, job.state = runner, config, placement, "running"
+        job.forwarded = 0
         job.thread = threading.Thread(
             target=self._run, args=(job,), name=f"job-{job_id}", daemon=True
         )
@@ -415,8 +447,15 @@ class RayBackend:
             why = f"node {', '.join(lost.nodes)} lost"
             log.warning("job %s: %s at step %d", job.submission.spec.job_id, why, lost.step)
             with self._lock:
-                job.events.append(
-                    {"kind": "node_lost", "nodes": lost.nodes, "step": lost.step, "at": time.time()}
+                self._forward(job, job.runner)
+                self._record(
+                    job,
+                    {
+                        "kind": "node_lost",
+                        "nodes": lost.nodes,
+                        "step": lost.step,
+                        "at": time.time(),
+                    },
                 )
                 if job.state == "running":
                     job.state, job.placement, job.runner = "pending", None, None
@@ -426,8 +465,9 @@ class RayBackend:
         except Fenced as fenced:  # a newer leader runs it now
             log.warning("job %s: %s", job.submission.spec.job_id, fenced)
             with self._lock:
-                job.events.append(
-                    {"kind": "fenced", "term": fenced.term, "by": fenced.holder, "at": time.time()}
+                self._record(
+                    job,
+                    {"kind": "fenced", "term": fenced.term, "by": fenced.holder, "at": time.time()},
                 )
                 if job.state == "running":
                     job.state, job.placement, job.runner = "pending", None, None
@@ -439,6 +479,7 @@ class RayBackend:
                 job.state, job.error = "failed", str(exc).splitlines()[0] if str(exc) else repr(exc)
             return
         with self._lock:
+            self._forward(job, job.runner)
             if job.state == "running":
                 job.state = "finished" if result.steps >= job.submission.steps else "pending"
                 if job.state == "pending":  # stopped: it waits for a decision

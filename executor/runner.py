@@ -382,6 +382,11 @@ class JobRunner:
     def stopped(self) -> bool:
         return self._stopping.is_set()
 
+    def events_after(self, n: int) -> list[dict[str, Any]]:
+        """The run's events (``JobResult.events``) after its first ``n``, so far: from
+        ``on_step``, or once ``run`` returned."""
+        return [dict(e) for e in self._result.events[n:]]
+
     def run(self) -> JobResult:
         restarts = 0
         fence = self.run_config.fence

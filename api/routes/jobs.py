@@ -27,6 +27,8 @@ from autotune.api.deps import (
 from autotune.api.schemas import (
     LINE_PATTERN,
     JobCreate,
+    JobEventPublic,
+    JobEventsPublic,
     JobPublic,
     JobsPublic,
     MetricSamplePublic,
@@ -220,6 +222,50 @@ async def job_metric_samples(
                 name=s.name, value=s.value, job_id=s.job_id, recorded_at=s.recorded_at
             )
             for s in page.rows
+        ],
+        count=page.count,
+        count_exact=page.count_exact,
+        next=page.next_cursor,
+    )
+
+
+@router.get(
+    "/{job_id}/events",
+    response_model=JobEventsPublic,
+    responses={**READ_ERRORS, **_NO_JOB},
+)
+async def job_events(
+    request: Request,
+    job_id: JobIdPath,
+    reader: ReaderDep,
+    kind: Annotated[
+        str | None, Query(max_length=64, pattern=LINE_PATTERN, description="Only this kind")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=5000)] = 500,
+    cursor: CursorQuery = None,
+) -> JobEventsPublic:
+    """What happened to the job on the backend while it trained, oldest first: nodes
+    lost, resumes from a checkpoint, precision raised by the gradient-norm guard, batch
+    shares moved, reconfigurations; page with ``cursor``."""
+
+    tenant = seen_tenant(reader)
+
+    def read(session: Session) -> repo.Page[repo.JobEventRecord] | None:
+        owner = repo.job_tenant(session=session, job_id=job_id)
+        if owner is None or tenant not in (None, owner):
+            return None
+        return repo.list_job_events(
+            session=session, job_id=job_id, kind=kind, limit=limit, cursor=cursor
+        )
+
+    with bad_cursor():
+        page = await in_session(request, read)
+    if page is None:
+        raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
+    return JobEventsPublic(
+        data=[
+            JobEventPublic(event_id=e.event_id, kind=e.kind, at=e.at, detail=e.detail)
+            for e in page.rows
         ],
         count=page.count,
         count_exact=page.count_exact,

@@ -43,6 +43,8 @@ from autotune.api.schemas.health import Health, LeaderPublic, Readiness, TickHea
 from autotune.api.schemas.jobs import (
     JobConstraints,
     JobCreate,
+    JobEventPublic,
+    JobEventsPublic,
     JobPublic,
     JobsPublic,
     MetricSamplePublic,
@@ -104,6 +106,8 @@ __all__ = [
     "HostPublic",
     "JobConstraints",
     "JobCreate",
+    "JobEventPublic",
+    "JobEventsPublic",
     "JobPublic",
     "JobsPublic",
     "LayoutPin",

@@ -180,3 +180,24 @@ class MetricSamplePublic(BaseModel):
 
 class MetricSamplesPublic(Paged):
     data: list[MetricSamplePublic]
+
+
+class JobEventPublic(BaseModel):
+    """Something that happened to the job on the backend while it trained."""
+
+    event_id: int
+    kind: str = Field(
+        description="``node_lost``, ``resumed``, ``fenced``, ``fenced_older``, "
+        "``reconfigured``, ``grad_norm_growth`` (the guard raised precision), "
+        "``nonfinite`` (a step with a NaN or infinite gradient), ``grad_overflow``, "
+        "``compression_ratio`` (adaptive top-k moved), ``batch_shares``, "
+        "``batch_shares_reset``, ``checkpoint_unreadable``, ``out_of_memory`` (simulated), ..."
+    )
+    at: datetime = Field(description="When it happened, on the backend's clock")
+    detail: dict[str, Any] = Field(
+        description="Its other fields: the step, the nodes, the new shares, ..."
+    )
+
+
+class JobEventsPublic(Paged):
+    data: list[JobEventPublic]

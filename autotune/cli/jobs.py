@@ -192,6 +192,32 @@ def job_show(
         _out.print(latest[0]["reason"], markup=False)
 
 
+@job_app.command("events")
+def job_events(
+    job_id: Annotated[str, typer.Argument(help="Job id.")],
+    kind: Annotated[
+        str | None,
+        typer.Option(help="Only this kind: node_lost, resumed, grad_norm_growth, ..."),
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 100,
+    cursor: CursorOption = None,
+    url: UrlOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """What happened to a job on the backend while it trained, oldest first: nodes lost,
+    resumes from a checkpoint, precision raised by the gradient-norm guard, batch shares
+    moved, reconfigurations. The next page with --cursor."""
+    with daemon(url) as api:
+        page = to_json(api.job_events_page(job_id, kind=kind, limit=limit, cursor=cursor))
+    table = Table(title=f"{_counted(page)} event(s) of job {job_id}", caption=_next_page(page))
+    for column in ("at", "kind", "detail"):
+        table.add_column(column, overflow="fold")
+    for item in page["data"]:
+        detail = " ".join(f"{k}={v}" for k, v in item["detail"].items())
+        table.add_row(str(item["at"]), item["kind"], detail)
+    _emit(page, as_json, table)
+
+
 @job_app.command("cancel")
 def job_cancel(
     job_id: Annotated[str, typer.Argument(help="Job id.")],

@@ -57,6 +57,7 @@ from autotune.interfaces import (
     ClusterSnapshot,
     Fenceable,
     JobControl,
+    JobEvents,
     JobStatus,
     JobSubmission,
     Policy,
@@ -72,6 +73,9 @@ __all__ = ["FALLBACK_AFTER", "Daemon", "DaemonParts", "RoundInput"]
 
 FALLBACK_AFTER = 3
 """Failed ticks in a row after which the daemon decides with its fallback policy."""
+
+_MAX_UNSTORED_EVENTS = 10_000
+"""Job events kept for the database while it cannot be written; older ones are dropped."""
 
 
 class Daemon:
@@ -92,6 +96,8 @@ class Daemon:
         """The leader term this daemon decides in; ``None`` without leadership or while
         it follows."""
         self._unmarked: list[int] = []
+        self._events: list[tuple[str, dict[str, Any]]] = []
+        """Job events taken from the backend and not yet stored (kept over a failed write)."""
         """Decisions applied whose ``applied_at`` is not committed yet (the database
         failed right after the backend applied them): marked at the next tick."""
         # Replaced, never changed in place, by the decision loop's thread: other threads
@@ -456,6 +462,9 @@ class Daemon:
         self._intake()
         outcome = self.backend.run_round() if isinstance(self.backend, SimulatedTime) else None
         snapshot = self.backend.observe()
+        if isinstance(self.backend, JobEvents):
+            self._events.extend(self.backend.take_events())
+            del self._events[:-_MAX_UNSTORED_EVENTS]  # a long database outage: the newest
         if self.provisioner is not None:
             snapshot = self._provision(snapshot)
         self._known.update(j.spec.job_id for j in snapshot.jobs)
@@ -494,6 +503,7 @@ class Daemon:
             if reconciling:
                 self._reconcile(session, snapshot)
             self._write_cluster(session, snapshot, unplaced)
+            repo.record_job_events(session=session, events=self._events)
             for job_id in refitted:
                 summary = self.models.summary(job_id)
                 if summary is not None:
@@ -516,6 +526,7 @@ class Daemon:
                     stored=stored,
                 )
         self._reconciled = True
+        self._events.clear()  # committed
         for decision in stored:
             self._honoured[decision.job_id] = why[decision.job_id].override_id
         self.backend.apply(stored)

@@ -22,7 +22,8 @@ API's readers never wait long behind retention. The work of a step, in order:
    ``downsampled_n``, so the mean stays exact. Rows carrying ``downsampled_s`` are never
    folded again. The averaging is done here in Python over a bounded slice of rows, the
    same on SQLite and PostgreSQL;
-2. metrics older than ``metrics_days`` deleted, downsampled or not;
+2. metrics older than ``metrics_days`` deleted, downsampled or not, and job events
+   (``job_events``) older than ``decisions_days``;
 3. transitions older than ``transitions_days`` deleted once an export covered them
    (``transition_exports``), and every transition older than
    ``transitions_unexported_days``; last in a step, those older than
@@ -66,6 +67,7 @@ from autotune.db.downsampling import DOWNSAMPLED_N, DOWNSAMPLED_S, chunks, downs
 from autotune.db.engine import Database
 from autotune.db.tables import (
     DecisionRow,
+    JobEventRow,
     JobRow,
     MetricRow,
     OverrideRow,
@@ -107,7 +109,7 @@ class RetentionPolicy:
     """Metric rows, downsampled or not, are deleted after this long."""
     decisions_days: float | None = 90.0
     """Decisions are deleted after this long (the newest of an active job never is);
-    ended overrides too, once no decision refers to them."""
+    ended overrides too, once no decision refers to them, and job events."""
     transitions_days: float | None = 90.0
     """Logged transitions an export covered are deleted after this long."""
     transitions_unexported_days: float | None = 90.0
@@ -177,6 +179,8 @@ class RetentionReport:
     more samples): the metrics table shrank by ``metrics_downsampled - metrics_written``."""
     metrics_deleted: int = 0
     """Metric rows older than ``metrics_days`` deleted."""
+    job_events_deleted: int = 0
+    """Job events older than ``decisions_days`` deleted."""
     transitions_deleted: int = 0
     transitions_compacted: int = 0
     """Logged transitions rewritten compacted (not deleted)."""
@@ -195,6 +199,7 @@ class RetentionReport:
         """Rows deleted per table: past their age, or folded into a downsampled row."""
         return {
             "metrics": self.metrics_deleted + self.metrics_downsampled - self.metrics_written,
+            "job_events": self.job_events_deleted,
             "transitions": self.transitions_deleted,
             "decisions": self.decisions_deleted,
             "overrides": self.overrides_deleted,
@@ -207,6 +212,7 @@ class RetentionReport:
         return (
             self.metrics_downsampled
             + self.metrics_deleted
+            + self.job_events_deleted
             + self.transitions_deleted
             + self.transitions_compacted
             + self.decisions_deleted
@@ -325,6 +331,16 @@ def _old_metrics(session: Session, policy: RetentionPolicy, now: datetime, budge
     cutoff = _ago(now, policy.metrics_days)
     n = _delete_oldest(session, MetricRow.id, MetricRow.recorded_at, cutoff, budget)
     return _Phase(n, {"metrics_deleted": n})
+
+
+def _old_job_events(
+    session: Session, policy: RetentionPolicy, now: datetime, budget: int
+) -> _Phase:
+    if policy.decisions_days is None:  # kept as long as the decisions
+        return _Phase(0, {})
+    cutoff = _ago(now, policy.decisions_days)
+    n = _delete_oldest(session, JobEventRow.id, JobEventRow.at, cutoff, budget)
+    return _Phase(n, {"job_events_deleted": n})
 
 
 def _old_transitions(
@@ -555,6 +571,7 @@ _PHASES: tuple[Callable[[Session, RetentionPolicy, datetime, int], _Phase], ...]
     # Downsampling first: its reads, the largest, come before any write of the step.
     _downsample,
     _old_metrics,
+    _old_job_events,
     _old_transitions,
     # Then what refers to what, so one step can clear a chain: decisions, the overrides
     # they referred to, the jobs both referred to (foreign keys).

@@ -363,6 +363,25 @@ class AuditRow(Base):
     status: Mapped[int] = mapped_column(Integer)
 
 
+class JobEventRow(Base):
+    """Something that happened to a job on the backend while it trained, as the backend
+    reported it (``autotune.interfaces.JobEvents``): a node lost, a resume from a
+    checkpoint, precision raised by the gradient-norm guard, batch shares moved, ..."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(String(128))
+    """No foreign key: like a metric sample, an event outlives its job's row until
+    retention deletes it."""
+    kind: Mapped[str] = mapped_column(String(64))
+    at: Mapped[datetime] = mapped_column(index=True)
+    """When it happened, on the backend's clock."""
+    detail: Mapped[JsonDict]
+    """The event's other fields (``step``, ``nodes``, ``shares``, ...)."""
+
+
 class LeaderLeaseRow(Base):
     """Who runs the decision loop (``autotune.db.lease``): one row per lease, renewed by
     its holder every second or so. ``term`` grows by one at every change of holder and is

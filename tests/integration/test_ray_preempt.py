@@ -6,11 +6,12 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from autotune.catalog.tasks import BUILTIN_TASKS
-from autotune.core import JobConfig, JobSpec, TenantSpec
+from autotune.core import CompressionSpec, Decision, JobConfig, JobSpec, TenantSpec
 from autotune.decision.step import decide_for
 from autotune.interfaces import ClusterSnapshot, JobSubmission, PolicyChoice, PolicyRound
 
@@ -98,6 +99,36 @@ def test_a_preempted_job_stops_before_another_takes_its_ranks_and_resumes(
         )
         assert events[0]["resumed_from"] == stopped_at
         assert events[0]["steps_redone"] == 0
+        # What happens to a job comes out of take_events once, for the daemon to store:
+        # the backend's own events (the resume) and what the job's run reports (here a
+        # reconfiguration: another gradient compression on the same ranks).
+        first = {j.spec.job_id: j for j in backend.observe().jobs}["first"]
+        assert first.config is not None
+        assert first.placement is not None
+        recompressed = replace(first.config, compression=CompressionSpec(kind="int8"))
+        backend.apply(
+            [
+                Decision(
+                    job_id="first",
+                    config=recompressed,
+                    placement=first.placement,
+                    source="policy",
+                    policy_version="turns-test",
+                    reason="recompress",
+                )
+            ]
+        )
+        taken: list[tuple[str, dict[str, Any]]] = []
+
+        def reconfigured() -> list[dict[str, Any]]:
+            taken.extend(backend.take_events())
+            return [e for j, e in taken if j == "first" and e["kind"] == "reconfigured"]
+
+        _wait("the reconfiguration's event", reconfigured)
+        mine = [e for j, e in taken if j == "first"]
+        assert [e["kind"] for e in mine].count("resumed") == 1
+        assert mine == backend.job_events("first")[: len(mine)]
+        assert all(isinstance(e["at"], float) for e in mine)
     finally:
         backend.close(timeout_s=60)
 

@@ -59,12 +59,14 @@ dictionaries.active-jobs.values = ["st-0", "st-1", "st-2"]
 
 # Rules a schema cannot state (each field's description says them): a cursor the listing
 # did not hand out, max_gpus below min_gpus, an override the job or cluster cannot run, a
-# checkpoint that does not load, a tenant that does not exist
+# checkpoint that does not load, a tenant that does not exist, GPUs promised on given
+# models beyond the tenant's quota in all
 [[operations]]
 include-name = [
-    "GET /api/v1/jobs", "GET /api/v1/jobs/{job_id}/metrics", "GET /api/v1/decisions",
-    "GET /api/v1/audit", "POST /api/v1/jobs", "POST /api/v1/overrides",
-    "POST /api/v1/policies", "POST /api/v1/tokens",
+    "GET /api/v1/jobs", "GET /api/v1/jobs/{job_id}/metrics",
+    "GET /api/v1/jobs/{job_id}/events", "GET /api/v1/decisions", "GET /api/v1/audit",
+    "POST /api/v1/jobs", "POST /api/v1/overrides", "POST /api/v1/policies",
+    "POST /api/v1/tokens", "POST /api/v1/tenants", "PATCH /api/v1/tenants/{name}",
 ]
 checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "404", "409", "413", "422"]
 

@@ -16,6 +16,7 @@ One module per resource; every public name is re-exported here, so callers write
 - ``tenants``: the teams sharing the cluster and their quotas;
 - ``tokens``: API token digests, with tenant, role and expiry;
 - ``audit``: who did what through the API;
+- ``events``: what happened to each job on the backend while it trained;
 - ``observations``: how a transition packs its observation;
 - ``cursor``: the codec of pagination cursors;
 - ``paging``: ``Page`` and the count bounded by ``COUNT_CAP`` every listing shares.
@@ -39,6 +40,7 @@ from autotune.db.repository.decisions import (
     mark_decision_applied,
     running_placements,
 )
+from autotune.db.repository.events import JobEventRecord, list_job_events, record_job_events
 from autotune.db.repository.jobs import (
     JobRecord,
     active_jobs,
@@ -131,6 +133,7 @@ __all__ = [
     "AuditRecord",
     "CursorError",
     "DecisionRecord",
+    "JobEventRecord",
     "JobRecord",
     "MetricSample",
     "MetricSummary",
@@ -177,6 +180,7 @@ __all__ = [
     "list_audit",
     "list_decision_rows",
     "list_decisions",
+    "list_job_events",
     "list_jobs",
     "list_metric_samples",
     "list_metrics",
@@ -192,6 +196,7 @@ __all__ = [
     "pack_transition",
     "policy_state",
     "record_audit",
+    "record_job_events",
     "record_metrics",
     "record_policy_failure",
     "record_transition_export",

@@ -291,6 +291,7 @@ def test_reads_per_tenant_show_each_token_its_own_tenants_jobs(database: Databas
             f"/decisions/{decision_id}/explain",
             "/overrides",
             f"/overrides/{t.override_id}",
+            "/jobs/a-job/events",
         ]
         for path in job_scoped:
             t.call("get", path, None, expect=401)

@@ -1,8 +1,8 @@
-"""``autotune tenant``, the API's ``autotune token`` commands and ``autotune audit``
-against the real API (served in this process over a temporary SQLite database): what
-they send, what they print (tables for people, ``--json``, the new token's secret once
-on stdout), and their errors: one line, exit 2 for what the API or the command line
-rejects, 1 when no daemon answers."""
+"""``autotune tenant``, the API's ``autotune token`` commands, ``autotune audit`` and
+``autotune job events`` against the real API (served in this process over a temporary
+SQLite database): what they send, what they print (tables for people, ``--json``, the
+new token's secret once on stdout), and their errors: one line, exit 2 for what the API
+or the command line rejects, 1 when no daemon answers."""
 
 from __future__ import annotations
 
@@ -272,3 +272,27 @@ def test_the_audit_log_says_who_changed_what_page_by_page(run: Run) -> None:
 
     assert "403" in refused(run("audit", token=member))
     assert "needs the API token" in refused(run("audit", token=None))
+
+
+def test_a_jobs_events_are_listed_oldest_first_by_kind(run: Run, database: Database) -> None:
+    from autotune.core import JobSpec
+    from autotune.db import repository as repo
+
+    with database.session() as session:
+        repo.submit_job(session=session, spec=JobSpec(job_id="j"), task={"name": "gpt-char"})
+        repo.record_job_events(
+            session=session,
+            events=[
+                ("j", {"kind": "node_lost", "at": 1.9e9, "nodes": ["n1"], "step": 40}),
+                ("j", {"kind": "resumed", "at": 1.9e9 + 5, "step": 31, "steps_redone": 9}),
+            ],
+        )
+    listed = ok(run("job", "events", "j", "--json"))
+    assert [e["kind"] for e in listed["data"]] == ["node_lost", "resumed"]
+    assert listed["data"][1]["detail"] == {"step": 31, "steps_redone": 9}
+    table = run("job", "events", "j", "--kind", "resumed")
+    assert table.exit_code == 0, table.output
+    assert "1 event(s) of job j" in table.stdout
+    assert "steps_redone=9" in table.stdout
+    assert "node_lost" not in table.stdout
+    assert "no job 'nope'" in refused(run("job", "events", "nope"))

@@ -39,7 +39,7 @@ def test_0007_adds_names_hashes_events_and_goes_back(tmp_path: Path) -> None:
             "created_at) VALUES ('ppo-0.1.0', 'ppo', NULL, 1, '{}', '2026-11-01 10:00:00')"
         )
     database.upgrade()
-    assert database.current_revision() == "0013_tenants"
+    assert database.current_revision() == "0014_job_events"
     assert _columns(database, "policy_versions") >= NEW_COLUMNS
     with database.session() as session:
         (old,) = repo.list_policy_versions(session=session)

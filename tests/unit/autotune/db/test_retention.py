@@ -458,6 +458,7 @@ def test_old_decisions_overrides_jobs_and_transitions_go(
     assert left["transitions"] == set(ids["transitions"][2:])
     assert report.deleted == {
         "metrics": 0,
+        "job_events": 0,
         "transitions": 2,
         "decisions": 7,
         "overrides": 2,

@@ -39,7 +39,7 @@ def decision(job_id: str, *, source: str = "policy", world: int = 1) -> Decision
 
 def test_migrations_create_exactly_the_models_schema(any_database: Database) -> None:
     database = any_database
-    assert database.current_revision() == "0013_tenants"
+    assert database.current_revision() == "0014_job_events"
     with database.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
@@ -204,8 +204,8 @@ def test_db_upgrade_command_creates_the_schema(tmp_path: Path) -> None:
     url = sqlite_url(tmp_path / "cli.db")
     result = CliRunner().invoke(app, ["db", "upgrade", "--db", url])
     assert result.exit_code == 0, result.output
-    assert "revision 0013_tenants" in result.stdout
-    assert Database(url).current_revision() == "0013_tenants"
+    assert "revision 0014_job_events" in result.stdout
+    assert Database(url).current_revision() == "0014_job_events"
     bad = CliRunner().invoke(app, ["db", "upgrade", "--db", "nonsense"])
     assert bad.exit_code == 2
     assert bad.stderr.startswith("error: not a database URL")

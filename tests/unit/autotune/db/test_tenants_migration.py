@@ -58,7 +58,7 @@ def test_0013_makes_the_stored_token_defaults_admin_and_goes_back(tmp_path: Path
         (token_id,) = connection.exec_driver_sql("SELECT id FROM api_tokens").one()
 
     database.upgrade()
-    assert database.current_revision() == "0013_tenants"
+    assert database.current_revision() == "0014_job_events"
     assert _tables(database) >= NEW_TABLES
     with database.engine.connect() as connection:
         row = connection.exec_driver_sql(

@@ -1,0 +1,82 @@
+"""Job events: what happened to a job on the backend while it trained, as the backend
+reported it (``autotune.interfaces.JobEvents``), stored by the daemon's tick and listed
+per job, oldest first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.orm import Session
+
+from autotune.db.repository.cursor import decode_cursor, encode_cursor
+from autotune.db.repository.paging import Page, bounded_count
+from autotune.db.tables import JobEventRow
+
+__all__ = ["JobEventRecord", "list_job_events", "record_job_events"]
+
+
+@dataclass(frozen=True, slots=True)
+class JobEventRecord:
+    event_id: int
+    job_id: str
+    kind: str
+    at: datetime
+    detail: dict[str, Any]
+
+
+def record_job_events(*, session: Session, events: Iterable[tuple[str, Mapping[str, Any]]]) -> int:
+    """Store ``(job_id, event)`` pairs; each event has a ``kind`` and ``at`` (Unix time,
+    the backend's clock), its other fields kept as its detail. Returns how many."""
+    n = 0
+    for job_id, event in events:
+        detail = {k: v for k, v in event.items() if k not in ("kind", "at")}
+        session.add(
+            JobEventRow(
+                job_id=job_id,
+                kind=str(event["kind"])[:64],
+                at=datetime.fromtimestamp(float(event["at"]), UTC),
+                detail=detail,
+            )
+        )
+        n += 1
+    return n
+
+
+def list_job_events(
+    *,
+    session: Session,
+    job_id: str,
+    kind: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> Page[JobEventRecord]:
+    """One job's events, oldest first, of one kind when given."""
+    conditions: list[ColumnElement[bool]] = [JobEventRow.job_id == job_id]
+    if kind is not None:
+        conditions.append(JobEventRow.kind == kind)
+    count, exact = bounded_count(session, JobEventRow.id, conditions)
+    if cursor is not None:
+        (last,) = decode_cursor(cursor, int)
+        conditions.append(JobEventRow.id > last)
+    rows = list(
+        session.scalars(
+            select(JobEventRow).where(*conditions).order_by(JobEventRow.id).limit(limit + 1)
+        )
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page(
+        rows=[
+            JobEventRecord(
+                event_id=r.id, job_id=r.job_id, kind=r.kind, at=r.at, detail=dict(r.detail)
+            )
+            for r in rows
+        ],
+        count=count,
+        count_exact=exact,
+        next_cursor=encode_cursor(rows[-1].id) if more and rows else None,
+    )
