@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from autotune.api.app import create_app
@@ -118,3 +119,30 @@ def test_the_tick_stores_each_reported_event_once_and_the_api_lists_them(
         assert {e["kind"] for e in listed["data"]} == {"resumed"}
         assert client.get("/api/v1/jobs/nope/events").status_code == 404
         assert client.get(f"/api/v1/jobs/{job_id}/events?limit=0").status_code == 422
+
+
+def test_events_taken_in_a_tick_whose_write_fails_are_stored_by_the_next(
+    database: Database, monkeypatch: Any
+) -> None:
+    backend = _Reporting(SimConfig(seed=1))
+    daemon = Daemon(DaemonParts(db=database, backend=backend, policy=RulesPolicy()))
+    daemon.start()
+    daemon.tick()
+    daemon.tick()
+    record = repo.record_job_events
+
+    def unwritable(**_: Any) -> int:
+        raise RuntimeError("the database is away")
+
+    monkeypatch.setattr(repo, "record_job_events", unwritable)
+    with pytest.raises(RuntimeError, match="the database is away"):
+        daemon.tick()
+    monkeypatch.setattr(repo, "record_job_events", record)
+    daemon.tick()
+    with database.session() as session:
+        stored = sorted(
+            (job_id, e.detail["step"])
+            for job_id in {j for j, _ in backend.reported}
+            for e in repo.list_job_events(session=session, job_id=job_id).rows
+        )
+    assert stored == sorted((j, e["step"]) for j, e in backend.reported)
