@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from autotune.api.deps import ReaderDep, SessionDep, every_tenant
 from autotune.api.routes.forecast import MAX_MINUTES, read_demand_window
+from autotune.api.routes.jobs import event_public
 from autotune.api.routes.tenants import read_tenants
 from autotune.api.schemas import (
     DashboardCluster,
@@ -140,6 +141,7 @@ def dashboard_data(
             )
             for row in reversed(rows)
         ],
+        events=[event_public(e) for e in repo.recent_job_events(session=session, since=since)],
         jobs=request.app.state.job_counts.read(session),
         shadow=_shadow(session, since, samples),
         cluster=_cluster(session, placements, ticks[-1].recorded_at if ticks else None),

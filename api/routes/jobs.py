@@ -229,6 +229,17 @@ async def job_metric_samples(
     )
 
 
+def event_public(record: repo.JobEventRecord) -> JobEventPublic:
+    """A stored job event as the API shows it (here and on the dashboard)."""
+    return JobEventPublic(
+        event_id=record.event_id,
+        job_id=record.job_id,
+        kind=record.kind,
+        at=record.at,
+        detail=record.detail,
+    )
+
+
 @router.get(
     "/{job_id}/events",
     response_model=JobEventsPublic,
@@ -263,10 +274,7 @@ async def job_events(
     if page is None:
         raise HTTPException(status_code=404, detail=f"no job {job_id!r}")
     return JobEventsPublic(
-        data=[
-            JobEventPublic(event_id=e.event_id, kind=e.kind, at=e.at, detail=e.detail)
-            for e in page.rows
-        ],
+        data=[event_public(e) for e in page.rows],
         count=page.count,
         count_exact=page.count_exact,
         next=page.next_cursor,

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from autotune.api.schemas.cluster import NODE_STATE
+from autotune.api.schemas.jobs import JobEventPublic
 from autotune.api.schemas.tenants import TenantPublic
 from autotune.core import DecisionSource, NodeState
 
@@ -120,6 +121,11 @@ class DashboardPublic(BaseModel):
     )
     decisions: list[DashboardDecision] = Field(
         description="Decisions in the window, oldest first (a shadow policy's too)"
+    )
+    events: list[JobEventPublic] = Field(
+        default_factory=list,
+        description="What happened to jobs while they trained, the newest 40 in the "
+        "window, newest first (as ``GET /jobs/{id}/events``)",
     )
     jobs: dict[str, int] = Field(description="Jobs per state")
     shadow: dict[str, Any] = Field(

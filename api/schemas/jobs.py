@@ -186,6 +186,7 @@ class JobEventPublic(BaseModel):
     """Something that happened to the job on the backend while it trained."""
 
     event_id: int
+    job_id: str
     kind: str = Field(
         description="``node_lost``, ``resumed``, ``fenced``, ``fenced_older``, "
         "``reconfigured``, ``grad_norm_growth`` (the guard raised precision), "

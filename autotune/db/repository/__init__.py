@@ -40,7 +40,12 @@ from autotune.db.repository.decisions import (
     mark_decision_applied,
     running_placements,
 )
-from autotune.db.repository.events import JobEventRecord, list_job_events, record_job_events
+from autotune.db.repository.events import (
+    JobEventRecord,
+    list_job_events,
+    recent_job_events,
+    record_job_events,
+)
 from autotune.db.repository.jobs import (
     JobRecord,
     active_jobs,
@@ -195,6 +200,7 @@ __all__ = [
     "pack_observation",
     "pack_transition",
     "policy_state",
+    "recent_job_events",
     "record_audit",
     "record_job_events",
     "record_metrics",

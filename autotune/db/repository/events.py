@@ -16,7 +16,7 @@ from autotune.db.repository.cursor import decode_cursor, encode_cursor
 from autotune.db.repository.paging import Page, bounded_count
 from autotune.db.tables import JobEventRow
 
-__all__ = ["JobEventRecord", "list_job_events", "record_job_events"]
+__all__ = ["JobEventRecord", "list_job_events", "recent_job_events", "record_job_events"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +46,23 @@ def record_job_events(*, session: Session, events: Iterable[tuple[str, Mapping[s
     return n
 
 
+def _record(row: JobEventRow) -> JobEventRecord:
+    return JobEventRecord(
+        event_id=row.id, job_id=row.job_id, kind=row.kind, at=row.at, detail=dict(row.detail)
+    )
+
+
+def recent_job_events(
+    *, session: Session, since: datetime | None = None, limit: int = 40
+) -> list[JobEventRecord]:
+    """Every job's events, the newest ``limit`` (at or after ``since`` where given),
+    newest first: what the dashboard lists."""
+    query = select(JobEventRow).order_by(JobEventRow.id.desc()).limit(limit)
+    if since is not None:
+        query = query.where(JobEventRow.at >= since)
+    return [_record(row) for row in session.scalars(query)]
+
+
 def list_job_events(
     *,
     session: Session,
@@ -70,12 +87,7 @@ def list_job_events(
     more = len(rows) > limit
     rows = rows[:limit]
     return Page(
-        rows=[
-            JobEventRecord(
-                event_id=r.id, job_id=r.job_id, kind=r.kind, at=r.at, detail=dict(r.detail)
-            )
-            for r in rows
-        ],
+        rows=[_record(r) for r in rows],
         count=count,
         count_exact=exact,
         next_cursor=encode_cursor(rows[-1].id) if more and rows else None,

@@ -230,6 +230,7 @@ def test_an_empty_database_gives_an_empty_map(database: Database) -> None:
     }
     assert data["configs"] == {}
     assert data["decisions"] == []
+    assert data["events"] == []
     # The tenant every database has from migration 0013, holding nothing.
     assert [
         {k: t[k] for k in ("name", "nominal_gpus", "gpus_held", "borrow", "lend", "weight")}
@@ -297,3 +298,21 @@ def test_tenants_show_the_gpus_they_hold_against_their_quota(
     schema = client.get("/openapi.json").json()["components"]["schemas"]
     items = schema["DashboardPublic"]["properties"]["tenants"]["items"]
     assert items["$ref"].endswith("/TenantPublic")
+
+
+def test_job_events_are_listed_newest_first(database: Database) -> None:
+    with database.session() as session:
+        repo.record_job_events(
+            session=session,
+            events=[
+                ("a", {"kind": "node_lost", "at": 1.9e9, "nodes": ["n1"], "step": 40}),
+                ("b", {"kind": "grad_norm_growth", "at": 1.9e9 + 1, "step": 7}),
+            ],
+        )
+    with TestClient(create_app(db=database, telemetry="simulator")) as client:
+        events = dashboard(client)["events"]
+    assert [(e["job_id"], e["kind"]) for e in events] == [
+        ("b", "grad_norm_growth"),
+        ("a", "node_lost"),
+    ]
+    assert events[1]["detail"] == {"nodes": ["n1"], "step": 40}
