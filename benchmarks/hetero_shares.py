@@ -2,7 +2,7 @@
 rank fewer samples make a data-parallel job faster, with the same loss per sample?
 
     python bench/hetero_shares.py [--speeds 1 0.5] [--mbit 1000] [--tasks gpt-char ...]
-                                  [--steps 60] [--seeds 0 1 2] [--json FILE]
+                                  [--layout dp|pp] [--steps 60] [--seeds 0 1 2] [--json FILE]
 
 On a testbed of one machine per ``--speeds`` entry (``autotune.benchmarks.testbed``:
 network namespaces, ``ray start`` on each, links shaped to ``--mbit`` Mbit/s each way),
@@ -15,6 +15,12 @@ on machine ``i``, trains each task for ``--steps`` steps three ways:
   shares a user or the Planner would give from the devices' known speeds);
 - ``balanced``: from even, moved to the ranks' measured speeds while it trains
   (``--balance-batch``, ``autotune.executor.balance``).
+
+With ``--layout pp`` the job is a pipeline instead, one stage per machine (stage ``i``
+on machine ``i``, ``--micro-batches`` micro-batches a step), trained two ways: ``even``
+(the block stack cut evenly, as pipeline parallelism does today) and ``by-speed`` (cut
+in the proportions of ``--speeds``: ``--stage-weights``). Its losses are the same math
+either way.
 
 Each run reports its throughput (samples/s from the end of step ``--warmup`` to the last
 step, and over the last half of the steps: after ``balanced`` found its shares), the
@@ -74,21 +80,32 @@ def run_arm(
     seed: int,
     batch: int | None,
     warmup: int,
+    layout: str = "dp",
+    micro_batches: int = 4,
 ) -> dict[str, Any]:
-    """Train ``task`` ``steps`` steps with the ``arm``'s batch shares."""
-    from autotune.core import JobConfig
+    """Train ``task`` ``steps`` steps with the ``arm``'s batch shares (``layout`` dp) or
+    stage cuts (pp)."""
+    from autotune.core import JobConfig, Layout
     from autotune.executor.runner import JobRunner, RunnerConfig
 
+    weights = tuple(speeds) if arm == "by-speed" else None
+    pipeline = layout == "pp"
     run = RunnerConfig(
         task=task,
         steps=steps,
         batch_size=batch,
         seed=seed,
         device="cpu",
-        batch_shares=tuple(speeds) if arm == "by-speed" else None,
+        batch_shares=None if pipeline else weights,
+        stage_weights=weights if pipeline else None,
         balance_batch=arm == "balanced",
     )
-    config = JobConfig.data_parallel(len(speeds))
+    n = len(speeds)
+    config = (
+        JobConfig(layout=Layout(world_size=n, dp=1, pp=n, micro_batches=micro_batches))
+        if pipeline
+        else JobConfig.data_parallel(n)
+    )
     runner = JobRunner(run, config, placement=_placement(bed, f"{arm}-{seed}"))
     began = time.time()
     result = runner.run()
@@ -97,12 +114,13 @@ def run_arm(
     samples = result.samples[warmup:]
     moves = [e for e in result.events if e["kind"] == "batch_shares"]
     shares = moves[-1]["to"] if moves else None
-    if arm == "by-speed":
+    if arm == "by-speed" and not pipeline:
         from autotune.executor.tasks import split_batch
 
         shares = list(split_batch(result.samples[0], speeds))
     return {
         "task": task,
+        "layout": layout,
         "arm": arm,
         "seed": seed,
         "steps": result.steps,
@@ -113,6 +131,7 @@ def run_arm(
         "step_s_median": round(statistics.median(walls), 4),
         "wall_s": round(wall, 2),
         "shares": shares,
+        "stage_weights": list(weights) if pipeline and weights else None,
         "moves": [{k: e[k] for k in ("step", "from", "to", "seconds_per_sample")} for e in moves],
         "losses": [round(x, 5) for x in result.losses],
         "placement": result.placement,
@@ -186,6 +205,8 @@ def run(
         "warmup": args.warmup,
         "seeds": args.seeds,
         "tasks": args.tasks,
+        "layout": args.layout,
+        "micro_batches": args.micro_batches if args.layout == "pp" else None,
         "runs": [],
     }
     import autotune.executor.runner  # noqa: F401  (imported before the first run)
@@ -200,7 +221,8 @@ def run(
                     for arm in args.arms:
                         row = run_arm(
                             bed, task, arm, speeds=args.speeds, steps=args.steps, seed=seed,
-                            batch=args.batch, warmup=args.warmup,
+                            batch=args.batch, warmup=args.warmup, layout=args.layout,
+                            micro_batches=args.micro_batches,
                         )  # fmt: skip
                         progress(
                             f"seed {seed} {task} {arm}: {row['samples_per_s']:.1f} samples/s, "
@@ -227,7 +249,14 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--mbit", type=float, default=1000.0, help="link bandwidth, Mbit/s")
     parser.add_argument("--tasks", nargs="+", default=["gpt-char", "mlp-synthetic"])
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument(
+        "--layout", choices=("dp", "pp"), default="dp",
+        help="dp: one data-parallel rank per machine; pp: one pipeline stage per machine",
+    )  # fmt: skip
+    parser.add_argument(
+        "--micro-batches", type=int, default=4, help="micro-batches a step (--layout pp)"
+    )
+    parser.add_argument("--arms", nargs="+", default=None, choices=ARMS)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5, help="steps not counted in the rate")
     parser.add_argument("--window", type=int, default=10, help="steps of the final loss")
@@ -239,6 +268,12 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--speeds: 2 to 4 positive CPU shares, one per machine")
     if args.steps <= args.warmup + 1:
         parser.error("--steps must exceed --warmup by 2 or more")
+    if args.arms is None:
+        args.arms = list(ARMS) if args.layout == "dp" else ["even", "by-speed"]
+    if args.layout == "pp" and "balanced" in args.arms:
+        parser.error("--arms balanced moves batch shares: data parallelism only (--layout dp)")
+    if args.layout == "pp" and args.micro_batches < 1:
+        parser.error("--micro-batches must be 1 or more")
     return args
 
 

@@ -241,6 +241,13 @@ class RunnerConfig:
     ``batch_shares_reset`` event) when the job is reconfigured to another data-parallel
     degree."""
 
+    stage_weights: tuple[float, ...] | None = None
+    """The pipeline stages cut in these proportions of the model's blocks (one weight per
+    stage, e.g. ``(2, 1)`` where stage 0's machine is twice as fast: it holds two thirds
+    of the blocks) instead of evenly (``WorkerSpec.stage_weights``); stage ``i`` runs on
+    the ranks ``i`` of each pipeline. Dropped (with a ``stage_weights_reset`` event) when
+    the job is reconfigured to another pipeline degree."""
+
     balance_batch: bool = False
     """Move the batch shares to the ranks' measured speeds while the job trains
     (``autotune.executor.balance``): a ``batch_shares`` event at each move. Needs a
@@ -253,6 +260,14 @@ class RunnerConfig:
         ):
             raise ExecutorError(
                 f"batch shares must be positive numbers, one per rank, not {self.batch_shares}"
+            )
+        if self.stage_weights is not None and (
+            len(self.stage_weights) < 2
+            or any(not w > 0 or w == float("inf") for w in self.stage_weights)
+        ):
+            raise ExecutorError(
+                "stage weights must be positive numbers, one per pipeline stage (two or "
+                f"more), not {self.stage_weights}"
             )
         if self.steps < 1:
             raise ExecutorError(f"steps must be >= 1, not {self.steps}")
@@ -335,8 +350,16 @@ class JobRunner:
     def _check_shares(self, config: JobConfig) -> None:
         """Refuse uneven batch shares (given or balanced) where they cannot apply: a
         layout with tensor or pipeline parallelism, or a task whose batches split evenly
-        only or that declares no global batch."""
+        only or that declares no global batch; and stage weights for a task that cuts
+        its own stages (``split_points()``)."""
         run, layout = self.run_config, config.layout
+        if run.stage_weights is not None and callable(
+            getattr(load_task(run.task, batch_size=run.batch_size), "split_points", None)
+        ):
+            raise ParallelError(
+                f"task {run.task!r} gives its own split_points(): stage weights apply to "
+                "stages cut from its block stack only"
+            )
         if run.batch_shares is None and not run.balance_batch:
             return
         why = shares_refusal(layout.dp, layout.tp, layout.pp)
@@ -483,6 +506,7 @@ class JobRunner:
         spec = WorkerSpec(
             task=run.task,
             batch_shares=self._shares,
+            stage_weights=self._stage_weights(config),
             config=config,
             seed=run.seed,
             batch_size=run.batch_size,
@@ -597,6 +621,17 @@ class JobRunner:
             [w.step.remote(shares) for w in self.workers],
             timeout_s=self.run_config.step_timeout_s,
         )
+
+    def _stage_weights(self, config: JobConfig) -> tuple[float, ...] | None:
+        """The configured stage weights where they fit the pipeline degree; else none,
+        with a ``stage_weights_reset`` event."""
+        weights, pp = self.run_config.stage_weights, config.layout.pp
+        if weights is None or len(weights) == pp:
+            return weights
+        self._result.events.append(
+            {"step": self.step, "kind": "stage_weights_reset", "weights": list(weights), "pp": pp}
+        )
+        return None
 
     def _start_shares(self, config: JobConfig) -> None:
         """The batch shares the ranks start on: the configured ones where they fit the

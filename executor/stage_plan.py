@@ -58,14 +58,26 @@ def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
     return best[1], best[2]
 
 
-def derive_split_points(model: nn.Module, stages: int) -> list[str]:
-    """Names of the blocks where stages ``1..stages-1`` begin: even cuts of the stack."""
+def derive_split_points(
+    model: nn.Module, stages: int, weights: Sequence[float] | None = None
+) -> list[str]:
+    """Names of the blocks where stages ``1..stages-1`` begin: even cuts of the stack, or,
+    with ``weights`` (one per stage, e.g. its device's speed), cuts giving each stage
+    blocks in those proportions (largest remainders, at least one block each)."""
     name, blocks = find_blocks(model)
     if len(blocks) < stages:
         raise ParallelError(
             f"cannot split {len(blocks)} blocks ({name}) into {stages} pipeline stages"
         )
-    cuts = [round(i * len(blocks) / stages) for i in range(1, stages)]
+    if weights is None:
+        cuts = [round(i * len(blocks) / stages) for i in range(1, stages)]
+    else:
+        from autotune.executor.tasks import split_batch
+
+        if len(weights) != stages:
+            raise ParallelError(f"{stages} pipeline stages need {stages} weights, not {weights}")
+        counts = split_batch(len(blocks), weights)
+        cuts = list(itertools.accumulate(counts))[:-1]
     return [f"{name}.{c}" for c in cuts]
 
 

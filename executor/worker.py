@@ -137,8 +137,17 @@ class WorkerSpec:
     Needs a data-parallel-only layout and a task whose ``batches`` takes ``shares``.
     ``RankWorker.step(shares=...)`` changes it between steps."""
 
+    stage_weights: tuple[float, ...] | None = None
+    """The pipeline stages cut so that each holds blocks in these proportions (one weight
+    per stage, e.g. its device's speed: ``stage_plan.derive_split_points``) instead of
+    evenly. Needs ``pp`` weights and a task without its own ``split_points()``."""
+
     def __post_init__(self) -> None:
         layout = self.config.layout
+        if self.stage_weights is not None and len(self.stage_weights) != layout.pp:
+            raise ParallelError(
+                f"{len(self.stage_weights)} stage weights for {layout.pp} pipeline stages"
+            )
         if self.batch_shares is not None:
             why = shares_refusal(layout.dp, layout.tp, layout.pp, len(self.batch_shares))
             if why is not None:
@@ -361,8 +370,13 @@ class RankWorker:
 
         def points(skeleton: nn.Module) -> list[str]:
             if callable(points_fn):
+                if spec.stage_weights is not None:
+                    raise ParallelError(
+                        f"task {spec.task!r} gives its own split_points(): stage weights "
+                        "apply to stages cut from its block stack only"
+                    )
                 return list(points_fn())
-            return derive_split_points(skeleton, self.pp)
+            return derive_split_points(skeleton, self.pp, spec.stage_weights)
 
         if self.pp > 1:
             batch = next(iter(self.task.batches(self.dp_index, self.dp, spec.seed)))

@@ -43,16 +43,19 @@ def parse_precision(text: str) -> PrecisionMap:
         raise InputError(str(exc), path=str(path)) from None
 
 
-def parse_shares(text: str, dp: int) -> tuple[float, ...]:
-    """``--batch-shares``: one positive weight per data-parallel rank, comma-separated."""
+def parse_shares(
+    text: str, count: int, *, option: str = "--batch-shares", per: str = "rank (--dp"
+) -> tuple[float, ...]:
+    """``--batch-shares`` (one positive weight per data-parallel rank) or
+    ``--stage-weights`` (one per pipeline stage), comma-separated."""
     try:
         shares = tuple(float(part) for part in text.split(","))
     except ValueError:
-        raise InputError(f"--batch-shares {text!r}: expected numbers such as 2,1") from None
-    if len(shares) != dp:
-        raise InputError(f"--batch-shares {text!r}: give one weight per rank (--dp {dp})")
+        raise InputError(f"{option} {text!r}: expected numbers such as 2,1") from None
+    if len(shares) != count:
+        raise InputError(f"{option} {text!r}: give one weight per {per} {count})")
     if any(not 0 < w < float("inf") for w in shares):
-        raise InputError(f"--batch-shares {text!r}: weights must be positive")
+        raise InputError(f"{option} {text!r}: weights must be positive")
     return shares
 
 
@@ -109,6 +112,15 @@ def run_command(
             "that a fast rank does not wait for a slow one (data parallelism only).",
         ),
     ] = False,
+    stage_weights: Annotated[
+        str | None,
+        typer.Option(
+            "--stage-weights",
+            help="Cut the pipeline stages so that each holds the model's blocks in these "
+            "proportions, one weight per stage (2,1: stage 0 holds two thirds, for a device "
+            "twice as fast). Needs --pp.",
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option("--steps", help="Training steps.", min=1)] = 100,
     batch_size: Annotated[
         int | None, typer.Option("--batch-size", help="Global batch (default: the task's).", min=1)
@@ -170,6 +182,11 @@ def run_command(
             f"--adaptive-topk moves top-k's ratio: use --compression topk:RATIO, not {compression}"
         )
     shares = parse_shares(batch_shares, dp) if batch_shares is not None else None
+    stages = None
+    if stage_weights is not None:
+        if pp < 2:
+            raise InputError("--stage-weights cuts pipeline stages: give --pp 2 or more")
+        stages = parse_shares(stage_weights, pp, option="--stage-weights", per="stage (--pp")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):
@@ -191,6 +208,7 @@ def run_command(
         device=device,
         adaptive_topk=adaptive_topk,
         batch_shares=shares,
+        stage_weights=stages,
         balance_batch=balance_batch,
     )
     runner = JobRunner(run, config, on_step=on_step)

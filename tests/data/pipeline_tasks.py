@@ -1,7 +1,7 @@
 """Tasks for the pipeline-stage and compression-state tests: a GPT deep enough for four
-stages, the same with its embedding tied to its head, one whose head reuses the
-embedding's weight in its forward, and a model with buffers (a persistent per-block
-scale, a causal mask computed at construction)."""
+stages, the same cutting its own stages, the same with its embedding tied to its head,
+one whose head reuses the embedding's weight in its forward, and a model with buffers (a
+persistent per-block scale, a causal mask computed at construction)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,13 @@ class GPT8(GPTChar):
 
     def __init__(self, *, batch_size: int | None = None) -> None:
         super().__init__(batch_size=batch_size, config=SMALL)
+
+
+class Split(GPT8):
+    """GPT8 cutting its own stages: the first two blocks, then the other six."""
+
+    def split_points(self) -> list[str]:
+        return ["blocks.2"]
 
 
 class TiedGPT(GPT8):

@@ -5,6 +5,8 @@ training and checkpoints across pp 1, 2 and 4."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from helpers import REPO
@@ -16,7 +18,7 @@ from autotune.executor.local import run_local
 from autotune.executor.pipeline import StageModule
 from autotune.executor.precision import PrecisionController, classify_modules
 from autotune.executor.stage_build import build_stage, parameter_bytes
-from autotune.executor.stage_plan import derive_split_points
+from autotune.executor.stage_plan import derive_split_points, find_blocks
 from autotune.executor.tasks import TrainingTask, load_task
 from autotune.executor.worker import WorkerSpec
 
@@ -249,6 +251,30 @@ def test_pp_1_2_4_train_alike_and_restore_each_others_checkpoints() -> None:
     assert single.state["step"] == 4
     again = run_local(spec("GPT8", pp=2), 1, state=single.state, save=False)
     assert again.losses() == pytest.approx(one[4:], rel=1e-4)
+
+
+def test_stage_weights_cut_the_block_stack_in_their_proportions() -> None:
+    model = task("GPT8").build_model()
+    name, blocks = find_blocks(model)
+    assert len(blocks) == 8
+    assert derive_split_points(model, 2, (1.0, 1.0)) == derive_split_points(model, 2)
+    assert derive_split_points(model, 2, (3.0, 1.0)) == [f"{name}.6"]
+    assert derive_split_points(model, 3, (2.0, 1.0, 1.0)) == [f"{name}.4", f"{name}.6"]
+    assert derive_split_points(model, 2, (100.0, 1.0)) == [f"{name}.7"]  # a block each
+    with pytest.raises(ParallelError, match="2 pipeline stages need 2 weights"):
+        derive_split_points(model, 2, (1.0, 1.0, 1.0))
+    with pytest.raises(ParallelError, match="1 stage weights for 2 pipeline stages"):
+        replace(spec("GPT8", pp=2), stage_weights=(1.0,))
+
+
+def test_stages_cut_by_weights_train_as_one_rank_does() -> None:
+    """pp=2 with stage 0 holding 6 of the 8 blocks (3:1): the same losses as pp=1, and
+    stage 0 holds about three times stage 1's block parameters."""
+    one = run_local(spec("GPT8"), 2, save=False).losses()
+    weighted = run_local(replace(spec("GPT8", pp=2), stage_weights=(3.0, 1.0)), 2, save=False)
+    assert weighted.losses() == pytest.approx(one, rel=1e-5)
+    first, second = (m["parameter_bytes"] for m in weighted.memory)
+    assert first > 2 * second
 
 
 @pytest.mark.slow

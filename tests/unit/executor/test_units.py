@@ -328,6 +328,20 @@ def test_job_run_exits_2_on_bad_input(tmp_path) -> None:
         (["--task", "gpt-char", "--dp", "2", "--batch-shares", "2,x"], "expected numbers"),
         (["--task", "gpt-char", "--dp", "2", "--batch-shares", "2,0"], "must be positive"),
         (["--task", "gpt-char", "--tp", "2", "--balance-batch"], "data-parallel-only"),
+        (["--task", "gpt-char", "--stage-weights", "2,1"], "give --pp 2 or more"),
+        (["--task", "gpt-char", "--pp", "2", "--stage-weights", "2,1,1"], "one weight per stage"),
+        (["--task", "gpt-char", "--pp", "2", "--stage-weights", "2,-1"], "must be positive"),
+        (
+            [
+                "--task",
+                f"{REPO}/tests/data/pipeline_tasks.py:Split",
+                "--pp",
+                "2",
+                "--stage-weights",
+                "2,1",
+            ],
+            "gives its own split_points()",
+        ),
         (
             ["--task", f"{REPO}/tests/data/hang_task.py:HangOnce", "--dp", "2", "--balance-batch"],
             "cannot split its batch unevenly",
