@@ -208,6 +208,12 @@ def enforce_quotas(
             held_on[name, model] <= promised(name, model) + _EPS for model in on[job.spec.job_id]
         )
 
+    def preemptible(job: JobStatus, owner: str) -> bool:
+        """Whether a running job may give its GPUs to ``owner``: another tenant's, under
+        no override, not preempted already."""
+        job_id = job.spec.job_id
+        return job.spec.tenant != owner and job_id not in overrides and job_id not in result.preempt
+
     def stop(job: JobStatus, gpus: float, reason: str) -> None:
         result.preempt[job.spec.job_id] = reason
         held[job.spec.tenant] -= gpus
@@ -223,9 +229,7 @@ def enforce_quotas(
             candidates = [
                 (job, gpus)
                 for job, gpus in running
-                if job.spec.tenant != owner
-                and job.spec.job_id not in overrides
-                and job.spec.job_id not in result.preempt
+                if preemptible(job, owner)
                 and held[job.spec.tenant] > tenant(job.spec.tenant).nominal_gpus + _EPS
                 and not within_promise(job)
             ]
@@ -260,10 +264,8 @@ def enforce_quotas(
             candidates = [
                 (job, gpus)
                 for job, gpus in running
-                if job.spec.tenant != owner
+                if preemptible(job, owner)
                 and model in on[job.spec.job_id]
-                and job.spec.job_id not in overrides
-                and job.spec.job_id not in result.preempt
                 and held_on[job.spec.tenant, model] > promised(job.spec.tenant, model) + _EPS
             ]
             if not candidates:
@@ -299,13 +301,8 @@ def enforce_quotas(
         in jobs no override holds."""
         excess: dict[str, float] = defaultdict(float)
         for job, _ in running:
-            name = job.spec.tenant
-            if (
-                name != owner
-                and job.spec.job_id not in overrides
-                and job.spec.job_id not in result.preempt
-            ):
-                excess[name] += on[job.spec.job_id].get(model, 0.0)
+            if preemptible(job, owner):
+                excess[job.spec.tenant] += on[job.spec.job_id].get(model, 0.0)
         return sum(max(0.0, count - promised(name, model)) for name, count in excess.items())
 
     def promised_model(job: JobStatus, gpus: float) -> str | None:
