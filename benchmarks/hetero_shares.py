@@ -226,8 +226,13 @@ def run(
                         )  # fmt: skip
                         progress(
                             f"seed {seed} {task} {arm}: {row['samples_per_s']:.1f} samples/s, "
-                            f"median step {row['step_s_median'] * 1000:.0f} ms, shares "
-                            f"{row['shares'] or 'even'}, loss {row['losses'][-1]:.4f}"
+                            f"median step {row['step_s_median'] * 1000:.0f} ms, "
+                            + (
+                                f"stages {row['stage_weights'] or 'even'}"
+                                if args.layout == "pp"
+                                else f"shares {row['shares'] or 'even'}"
+                            )
+                            + f", loss {row['losses'][-1]:.4f}"
                         )
                         result["runs"].append(row)
                         if save is not None:
