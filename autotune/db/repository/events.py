@@ -4,6 +4,7 @@ per job, oldest first."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,12 +29,33 @@ class JobEventRecord:
     detail: dict[str, Any]
 
 
+def _plain(value: Any) -> Any:
+    """``value`` as plain JSON that every database takes: tuples as lists, numpy scalars
+    as numbers, a non-finite float (which PostgreSQL's JSON refuses) as its name
+    (``"nan"``, ``"inf"``), anything else unknown as its text."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    item = getattr(value, "item", None)  # a numpy scalar
+    if callable(item):
+        try:
+            return _plain(item())
+        except (TypeError, ValueError):
+            pass
+    return str(value)
+
+
 def record_job_events(*, session: Session, events: Iterable[tuple[str, Mapping[str, Any]]]) -> int:
     """Store ``(job_id, event)`` pairs; each event has a ``kind`` and ``at`` (Unix time,
     the backend's clock), its other fields kept as its detail. Returns how many."""
     n = 0
     for job_id, event in events:
-        detail = {k: v for k, v in event.items() if k not in ("kind", "at")}
+        detail = {str(k): _plain(v) for k, v in event.items() if k not in ("kind", "at")}
         session.add(
             JobEventRow(
                 job_id=job_id,

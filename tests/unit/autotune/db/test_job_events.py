@@ -54,6 +54,31 @@ def test_events_are_listed_per_job_oldest_first_by_kind_and_page(any_database: D
         assert rest.next_cursor is None
 
 
+def test_an_events_fields_are_stored_as_plain_json(any_database: Database) -> None:
+    """A balancer's seconds per sample may be infinite, shares a tuple, a figure a numpy
+    scalar: every database takes them (PostgreSQL's JSON refuses NaN and Infinity)."""
+    import numpy as np
+
+    odd = _event(
+        "batch_shares",
+        T0,
+        seconds_per_sample=[float("inf"), float("nan"), 0.5],
+        to=(2, 1),
+        gain=np.float64(0.25),
+        step=np.int64(12),
+    )
+    with any_database.session() as session:
+        repo.record_job_events(session=session, events=[("j", odd)])
+    with any_database.session() as session:
+        (stored,) = repo.list_job_events(session=session, job_id="j").rows
+    assert stored.detail == {
+        "seconds_per_sample": ["inf", "nan", 0.5],
+        "to": [2, 1],
+        "gain": 0.25,
+        "step": 12,
+    }
+
+
 def test_retention_deletes_events_older_than_the_decisions_kept(any_database: Database) -> None:
     now = T0 + timedelta(days=100)
     with any_database.session() as session:
