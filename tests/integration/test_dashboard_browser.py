@@ -237,6 +237,15 @@ def test_every_panel_shows_the_daemons_data(live: Live, browser: str) -> None:
     assert default.attrs["data-borrowing"] == "true"
     assert shown["use of the quota"].startswith("borrowing "), shown
 
+    # Job events: a row each (when, job, event, detail), or the note that there is none.
+    columns = [th.words for th in dom.within(dom.by_id("events-table"), "th")]
+    assert columns == ["when (UTC)", "job", "event", "detail"]
+    rows = dom.within(dom.by_id("events-body"), "tr")
+    assert rows
+    for row in rows:
+        cells = [c.words for c in dom.cells(row)]
+        assert len(cells) == 4 or cells == ["No job event in the window."], cells
+
     # Jobs table: a row per job (all of them: fewer than the page's 100), with state,
     # configuration and progress; the jobs on the map are in it. (The daemon ticks on
     # while the page reads: a job may start or end between two of its reads.)
