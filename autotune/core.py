@@ -336,14 +336,6 @@ class TenantSpec:
             if not isinstance(model, str) or not model:
                 raise _fail(owner, "gpus_by_model", by_model, "keys must be GPU model names")
             _check_int(owner, f"gpus_by_model[{model}]", count, 0)
-        if self.gpus and sum(by_model.values()) > self.gpus:
-            raise _fail(
-                owner,
-                "gpus_by_model",
-                by_model,
-                f"promises {sum(by_model.values())} GPUs on given models, more than the "
-                f"quota of {self.gpus} in all (gpus) it is part of",
-            )
         object.__setattr__(self, "gpus_by_model", by_model)
         _check_number(owner, "weight", self.weight, positive=True)
 
@@ -351,6 +343,19 @@ class TenantSpec:
     def nominal_gpus(self) -> int:
         """GPUs promised in all: ``gpus``, or the sum over models where that is 0."""
         return self.gpus or sum(self.gpus_by_model.values())
+
+    def overpromised(self) -> str | None:
+        """Why the promises on given models do not fit the quota they are part of (they
+        add up to more than ``gpus``), or ``None``. Refused when a tenant is created or
+        changed (``POST``/``PATCH /tenants``); one stored before that rule is read as it
+        is, its promises kept per model and its total at ``gpus``."""
+        promised = sum(self.gpus_by_model.values())
+        if self.gpus and promised > self.gpus:
+            return (
+                f"promises {promised} GPUs on given models, more than the quota of "
+                f"{self.gpus} in all (gpus) it is part of"
+            )
+        return None
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -58,6 +58,8 @@ steps under it, beside the two it skips (the step in progress when it was applie
 the first after the restart, which builds kernels and caches)."""
 _RESTARTS_KEPT: Final = 20
 """Recent restarts whose median is the backend's restart cost."""
+_EVENTS_KEPT: Final = 10_000
+"""Job events kept until they are taken (``take_events``)."""
 
 
 @dataclass
@@ -129,8 +131,9 @@ class RayBackend:
         self._jobs: dict[str, _Job] = {}
         self._taken: set[str] = set()
         self._lock = threading.Lock()
-        self._outbox: list[tuple[str, dict[str, Any]]] = []
-        """Events not yet taken (``take_events``)."""
+        self._outbox: deque[tuple[str, dict[str, Any]]] = deque(maxlen=_EVENTS_KEPT)
+        """Events not yet taken (``take_events``); the newest ``_EVENTS_KEPT`` when
+        nobody takes them."""
         self._clock = time.monotonic()
         self._term: int | None = None
         self._links: dict[str, float] = {}
@@ -240,7 +243,8 @@ class RayBackend:
     def take_events(self) -> list[tuple[str, dict[str, Any]]]:
         """The jobs' events since the previous call (``JobEvents``)."""
         with self._lock:
-            taken, self._outbox = self._outbox, []
+            taken = list(self._outbox)
+            self._outbox.clear()
         return taken
 
     def observe(self) -> ClusterSnapshot:
@@ -465,6 +469,7 @@ class RayBackend:
         except Fenced as fenced:  # a newer leader runs it now
             log.warning("job %s: %s", job.submission.spec.job_id, fenced)
             with self._lock:
+                self._forward(job, job.runner)
                 self._record(
                     job,
                     {"kind": "fenced", "term": fenced.term, "by": fenced.holder, "at": time.time()},
@@ -476,6 +481,7 @@ class RayBackend:
         except Exception as exc:  # the job fails; the daemon keeps going
             log.warning("job %s failed: %s", job.submission.spec.job_id, exc)
             with self._lock:
+                self._forward(job, job.runner)
                 job.state, job.error = "failed", str(exc).splitlines()[0] if str(exc) else repr(exc)
             return
         with self._lock:

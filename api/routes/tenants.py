@@ -60,9 +60,13 @@ def read_tenants(
 
 def _spec(**fields: Any) -> TenantSpec:
     try:
-        return TenantSpec(**fields)
+        spec = TenantSpec(**fields)
     except FieldError as exc:
         raise unprocessable(exc.field.split("[")[0], str(exc)) from None
+    why = spec.overpromised()
+    if why is not None:
+        raise unprocessable("gpus_by_model", f"TenantSpec.gpus_by_model: {why}")
+    return spec
 
 
 @router.get("", response_model=TenantsPublic, responses=READ_ERRORS)

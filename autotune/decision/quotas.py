@@ -37,11 +37,11 @@ one GPU model, so:
 
 - a waiting job that keeps its tenant within its quota and within what is promised to
   it on a model the job may run on is placed on that model (``QuotaRound.models``: the
-  Planner sees only that model's GPUs for it); where too few of that model's GPUs are
-  free, jobs of other tenants holding more of that model than is promised to them are
-  preempted for it (the tenant furthest above its weighted share first, then the
-  furthest above its promise on the model, then lower priority, then the newest
-  started), even a tenant within its total quota: the promise names the model;
+  Planner sees only that model's GPUs for it), before the other jobs within their
+  quotas; where too few of that model's GPUs are free, jobs of other tenants holding
+  more of that model than is promised to them are preempted for it (``plan_on``: never
+  one that would leave its tenant below its own promise, and none unless together they
+  free enough), even a tenant within its total quota: the promise names the model;
 - a job on the model its tenant was promised, while the tenant holds no more of that
   model than promised, is never preempted to give back a total quota;
 - GPUs of a model promised to a tenant that does not lend, and left idle by it, are
@@ -255,31 +255,67 @@ def enforce_quotas(
             freed += gpus
         return freed
 
-    def reclaim_on(owner: str, model: str, need: float) -> float:
-        """Preempt jobs on ``model`` of other tenants holding more of it than is
-        promised to them, until ``need`` of its GPUs are free or none is left to
-        preempt; the GPUs freed (on every model)."""
-        freed = 0.0
-        while free_on[model] < need - _EPS:
+    def plan_on(owner: str, model: str, need: float) -> list[tuple[JobStatus, float]] | None:
+        """The running jobs to preempt so that ``need`` GPUs of ``model`` are free for
+        ``owner``: jobs on it of other tenants holding more of it than is promised to
+        them, never taking one below its promise; the tenant furthest above its weighted
+        share first, then the furthest above its promise on the model, and of its jobs
+        the smallest that frees enough (else the largest), the lowest priority, the
+        newest started. ``None`` when they cannot free enough: nothing is preempted for
+        less."""
+        free_here = free_on[model]
+        left = dict(held_on)
+        over = dict(held)
+        chosen: list[tuple[JobStatus, float]] = []
+        taken: set[str] = set()
+        while free_here < need - _EPS:
             candidates = [
                 (job, gpus)
                 for job, gpus in running
                 if preemptible(job, owner)
-                and model in on[job.spec.job_id]
-                and held_on[job.spec.tenant, model] > promised(job.spec.tenant, model) + _EPS
+                and job.spec.job_id not in taken
+                and (on_model := on[job.spec.job_id].get(model, 0.0)) > 0
+                and left[job.spec.tenant, model] - on_model
+                >= promised(job.spec.tenant, model) - _EPS
             ]
             if not candidates:
-                break
-            job, gpus = max(
-                candidates,
-                key=lambda c: (
-                    above(c[0].spec.tenant),
-                    held_on[c[0].spec.tenant, model] - promised(c[0].spec.tenant, model),
-                    -c[0].spec.priority,
-                    c[0].started_s or 0.0,
-                    c[0].spec.job_id,
+                return None
+            lender = max(
+                {c[0].spec.tenant for c in candidates},
+                key=lambda t: (
+                    (over[t] - tenant(t).nominal_gpus) / tenant(t).weight,
+                    left[t, model] - promised(t, model),
+                    t,
                 ),
             )
+            mine = [c for c in candidates if c[0].spec.tenant == lender]
+            short = need - free_here
+
+            def size(c: tuple[JobStatus, float]) -> float:
+                return on[c[0].spec.job_id][model]
+
+            def order(c: tuple[JobStatus, float]) -> tuple[float, float, str]:
+                return (c[0].spec.priority, -(c[0].started_s or 0.0), c[0].spec.job_id)
+
+            enough = [c for c in mine if size(c) >= short - _EPS]
+            job, gpus = (
+                min(enough, key=lambda c: (size(c), *order(c)))
+                if enough
+                else min(mine, key=lambda c: (-size(c), *order(c)))
+            )
+            chosen.append((job, gpus))
+            taken.add(job.spec.job_id)
+            for m, count in on[job.spec.job_id].items():
+                left[lender, m] -= count
+            over[lender] -= gpus
+            free_here += on[job.spec.job_id][model]
+        return chosen
+
+    def reclaim_on(owner: str, model: str, need: float) -> float:
+        """Preempt the jobs ``plan_on`` names (none unless they free enough); the GPUs
+        freed, on every model."""
+        freed = 0.0
+        for job, gpus in plan_on(owner, model, need) or []:
             lender = job.spec.tenant
             stop(
                 job,
@@ -296,71 +332,81 @@ def enforce_quotas(
         types = job.spec.gpu_types
         return [m for m in cluster_models if types is None or m in types]
 
-    def reclaimable_on(owner: str, model: str) -> float:
-        """GPUs of ``model`` other tenants hold beyond what is promised to them on it,
-        in jobs no override holds."""
-        excess: dict[str, float] = defaultdict(float)
-        for job, _ in running:
-            if preemptible(job, owner):
-                excess[job.spec.tenant] += on[job.spec.job_id].get(model, 0.0)
-        return sum(max(0.0, count - promised(name, model)) for name, count in excess.items())
+    def promising(job: JobStatus) -> bool:
+        """Whether a waiting job may go on a model its tenant was promised."""
+        return (
+            by_model
+            and job.state == "pending"
+            and job.spec.job_id not in overrides
+            and any(promised(job.spec.tenant, m) > 0 for m in allowed(job))
+        )
 
     def promised_model(job: JobStatus, gpus: float) -> str | None:
         """The model a waiting job goes on for its tenant's promise on it: one the job
-        allows with room for it in the promise, the one with the most free GPUs."""
-        if not by_model or job.state != "pending" or job.spec.job_id in overrides:
+        allows with room for it in the promise and GPUs free or to take back, the one
+        with the most free GPUs."""
+        if not promising(job):
             return None
         name = job.spec.tenant
-        fits = [m for m in allowed(job) if held_on[name, m] + gpus <= promised(name, m) + _EPS]
+        fits = [
+            m
+            for m in allowed(job)
+            if held_on[name, m] + gpus <= promised(name, m) + _EPS
+            and plan_on(name, m, gpus) is not None
+        ]
         return max(fits, key=lambda m: (free_on[m], m)) if fits else None
 
-    def kept_on(model: str) -> float:
-        """GPUs of ``model`` promised to tenants that do not lend them, left idle."""
+    def kept_on(model: str, asking: str) -> float:
+        """GPUs of ``model`` promised to tenants other than ``asking`` that do not lend
+        them, left idle."""
         return sum(
             max(0.0, spec.gpus_by_model.get(model, 0) - held_on[name, model])
             for name, spec in tenants.items()
-            if not spec.lend
+            if not spec.lend and name != asking
         )
 
-    set_aside: dict[str, float] = defaultdict(float)  # GPUs on a model kept for a job
-
     def narrow(job: JobStatus, gpus: float) -> None:
-        """Keep a job taken this round off GPUs set aside on a model (promised to a job
-        placed on it, or kept idle by a tenant that does not lend), where another model
-        it allows has room for it."""
+        """Keep a waiting job taken this round off GPUs set aside on a model (for a job
+        on its tenant's promised model, which ``free_on`` no longer counts, or kept idle
+        by a tenant that does not lend), where another model it allows has room for it;
+        one narrowed to a single model takes its GPUs there."""
         if not by_model or job.state != "pending" or job.spec.job_id in overrides:
             return
         models = allowed(job)
-        room = [m for m in models if free_on[m] - set_aside[m] - kept_on(m) >= gpus - _EPS]
+        name = job.spec.tenant
+        room = [m for m in models if free_on[m] - kept_on(m, name) >= gpus - _EPS]
         if room and room != models:
             result.models[job.spec.job_id] = (
                 tuple(room),
                 "placed on " + ", ".join(room) + " (other models' GPUs are promised)",
             )
+            if len(room) == 1:
+                held_on[name, room[0]] += gpus
+                free_on[room[0]] -= gpus
 
-    # Within quota first, in queue order; preempting borrowers where too few are free.
+    # Within quota first, in queue order, jobs that go on a model promised to their tenant
+    # before the others; preempting borrowers where too few are free.
     beyond: list[tuple[JobStatus, float]] = []
-    for job, gpus in asks:
+    for job, gpus in [a for a in asks if promising(a[0])] + [
+        a for a in asks if not promising(a[0])
+    ]:
         name = job.spec.tenant
         if held[name] + gpus > tenant(name).nominal_gpus + _EPS:
             beyond.append((job, gpus))
             continue
         target = promised_model(job, gpus)
         if target is not None:
-            if free_on[target] < gpus - _EPS:
-                free += reclaim_on(name, target, gpus)
-            if free_on[target] >= gpus - _EPS:
-                result.models[job.spec.job_id] = (
-                    (target,),
-                    f"placed on {target}: within the {promised(name, target)} {target} "
-                    f"GPUs promised to tenant {name!r}",
-                )
-                held[name] += gpus
-                held_on[name, target] += gpus
-                free_on[target] -= gpus
-                set_aside[target] += gpus
-                free -= gpus
-                continue
+            free += reclaim_on(name, target, gpus)
+            result.models[job.spec.job_id] = (
+                (target,),
+                f"placed on {target}: within the {promised(name, target)} {target} "
+                f"GPUs promised to tenant {name!r}",
+            )
+            held[name] += gpus
+            held_on[name, target] += gpus
+            free_on[target] -= gpus
+            free -= gpus
+            continue
         if free < gpus - _EPS:
             free += reclaim(name, gpus - free)
         narrow(job, gpus)

@@ -252,10 +252,12 @@ def decide(
     for job_id, (_, note) in quota.models.items():
         if (c := decided.get(job_id)) is not None and c.config is not None:
             decided[job_id] = replace(c, reason=f"{c.reason}; {note}")
-    # A job kept on given GPU models for a quota is planned as one that allows only those.
+    # A waiting job kept on given GPU models for a quota is planned as one that allows
+    # only those (a running job whose override ended is waiting in the policy's view: it
+    # is not moved for this).
     active = [
         replace(j, spec=replace(j.spec, gpu_types=quota.models[j.spec.job_id][0]))
-        if j.spec.job_id in quota.models
+        if j.spec.job_id in quota.models and j.state == "pending"
         else j
         for j in active
         if j.spec.job_id not in preempted

@@ -58,14 +58,23 @@ def record_job_events(*, session: Session, events: Iterable[tuple[str, Mapping[s
         detail = {str(k): _plain(v) for k, v in event.items() if k not in ("kind", "at")}
         session.add(
             JobEventRow(
-                job_id=job_id,
-                kind=str(event["kind"])[:64],
-                at=datetime.fromtimestamp(float(event["at"]), UTC),
+                job_id=str(job_id)[:128],
+                kind=str(event.get("kind") or "unknown")[:64],
+                at=_when(event.get("at")),
                 detail=detail,
             )
         )
         n += 1
     return n
+
+
+def _when(at: Any) -> datetime:
+    """An event's Unix time as a datetime; now where it is missing or not a time (a
+    malformed event is stored, never a reason for the tick's write to fail)."""
+    try:
+        return datetime.fromtimestamp(float(at), UTC)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return datetime.now(UTC)
 
 
 def _record(row: JobEventRow) -> JobEventRecord:

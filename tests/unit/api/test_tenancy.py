@@ -254,6 +254,10 @@ def test_tenants_carry_their_quota_and_an_admin_changes_it(tenancy: Tenancy) -> 
     assert held["b"]["gpus_held"] == 0
     t.call("post", "/tenants", "admin", {"name": "a"}, expect=409)
     t.call("post", "/tenants", "admin", {"name": "c", "weight": 0}, expect=422)
+    # promises on given models are part of the quota in all: never more than it
+    over = {"name": "c", "gpus": 8, "gpus_by_model": {"A100": 8, "V100": 2}}
+    t.call("post", "/tenants", "admin", over, expect=422)
+    t.call("patch", "/tenants/a", "admin", {"gpus": 4}, expect=422)  # a promises 10
 
 
 def _decide_for_a_job(t: Tenancy) -> int:

@@ -6,6 +6,7 @@ the simulated cluster and the database's tenants, and on the pure step."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 from helpers import next_snapshot
@@ -18,7 +19,6 @@ from autotune.db import repository as repo
 from autotune.decision.quotas import enforce_quotas
 from autotune.decision.step import decide, decide_for
 from autotune.envs.simulator import SimConfig, SimulatedCluster
-from autotune.errors import FieldError
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.policies.rules import RulesPolicy
 from autotune.policies.serving import LearnedPolicy
@@ -150,23 +150,31 @@ _NODES = SimulatedCluster(SimConfig(seed=0, initial_jobs=0, max_jobs=0)).observe
 """A100 (a100-0, a100-1: 8 each), V100M32 (v100-0: 8), T4 (t4-0, t4-1: 4 each)."""
 
 
-def _running(job_id: str, tenant: str, node: str, first_gpu: int, started_s: float) -> JobStatus:
-    """A 4-GPU job of ``tenant`` running on GPUs ``first_gpu..first_gpu+3`` of ``node``."""
-    ranks = tuple(RankSlot(rank=r, node_id=node, gpu_index=first_gpu + r) for r in range(4))
+def _running(
+    job_id: str, tenant: str, node: str, first_gpu: int, started_s: float, n: int = 4
+) -> JobStatus:
+    """An ``n``-GPU job of ``tenant`` running on GPUs ``first_gpu..`` of ``node``."""
+    ranks = tuple(RankSlot(rank=r, node_id=node, gpu_index=first_gpu + r) for r in range(n))
     return JobStatus(
-        spec=JobSpec(job_id=job_id, min_gpus=4, max_gpus=4, tenant=tenant),
+        spec=JobSpec(job_id=job_id, min_gpus=n, max_gpus=n, tenant=tenant),
         state="running",
-        config=JobConfig.data_parallel(4),
+        config=JobConfig.data_parallel(n),
         placement=Placement(job_id=job_id, ranks=ranks),
         started_s=started_s,
     )
 
 
-def _pending(job_id: str, tenant: str, at: float = 100.0) -> JobStatus:
-    return JobStatus(
-        spec=JobSpec(job_id=job_id, min_gpus=4, max_gpus=4, tenant=tenant, submitted_at=at),
-        state="pending",
+def _pending(
+    job_id: str,
+    tenant: str,
+    at: float = 100.0,
+    n: int = 4,
+    gpu_types: tuple[str, ...] | None = None,
+) -> JobStatus:
+    spec = JobSpec(
+        job_id=job_id, min_gpus=n, max_gpus=n, tenant=tenant, submitted_at=at, gpu_types=gpu_types
     )
+    return JobStatus(spec=spec, state="pending")
 
 
 def _full_cluster(tenant: str) -> list[JobStatus]:
@@ -191,9 +199,9 @@ def _snapshot(jobs: list[JobStatus], tenants: list[TenantSpec]) -> ClusterSnapsh
 
 
 def _asks(snapshot: ClusterSnapshot) -> dict[str, PolicyChoice]:
-    """4 GPUs, data parallel, for every waiting job."""
+    """Its GPUs, data parallel, for every waiting job."""
     return {
-        j.spec.job_id: PolicyChoice(config=JobConfig.data_parallel(4), reason="asked")
+        j.spec.job_id: PolicyChoice(config=JobConfig.data_parallel(j.spec.min_gpus), reason="asked")
         for j in snapshot.by_state("pending")
     }
 
@@ -262,7 +270,40 @@ def test_gpus_promised_to_a_tenant_that_does_not_lend_are_kept_from_borrowers() 
     assert len(round_.unplaced) == 2
 
 
-def test_a_promise_on_models_cannot_exceed_the_quota_it_is_part_of() -> None:
-    with pytest.raises(FieldError, match="more than the quota of 8"):
-        TenantSpec(name="t", gpus=8, gpus_by_model={"A100": 8, "T4": 4})
+def test_a_promise_on_models_beyond_the_quota_is_named() -> None:
+    assert "more than the quota of 8" in str(
+        TenantSpec(name="t", gpus=8, gpus_by_model={"A100": 8, "T4": 4}).overpromised()
+    )
+    assert TenantSpec(name="t", gpus_by_model={"A100": 8, "T4": 4}).overpromised() is None
     assert TenantSpec(name="t", gpus_by_model={"A100": 8, "T4": 4}).nominal_gpus == 12
+
+
+def test_a_reclaim_on_a_model_takes_no_job_below_its_tenants_promise_and_stops_no_more() -> None:
+    """``y`` is promised 4 A100s and holds 5 (jobs of 4 and of 1); ``z`` holds the other
+    11, all promised to it. ``x``'s 1-GPU job on its promised A100 takes ``y``'s 1-GPU
+    job, not the newer 4-GPU one, which would leave ``y`` short of its promise."""
+    tenants = [
+        TenantSpec(name="x", gpus_by_model={"A100": 1}),
+        TenantSpec(name="y", gpus=16, gpus_by_model={"A100": 4}),
+        TenantSpec(name="z", gpus=16, gpus_by_model={"A100": 11}),
+    ]
+    jobs = [
+        _running("y-one", "y", "a100-0", 0, started_s=1.0, n=1),
+        _running("y-four", "y", "a100-0", 1, started_s=9.0),
+        _running("z-three", "z", "a100-0", 5, started_s=2.0, n=3),
+        _running("z-eight", "z", "a100-1", 0, started_s=2.0, n=8),
+        _pending("x-1", "x", n=1, gpu_types=("A100",)),
+    ]
+    snapshot = _snapshot(jobs, tenants)
+    quota = enforce_quotas(snapshot, _asks(snapshot), {}, {})
+    assert list(quota.preempt) == ["y-one"]
+    assert quota.models["x-1"][0] == ("A100",)
+    # Where the jobs that may go cannot free enough, none goes: 4 of y's 5 A100s are
+    # under an override, and x now asks for 2.
+    two = _snapshot([*jobs[:4], _pending("x-2", "x", n=2, gpu_types=("A100",))], tenants)
+    two = replace(
+        two, tenants={**two.tenants, "x": TenantSpec(name="x", gpus_by_model={"A100": 2})}
+    )
+
+    quota = enforce_quotas(two, _asks(two), {"y-four": SimpleNamespace(pin={})}, {})
+    assert not any("quota on A100" in why for why in quota.preempt.values())

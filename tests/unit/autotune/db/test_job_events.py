@@ -77,6 +77,14 @@ def test_an_events_fields_are_stored_as_plain_json(any_database: Database) -> No
         "gain": 0.25,
         "step": 12,
     }
+    # A malformed event is stored as well as can be, never failing the tick's write.
+    before = datetime.now(UTC)
+    with any_database.session() as session:
+        repo.record_job_events(session=session, events=[("k", {"at": float("nan"), "x": 1})])
+    with any_database.session() as session:
+        (bare,) = repo.list_job_events(session=session, job_id="k").rows
+    assert (bare.kind, bare.detail) == ("unknown", {"x": 1})
+    assert bare.at >= before - timedelta(seconds=1)
 
 
 def test_retention_deletes_events_older_than_the_decisions_kept(any_database: Database) -> None:
