@@ -147,8 +147,9 @@ async def explain_decision(
         job_id=record.decision.job_id,
         source=record.decision.source,
         override_id=record.override_id,
-        features=explanation["features"],
-        chosen=explanation["chosen"],
-        alternatives=explanation["alternatives"],
-        why=explanation["why"],
+        # A preemption's explanation has no configuration chosen and no alternatives.
+        features=explanation.get("features", {}),
+        chosen=explanation.get("chosen", {}),
+        alternatives=explanation.get("alternatives", []),
+        why=explanation.get("why", record.decision.reason),
     )

@@ -12,6 +12,7 @@ from autotune.api.app import create_app
 from autotune.core import utc_now
 from autotune.daemon.tick import Daemon, DaemonParts
 from autotune.db import Database
+from autotune.db import repository as repo
 from autotune.envs.simulator import SimConfig, SimulatedCluster
 from autotune.policies.rules import RulesPolicy
 
@@ -163,3 +164,41 @@ def test_cluster_gives_a_named_node_its_backend_id(database: Database) -> None:
         nodes = {n["node_id"]: n for n in client.get("/api/v1/cluster").json()["nodes"]}
     assert nodes["gpu-box-1"]["backend_node_id"] == ray_id
     assert nodes["t4-0"]["backend_node_id"] is None
+
+
+def test_a_preemptions_explanation_is_its_reason(database: Database) -> None:
+    """A preemption is stored with the reason and the features, no configuration chosen
+    and no alternatives: its explanation says so instead of failing."""
+    from autotune.core import Decision, JobConfig, JobSpec
+
+    with database.session() as session:
+        repo.upsert_job(session=session, spec=JobSpec(job_id="p"), state="running")
+        (stored,) = repo.create_decisions(
+            session=session,
+            decisions=[
+                (
+                    Decision(
+                        job_id="p",
+                        config=JobConfig.data_parallel(1),
+                        placement=None,
+                        source="policy",
+                        policy_version="test",
+                        reason="preempted: for tenant 'a''s quota",
+                        preempt=True,
+                    ),
+                    None,
+                    {"preempted": True, "why": "for tenant 'a''s quota", "features": {"x": 1.0}},
+                )
+            ],
+            term=None,
+        )
+    with TestClient(create_app(db=database, telemetry="simulator")) as client:
+        answer = client.get(f"/api/v1/decisions/{stored.decision_id}/explain")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert (body["why"], body["chosen"], body["alternatives"]) == (
+        "for tenant 'a''s quota",
+        {},
+        [],
+    )
+    assert body["features"] == {"x": 1.0}
