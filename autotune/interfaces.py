@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from autotune.rl.reward import RoundOutcome
 
 __all__ = [
+    "EVENTS_KEPT",
     "Backend",
     "ClusterSnapshot",
     "ConfigChange",
@@ -309,6 +310,11 @@ class JobControl(Protocol):
         progress, config and placement), and never create a job whose id is in
         ``taken_ids`` (the database already holds it)."""
         ...
+
+
+EVENTS_KEPT = 10_000
+"""Job events a backend keeps until they are taken, and the daemon until they are
+stored; the oldest are dropped beyond it."""
 
 
 @runtime_checkable

@@ -72,7 +72,14 @@ from autotune.core import (
     TenantSpec,
 )
 from autotune.envs.presets import default_nodes
-from autotune.interfaces import ClusterSnapshot, JobMetrics, JobStatus, JobSubmission, ReplayInfo
+from autotune.interfaces import (
+    EVENTS_KEPT,
+    ClusterSnapshot,
+    JobMetrics,
+    JobStatus,
+    JobSubmission,
+    ReplayInfo,
+)
 from autotune.perf.memory import fit_memory
 from autotune.perf.model import (
     DEFAULT_COEFFICIENTS,
@@ -95,9 +102,6 @@ __all__ = [
     "SimJob",
     "SimulatedCluster",
 ]
-
-_EVENTS_KEPT = 10_000
-"""Job events the simulated cluster keeps until they are taken."""
 
 
 MEASUREMENT_NOISE = 0.05
@@ -307,7 +311,7 @@ class SimulatedCluster:
         self._cache: dict[tuple[object, ...], Estimate] = {}
         self._restarts = 0
         """Reconfigurations applied since the last round."""
-        self._events: deque[tuple[str, dict[str, Any]]] = deque(maxlen=_EVENTS_KEPT)
+        self._events: deque[tuple[str, dict[str, Any]]] = deque(maxlen=EVENTS_KEPT)
         """What happened to jobs, until taken (``take_events``)."""
         self.parked: dict[str, float] = {}
         """Nodes out of service: parked (``inf``) or waking (the time they are usable)."""
@@ -491,7 +495,7 @@ class SimulatedCluster:
         """What happened to jobs since the previous call (``JobEvents``): a divergence's
         move to a safer precision (``nonfinite``, one per module class, as the executor's
         fall-back reports it) and an out-of-memory crash (``out_of_memory``), each with
-        the simulated time ``sim_s``; at most the newest ``_EVENTS_KEPT`` when nobody
+        the simulated time ``sim_s``; at most the newest ``EVENTS_KEPT`` when nobody
         takes them (a training environment)."""
         taken = list(self._events)
         self._events.clear()

@@ -39,6 +39,7 @@ from autotune.executor.cluster import ray_cluster
 from autotune.executor.fencing import Fence, Fenced
 from autotune.executor.runner import JobRunner, NodeLost, RunnerConfig, balances
 from autotune.interfaces import (
+    EVENTS_KEPT,
     ClusterSnapshot,
     ConfigChange,
     JobMetrics,
@@ -58,8 +59,6 @@ steps under it, beside the two it skips (the step in progress when it was applie
 the first after the restart, which builds kernels and caches)."""
 _RESTARTS_KEPT: Final = 20
 """Recent restarts whose median is the backend's restart cost."""
-_EVENTS_KEPT: Final = 10_000
-"""Job events kept until they are taken (``take_events``)."""
 
 
 @dataclass
@@ -131,8 +130,8 @@ class RayBackend:
         self._jobs: dict[str, _Job] = {}
         self._taken: set[str] = set()
         self._lock = threading.Lock()
-        self._outbox: deque[tuple[str, dict[str, Any]]] = deque(maxlen=_EVENTS_KEPT)
-        """Events not yet taken (``take_events``); the newest ``_EVENTS_KEPT`` when
+        self._outbox: deque[tuple[str, dict[str, Any]]] = deque(maxlen=EVENTS_KEPT)
+        """Events not yet taken (``take_events``); the newest ``EVENTS_KEPT`` when
         nobody takes them."""
         self._clock = time.monotonic()
         self._term: int | None = None

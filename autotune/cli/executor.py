@@ -44,7 +44,7 @@ def parse_precision(text: str) -> PrecisionMap:
 
 
 def parse_shares(
-    text: str, count: int, *, option: str = "--batch-shares", per: str = "rank (--dp"
+    text: str, count: int, *, option: str = "--batch-shares", per: str = "rank", flag: str = "--dp"
 ) -> tuple[float, ...]:
     """``--batch-shares`` (one positive weight per data-parallel rank) or
     ``--stage-weights`` (one per pipeline stage), comma-separated."""
@@ -53,7 +53,7 @@ def parse_shares(
     except ValueError:
         raise InputError(f"{option} {text!r}: expected numbers such as 2,1") from None
     if len(shares) != count:
-        raise InputError(f"{option} {text!r}: give one weight per {per} {count})")
+        raise InputError(f"{option} {text!r}: give one weight per {per} ({flag} {count})")
     if any(not 0 < w < float("inf") for w in shares):
         raise InputError(f"{option} {text!r}: weights must be positive")
     return shares
@@ -186,7 +186,7 @@ def run_command(
     if stage_weights is not None:
         if pp < 2:
             raise InputError("--stage-weights cuts pipeline stages: give --pp 2 or more")
-        stages = parse_shares(stage_weights, pp, option="--stage-weights", per="stage (--pp")
+        stages = parse_shares(stage_weights, pp, option="--stage-weights", per="stage", flag="--pp")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device not in ("cpu", "cuda"):

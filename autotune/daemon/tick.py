@@ -54,6 +54,7 @@ from autotune.db.lease import LeaseLostError
 from autotune.decision.fallback import fallback_choices
 from autotune.decision.step import DecisionRound, decide, placement_summary, policy_view
 from autotune.interfaces import (
+    EVENTS_KEPT,
     ClusterSnapshot,
     Fenceable,
     JobControl,
@@ -74,9 +75,6 @@ __all__ = ["FALLBACK_AFTER", "Daemon", "DaemonParts", "RoundInput"]
 FALLBACK_AFTER = 3
 """Failed ticks in a row after which the daemon decides with its fallback policy."""
 
-_MAX_UNSTORED_EVENTS = 10_000
-"""Job events kept for the database while it cannot be written; older ones are dropped."""
-
 
 class Daemon:
     """The decision loop of one daemon; see the module docstring."""
@@ -96,10 +94,11 @@ class Daemon:
         """The leader term this daemon decides in; ``None`` without leadership or while
         it follows."""
         self._unmarked: list[int] = []
-        self._events: list[tuple[str, dict[str, Any]]] = []
-        """Job events taken from the backend and not yet stored (kept over a failed write)."""
         """Decisions applied whose ``applied_at`` is not committed yet (the database
         failed right after the backend applied them): marked at the next tick."""
+        self._events: list[tuple[str, dict[str, Any]]] = []
+        """Job events taken from the backend and not yet stored (kept over a failed write,
+        the newest ``EVENTS_KEPT``)."""
         # Replaced, never changed in place, by the decision loop's thread: other threads
         # (the API's) read it without a lock.
         self._health = TickHealth()
@@ -464,7 +463,7 @@ class Daemon:
         snapshot = self.backend.observe()
         if isinstance(self.backend, JobEvents):
             self._events.extend(self.backend.take_events())
-            del self._events[:-_MAX_UNSTORED_EVENTS]  # a long database outage: the newest
+            del self._events[:-EVENTS_KEPT]  # a long database outage: the newest
         if self.provisioner is not None:
             snapshot = self._provision(snapshot)
         self._known.update(j.spec.job_id for j in snapshot.jobs)

@@ -263,6 +263,14 @@ def enforce_quotas(
         the smallest that frees enough (else the largest), the lowest priority, the
         newest started. ``None`` when they cannot free enough: nothing is preempted for
         less."""
+
+        def size(c: tuple[JobStatus, float]) -> float:
+            return on[c[0].spec.job_id][model]
+
+        def order(c: tuple[JobStatus, float]) -> tuple[float, float, str]:
+            """The lowest priority, then the newest started, first."""
+            return (c[0].spec.priority, -(c[0].started_s or 0.0), c[0].spec.job_id)
+
         free_here = free_on[model]
         left = dict(held_on)
         over = dict(held)
@@ -290,13 +298,6 @@ def enforce_quotas(
             )
             mine = [c for c in candidates if c[0].spec.tenant == lender]
             short = need - free_here
-
-            def size(c: tuple[JobStatus, float]) -> float:
-                return on[c[0].spec.job_id][model]
-
-            def order(c: tuple[JobStatus, float]) -> tuple[float, float, str]:
-                return (c[0].spec.priority, -(c[0].started_s or 0.0), c[0].spec.job_id)
-
             enough = [c for c in mine if size(c) >= short - _EPS]
             job, gpus = (
                 min(enough, key=lambda c: (size(c), *order(c)))
@@ -329,8 +330,7 @@ def enforce_quotas(
         return freed
 
     def allowed(job: JobStatus) -> list[str]:
-        types = job.spec.gpu_types
-        return [m for m in cluster_models if types is None or m in types]
+        return [m for m in cluster_models if job.spec.allows(m)]
 
     def promising(job: JobStatus) -> bool:
         """Whether a waiting job may go on a model its tenant was promised."""
