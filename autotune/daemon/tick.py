@@ -502,6 +502,13 @@ class Daemon:
             if reconciling:
                 self._reconcile(session, snapshot)
             self._write_cluster(session, snapshot, unplaced)
+            # A job's figures commit with its state: a reader who sees it finished
+            # sees its last figures too (``apply`` below may take seconds on Ray).
+            repo.record_metrics(
+                session=session,
+                values=self.job_samples.take(snapshot, started),
+                labels={"backend": self.backend.name},
+            )
             repo.record_job_events(session=session, events=self._events)
             for job_id in refitted:
                 summary = self.models.summary(job_id)
@@ -549,7 +556,6 @@ class Daemon:
             stopped_now = sum(1 for d in stored if d.preempt)
             running = len(snapshot.by_state("running")) + started_now - stopped_now
             pending = len(pending_ids) - started_now + stopped_now
-            per_job = self.job_samples.take(snapshot, started)
             repo.record_metrics(
                 session=session,
                 values=[
@@ -560,7 +566,6 @@ class Daemon:
                     ("gpu_demand", snapshot.demand_gpus(), None),
                     ("gpu_capacity", snapshot.capacity_gpus(), None),
                     *provisioning_samples(snapshot, self.provisioner, self._provisioned),
-                    *per_job,
                 ],
                 labels={"backend": self.backend.name},
             )

@@ -21,6 +21,7 @@ from autotune.db import repository as repo
 from autotune.interfaces import (
     Backend,
     ClusterSnapshot,
+    JobMetrics,
     JobStatus,
     Policy,
     PolicyChoice,
@@ -364,6 +365,44 @@ def test_jobs_show_when_they_started_and_finished(service_of: ServiceOf) -> None
     assert _jobs(service.client)["j1"]["jct_s"] == 180.0  # the list shares the schema
     service.tick()  # nothing changes: nothing is rewritten
     assert service.client.get("/api/v1/jobs/j0").json() == shown
+
+
+class Measured(TinyCluster):
+    """A ``TinyCluster`` whose jobs report their throughput, and whose ``apply`` reads
+    the database as an API reader would at that moment: what it saw of each finished
+    job's figures is in ``seen``."""
+
+    def __init__(self, database: Database) -> None:
+        super().__init__(jobs=2, tick_s=60.0, run_s=60.0, submit_s=30.0)
+        self.database = database
+        self.seen: dict[str, dict[str, float]] = {}
+
+    def observe(self) -> ClusterSnapshot:
+        snapshot = super().observe()
+        for job_id, job in self.jobs.items():
+            if job.state in ("running", "finished"):
+                self.jobs[job_id] = replace(job, metrics=JobMetrics(samples_per_s=7.0))
+        return replace(snapshot, jobs=list(self.jobs.values()))
+
+    def apply(self, decisions: Sequence[Decision]) -> None:
+        with self.database.session() as session:
+            for record in repo.list_jobs(session=session, state="finished").rows:
+                job_id = record.spec.job_id
+                self.seen[job_id] = repo.job_metrics(session=session, job_id=job_id)
+        super().apply(decisions)
+
+
+def test_a_finished_jobs_last_figures_commit_with_its_state(
+    service_of: ServiceOf, database: Database
+) -> None:
+    backend = Measured(database)
+    service = service_of(OneGpu(), backend)
+    service.tick()  # clock 90: both placed
+    service.tick()  # clock 150: both finished; apply() runs after the state commits
+    assert backend.seen == {
+        "j0": {"samples_per_s": 7.0},
+        "j1": {"samples_per_s": 7.0},
+    }
 
 
 def test_jct_falls_back_to_the_daemons_clock(database: Database) -> None:
