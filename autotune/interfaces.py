@@ -232,6 +232,10 @@ class ClusterSnapshot:
     tenants: Mapping[str, TenantSpec] = field(default_factory=dict)
     """The tenants sharing the cluster, by name, with their quotas (the decision step
     enforces them: ``autotune.decision.quotas``); empty: no quotas."""
+    mixes_models: bool = False
+    """Whether the backend runs one data-parallel job across GPU models with batch
+    shares by speed, so that the Planner may place one there where that pays
+    (``autotune.planner.plan``'s ``mix_models``)."""
 
     def by_state(self, *states: JobState) -> list[JobStatus]:
         return [j for j in self.jobs if j.state in states]

@@ -166,6 +166,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
             max_jobs=0,
             wake_s=config.wake_s,
             tenants=tuple(tenants),
+            mix_models=config.mix_models,
         )
         self.provisioner = provisioner
         """Parks and wakes nodes every round (``autotune.provisioning``); with one, idle

@@ -226,6 +226,11 @@ class SimConfig:
     tenants: tuple[TenantSpec, ...] = ()
     """The tenants sharing the cluster, with their quotas: its snapshots carry them, so the
     decision step enforces them as in the daemon (``autotune.decision.quotas``)."""
+    mix_models: bool = False
+    """Whether one data-parallel job may run across GPU models, its replicas' batch
+    shares by speed (``ClusterSnapshot.mixes_models``); the performance model prices it
+    (``autotune.perf.model.balance_gain``). Jobs of measured physics (the Pollux mode)
+    run such a placement at its slowest model's measured pace."""
 
     def __post_init__(self) -> None:
         if len({t.name for t in self.tenants}) != len(self.tenants):
@@ -430,6 +435,7 @@ class SimulatedCluster:
             parked_nodes=parked,
             waking_nodes=waking,
             tenants={t.name: t for t in self.config.tenants},
+            mixes_models=self.config.mix_models,
         )
 
     def _node_views(

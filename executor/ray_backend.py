@@ -104,6 +104,7 @@ class RayBackend:
         cluster: ClusterDescription | None = None,
         adaptive_topk: bool = False,
         balance_batch: bool = False,
+        mix_models: bool = False,
     ) -> None:
         """``step_timeout_s``: a step that takes longer is taken for a hung rank (the job
         restarts from its checkpoint); ``on_step(job_id, step, metrics)`` is called after
@@ -114,7 +115,9 @@ class RayBackend:
         (``RunnerConfig.adaptive_topk``); ``balance_batch``: data-parallel jobs whose task
         can split its batch unevenly move their ranks' batch shares to the ranks'
         measured speeds (``RunnerConfig.balance_batch``; other jobs train as they
-        would)."""
+        would); ``mix_models``: the Planner may place a data-parallel job on nodes of
+        several GPU models (``ClusterSnapshot.mixes_models``), and such a job's ranks
+        take batch shares by their measured speeds, as with ``balance_batch``."""
         import torch
 
         self._started_ray = ensure_ray(address)
@@ -123,6 +126,9 @@ class RayBackend:
         self._step_timeout_s = step_timeout_s
         self._adaptive_topk = adaptive_topk
         self._balance_batch = balance_batch
+        self._mix_models = mix_models
+        self._gpu_models: dict[str, str] = {}
+        """GPU model of each node last observed."""
         self._on_step = on_step
         self._device = (
             device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -249,6 +255,7 @@ class RayBackend:
     def observe(self) -> ClusterSnapshot:
         cluster = ray_cluster()
         nodes: list[NodeInfo] = [self._described(n) for n in cluster.alive]
+        self._gpu_models = {n.node_id: n.gpu_model for n in nodes}
         with self._lock:
             statuses = [self._status(job) for job in self._jobs.values()]
             used = sum(
@@ -265,7 +272,12 @@ class RayBackend:
             gpu_utilization=min(1.0, used / capacity),
             lost_nodes=cluster.lost,
             restart_s=self.restart_s(),
+            mixes_models=self._mix_models,
         )
+
+    def _mixed(self, placement: Placement) -> bool:
+        """Whether ``placement`` spans nodes of several GPU models."""
+        return len({self._gpu_models.get(slot.node_id) for slot in placement.ranks}) > 1
 
     def _described(self, node: NodeInfo) -> NodeInfo:
         """``node`` with the link bandwidth the cluster file measured for it, and the
@@ -424,7 +436,7 @@ class RayBackend:
             fence=None if self._term is None else Fence(job_id, self._term),
             step_log_dir=self._root / job_id / "steps",
             adaptive_topk=self._adaptive_topk,
-            balance_batch=self._balance_batch
+            balance_batch=(self._balance_batch or self._mixed(placement))
             and balances(job.submission.task, config.batch(job.submission.spec), config),
         )
         runner = JobRunner(run, config, placement=placement, on_step=on_step)

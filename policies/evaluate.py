@@ -171,7 +171,10 @@ def evaluate_policies(
             "gpus": sum(n.gpu_count for n in nodes),
             "nodes": len(nodes),
             "seeds": seeds,
-            **{k: played[k] for k in ("round_s", "restart_s", "start_s", "noise", "wake_s")},
+            **{
+                k: played[k]
+                for k in ("round_s", "restart_s", "start_s", "noise", "wake_s", "mix_models")
+            },
             "forecasts": list(forecasts),
             "provisioning": list(provisioning),
             **({"tenants": {t.name: t.nominal_gpus for t in tenants}} if tenants else {}),

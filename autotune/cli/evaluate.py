@@ -44,6 +44,14 @@ def eval_policies(
     gpus: Annotated[
         int, typer.Option(min=1, help="Cluster size for Pollux (4 T4 per node) or Philly (8 P100).")
     ] = 64,
+    cluster_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--cluster-file",
+            help="A cluster file (autotune cluster describe, or written by hand): replay on "
+            "its nodes instead of the trace's (--nodes) or the --gpus preset.",
+        ),
+    ] = None,
     limit_jobs: Annotated[int | None, typer.Option(min=1, help="Replay the first N jobs.")] = None,
     skip_jobs: Annotated[
         int, typer.Option(min=0, help="Leave out the first N jobs (before --limit-jobs).")
@@ -93,6 +101,14 @@ def eval_policies(
         ),
     ] = None,
     wake_s: Annotated[float, typer.Option(min=0.0, help=_DOC.get("wake_s"))] = _EVAL.wake_s,
+    mix_gpu_models: Annotated[
+        bool,
+        typer.Option(
+            help="One data-parallel job may run across GPU models where no one model has "
+            "room and the performance model says that beats its best model's free GPUs "
+            "alone (batch shares by speed)."
+        ),
+    ] = _EVAL.mix_models,
     as_json: JsonOption = False,
 ) -> None:
     """Replay a trace in the simulated cluster the daemon runs, through the daemon's
@@ -146,6 +162,11 @@ def eval_policies(
         node_list = philly_nodes(gpus)
         trace = _window(traces.philly_jobs(philly_jobs, seed=trace_seed), skip_jobs, limit_jobs)
         info = {"kind": "philly", "path": str(philly_jobs)}
+    if cluster_file is not None:
+        from autotune.catalog.clusters import load_cluster
+
+        node_list = list(load_cluster(cluster_file).nodes)
+        info["cluster_file"] = str(cluster_file)
     total = sum(n.gpu_count for n in node_list)
     too_big = [t.job_id for t in trace if t.num_gpus > total]
     if too_big:
@@ -186,6 +207,7 @@ def eval_policies(
             forecasts=forecasts,
             provisioning=modes,
             wake_s=wake_s,
+            mix_models=mix_gpu_models,
             tenants=tenant_specs,
             progress=advance,
         )

@@ -38,6 +38,7 @@ def _simulated(settings: Settings) -> Backend:
         initial_jobs=settings.sim_initial_jobs,
         max_jobs=settings.sim_max_jobs,
         wake_s=settings.provisioning_wake_s,
+        mix_models=settings.mix_gpu_models,
     )
     if settings.cluster_file is not None:
         from dataclasses import replace
@@ -65,6 +66,7 @@ def _ray(settings: Settings) -> Backend:
         step_timeout_s=settings.step_timeout_s,
         adaptive_topk=settings.adaptive_topk,
         balance_batch=settings.balance_batch,
+        mix_models=settings.mix_gpu_models,
     )
 
 

@@ -118,6 +118,12 @@ class Settings(BaseSettings):
     the ranks' measured speeds, so that a slow node's rank takes fewer samples (``autotune
     job run --balance-batch``; docs/executor.md, "Uneven batch shares"); jobs whose task
     splits its batch evenly only train as before."""
+    mix_gpu_models: bool = False
+    """The Planner may place one data-parallel job across GPU models where no one model
+    has room for it and the performance model says that runs it faster than the free
+    GPUs of its best model alone; its replicas take batch shares by speed (the ``sim``
+    backend prices that, the ``ray`` backend balances such a job's shares as with
+    ``balance_batch``; docs/operating/heterogeneous.md)."""
     token: SecretStr | None = None
     """Bearer token for the API's mutations (``AUTOTUNE_TOKEN``, which the CLI client
     reads too). Unset: the daemon generates one at its first start, prints it once and

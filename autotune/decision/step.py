@@ -67,6 +67,7 @@ from autotune.decision.payoff import Payoff, payoff, unproven_change
 from autotune.decision.quotas import enforce_quotas
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_layout, fit_memory, rank_memory
+from autotune.perf.model import balanced
 from autotune.perf.online import JobModel
 from autotune.planner import largest_gang, plan
 
@@ -302,7 +303,14 @@ def decide(
             for j in active
             if j.spec.job_id in configs or j.spec.job_id not in waiting
         ]
-        result = plan(specs, snapshot.nodes, configs, current, reserved=reserved)
+        result = plan(
+            specs,
+            snapshot.nodes,
+            configs,
+            current,
+            reserved=reserved,
+            mix_models=snapshot.mixes_models,
+        )
         lost = [job_id for job_id, p in pinned.items() if result.placements.get(job_id) != p]
         for job_id in lost:
             skipped[job_id] = (
@@ -412,6 +420,8 @@ def decide(
                 reason += f"; it pays for its restart: {paid.describe()}"
         if job.interrupted:
             reason = f"{job.interrupted}: {reason}"
+        if job_id in result.mixed:
+            reason += f"; {result.mixed[job_id]}"
         decisions.append(
             Decision(
                 job_id=job_id,
@@ -758,14 +768,16 @@ def _beyond_reach(
         c = decided.get(job_id)
         if c is None or c.config is None or job_id in overrides or spec.gpu_milli < MILLI_PER_GPU:
             continue
-        gang = largest_gang(spec, view.nodes)
+        mixes = view.mixes_models and spec.model is not None and balanced(c.config)
+        gang = largest_gang(spec, view.nodes, across_models=mixes)
         if c.config.world_size <= gang or gang < spec.min_gpus:
             continue
         size = max(spec.min_gpus, 1 << (gang.bit_length() - 1))
         out[job_id] = (
             size,
-            f"{size} GPU(s) instead of {c.config.world_size}: one GPU model it may use holds at "
-            f"most {gang} of its ranks"
+            f"{size} GPU(s) instead of {c.config.world_size}: "
+            + ("the GPU models it may use hold" if mixes else "one GPU model it may use holds")
+            + f" at most {gang} of its ranks"
             + (f" on {spec.max_nodes} node(s)" if spec.max_nodes else ""),
         )
     return out

@@ -46,6 +46,13 @@ Step time of one rank (seconds)::
   holds fewer ranks than the group).
 - Pipeline parallelism: each stage sends and receives one activation per micro-batch each
   way.
+- One job across GPU models (``Shape.gpu_models``): data-parallel replicas take batch
+  shares in proportion to their speed (the executor's ``balance``), so compute takes
+  ``F * B / sum_i(speed_i)`` instead of the slowest rank's pace: ``T_compute`` above is
+  divided by ``balance_gain`` = sum_i(speed_i) / (d * min speed), speed_i being
+  1 / ``class_time_factor`` of rank i's device. The gradients cross the slowest link
+  (``Shape.inter_node_gbps``) as before. With tensor or pipeline parallelism (not
+  balanced by batch), the slowest rank's pace.
 """
 
 from __future__ import annotations
@@ -75,6 +82,8 @@ __all__ = [
     "Estimate",
     "Shape",
     "StepTime",
+    "balance_gain",
+    "balanced",
     "batch_efficiency",
     "compression_efficiency",
     "compute_bound_samples_per_s",
@@ -84,6 +93,8 @@ __all__ = [
     "expected_max_normal",
     "pipeline_bubble",
     "precision_efficiency",
+    "rank_batches",
+    "rank_speed",
     "ring_allreduce_s",
     "shape_of",
     "statistical_efficiency",
@@ -239,6 +250,14 @@ class Shape:
     ranks_per_node: tuple[int, ...]
     inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS
     gpu_milli: int = MILLI_PER_GPU
+    gpu_models: tuple[tuple[str, int], ...] = ()
+    """``(GPU model, ranks)`` where the ranks run on several models, by name; empty on
+    one model (``gpu_model``)."""
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the ranks run on more than one GPU model."""
+        return len(self.gpu_models) > 1
 
     @property
     def world_size(self) -> int:
@@ -257,12 +276,40 @@ def shape_of(placement: Placement, nodes: Mapping[str, NodeInfo]) -> Shape:
         per_node[slot.node_id] = per_node.get(slot.node_id, 0) + 1
     slowest = min(per_node, key=lambda n: nodes[n].peak_tflops.get("fp32", 0.0))
     milli = min(slot.gpu_milli for slot in placement.ranks)
+    by_model: dict[str, int] = {}
+    for node_id, ranks in per_node.items():
+        gpu_model = nodes[node_id].gpu_model or "CPU"
+        by_model[gpu_model] = by_model.get(gpu_model, 0) + ranks
     return Shape(
         gpu_model=nodes[slowest].gpu_model or "CPU",
         ranks_per_node=tuple(per_node.values()),
         inter_node_gbps=min(nodes[n].inter_node_bandwidth_gbps for n in per_node),
         gpu_milli=milli,
+        gpu_models=tuple(sorted(by_model.items())) if len(by_model) > 1 else (),
     )
+
+
+def rank_speed(gpu_model: str, model: ModelProfile, precision: PrecisionMap) -> float:
+    """One rank's training speed on ``gpu_model`` (TFLOP/s at 100% of peak): the
+    weight its batch share gets beside ranks on other models."""
+    return 1.0 / class_time_factor(device(gpu_model), model, precision)
+
+
+def balanced(config: JobConfig) -> bool:
+    """Whether a job's ranks on several GPU models take batch shares by speed: data
+    parallelism only (one rank per replica)."""
+    return config.layout.tp == 1 and config.layout.pp == 1 and config.layout.dp > 1
+
+
+def balance_gain(shape: Shape, model: ModelProfile, config: JobConfig) -> float:
+    """How much faster a step's compute runs with batch shares by speed than at the
+    slowest rank's pace: sum of rank speeds / (ranks * slowest speed); 1 on one GPU
+    model, or where the job is not ``balanced``."""
+    if not shape.mixed or not balanced(config):
+        return 1.0
+    speeds = [(rank_speed(m, model, config.precision), n) for m, n in shape.gpu_models]
+    slowest = min(v for v, _ in speeds)
+    return sum(v * n for v, n in speeds) / (shape.world_size * slowest)
 
 
 def effective_peak_tflops(node: NodeInfo, precision: PrecisionMap) -> float:
@@ -483,7 +530,7 @@ def step_time(
     if coeffs.batch_exponent != 1:
         micro_samples = global_batch / (layout.dp * layout.micro_batches)
         seconds *= micro_samples ** (coeffs.batch_exponent - 1)
-    seconds /= share
+    seconds /= share * balance_gain(shape, model, config)
     if layout.activation_checkpointing:
         seconds *= RECOMPUTE_FACTOR
     bubble = pipeline_bubble(layout.pp, layout.micro_batches)
@@ -626,18 +673,42 @@ def estimate(
 ) -> Estimate:
     """Everything the simulator and the policies need about one job under one config."""
     step = step_time(model, config, shape, global_batch, coeffs=coeffs, straggler_cv=straggler_cv)
-    spec = device(shape.gpu_model)
-    memory = rank_memory(model, config, global_batch).total_bytes
-    oom = memory > spec.memory_bytes * shape.gpu_milli / MILLI_PER_GPU
+    share = shape.gpu_milli / MILLI_PER_GPU
+    memory, oom, tdp = 0.0, False, 0.0
+    for gpu_model, ranks, batch in rank_batches(shape, model, config, global_batch):
+        spec = device(gpu_model)
+        used = rank_memory(model, config, batch).total_bytes
+        memory = max(memory, used)
+        oom = oom or used > spec.memory_bytes * share
+        tdp += spec.tdp_watts * ranks
     efficiency = statistical_efficiency(model, config, global_batch)
     busy = min(1.0, step.compute_s / step.step_s) if step.step_s > 0 else 0.0
-    watts = spec.tdp_watts * (IDLE_POWER_FRACTION + (1 - IDLE_POWER_FRACTION) * busy)
+    watts = tdp * (IDLE_POWER_FRACTION + (1 - IDLE_POWER_FRACTION) * busy)
     return Estimate(
         step=step,
         goodput=0.0 if oom else step.samples_per_s * efficiency,
         efficiency=efficiency,
         memory_bytes=memory,
         oom=oom,
-        power_watts=watts * shape.world_size * shape.gpu_milli / MILLI_PER_GPU,
+        power_watts=watts * share,
         divergence_per_hour=divergence_rate_per_hour(model, config.precision),
     )
+
+
+def rank_batches(
+    shape: Shape, model: ModelProfile, config: JobConfig, global_batch: int
+) -> list[tuple[str, int, int]]:
+    """``(GPU model, ranks, batch)`` per model of ``shape``, ``batch`` being the global
+    batch under which an even share equals what one of its ranks takes: ``global_batch``
+    on one model; by speed on several (``balanced``), where a fast rank's larger share
+    needs more activation memory."""
+    if not shape.mixed:
+        return [(shape.gpu_model, shape.world_size, global_batch)]
+    if not balanced(config):
+        return [(m, n, global_batch) for m, n in shape.gpu_models]
+    speeds = {m: rank_speed(m, model, config.precision) for m, _ in shape.gpu_models}
+    total = sum(speeds[m] * n for m, n in shape.gpu_models)
+    return [
+        (m, n, max(1, round(global_batch * shape.world_size * speeds[m] / total)))
+        for m, n in shape.gpu_models
+    ]

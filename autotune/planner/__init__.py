@@ -22,7 +22,7 @@ How it works
    of one model: in each round, a job of several units may use only the model, among
    those with a node able to take each of its units, where its units cost least on their
    cheapest nodes (below; the fastest adequate model unless scarcity says otherwise).
-   With no such model, it is retried with smaller blocks, else unplaced.
+   With no such model, it is retried with smaller blocks, else unplaced (but see 6).
 3. **Waiting jobs** (``pending``). Running jobs keep their placement first
    (``capacity``). A pending job asking for more GPUs than its allowed models then have
    free (GPUs with at least its milli free; for a job that may span nodes, than one of
@@ -51,6 +51,12 @@ How it works
    4, 1 and 1 free GPUs) takes the free GPUs as they are, the nodes with most free
    first, on one GPU model: unequal blocks beat waiting while the GPUs it needs are
    idle. Pollux's simulator places every job this way.
+   With ``mix_models`` (a backend whose jobs take batch shares by speed), a
+   data-parallel job of a known model that no one model has room for (step 3, or no
+   equal blocks and no packing here) may take free GPUs of several models, the fastest
+   first, where the performance model says that runs it faster than the free GPUs of
+   its best model alone (``packing.pack_mixed``; ``PlanResult.mixed`` says why). Those
+   of step 3 try after the rounds, on the GPUs the rounds left free.
 
 The cost of a unit on a node (lower is better), in GPU-equivalents (``costs``):
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import math
 
-from autotune.core import JobConfig, JobSpec, Placement
+from autotune.core import MILLI_PER_GPU, JobConfig, JobSpec, Placement
+from autotune.perf.model import balanced
 from autotune.planner.arrays import BoolArray, FloatArray
 
 
@@ -87,3 +88,17 @@ def spans_nodes(job: PreparedJob) -> bool:
     """Whether the job's ranks may go to more than one node. Synchronous training runs
     at the pace of its slowest GPU, so such a job's ranks all go to one GPU model."""
     return job.spec.max_nodes != 1 and job.world > 1
+
+
+def mixable(job: PreparedJob) -> bool:
+    """Whether the job may run on several GPU models (``packing.pack_mixed``): its model
+    is known (the performance model prices the mix), it is data-parallel only (batch
+    shares by speed balance it), on whole GPUs, over several nodes, and more than one
+    GPU model is allowed for it."""
+    return (
+        job.spec.model is not None
+        and balanced(job.config)
+        and job.spec.gpu_milli >= MILLI_PER_GPU
+        and spans_nodes(job)
+        and int(job.allowed.sum()) > 1
+    )

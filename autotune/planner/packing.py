@@ -1,15 +1,74 @@
 """The packing fallback (step 6): a job that no equal blocks could place takes the free
-GPUs as they are, on one GPU model."""
+GPUs as they are, on one GPU model; and, where the plan allows it, a data-parallel job
+that no single model has room for takes free GPUs of several models, when the
+performance model says that beats the free GPUs of its best model alone."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from autotune.core import MILLI_PER_GPU, Placement, RankSlot
+from autotune.perf.model import Shape, estimate, rank_batches, rank_speed, shape_of
+from autotune.planner.arrays import IntArray
 from autotune.planner.capacity import FreeCapacity
-from autotune.planner.jobs import PreparedJob, spans_nodes
+from autotune.planner.jobs import PreparedJob, mixable, spans_nodes
+
+
+def _room(job: PreparedJob, state: FreeCapacity) -> tuple[IntArray, int, int]:
+    """Per node: how many of the job's whole-GPU ranks it has room for (GPUs, and each
+    rank's share of the job's CPU and memory); and that share (cores, MiB)."""
+    spec, world = job.spec, job.world
+    cpu = math.ceil(spec.cpu_milli / world)
+    mem = math.ceil(spec.memory_mib / world)
+    room: IntArray = (state.free_milli >= MILLI_PER_GPU).sum(axis=1)
+    if cpu:
+        room = np.minimum(room, state.free_cpu // cpu)
+    if mem:
+        room = np.minimum(room, state.free_mem // mem)
+    return room, cpu, mem
+
+
+def _fill(order: list[int], room: IntArray, world: int) -> list[tuple[int, int]]:
+    """``(node, ranks)`` taking as many ranks on each node of ``order`` as it has room
+    for, until ``world``."""
+    takes: list[tuple[int, int]] = []
+    left = world
+    for node in order:
+        take = min(int(room[node]), left)
+        if take == 0:
+            break
+        takes.append((node, take))
+        left -= take
+    return takes
+
+
+def _take(
+    job: PreparedJob, state: FreeCapacity, takes: list[tuple[int, int]], cpu: int, mem: int
+) -> Placement:
+    """Commit ``takes`` (from ``_fill``) on ``state``: the ranks in node order."""
+    slots: list[RankSlot] = []
+    for node, take in takes:
+        gpus = [int(g) for g in np.flatnonzero(state.free_milli[node] >= MILLI_PER_GPU)[:take]]
+        state.take(node, gpus, MILLI_PER_GPU, cpu * take, mem * take)
+        first = len(slots)
+        slots.extend(
+            RankSlot(
+                rank=first + i,
+                node_id=state.nodes[node].node_id,
+                gpu_index=gpu,
+                gpu_milli=MILLI_PER_GPU,
+            )
+            for i, gpu in enumerate(gpus)
+        )
+    return Placement(job_id=job.spec.job_id, ranks=tuple(slots))
+
+
+def _most_room_first(job: PreparedJob, nodes: IntArray, room: IntArray) -> list[int]:
+    order = sorted(nodes.tolist(), key=lambda n: (-int(room[n]), n))
+    return order if job.spec.max_nodes is None else order[: job.spec.max_nodes]
 
 
 def pack_greedy(job: PreparedJob, state: FreeCapacity) -> Placement | None:
@@ -20,37 +79,100 @@ def pack_greedy(job: PreparedJob, state: FreeCapacity) -> Placement | None:
     spec, world = job.spec, job.world
     if spec.gpu_milli < MILLI_PER_GPU or not spans_nodes(job) or job.config.layout.tp > 1:
         return None
-    cpu = math.ceil(spec.cpu_milli / world)
-    mem = math.ceil(spec.memory_mib / world)
-    free_gpus = (state.free_milli >= MILLI_PER_GPU).sum(axis=1)
-    room = free_gpus.copy()
-    if cpu:
-        room = np.minimum(room, state.free_cpu // cpu)
-    if mem:
-        room = np.minimum(room, state.free_mem // mem)
+    room, cpu, mem = _room(job, state)
     for model in np.flatnonzero(job.allowed):
         nodes = np.flatnonzero(state.gpu_nodes & (state.model_safe == model) & (room > 0))
-        order = sorted(nodes.tolist(), key=lambda n: (-int(room[n]), n))
-        if spec.max_nodes is not None:
-            order = order[: spec.max_nodes]
+        order = _most_room_first(job, nodes, room)
         if sum(int(room[n]) for n in order) < world:
             continue
-        slots: list[RankSlot] = []
-        for node in order:
-            take = min(int(room[node]), world - len(slots))
-            if take == 0:
-                break
-            gpus = [int(g) for g in np.flatnonzero(state.free_milli[node] >= MILLI_PER_GPU)[:take]]
-            state.take(node, gpus, MILLI_PER_GPU, cpu * take, mem * take)
-            first = len(slots)
-            slots.extend(
-                RankSlot(
-                    rank=first + i,
-                    node_id=state.nodes[node].node_id,
-                    gpu_index=gpu,
-                    gpu_milli=MILLI_PER_GPU,
-                )
-                for i, gpu in enumerate(gpus)
-            )
-        return Placement(job_id=spec.job_id, ranks=tuple(slots))
+        return _take(job, state, _fill(order, room, world), cpu, mem)
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Mixed:
+    """What ``pack_mixed`` found: a placement across GPU models (``None`` where it did
+    not pay or did not fit) and the sentence that says why."""
+
+    placement: Placement | None
+    why: str
+
+
+def _samples_per_s(job: PreparedJob, shape: Shape) -> float | None:
+    """The performance model's samples/s of ``job`` on ``shape`` at its global batch
+    (data parallelism over the shape's ranks); ``None`` where a rank runs out of memory."""
+    assert job.spec.model is not None
+    config = job.config
+    if shape.world_size != config.world_size:
+        layout = replace(config.layout, world_size=shape.world_size, dp=shape.world_size)
+        config = replace(config, layout=layout)
+    found = estimate(job.spec.model, config, shape, config.batch(job.spec))
+    return None if found.oom else found.step.samples_per_s
+
+
+def pack_mixed(job: PreparedJob, state: FreeCapacity) -> Mixed | None:
+    """A ``mixable`` job's ranks on free GPUs of several allowed models: the fastest
+    model's nodes first (then the most room), within ``max_nodes``; committed only where
+    the performance model (balanced batch shares, sync across the slowest link) says
+    it runs faster than the job would on the free GPUs of any one allowed model alone,
+    and no rank runs out of memory. ``None`` where the job is not mixable or the free
+    GPUs of its models are too few; else a ``Mixed`` with the placement or why not."""
+    if not mixable(job):
+        return None
+    assert job.spec.model is not None
+    profile, precision = job.spec.model, job.config.precision
+    room, cpu, mem = _room(job, state)
+    speeds = {
+        int(m): rank_speed(state.models[m], profile, precision) for m in np.flatnonzero(job.allowed)
+    }
+    eligible = np.flatnonzero(state.gpu_nodes & job.allowed[state.model_safe] & (room > 0))
+    order = sorted(
+        eligible.tolist(), key=lambda n: (-speeds[int(state.model_safe[n])], -int(room[n]), n)
+    )
+    if job.spec.max_nodes is not None:
+        order = order[: job.spec.max_nodes]
+    if sum(int(room[n]) for n in order) < job.world:
+        return None
+    takes = _fill(order, room, job.world)
+    by_id = {state.nodes[n].node_id: state.nodes[n] for n, _ in takes}
+    rank_nodes = [state.nodes[n].node_id for n, take in takes for _ in range(take)]
+    draft = Placement(
+        job_id=job.spec.job_id,
+        ranks=tuple(RankSlot(rank=r, node_id=n, gpu_index=r) for r, n in enumerate(rank_nodes)),
+    )
+    shape = shape_of(draft, by_id)
+    if not shape.mixed:
+        return None  # one model after all: the one-model steps' business
+    mixed = _samples_per_s(job, shape)
+    parts = " + ".join(f"{n}x{m}" for m, n in shape.gpu_models)
+    if mixed is None:
+        return Mixed(None, f"on {parts} a fast rank's larger batch share runs out of memory")
+    best, best_name = 0.0, ""
+    for model in speeds:
+        nodes = np.flatnonzero(state.gpu_nodes & (state.model_safe == model) & (room > 0))
+        alone = _fill(_most_room_first(job, nodes, room), room, job.world)
+        if not alone:
+            continue
+        alone_shape = Shape(
+            gpu_model=state.models[model],
+            ranks_per_node=tuple(t for _, t in alone),
+            inter_node_gbps=min(state.nodes[n].inter_node_bandwidth_gbps for n, _ in alone),
+        )
+        rate = _samples_per_s(job, alone_shape)
+        if rate is not None and rate > best:
+            best = rate
+            best_name = f"{alone_shape.world_size} free {state.models[model]} alone"
+    shares = ":".join(
+        str(b // job.world or 1)
+        for _, _, b in rank_batches(shape, profile, job.config, job.config.batch(job.spec))
+    )
+    against = f"{best:.1f} on the {best_name}" if best_name else "no GPU of one model free"
+    if mixed <= best:
+        return Mixed(
+            None, f"on {parts} it would run {mixed:.1f} samples/s, no faster than {against}"
+        )
+    return Mixed(
+        _take(job, state, takes, cpu, mem),
+        f"on several GPU models ({parts}), samples per rank by speed {shares}: "
+        f"{mixed:.1f} samples/s estimated, against {against}",
+    )

@@ -6,16 +6,16 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from autotune.core import JobConfig, JobSpec, NodeInfo, Placement
 from autotune.planner.capacity import FreeCapacity, keep_placement, reserve_placement
 from autotune.planner.costs import CostModel, CostWeights
 from autotune.planner.feasibility import prepare_all
 from autotune.planner.fragmentation import workload_classes
-from autotune.planner.jobs import PreparedJob, block_sizes
+from autotune.planner.jobs import PreparedJob, block_sizes, mixable
 from autotune.planner.matching import commit, solve_round
-from autotune.planner.packing import pack_greedy
+from autotune.planner.packing import pack_greedy, pack_mixed
 from autotune.planner.pending import PendingJobs
 from autotune.planner.reasons import unplaced_reason, waiting_reason
 
@@ -32,6 +32,8 @@ class PlanResult:
     total_cost: float
     """Sum of the matched entries of the committed units, over all rounds."""
     solve_s: float
+    mixed: dict[str, str] = field(default_factory=dict)
+    """Jobs placed on several GPU models (``mix_models``) -> why it pays."""
 
 
 def plan(
@@ -44,6 +46,7 @@ def plan(
     round_size: int = 256,
     progress: Callable[[int, int], None] | None = None,
     reserved: Mapping[str, Placement] | None = None,
+    mix_models: bool = False,
 ) -> PlanResult:
     """Place ``jobs`` on ``nodes`` under their ``configs``.
 
@@ -59,6 +62,12 @@ def plan(
     new ranks all run on one GPU model. Jobs without a config are placed as plain data
     parallelism over ``min_gpus`` GPUs. ``progress(settled, total)`` is called after
     every round.
+
+    ``mix_models``: a data-parallel job that no one GPU model has room for may take free
+    GPUs of several (``packing.pack_mixed``) where the performance model says that runs
+    it faster than the free GPUs of its best model alone; for backends whose jobs take
+    batch shares by speed. Such jobs take what the rounds leave free, after them, so
+    mixing never moves another job's placement.
     """
     started = time.perf_counter()
     if round_size < 1:
@@ -66,6 +75,7 @@ def plan(
     current = current or {}
     state = FreeCapacity.of(nodes)
     placements: dict[str, Placement] = {}
+    mixed: dict[str, str] = {}
     kept: set[str] = set()
     pending: list[PreparedJob] = []
     if reserved:
@@ -98,9 +108,14 @@ def plan(
         )
     tracker = PendingJobs(pending, state)
     # The cluster only fills from here on: a job asking for more GPUs than are free
-    # for it now never fits in this plan.
+    # for it now never fits in this plan (on one model: with ``mix_models``, one that
+    # may mix tries the GPUs the rounds leave free, after them).
+    mixing: list[tuple[PreparedJob, int]] = []
     for job, have in tracker.cannot_fit():
-        unplaced[job.spec.job_id] = waiting_reason(job, have, state)
+        if mix_models and mixable(job):
+            mixing.append((job, have))
+        else:
+            unplaced[job.spec.job_id] = waiting_reason(job, have, state)
     queue: deque[PreparedJob] = deque(job for job in pending if tracker.alive[job.index])
     cost_model = (
         CostModel(state, workload_classes(pending, len(state.models)), weights or CostWeights())
@@ -144,12 +159,21 @@ def plan(
                     # 6. No equal blocks fit: the free GPUs as they are, before later jobs.
                     placements[job.spec.job_id] = packed
                     tracker.settle(job)
+                elif (
+                    mix := pack_mixed(job, state) if mix_models else None
+                ) is not None and mix.placement is not None:
+                    # 6a. No one model has room: several, where that pays.
+                    placements[job.spec.job_id] = mix.placement
+                    mixed[job.spec.job_id] = mix.why
+                    tracker.settle(job)
                 else:
                     # The state is the same for the whole loop: equal requests, equal reasons.
                     key = (job.shape, job.units, job.allowed.tobytes())
                     reason = reasons.get(key)
                     if reason is None:
                         reason = reasons[key] = unplaced_reason(job, state)
+                    if mix is not None:
+                        reason = f"{reason}; not mixed: {mix.why}"
                     unplaced[job.spec.job_id] = reason
                     tracker.settle(job)
             else:
@@ -160,6 +184,14 @@ def plan(
         alone = not outcome.nodes and not settled
         if progress is not None:
             progress(len(placements) + len(unplaced), len(jobs))
+    for job, have in mixing:  # in queue order, on what the rounds left
+        mix = pack_mixed(job, state)
+        if mix is not None and mix.placement is not None:
+            placements[job.spec.job_id] = mix.placement
+            mixed[job.spec.job_id] = mix.why
+        else:
+            reason = waiting_reason(job, have, state)
+            unplaced[job.spec.job_id] = f"{reason}; not mixed: {mix.why}" if mix else reason
     return PlanResult(
         placements=placements,
         unplaced=unplaced,
@@ -167,4 +199,5 @@ def plan(
         rounds=rounds,
         total_cost=total_cost,
         solve_s=time.perf_counter() - started,
+        mixed=mixed,
     )

@@ -48,6 +48,9 @@ class EnvConfig:
     """Seconds a parked node takes to become usable (with a provisioner)."""
     noise: bool = True
     """Draw stragglers, divergence and measurement noise (else their expected values)."""
+    mix_models: bool = False
+    """One data-parallel job may run across GPU models where that pays
+    (``SimConfig.mix_models``)."""
     max_steps: int = 500
     """Rounds before an episode is truncated."""
     oom_penalty: float = OOM_PENALTY

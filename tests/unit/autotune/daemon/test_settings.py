@@ -132,13 +132,18 @@ def test_the_simulator_plays_a_slice_of_a_pollux_workload(pollux_dir: Path) -> N
 
 @pytest.mark.parametrize(
     ("variable", "argument"),
-    [("AUTOTUNE_ADAPTIVE_TOPK", "adaptive_topk"), ("AUTOTUNE_BALANCE_BATCH", "balance_batch")],
+    [
+        ("AUTOTUNE_ADAPTIVE_TOPK", "adaptive_topk"),
+        ("AUTOTUNE_BALANCE_BATCH", "balance_batch"),
+        ("AUTOTUNE_MIX_GPU_MODELS", "mix_models"),
+    ],
 )
 def test_the_ray_backend_is_built_with_the_settings_executor_switches(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, variable: str, argument: str
 ) -> None:
-    """``adaptive_topk`` and ``balance_batch`` (off by default) reach the Ray backend,
-    which hands them to every job's runner (``RunnerConfig``)."""
+    """``adaptive_topk``, ``balance_batch`` and ``mix_gpu_models`` (off by default) reach
+    the Ray backend, which hands them to every job's runner (``RunnerConfig``) or its
+    snapshots (``ClusterSnapshot.mixes_models``)."""
     import autotune.executor.ray_backend as ray_backend
     from autotune.daemon.backends import build_backend
 
