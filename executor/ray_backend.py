@@ -47,6 +47,7 @@ from autotune.interfaces import (
     JobStatus,
     JobSubmission,
 )
+from autotune.perf.model import shape_of
 from autotune.ray_session import ensure_ray
 
 __all__ = ["RayBackend"]
@@ -127,8 +128,8 @@ class RayBackend:
         self._adaptive_topk = adaptive_topk
         self._balance_batch = balance_batch
         self._mix_models = mix_models
-        self._gpu_models: dict[str, str] = {}
-        """GPU model of each node last observed."""
+        self._nodes: dict[str, NodeInfo] = {}
+        """The nodes last observed, by id."""
         self._on_step = on_step
         self._device = (
             device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -255,7 +256,7 @@ class RayBackend:
     def observe(self) -> ClusterSnapshot:
         cluster = ray_cluster()
         nodes: list[NodeInfo] = [self._described(n) for n in cluster.alive]
-        self._gpu_models = {n.node_id: n.gpu_model for n in nodes}
+        self._nodes = {n.node_id: n for n in nodes}
         with self._lock:
             statuses = [self._status(job) for job in self._jobs.values()]
             used = sum(
@@ -275,9 +276,11 @@ class RayBackend:
             mixes_models=self._mix_models,
         )
 
-    def _mixed(self, placement: Placement) -> bool:
-        """Whether ``placement`` spans nodes of several GPU models."""
-        return len({self._gpu_models.get(slot.node_id) for slot in placement.ranks}) > 1
+    def _spans_models(self, placement: Placement) -> bool:
+        """Whether ``placement`` runs on nodes of several GPU models (as last observed)."""
+        if any(slot.node_id not in self._nodes for slot in placement.ranks):
+            return False  # a node gone since: the job restarts where the next round says
+        return shape_of(placement, self._nodes).mixed
 
     def _described(self, node: NodeInfo) -> NodeInfo:
         """``node`` with the link bandwidth the cluster file measured for it, and the
@@ -436,7 +439,7 @@ class RayBackend:
             fence=None if self._term is None else Fence(job_id, self._term),
             step_log_dir=self._root / job_id / "steps",
             adaptive_topk=self._adaptive_topk,
-            balance_batch=(self._balance_batch or self._mixed(placement))
+            balance_batch=(self._balance_batch or self._spans_models(placement))
             and balances(job.submission.task, config.batch(job.submission.spec), config),
         )
         runner = JobRunner(run, config, placement=placement, on_step=on_step)

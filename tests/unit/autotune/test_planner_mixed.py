@@ -4,9 +4,12 @@ and mixing beats the free GPUs of the job's best model alone, and the decision s
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from helpers import cli
 
 from autotune.catalog.devices import node_info
 from autotune.catalog.profiles import MODEL_CATALOG
@@ -148,3 +151,52 @@ def test_the_decision_says_why_the_job_was_mixed() -> None:
     assert one.placement is not None
     assert not shape_of(one.placement, {n.node_id: n for n in SPREAD}).mixed
     assert "8 GPU(s) instead of 12: one GPU model it may use holds at most 8" in one.reason
+
+
+def test_the_rules_policy_sizes_a_job_for_the_models_together_where_the_cluster_mixes() -> None:
+    from autotune.policies.rules import RulesPolicy
+
+    nodes = (_node("h0", "H100", 2), _node("h1", "H100", 2), _node("v0", "V100M32"))
+    spec = JobSpec(job_id="j", model=RESNET, min_gpus=1, max_gpus=8, global_batch=768)
+    snapshot = ClusterSnapshot(
+        time_s=0.0, nodes=nodes, jobs=(JobStatus(spec=spec, state="pending"),), telemetry="t"
+    )
+    one = RulesPolicy().decide(snapshot).choices["j"]
+    assert one.config is not None
+    assert one.config.world_size == 4
+    assert "one GPU model holds at most 4" in one.reason
+    mixing = RulesPolicy().decide(replace(snapshot, mixes_models=True)).choices["j"]
+    assert mixing.config is not None
+    assert mixing.config.world_size == 8
+
+
+def test_eval_replays_on_a_cluster_file_with_and_without_mixing(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(
+        json.dumps(
+            {
+                "nodes": [
+                    {
+                        "node_id": n.node_id,
+                        "gpu_model": n.gpu_model,
+                        "gpu_count": n.gpu_count,
+                        "cpu_milli": n.cpu_milli,
+                        "memory_mib": n.memory_mib,
+                    }
+                    for n in SPREAD
+                ]
+            }
+        )
+    )
+    trace = tmp_path / "philly.csv"
+    trace.write_text("timestamp,duration,num_gpus\n0,1800,1\n60,3600,4\n120,900,12\n")
+    args = ["eval", "--philly-jobs", str(trace), "--cluster-file", str(cluster)]
+    args += ["--policies", "rules", "--seeds", "1", "--json"]
+    for flag, mixes in (("--no-mix-gpu-models", False), ("--mix-gpu-models", True)):
+        done = cli(*args, flag)
+        assert done.exit_code == 0, done.stderr
+        report = json.loads(done.stdout)
+        assert report["trace"]["gpus"] == 12
+        assert report["trace"]["cluster_file"] == str(cluster)
+        assert report["trace"]["mix_models"] is mixes
+        assert report["policies"]["rules"]["n_jobs_done"] == 3
