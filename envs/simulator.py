@@ -230,7 +230,8 @@ class SimConfig:
     """Whether one data-parallel job may run across GPU models, its replicas' batch
     shares by speed (``ClusterSnapshot.mixes_models``); the performance model prices it
     (``autotune.perf.model.balance_gain``). Jobs of measured physics (the Pollux mode)
-    run such a placement at its slowest model's measured pace."""
+    advance by their measurements of ranks per node, which know no GPU model: leave this
+    off there."""
 
     def __post_init__(self) -> None:
         if len({t.name for t in self.tenants}) != len(self.tenants):
@@ -679,7 +680,8 @@ class SimulatedCluster:
                 held_milli[slot.node_id] = held_milli.get(slot.node_id, 0) + slot.gpu_milli
             gpus = status.placement.world_size * status.placement.ranks[0].gpu_milli / 1000
             busy += gpus
-            est = self._estimate(job, status.config, shape_of(status.placement, self._nodes))
+            shape = shape_of(status.placement, self._nodes, balanced=self.config.mix_models)
+            est = self._estimate(job, status.config, shape)
             run_s = max(0.0, dt - job.downtime_s)
             lost_s += dt - run_s
             job.downtime_s = max(0.0, job.downtime_s - dt)

@@ -439,7 +439,9 @@ class RayBackend:
             fence=None if self._term is None else Fence(job_id, self._term),
             step_log_dir=self._root / job_id / "steps",
             adaptive_topk=self._adaptive_topk,
-            balance_batch=(self._balance_batch or self._spans_models(placement))
+            balance_batch=(
+                self._balance_batch or (self._mix_models and self._spans_models(placement))
+            )
             and balances(job.submission.task, config.batch(job.submission.spec), config),
         )
         runner = JobRunner(run, config, placement=placement, on_step=on_step)

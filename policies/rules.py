@@ -5,9 +5,7 @@ For every pending job, in queue order:
 1. **GPUs.** Its fair share of the free GPUs of the models it may use (free GPUs / jobs
    waiting for them), clamped to ``[min_gpus, max_gpus]``, rounded down to a power of
    two (layouts and all-reduce rings like powers of two), and no more than one GPU
-   model can hold on ``max_nodes`` nodes (the Planner keeps a job on one model; where
-   the cluster runs jobs across models, ``ClusterSnapshot.mixes_models``, a job of a
-   known model: no more than its allowed models hold together);
+   model can hold on ``max_nodes`` nodes (the Planner keeps a job on one model);
    doubled while no layout of that many GPUs fits in memory (up to ``max_gpus``, the
    free GPUs and that gang), so that a long queue cannot shrink a big model's share
    below what it needs.
@@ -98,9 +96,7 @@ class RulesPolicy:
                 for other in pending
                 if any(other.spec.allows(n.gpu_model) for n in candidates.nodes)
             )
-            choices[status.spec.job_id] = _choose(
-                status.spec, candidates, waiting, mixes=snapshot.mixes_models
-            )
+            choices[status.spec.job_id] = _choose(status.spec, candidates, waiting)
         return PolicyRound(choices=choices)
 
 
@@ -127,9 +123,7 @@ def candidate_nodes(
     return _Candidates(nodes=allowed, free_gpus=sum(free[n.node_id] for n in allowed))
 
 
-def _choose(
-    spec: JobSpec, candidates: _Candidates, waiting: int, *, mixes: bool = False
-) -> PolicyChoice:
+def _choose(spec: JobSpec, candidates: _Candidates, waiting: int) -> PolicyChoice:
     share = candidates.free_gpus // max(1, waiting)
     gpus = max(spec.min_gpus, min(spec.max_gpus, share))
     if spec.gpu_milli < MILLI_PER_GPU:
@@ -139,15 +133,12 @@ def _choose(
         f"{gpus} GPU(s): fair share of {candidates.free_gpus} free over {waiting} waiting job(s), "
         f"within [{spec.min_gpus}, {spec.max_gpus}]"
     )
-    # The Planner runs a job's ranks on one GPU model (or, data-parallel, on several
-    # where the cluster mixes), on at most max_nodes nodes: more than the largest such
-    # gang could hold would wait for ever.
-    across = mixes and spec.model is not None
-    gang = largest_gang(spec, candidates.nodes, across_models=across)
+    # The Planner runs a job's ranks on one GPU model, on at most max_nodes nodes: more
+    # than one model's largest such gang could hold would wait for ever.
+    gang = largest_gang(spec, candidates.nodes)
     if gpus > gang >= spec.min_gpus:
         gpus = max(spec.min_gpus, _power_of_two_floor(gang))
-        holds = "its GPU models hold" if across else "one GPU model holds"
-        why_gpus += f"; lowered to {gpus}: {holds} at most {gang} of its ranks"
+        why_gpus += f"; lowered to {gpus}: one GPU model holds at most {gang} of its ranks"
     precision, why_precision = _precision(candidates.nodes)
     layout, why_layout, fits = first_fitting_layout(spec, gpus, precision, candidates)
     # A fair share too small for the model would keep it waiting for ever (and the

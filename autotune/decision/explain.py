@@ -97,10 +97,12 @@ def explain_decision(
     why: str,
     model: JobModel | None = None,
     metrics: JobMetrics | None = None,
+    balanced: bool = False,
 ) -> dict[str, Any]:
     """The explanation stored with a decision (a JSON object). ``model``: the job's
     throughput model (its online fit, ``autotune.daemon.performance``); ``None``: the
-    catalog's coefficients for its model."""
+    catalog's coefficients for its model. ``balanced``: ranks on several GPU models take
+    batch shares by speed (``ClusterSnapshot.mixes_models``)."""
     explanation: dict[str, Any] = {
         "features": {name: round(float(value), 6) for name, value in features.items()},
         "chosen": {"config": config.describe(), "devices": _device_sources(placement, nodes)},
@@ -112,7 +114,7 @@ def explain_decision(
         return explanation
     profile = spec.model.with_noise_scale(metrics.noise_scale if metrics is not None else None)
     explanation["statistical_efficiency"] = _efficiency(spec, profile, config, metrics)
-    shape = shape_of(placement, nodes)
+    shape = shape_of(placement, nodes, balanced=balanced)
     if model is None:
         model = JobModel(
             coefficients=catalog_coefficients(spec.model, shape.gpu_model), source="catalog"

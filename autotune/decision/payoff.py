@@ -94,10 +94,12 @@ class Payoff:
 
 
 def _resized(shape: Shape, world: int) -> Shape:
-    """``shape`` with ``world`` ranks spread evenly over as many of its nodes as they fill."""
+    """``shape`` with ``world`` ranks spread evenly over as many of its nodes as they fill;
+    a shape across GPU models, on its slowest one (where its ranks would go is not
+    known)."""
     nodes = max(1, min(shape.nodes, world))
     per = [world // nodes + (1 if i < world % nodes else 0) for i in range(nodes)]
-    return replace(shape, ranks_per_node=tuple(per))
+    return replace(shape, ranks_per_node=tuple(per), gpu_models=(), balanced=False)
 
 
 def payoff(
@@ -106,9 +108,12 @@ def payoff(
     nodes: Mapping[str, NodeInfo],
     restart_s: float,
     model: JobModel | None = None,
+    *,
+    balanced: bool = False,
 ) -> Payoff | str:
     """The arithmetic of changing running ``job`` to ``new``, or why it cannot be done
-    (then the change is not predicted to pay)."""
+    (then the change is not predicted to pay). ``balanced``: ranks on several GPU models
+    take batch shares by speed (``ClusterSnapshot.mixes_models``)."""
     spec, current, placement = job.spec, job.config, job.placement
     if current is None or placement is None:
         raise ValueError(f"job {spec.job_id}: not running, nothing to change")
@@ -119,7 +124,7 @@ def payoff(
         return "its length is unknown, so no gain over its remaining work can be predicted"
     if any(slot.node_id not in nodes for slot in placement.ranks):
         return "a node it runs on is gone"
-    shape = shape_of(placement, nodes)
+    shape = shape_of(placement, nodes, balanced=balanced)
     coeffs = (
         model.coefficients
         if model is not None

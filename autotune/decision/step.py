@@ -67,7 +67,6 @@ from autotune.decision.payoff import Payoff, payoff, unproven_change
 from autotune.decision.quotas import enforce_quotas
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_layout, fit_memory, rank_memory
-from autotune.perf.model import balanced
 from autotune.perf.online import JobModel
 from autotune.planner import largest_gang, plan
 
@@ -442,6 +441,7 @@ def decide(
                 why=reason,
                 model=(models or {}).get(job_id),
                 metrics=job.metrics,
+                balanced=snapshot.mixes_models,
             )
             if explain
             else {}
@@ -742,7 +742,14 @@ def _unpaid_changes(
         if (unproven := unproven_change(job, choice.config)) is not None:
             declined[job_id] = keep + unproven
             continue
-        arithmetic = payoff(job, choice.config, nodes, snapshot.restart_s, models.get(job_id))
+        arithmetic = payoff(
+            job,
+            choice.config,
+            nodes,
+            snapshot.restart_s,
+            models.get(job_id),
+            balanced=snapshot.mixes_models,
+        )
         if isinstance(arithmetic, str):
             declined[job_id] = keep + arithmetic
         elif not arithmetic.pays:
@@ -768,16 +775,14 @@ def _beyond_reach(
         c = decided.get(job_id)
         if c is None or c.config is None or job_id in overrides or spec.gpu_milli < MILLI_PER_GPU:
             continue
-        mixes = view.mixes_models and spec.model is not None and balanced(c.config)
-        gang = largest_gang(spec, view.nodes, across_models=mixes)
+        gang = largest_gang(spec, view.nodes)
         if c.config.world_size <= gang or gang < spec.min_gpus:
             continue
         size = max(spec.min_gpus, 1 << (gang.bit_length() - 1))
         out[job_id] = (
             size,
-            f"{size} GPU(s) instead of {c.config.world_size}: "
-            + ("the GPU models it may use hold" if mixes else "one GPU model it may use holds")
-            + f" at most {gang} of its ranks"
+            f"{size} GPU(s) instead of {c.config.world_size}: one GPU model it may use holds at "
+            f"most {gang} of its ranks"
             + (f" on {spec.max_nodes} node(s)" if spec.max_nodes else ""),
         )
     return out
@@ -817,6 +822,8 @@ def _hopeless_resizes(
     for job, choice in changes:
         job_id = job.spec.job_id
         assert choice.config is not None
+        if choice.config == job.config:
+            continue  # it keeps its GPUs (a job across models holds them on several)
         own = held.get(job_id, {})
         room = max(
             (free.get(m, 0.0) + own.get(m, 0.0) for m in free if job.spec.allows(m)),

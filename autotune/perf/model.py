@@ -46,13 +46,13 @@ Step time of one rank (seconds)::
   holds fewer ranks than the group).
 - Pipeline parallelism: each stage sends and receives one activation per micro-batch each
   way.
-- One job across GPU models (``Shape.gpu_models``): data-parallel replicas take batch
-  shares in proportion to their speed (the executor's ``balance``), so compute takes
-  ``F * B / sum_i(speed_i)`` instead of the slowest rank's pace: ``T_compute`` above is
-  divided by ``balance_gain`` = sum_i(speed_i) / (d * min speed), speed_i being
-  1 / ``class_time_factor`` of rank i's device. The gradients cross the slowest link
-  (``Shape.inter_node_gbps``) as before. With tensor or pipeline parallelism (not
-  balanced by batch), the slowest rank's pace.
+- One job across GPU models (``Shape.gpu_models``), speed_i being 1 /
+  ``class_time_factor`` of rank i's device for the job's precision map: with batch shares
+  by speed (``Shape.balanced``, a data-parallel job on a backend that balances them),
+  compute takes ``F * B / sum_i(speed_i)``; else every rank runs at the slowest one's
+  pace. ``T_compute`` above, priced on ``Shape.gpu_model``'s device, is divided by
+  ``balance_gain``, that pace relative to the device's. The gradients cross the slowest
+  link (``Shape.inter_node_gbps``) as before.
 """
 
 from __future__ import annotations
@@ -253,6 +253,15 @@ class Shape:
     gpu_models: tuple[tuple[str, int], ...] = ()
     """``(GPU model, ranks)`` where the ranks run on several models, by name; empty on
     one model (``gpu_model``)."""
+    balanced: bool = False
+    """Whether ranks on several models take batch shares by speed (the backend balances
+    them); else they run at the slowest one's pace."""
+
+    def __post_init__(self) -> None:
+        if self.gpu_models and sum(n for _, n in self.gpu_models) != self.world_size:
+            raise ValueError(
+                f"Shape.gpu_models {self.gpu_models}: {self.world_size} ranks expected"
+            )
 
     @property
     def mixed(self) -> bool:
@@ -268,9 +277,12 @@ class Shape:
         return len(self.ranks_per_node)
 
 
-def shape_of(placement: Placement, nodes: Mapping[str, NodeInfo]) -> Shape:
+def shape_of(
+    placement: Placement, nodes: Mapping[str, NodeInfo], *, balanced: bool = False
+) -> Shape:
     """The speed-relevant summary of a placement: the slowest node's GPU model (by fp32
-    peak) and the number of ranks on each node."""
+    peak), the number of ranks on each node, and on each GPU model where several;
+    ``balanced``: such ranks take batch shares by speed (``Shape.balanced``)."""
     per_node: dict[str, int] = {}
     for slot in placement.ranks:
         per_node[slot.node_id] = per_node.get(slot.node_id, 0) + 1
@@ -286,6 +298,7 @@ def shape_of(placement: Placement, nodes: Mapping[str, NodeInfo]) -> Shape:
         inter_node_gbps=min(nodes[n].inter_node_bandwidth_gbps for n in per_node),
         gpu_milli=milli,
         gpu_models=tuple(sorted(by_model.items())) if len(by_model) > 1 else (),
+        balanced=balanced,
     )
 
 
@@ -301,15 +314,20 @@ def balanced(config: JobConfig) -> bool:
     return config.layout.tp == 1 and config.layout.pp == 1 and config.layout.dp > 1
 
 
-def balance_gain(shape: Shape, model: ModelProfile, config: JobConfig) -> float:
-    """How much faster a step's compute runs with batch shares by speed than at the
-    slowest rank's pace: sum of rank speeds / (ranks * slowest speed); 1 on one GPU
-    model, or where the job is not ``balanced``."""
-    if not shape.mixed or not balanced(config):
+def balance_gain(
+    shape: Shape, model: ModelProfile, config: JobConfig, spec: DeviceSpec | None = None
+) -> float:
+    """A step's compute pace on ``shape`` relative to every rank on ``spec`` (default:
+    ``shape.gpu_model``'s device): 1 on one GPU model; on several, with batch shares by
+    speed (``shape.balanced`` and a ``balanced`` config), the ranks' summed speed over
+    ``ranks x spec's speed``; else the slowest rank's speed over ``spec``'s."""
+    if not shape.mixed:
         return 1.0
+    reference = 1.0 / class_time_factor(spec or device(shape.gpu_model), model, config.precision)
     speeds = [(rank_speed(m, model, config.precision), n) for m, n in shape.gpu_models]
-    slowest = min(v for v, _ in speeds)
-    return sum(v * n for v, n in speeds) / (shape.world_size * slowest)
+    if shape.balanced and balanced(config):
+        return sum(v * n for v, n in speeds) / (shape.world_size * reference)
+    return min(v for v, _ in speeds) / reference
 
 
 def effective_peak_tflops(node: NodeInfo, precision: PrecisionMap) -> float:
@@ -530,7 +548,7 @@ def step_time(
     if coeffs.batch_exponent != 1:
         micro_samples = global_batch / (layout.dp * layout.micro_batches)
         seconds *= micro_samples ** (coeffs.batch_exponent - 1)
-    seconds /= share * balance_gain(shape, model, config)
+    seconds /= share * balance_gain(shape, model, config, spec)
     if layout.activation_checkpointing:
         seconds *= RECOMPUTE_FACTOR
     bubble = pipeline_bubble(layout.pp, layout.micro_batches)
@@ -704,7 +722,7 @@ def rank_batches(
     needs more activation memory."""
     if not shape.mixed:
         return [(shape.gpu_model, shape.world_size, global_batch)]
-    if not balanced(config):
+    if not (shape.balanced and balanced(config)):
         return [(m, n, global_batch) for m, n in shape.gpu_models]
     speeds = {m: rank_speed(m, model, config.precision) for m, _ in shape.gpu_models}
     total = sum(speeds[m] * n for m, n in shape.gpu_models)

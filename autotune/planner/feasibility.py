@@ -231,17 +231,10 @@ def prepare_all(
     return prepared, unplaced
 
 
-def largest_gang(spec: JobSpec, nodes: Sequence[NodeInfo], *, across_models: bool = False) -> int:
+def largest_gang(spec: JobSpec, nodes: Sequence[NodeInfo]) -> int:
     """The most whole-GPU ranks any plan could give ``spec`` on ``nodes`` with all of them
-    free: a job's ranks run on one GPU model it allows (``across_models``: on any it
-    allows, as a data-parallel job the Planner may mix), on at most ``max_nodes`` nodes.
+    free: a job's ranks run on one GPU model it allows, on at most ``max_nodes`` nodes.
     Memory, CPU and what is free are not counted."""
-    if across_models:
-        counts = sorted(
-            (n.gpu_count for n in nodes if n.gpu_count > 0 and spec.allows(n.gpu_model)),
-            reverse=True,
-        )
-        return sum(counts[: spec.max_nodes])
     return max(
         (
             sum(counts[: spec.max_nodes])  # all of them when max_nodes is None

@@ -112,13 +112,22 @@ def _samples_per_s(job: PreparedJob, shape: Shape) -> float | None:
 
 def pack_mixed(job: PreparedJob, state: FreeCapacity) -> Mixed | None:
     """A ``mixable`` job's ranks on free GPUs of several allowed models: the fastest
-    model's nodes first (then the most room), within ``max_nodes``; committed only where
-    the performance model (balanced batch shares, sync across the slowest link) says
-    it runs faster than the job would on the free GPUs of any one allowed model alone,
-    and no rank runs out of memory. ``None`` where the job is not mixable or the free
-    GPUs of its models are too few; else a ``Mixed`` with the placement or why not."""
+    model's nodes first (then the most room), within ``max_nodes``; committed where no
+    rank runs out of memory and the performance model (balanced batch shares, sync
+    across the slowest link) says it runs faster than the job would on the free GPUs of
+    any one allowed model alone, at a size it may have (``min_gpus`` or more; where none
+    can, mixing beats waiting). ``None`` where the job is not mixable, the free GPUs of
+    its models are too few, or a model is not in the catalog; else a ``Mixed`` with the
+    placement or why not."""
     if not mixable(job):
         return None
+    try:
+        return _pack_mixed(job, state)
+    except KeyError:  # a GPU model the catalog does not know: nothing prices the mix
+        return None
+
+
+def _pack_mixed(job: PreparedJob, state: FreeCapacity) -> Mixed | None:
     assert job.spec.model is not None
     profile, precision = job.spec.model, job.config.precision
     room, cpu, mem = _room(job, state)
@@ -140,7 +149,7 @@ def pack_mixed(job: PreparedJob, state: FreeCapacity) -> Mixed | None:
         job_id=job.spec.job_id,
         ranks=tuple(RankSlot(rank=r, node_id=n, gpu_index=r) for r, n in enumerate(rank_nodes)),
     )
-    shape = shape_of(draft, by_id)
+    shape = shape_of(draft, by_id, balanced=True)
     if not shape.mixed:
         return None  # one model after all: the one-model steps' business
     mixed = _samples_per_s(job, shape)
@@ -151,8 +160,8 @@ def pack_mixed(job: PreparedJob, state: FreeCapacity) -> Mixed | None:
     for model in speeds:
         nodes = np.flatnonzero(state.gpu_nodes & (state.model_safe == model) & (room > 0))
         alone = _fill(_most_room_first(job, nodes, room), room, job.world)
-        if not alone:
-            continue
+        if sum(t for _, t in alone) < job.spec.min_gpus:
+            continue  # a size the job cannot be given
         alone_shape = Shape(
             gpu_model=state.models[model],
             ranks_per_node=tuple(t for _, t in alone),
@@ -166,7 +175,7 @@ def pack_mixed(job: PreparedJob, state: FreeCapacity) -> Mixed | None:
         str(b // job.world or 1)
         for _, _, b in rank_batches(shape, profile, job.config, job.config.batch(job.spec))
     )
-    against = f"{best:.1f} on the {best_name}" if best_name else "no GPU of one model free"
+    against = f"{best:.1f} on the {best_name}" if best_name else "no size it may have on one model"
     if mixed <= best:
         return Mixed(
             None, f"on {parts} it would run {mixed:.1f} samples/s, no faster than {against}"

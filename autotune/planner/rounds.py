@@ -66,8 +66,10 @@ def plan(
     ``mix_models``: a data-parallel job that no one GPU model has room for may take free
     GPUs of several (``packing.pack_mixed``) where the performance model says that runs
     it faster than the free GPUs of its best model alone; for backends whose jobs take
-    batch shares by speed. Such jobs take what the rounds leave free, after them, so
-    mixing never moves another job's placement.
+    batch shares by speed. Those that no one model can take at all (the check above)
+    take what the rounds leave free, after them, so mixing never moves another job's
+    placement; those the rounds could not place on one model try where the packing
+    fallback does.
     """
     started = time.perf_counter()
     if round_size < 1:
@@ -110,10 +112,10 @@ def plan(
     # The cluster only fills from here on: a job asking for more GPUs than are free
     # for it now never fits in this plan (on one model: with ``mix_models``, one that
     # may mix tries the GPUs the rounds leave free, after them).
-    mixing: list[tuple[PreparedJob, int]] = []
+    mixing: list[tuple[PreparedJob, str]] = []  # with why one model cannot take it now
     for job, have in tracker.cannot_fit():
         if mix_models and mixable(job):
-            mixing.append((job, have))
+            mixing.append((job, waiting_reason(job, have, state)))
         else:
             unplaced[job.spec.job_id] = waiting_reason(job, have, state)
     queue: deque[PreparedJob] = deque(job for job in pending if tracker.alive[job.index])
@@ -184,14 +186,13 @@ def plan(
         alone = not outcome.nodes and not settled
         if progress is not None:
             progress(len(placements) + len(unplaced), len(jobs))
-    for job, have in mixing:  # in queue order, on what the rounds left
+    for job, waiting in mixing:  # in queue order, on what the rounds left
         mix = pack_mixed(job, state)
         if mix is not None and mix.placement is not None:
             placements[job.spec.job_id] = mix.placement
             mixed[job.spec.job_id] = mix.why
         else:
-            reason = waiting_reason(job, have, state)
-            unplaced[job.spec.job_id] = f"{reason}; not mixed: {mix.why}" if mix else reason
+            unplaced[job.spec.job_id] = f"{waiting}; not mixed: {mix.why}" if mix else waiting
     return PlanResult(
         placements=placements,
         unplaced=unplaced,

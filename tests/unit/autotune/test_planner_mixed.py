@@ -13,7 +13,15 @@ from helpers import cli
 
 from autotune.catalog.devices import node_info
 from autotune.catalog.profiles import MODEL_CATALOG
-from autotune.core import JobConfig, JobSpec, Layout, NodeInfo, Placement, RankSlot
+from autotune.core import (
+    JobConfig,
+    JobSpec,
+    Layout,
+    NodeInfo,
+    Placement,
+    PrecisionMap,
+    RankSlot,
+)
 from autotune.decision.step import decide
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
 from autotune.perf.model import (
@@ -54,7 +62,7 @@ def _placement(*per_node: tuple[str, int]) -> Placement:
 
 def test_balanced_shares_run_at_the_sum_of_the_ranks_speeds() -> None:
     nodes = {n.node_id: n for n in SPREAD}
-    mixed = shape_of(_placement(("h0", 4), ("v0", 4)), nodes)
+    mixed = shape_of(_placement(("h0", 4), ("v0", 4)), nodes, balanced=True)
     assert mixed.gpu_model == "V100M32"  # the slowest, as before
     assert dict(mixed.gpu_models) == {"H100": 4, "V100M32": 4}
     config = JobConfig.data_parallel(8)
@@ -63,7 +71,8 @@ def test_balanced_shares_run_at_the_sum_of_the_ranks_speeds() -> None:
     assert fast > 2 * slow
     gain = balance_gain(mixed, RESNET, config)
     assert gain == pytest.approx((4 * fast + 4 * slow) / (8 * slow))
-    even = step_time(RESNET, config, replace(mixed, gpu_models=()), 512)  # slowest pace
+    even = step_time(RESNET, config, replace(mixed, balanced=False), 512)  # slowest pace
+    assert even.compute_s == step_time(RESNET, config, replace(mixed, gpu_models=()), 512).compute_s
     balanced = step_time(RESNET, config, mixed, 512)
     overhead = DEFAULT_COEFFICIENTS.compute_overhead_s
     assert balanced.compute_s - overhead == pytest.approx((even.compute_s - overhead) / gain)
@@ -127,47 +136,47 @@ def test_one_model_with_room_is_used_as_before() -> None:
 
 
 def test_the_decision_says_why_the_job_was_mixed() -> None:
-    spec, configs = _job()
+    """Another job holds half of each H100 node: 8 GPUs of one model are not free, and
+    deepspeech2's 8 ranks run faster on 4 H100 and 4 V100 than on the 4 free H100."""
+    busy = JobSpec(job_id="busy", min_gpus=4, max_gpus=4)
+    held = Placement(
+        job_id="busy",
+        ranks=tuple(
+            RankSlot(rank=i, node_id=n, gpu_index=g)
+            for i, (n, g) in enumerate((("h0", 2), ("h0", 3), ("h1", 2), ("h1", 3)))
+        ),
+    )
+    spec = JobSpec(
+        job_id="j", model=MODEL_CATALOG["deepspeech2"], min_gpus=1, max_gpus=8, global_batch=768
+    )
     snapshot = ClusterSnapshot(
         time_s=0.0,
         nodes=tuple(SPREAD),
-        jobs=(JobStatus(spec=spec, state="pending"),),
+        jobs=(
+            JobStatus(
+                spec=busy, state="running", config=JobConfig.data_parallel(4), placement=held
+            ),
+            JobStatus(spec=spec, state="pending"),
+        ),
         telemetry="test",
         mixes_models=True,
     )
-    choices = {"j": PolicyChoice(config=configs["j"], reason="chosen")}
+    choices = {"j": PolicyChoice(config=JobConfig.data_parallel(8), reason="chosen")}
     round_ = decide(snapshot, choices, {}, honoured={}, policy_version="t")
     (decision,) = round_.decisions
     assert decision.placement is not None
-    assert len(decision.placement.ranks) == 12
-    assert "on several GPU models (8xH100 + 4xV100M32)" in decision.reason
+    assert len(decision.placement.ranks) == 8
+    assert "on several GPU models (4xH100 + 4xV100M32)" in decision.reason
+    assert "against" in decision.reason
+    assert "on the 4 free H100 alone" in decision.reason
     assert "on several GPU models" in round_.why["j"].explanation["why"]
-    # A backend that cannot balance shares never gets a mixed placement: the job is
-    # sized to what one model holds.
+    # A backend that cannot balance shares never gets a mixed placement: the job waits
+    # for 8 GPUs of one model.
     flat = decide(
         replace(snapshot, mixes_models=False), choices, {}, honoured={}, policy_version="t"
     )
-    (one,) = flat.decisions
-    assert one.placement is not None
-    assert not shape_of(one.placement, {n.node_id: n for n in SPREAD}).mixed
-    assert "8 GPU(s) instead of 12: one GPU model it may use holds at most 8" in one.reason
-
-
-def test_the_rules_policy_sizes_a_job_for_the_models_together_where_the_cluster_mixes() -> None:
-    from autotune.policies.rules import RulesPolicy
-
-    nodes = (_node("h0", "H100", 2), _node("h1", "H100", 2), _node("v0", "V100M32"))
-    spec = JobSpec(job_id="j", model=RESNET, min_gpus=1, max_gpus=8, global_batch=768)
-    snapshot = ClusterSnapshot(
-        time_s=0.0, nodes=nodes, jobs=(JobStatus(spec=spec, state="pending"),), telemetry="t"
-    )
-    one = RulesPolicy().decide(snapshot).choices["j"]
-    assert one.config is not None
-    assert one.config.world_size == 4
-    assert "one GPU model holds at most 4" in one.reason
-    mixing = RulesPolicy().decide(replace(snapshot, mixes_models=True)).choices["j"]
-    assert mixing.config is not None
-    assert mixing.config.world_size == 8
+    assert flat.decisions == []
+    assert "waiting for 8 GPU(s) of one model" in flat.unplaced["j"]
 
 
 def test_eval_replays_on_a_cluster_file_with_and_without_mixing(tmp_path: Path) -> None:
@@ -200,3 +209,90 @@ def test_eval_replays_on_a_cluster_file_with_and_without_mixing(tmp_path: Path) 
         assert report["trace"]["cluster_file"] == str(cluster)
         assert report["trace"]["mix_models"] is mixes
         assert report["policies"]["rules"]["n_jobs_done"] == 3
+
+
+def test_the_balanced_pace_is_the_summed_speed_whichever_model_is_slowest_in_fp32() -> None:
+    """An A100 is slower than an A10 in fp32 but faster in bf16: compute is the step's
+    FLOPs over the ranks' summed bf16 speeds, whichever device the shape is priced on."""
+    nodes = {"a": _node("a", "A100"), "g": _node("g", "A10")}
+    shape = shape_of(_placement(("a", 4), ("g", 4)), nodes, balanced=True)
+    bf16 = replace(JobConfig.data_parallel(8), precision=PrecisionMap.uniform("bf16"))
+    speeds = {m: rank_speed(m, RESNET, bf16.precision) for m in ("A100", "A10")}
+    assert speeds["A100"] > speeds["A10"]
+    overhead = DEFAULT_COEFFICIENTS.compute_overhead_s
+    got = step_time(RESNET, bf16, shape, 512).compute_s - overhead
+    one = step_time(RESNET, bf16, replace(shape, gpu_models=()), 512).compute_s - overhead
+    # ``one``: every rank on ``shape.gpu_model``'s device, at that device's speed.
+    on_device = speeds[shape.gpu_model]
+    assert got == pytest.approx(one * 8 * on_device / (4 * speeds["A100"] + 4 * speeds["A10"]))
+    # Even shares: every rank at the A10's bf16 pace, the slowest in this precision.
+    even = step_time(RESNET, bf16, replace(shape, balanced=False), 512).compute_s - overhead
+    assert even == pytest.approx(one * on_device / speeds["A10"])
+    with pytest.raises(ValueError, match="ranks expected"):
+        replace(shape, gpu_models=(("A100", 4), ("A10", 5)))
+
+
+def test_a_job_no_single_model_can_hold_at_its_minimum_mixes_rather_than_wait() -> None:
+    """12 ranks at least, on 8 H100 (one node) and 4 V100: the H100 alone would run
+    faster, but the job may not have 8; mixing beats waiting for ever."""
+    spec = JobSpec(job_id="j", model=RESNET, min_gpus=12, max_gpus=12, global_batch=768)
+    snapshot = ClusterSnapshot(
+        time_s=0.0,
+        nodes=tuple(TOGETHER),
+        jobs=(JobStatus(spec=spec, state="pending"),),
+        telemetry="test",
+        mixes_models=True,
+    )
+    choices = {"j": PolicyChoice(config=JobConfig.data_parallel(12), reason="twelve")}
+    (decision,) = decide(snapshot, choices, {}, honoured={}, policy_version="t").decisions
+    assert decision.placement is not None
+    assert len(decision.placement.ranks) == 12
+    assert "against no size it may have on one model" in decision.reason
+
+
+def test_a_running_mixed_job_keeps_its_gpus_and_its_configuration() -> None:
+    """Re-given its own configuration, a job running across models is neither declined
+    for want of 12 GPUs of one model nor moved."""
+    spec, configs = _job()
+    placement = plan([spec], SPREAD, configs, mix_models=True).placements["j"]
+    running = JobStatus(spec=spec, state="running", config=configs["j"], placement=placement)
+    snapshot = ClusterSnapshot(
+        time_s=0.0, nodes=tuple(SPREAD), jobs=(running,), telemetry="test", mixes_models=True
+    )
+    choices = {"j": PolicyChoice(config=configs["j"], reason="the same")}
+    round_ = decide(snapshot, choices, {}, honoured={}, policy_version="t")
+    assert round_.declined == {}
+    assert round_.decisions == []  # kept where it runs: nothing to decide
+
+
+def test_a_mixed_jobs_shrink_is_priced_on_its_slowest_model() -> None:
+    """A resize of a job across models is priced on its slowest model (where its new
+    ranks would go is unknown), never with the old per-model counts."""
+    from autotune.decision.payoff import _resized
+
+    nodes = {n.node_id: n for n in SPREAD}
+    shape = shape_of(_placement(("h0", 4), ("h1", 4), ("v0", 4)), nodes, balanced=True)
+    smaller = _resized(shape, 4)
+    assert smaller.world_size == 4
+    assert not smaller.mixed
+    assert smaller.gpu_model == "V100M32"
+
+
+def test_a_job_the_rounds_cannot_place_for_cpu_mixes_within_every_nodes_limits() -> None:
+    """8 H100 are free, but each node's cores host 3 of the job's ranks: the rounds and
+    the packing fallback fail on one model, and the mix keeps to 3 ranks per node."""
+    spec = JobSpec(
+        job_id="j",
+        model=MODEL_CATALOG["deepspeech2"],
+        min_gpus=1,
+        max_gpus=8,
+        global_batch=768,
+        cpu_milli=160_000,  # 20 cores a rank; a node has 64
+    )
+    result = plan([spec], SPREAD, {"j": JobConfig.data_parallel(8)}, mix_models=True)
+    placed = result.placements["j"]
+    assert verify_placements([spec], SPREAD, result.placements) == []
+    per_node = {n: sum(1 for s in placed.ranks if s.node_id == n) for n in ("h0", "h1", "v0")}
+    assert per_node == {"h0": 3, "h1": 3, "v0": 2}  # the fastest model's nodes first
+    assert "on several GPU models (6xH100 + 2xV100M32)" in result.mixed["j"]
+    assert "on the 6 free H100 alone" in result.mixed["j"]

@@ -42,14 +42,14 @@ def test_a_mixed_job_runs_at_its_balanced_pace() -> None:
     )
     (decision,) = round_.decisions
     assert decision.placement is not None
-    shape = shape_of(decision.placement, {n.node_id: n for n in NODES})
+    shape = shape_of(decision.placement, {n.node_id: n for n in NODES}, balanced=True)
     assert shape.mixed
     cluster.apply([decision])
     cluster.run_round()
     cluster.run_round()
     (job,) = cluster.observe().jobs
     balanced = cluster.estimate_for("j", config, shape).step.samples_per_s
-    even = cluster.estimate_for("j", config, replace(shape, gpu_models=())).step.samples_per_s
+    even = cluster.estimate_for("j", config, replace(shape, balanced=False)).step.samples_per_s
     assert job.samples_per_s == balanced
     assert balanced > 1.5 * even  # an even share would hold the H100 ranks to V100 pace
     assert not next_snapshot(SimulatedCluster(SimConfig(initial_jobs=0))).mixes_models
