@@ -737,7 +737,7 @@ class SimulatedCluster:
                     job.job_id,
                     job.done,
                     status.config,
-                    tuple(shape_of(status.placement, self._nodes).ranks_per_node),
+                    shape.ranks_per_node,
                     status.config.batch(status.spec),
                     run_s,
                 )

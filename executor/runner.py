@@ -59,6 +59,7 @@ from autotune.executor.tasks import (
 )
 from autotune.executor.worker import RankWorker, WorkerSpec
 from autotune.interfaces import JobMetrics
+from autotune.perf.model import balanced
 
 __all__ = [
     "ExecutorError",
@@ -897,8 +898,7 @@ def balances(task: str, batch_size: int | None, config: JobConfig) -> bool:
     """Whether a job of ``task`` under ``config`` can balance its batch shares
     (``RunnerConfig.balance_batch``): data parallelism only, over two ranks or more, and a
     task that ``splits_unevenly``."""
-    layout = config.layout
-    if layout.dp < 2 or shares_refusal(layout.dp, layout.tp, layout.pp) is not None:
+    if not balanced(config):
         return False
     return _splits_unevenly(task, batch_size)
 

@@ -98,6 +98,19 @@ class Mixed:
     why: str
 
 
+def _shape(job: PreparedJob, state: FreeCapacity, takes: list[tuple[int, int]]) -> Shape:
+    """The ``Shape`` of ``takes`` (from ``_fill``) before they are committed, ranks on
+    several models taking batch shares by speed."""
+    rank_nodes = [state.nodes[n].node_id for n, take in takes for _ in range(take)]
+    draft = Placement(
+        job_id=job.spec.job_id,
+        ranks=tuple(RankSlot(rank=r, node_id=n, gpu_index=r) for r, n in enumerate(rank_nodes)),
+    )
+    return shape_of(
+        draft, {state.nodes[n].node_id: state.nodes[n] for n, _ in takes}, balanced=True
+    )
+
+
 def _samples_per_s(job: PreparedJob, shape: Shape) -> float | None:
     """The performance model's samples/s of ``job`` on ``shape`` at its global batch
     (data parallelism over the shape's ranks); ``None`` where a rank runs out of memory."""
@@ -143,13 +156,7 @@ def _pack_mixed(job: PreparedJob, state: FreeCapacity) -> Mixed | None:
     if sum(int(room[n]) for n in order) < job.world:
         return None
     takes = _fill(order, room, job.world)
-    by_id = {state.nodes[n].node_id: state.nodes[n] for n, _ in takes}
-    rank_nodes = [state.nodes[n].node_id for n, take in takes for _ in range(take)]
-    draft = Placement(
-        job_id=job.spec.job_id,
-        ranks=tuple(RankSlot(rank=r, node_id=n, gpu_index=r) for r, n in enumerate(rank_nodes)),
-    )
-    shape = shape_of(draft, by_id, balanced=True)
+    shape = _shape(job, state, takes)
     if not shape.mixed:
         return None  # one model after all: the one-model steps' business
     mixed = _samples_per_s(job, shape)
@@ -162,11 +169,7 @@ def _pack_mixed(job: PreparedJob, state: FreeCapacity) -> Mixed | None:
         alone = _fill(_most_room_first(job, nodes, room), room, job.world)
         if sum(t for _, t in alone) < job.spec.min_gpus:
             continue  # a size the job cannot be given
-        alone_shape = Shape(
-            gpu_model=state.models[model],
-            ranks_per_node=tuple(t for _, t in alone),
-            inter_node_gbps=min(state.nodes[n].inter_node_bandwidth_gbps for n, _ in alone),
-        )
+        alone_shape = _shape(job, state, alone)
         rate = _samples_per_s(job, alone_shape)
         if rate is not None and rate > best:
             best = rate
