@@ -236,6 +236,10 @@ class ClusterSnapshot:
     """Whether the backend runs one data-parallel job across GPU models with batch
     shares by speed, so that the Planner may place one there where that pays
     (``autotune.planner.plan``'s ``mix_models``)."""
+    packs_jobs: bool = False
+    """Whether the Planner places every job that may span nodes on the nodes with the
+    most free GPUs first (``autotune.planner.plan``'s ``pack``), as Pollux's and Sia's
+    simulators do; ``False``: in equal blocks, where its cost model says."""
 
     def by_state(self, *states: JobState) -> list[JobStatus]:
         return [j for j in self.jobs if j.state in states]
@@ -407,10 +411,17 @@ class PolicyChoice:
     """With ``config=None``, for a running job: stop it (after a checkpoint) so that its
     GPUs go to others this round; it waits again with its progress. Ignored for a job
     that is not running or has an active override."""
+    gpu_models: tuple[str, ...] | None = None
+    """For a waiting job the round starts: the GPU models it may be placed on this round
+    (within those its spec allows); ``None``: any it allows. A policy that picks the
+    device type itself (a heterogeneity-aware one) says so here; the Planner still
+    chooses the nodes."""
 
     def __post_init__(self) -> None:
         if self.preempt and self.config is not None:
             raise ValueError("PolicyChoice: a preemption has no configuration")
+        if self.gpu_models is not None and not self.gpu_models:
+            raise ValueError("PolicyChoice: gpu_models=() allows no GPU model (None: any)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -167,6 +167,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
             wake_s=config.wake_s,
             tenants=tuple(tenants),
             mix_models=config.mix_models,
+            pack_jobs=config.pack_jobs,
         )
         self.provisioner = provisioner
         """Parks and wakes nodes every round (``autotune.provisioning``); with one, idle

@@ -135,10 +135,18 @@ class JobPhysics(Protocol):
         """Progress units to finish."""
         ...
 
-    def reference_rate(self, reference_gpus: int, gpus_per_node: int, batch: int) -> float:
+    @property
+    def restart_s(self) -> float | None:
+        """Seconds without progress at every start and restart of the job (its world's
+        checkpoint-restore cost); ``None``: the cluster's ``start_s`` and ``restart_s``."""
+        ...
+
+    def reference_rate(
+        self, reference_gpus: int, gpus_per_node: int, batch: int, *, gpu_model: str
+    ) -> float:
         """Progress units per second of the job's reference configuration (its reference
-        GPUs packed on nodes of ``gpus_per_node``, data parallel, ``batch``): the unit of
-        its normalized goodput."""
+        GPUs of ``gpu_model`` packed on nodes of ``gpus_per_node``, data parallel,
+        ``batch``): the unit of its normalized goodput."""
         ...
 
     def advance(
@@ -149,9 +157,12 @@ class JobPhysics(Protocol):
         ranks_per_node: tuple[int, ...],
         batch: int,
         run_s: float,
+        *,
+        gpu_model: str,
     ) -> PhysicsRound:
-        """``run_s`` seconds of training from progress ``done`` (``run_s`` 0: the rate
-        alone); ``ValueError`` for a configuration it has no measurements of."""
+        """``run_s`` seconds of training from progress ``done`` on ``gpu_model`` GPUs
+        (``run_s`` 0: the rate alone); ``ValueError`` for a configuration it has no
+        measurements of (on that model)."""
         ...
 
     def in_place(self, old: JobConfig | None, new: JobConfig) -> bool:
@@ -232,6 +243,11 @@ class SimConfig:
     (``autotune.perf.model.balance_gain``). Jobs of measured physics (the Pollux mode)
     advance by their measurements of ranks per node, which know no GPU model: leave this
     off there."""
+    pack_jobs: bool = False
+    """Whether the Planner places every job that may span nodes on the nodes with the
+    most free GPUs first, as many ranks on each as it has room for
+    (``ClusterSnapshot.packs_jobs``): how Pollux's and Sia's simulators place jobs, for a
+    study's world that must match one of them; ``False``: the Planner's equal blocks."""
 
     def __post_init__(self) -> None:
         if len({t.name for t in self.tenants}) != len(self.tenants):
@@ -301,10 +317,12 @@ class SimulatedCluster:
         self.nodes = [n for n in self.config.nodes if n.gpu_count > 0]
         self._nodes = {n.node_id: n for n in self.config.nodes}
         self.total_gpus = sum(n.gpu_count for n in self.nodes)
-        self._gpus_per_node = max(n.gpu_count for n in self.nodes)
         self.reference_gpu = max(
             sorted({n.gpu_model for n in self.nodes}),
             key=lambda m: sum(n.gpu_count for n in self.nodes if n.gpu_model == m),
+        )
+        self._gpus_per_node = max(
+            n.gpu_count for n in self.nodes if n.gpu_model == self.reference_gpu
         )
         self.jobs: dict[str, SimJob] = {}
         self.now = 0.0
@@ -372,7 +390,10 @@ class SimulatedCluster:
         if arrival.physics is not None:
             job.work = arrival.physics.work
             job.reference_goodput = arrival.physics.reference_rate(
-                arrival.reference_gpus, self._gpus_per_node, spec.global_batch
+                arrival.reference_gpus,
+                self._gpus_per_node,
+                spec.global_batch,
+                gpu_model=self.reference_gpu,
             )
         if job.work <= 0:
             assert arrival.duration_s is not None
@@ -437,6 +458,7 @@ class SimulatedCluster:
             waking_nodes=waking,
             tenants={t.name: t for t in self.config.tenants},
             mixes_models=self.config.mix_models,
+            packs_jobs=self.config.pack_jobs,
         )
 
     def _node_views(
@@ -553,11 +575,11 @@ class SimulatedCluster:
                 status.placement != placement
                 or (status.config != config and not _in_place(job, status.config, config))
             ):
-                job.downtime_s = self.config.restart_s
+                job.downtime_s = _restart_s(job, self.config.restart_s)
                 job.restarts += 1
                 self._restarts += 1
             elif status.state == "pending":
-                job.downtime_s = self.config.start_s
+                job.downtime_s = _restart_s(job, self.config.start_s)
             job.status = replace(
                 status,
                 state="running",
@@ -740,6 +762,7 @@ class SimulatedCluster:
                     shape.ranks_per_node,
                     status.config.batch(status.spec),
                     run_s,
+                    gpu_model=shape.gpu_model,
                 )
                 goodput, step_s, samples_per_s = ran.goodput, ran.step_s, ran.samples_per_s
                 reached, used_s = ran.reached, ran.finished_after_s
@@ -847,6 +870,13 @@ class SimulatedCluster:
                 used[key] = used.get(key, 0) + slot.gpu_milli
                 if used[key] > MILLI_PER_GPU:
                     raise ValueError(f"GPU {key} over-committed by {job.job_id}")
+
+
+def _restart_s(job: SimJob, cluster_s: float) -> float:
+    """A start's or restart's downtime: the job's physics' own where it has one."""
+    physics = job.arrival.physics
+    own = physics.restart_s if physics is not None else None
+    return cluster_s if own is None else own
 
 
 def _in_place(job: SimJob, old: JobConfig | None, new: JobConfig) -> bool:

@@ -114,6 +114,18 @@ _ENTRIES: Final = (
         source="NVIDIA V100 SXM2 32 GB datasheet; NVLink 2",
     ),
     _spec(
+        "RTX2080Ti",
+        memory_gib=11,
+        memory_bandwidth_gbps=616,
+        tflops={"fp32": 13.4, "fp16": 53.8},
+        intra_node_bandwidth_gbps=_PCIE3_GBPS,
+        tdp_watts=250,
+        source=(
+            "NVIDIA Turing architecture whitepaper, GeForce RTX 2080 Ti (fp16 = tensor "
+            "cores with fp32 accumulate, as mixed-precision training runs)"
+        ),
+    ),
+    _spec(
         "A10",
         memory_gib=24,
         memory_bandwidth_gbps=600,
@@ -154,6 +166,15 @@ _ENTRIES: Final = (
         intra_node_bandwidth_gbps=300,
         tdp_watts=400,
         source="NVIDIA A100 SXM4 80 GB datasheet; NVLink 3: 600 GB/s both ways",
+    ),
+    _spec(
+        "A100M40",
+        memory_gib=40,
+        memory_bandwidth_gbps=1555,
+        tflops={"fp32": 19.5, "bf16": 312.0, "fp16": 312.0},
+        intra_node_bandwidth_gbps=300,
+        tdp_watts=400,
+        source="NVIDIA A100 SXM4 40 GB datasheet (DGX A100); NVLink 3",
     ),
     _spec(
         "H100",

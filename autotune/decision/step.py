@@ -166,6 +166,44 @@ def policy_view(
     )
 
 
+def _on_models(
+    active: list[JobStatus],
+    decided: dict[str, PolicyChoice],
+    overrides: Mapping[str, OverrideRecord],
+    quota_models: Mapping[str, tuple[tuple[str, ...], str]],
+) -> list[JobStatus]:
+    """``active`` with each waiting job's allowed GPU models narrowed to its quota's
+    (``quota_models``), and each job the policy (re)configures to those its choice names
+    (``PolicyChoice.gpu_models``; not for an overridden job). A job left no model waits,
+    with the reason (a running one keeps its configuration)."""
+    out: list[JobStatus] = []
+    for j in active:
+        job_id = j.spec.job_id
+        allowed = j.spec.gpu_types
+        if j.state == "pending" and job_id in quota_models:
+            allowed = quota_models[job_id][0]
+        choice = decided.get(job_id)
+        wanted = choice.gpu_models if choice is not None and choice.config is not None else None
+        if wanted is not None and job_id not in overrides:
+            assert choice is not None
+            narrowed = wanted if allowed is None else tuple(m for m in allowed if m in wanted)
+            if not narrowed:
+                why = (
+                    f"{choice.reason}; the policy chose GPU models ({', '.join(wanted)}) it "
+                    f"may not run on ({', '.join(allowed or ())})"
+                )
+                if j.state == "pending":
+                    decided[job_id] = PolicyChoice(config=None, reason=f"{why}: waiting")
+                else:
+                    decided.pop(job_id)
+            else:
+                allowed = narrowed
+        if allowed != j.spec.gpu_types:
+            j = replace(j, spec=replace(j.spec, gpu_types=allowed))
+        out.append(j)
+    return out
+
+
 def decide(
     snapshot: ClusterSnapshot,
     choices: Mapping[str, PolicyChoice],
@@ -252,16 +290,12 @@ def decide(
     for job_id, (_, note) in quota.models.items():
         if (c := decided.get(job_id)) is not None and c.config is not None:
             decided[job_id] = replace(c, reason=f"{c.reason}; {note}")
-    # A waiting job kept on given GPU models for a quota is planned as one that allows
-    # only those (a running job whose override ended is waiting in the policy's view: it
-    # is not moved for this).
-    active = [
-        replace(j, spec=replace(j.spec, gpu_types=quota.models[j.spec.job_id][0]))
-        if j.spec.job_id in quota.models and j.state == "pending"
-        else j
-        for j in active
-        if j.spec.job_id not in preempted
-    ]
+    # A waiting job kept on given GPU models for a quota, or sent to given models by the
+    # policy, is planned as one that allows only those (a running job whose override
+    # ended is waiting in the policy's view: it is not moved for this).
+    active = _on_models(
+        [j for j in active if j.spec.job_id not in preempted], decided, overrides, quota.models
+    )
     choices = _fit_memory(decided, active, snapshot.nodes)
     waiting = {
         job_id: c.reason
@@ -309,6 +343,7 @@ def decide(
             current,
             reserved=reserved,
             mix_models=snapshot.mixes_models,
+            pack=snapshot.packs_jobs,
         )
         lost = [job_id for job_id, p in pinned.items() if result.placements.get(job_id) != p]
         for job_id in lost:

@@ -47,6 +47,7 @@ def plan(
     progress: Callable[[int, int], None] | None = None,
     reserved: Mapping[str, Placement] | None = None,
     mix_models: bool = False,
+    pack: bool = False,
 ) -> PlanResult:
     """Place ``jobs`` on ``nodes`` under their ``configs``.
 
@@ -70,6 +71,12 @@ def plan(
     take what the rounds leave free, after them, so mixing never moves another job's
     placement; those the rounds could not place on one model try where the packing
     fallback does.
+
+    ``pack``: every job that the packing fallback can place (whole GPUs, no tensor
+    parallelism, may span nodes) is placed by it, in queue order, before the rounds: on
+    the nodes of its first allowed model with room, those with the most free GPUs first
+    (``packing.pack_greedy``), as Pollux's and Sia's simulators place jobs. The rounds
+    place the others.
     """
     started = time.perf_counter()
     if round_size < 1:
@@ -118,6 +125,11 @@ def plan(
             mixing.append((job, waiting_reason(job, have, state)))
         else:
             unplaced[job.spec.job_id] = waiting_reason(job, have, state)
+    if pack:
+        for job in pending:
+            if tracker.alive[job.index] and (packed := pack_greedy(job, state)) is not None:
+                placements[job.spec.job_id] = packed
+                tracker.settle(job)
     queue: deque[PreparedJob] = deque(job for job in pending if tracker.alive[job.index])
     cost_model = (
         CostModel(state, workload_classes(pending, len(state.models)), weights or CostWeights())

@@ -51,6 +51,9 @@ class EnvConfig:
     mix_models: bool = False
     """One data-parallel job may run across GPU models where that pays
     (``SimConfig.mix_models``)."""
+    pack_jobs: bool = False
+    """Jobs that may span nodes take the nodes with the most free GPUs first
+    (``SimConfig.pack_jobs``: a study's world that places jobs as its simulator does)."""
     max_steps: int = 500
     """Rounds before an episode is truncated."""
     oom_penalty: float = OOM_PENALTY

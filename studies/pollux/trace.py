@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +63,7 @@ __all__ = [
     "load_trace_apps",
     "measured_batch",
     "packed",
+    "read_trace_app",
     "trace_of",
 ]
 
@@ -137,6 +138,7 @@ class TraceApp:
         "max_local",
         "min_local",
         "name",
+        "slowdown",
     )
 
     def __init__(
@@ -148,12 +150,17 @@ class TraceApp:
         placements: _Placements,
         scalability: Mapping[str, npt.NDArray[Any]],
         max_local: int | None = None,
+        slowdown: float = 1.0,
     ) -> None:
         """``validation`` maps each validated batch to its (progress, grad_sqr, grad_var,
-        iteration) columns, one row per epoch."""
+        iteration) columns, one row per epoch; ``slowdown``: how much slower than traced
+        the job runs (a world's calibration to real runs; 1: as traced)."""
         if not validation or not placements.ranks:
             raise ValueError(f"{name}: need validation runs and placements")
+        if not slowdown > 0:
+            raise ValueError(f"{name}: slowdown must be > 0, got {slowdown}")
         self.name = name
+        self.slowdown = slowdown
         self.fixed: tuple[int, int] | None = POLLUX_FIXED_JOBS.get(name)
         """(GPUs, global batch) where Pollux's artifact keeps the application at one size
         (``POLLUX_FIXED_JOBS``), else ``None``: elastic."""
@@ -354,14 +361,26 @@ class TraceApp:
         self._gains[key] = found
         return found
 
+    def max_local_on(self, ranks_per_node: Sequence[int]) -> int:
+        """The largest local batch on the placement: Pollux's is the application's
+        (``max_local``); a world whose limit depends on the placement overrides this."""
+        return self.max_local
+
+    def split_on(self, ranks_per_node: Sequence[int], batch: int) -> BatchSplit:
+        """How ``batch`` runs on the placement: Pollux splits by the GPU count alone
+        (``split``); a world whose split depends on the placement overrides this."""
+        return self.split(sum(ranks_per_node), batch)
+
     def _config(self, ranks_per_node: Sequence[int], batch: int) -> tuple[int, float]:
-        """(effective batch, seconds per optimizer step) of ``batch`` on the placement."""
+        """(effective batch, seconds per optimizer step) of ``batch`` on the placement,
+        the step slowed by ``slowdown``."""
         key = (tuple(ranks_per_node), batch)
         found = self._configs.get(key)
         if found is None:
-            split = self.split(sum(key[0]), batch)
+            split = self.split_on(key[0], batch)
             step, sync = self.step_times(key[0], split.atomic)
-            found = (split.batch, step + (step - sync) * split.accum_steps)
+            period = (step + (step - sync) * split.accum_steps) * self.slowdown
+            found = (split.batch, period)
             self._configs[key] = found
         return found
 
@@ -418,8 +437,16 @@ class TraceApp:
         """Progress units to finish (``target_progress``)."""
         return self.target_progress
 
-    def reference_rate(self, reference_gpus: int, gpus_per_node: int, batch: int) -> float:
-        """Progress units per second on the reference GPUs, packed, in the first epoch."""
+    @property
+    def restart_s(self) -> float | None:
+        """``None``: the world's restart cost (Pollux's 30 s, ``env.RESTART_S``)."""
+        return None
+
+    def reference_rate(
+        self, reference_gpus: int, gpus_per_node: int, batch: int, *, gpu_model: str = ""
+    ) -> float:
+        """Progress units per second on the reference GPUs, packed, in the first epoch
+        (the traces measured one GPU model: ``gpu_model`` is not asked)."""
         return self.rate(packed(reference_gpus, gpus_per_node), batch, 0)
 
     def advance(
@@ -430,12 +457,15 @@ class TraceApp:
         ranks_per_node: tuple[int, ...],
         batch: int,
         run_s: float,
+        *,
+        gpu_model: str = "",
     ) -> PhysicsRound:
         """One round from progress ``done``: the progress units per second averaged over
         the run, the step time, the samples per second, the progress reached and the
         seconds it took to finish (``None``: it did not). A job on the traces runs data
         parallel in fp32 without compression (``ValueError`` otherwise), its batch held
-        within what was measured on its placement (``measured_batch``)."""
+        within what was measured on its placement (``measured_batch``). The traces
+        measured one GPU model: ``gpu_model`` is not asked."""
         if config.layout.world_size != config.layout.dp or not _is_plain(config):
             raise ValueError(
                 f"{job_id}: a job on Pollux's measured physics runs data parallel in "
@@ -443,10 +473,8 @@ class TraceApp:
             )
         batch = measured_batch(self, ranks_per_node, batch)
         epoch = self.epoch_of(done)
-        split = self.split(sum(ranks_per_node), batch)
-        step_s, sync_s = self.step_times(ranks_per_node, split.atomic)
-        step_s = step_s + (step_s - sync_s) * split.accum_steps
-        samples_per_s = split.batch / step_s
+        effective, step_s = self._config(ranks_per_node, batch)
+        samples_per_s = effective / step_s
         if run_s <= 0:
             rate = self.rate(ranks_per_node, batch, epoch)
             return PhysicsRound(
@@ -486,8 +514,8 @@ def measured_batch(trace: TraceApp, ranks: tuple[int, ...], batch: int) -> int:
     measured there, the smallest one measured (the traces hold nothing smaller)."""
     gpus = sum(ranks)
     batch = min(batch, trace.max_batch)
-    local = trace.split(gpus, batch).atomic
-    for atomic in range(local, trace.max_local + 1):
+    local = trace.split_on(ranks, batch).atomic
+    for atomic in range(local, trace.max_local_on(ranks) + 1):
         try:
             trace.step_times(ranks, atomic)
         except ValueError:
@@ -589,9 +617,29 @@ def load_trace_app(directory: str | Path, app: str) -> TraceApp:
             f"unknown Pollux application {app!r}; known: {', '.join(sorted(POLLUX_MAX_EPOCHS))}",
             path=str(folder),
         )
+    return read_trace_app(
+        folder, max_epochs=POLLUX_MAX_EPOCHS[app], max_local=_MAX_LOCAL_OVERRIDE.get(app)
+    )
+
+
+_App = TypeVar("_App", bound="TraceApp")
+
+
+def read_trace_app(
+    folder: Path,
+    *,
+    max_epochs: int,
+    suffix: str = "",
+    max_local: int | None = None,
+    slowdown: float = 1.0,
+    kind: type[_App] = TraceApp,  # type: ignore[assignment]
+) -> _App:
+    """One application's traces in ``folder`` (named for it): ``validation-<batch>.csv``,
+    ``placements<suffix>.csv`` and ``scalability<suffix>.csv`` (``suffix`` ``-<type>``:
+    a world that measured several GPU types, as Sia's), as a ``kind``; a missing file or
+    a bad cell raises ``InputError``."""
     if not folder.is_dir():
         raise InputError("trace folder not found", path=str(folder))
-    max_epochs = POLLUX_MAX_EPOCHS[app]
     validation = {
         int(m.group(1)): _read_validation(path, max_epochs)
         for path in sorted(folder.glob("validation-*.csv"))
@@ -599,13 +647,14 @@ def load_trace_app(directory: str | Path, app: str) -> TraceApp:
     }
     if not validation:
         raise InputError("no validation-<batch>.csv files", path=str(folder))
-    return TraceApp(
-        app,
+    return kind(
+        folder.name,
         max_epochs=max_epochs,
         validation=validation,
-        placements=_read_placements(folder / "placements.csv"),
-        scalability=_read_scalability(folder / "scalability.csv"),
-        max_local=_MAX_LOCAL_OVERRIDE.get(app),
+        placements=_read_placements(folder / f"placements{suffix}.csv"),
+        scalability=_read_scalability(folder / f"scalability{suffix}.csv"),
+        max_local=max_local,
+        slowdown=slowdown,
     )
 
 
