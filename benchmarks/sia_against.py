@@ -1,0 +1,121 @@
+"""autotune's policies against Sia, each in Sia's world, job by job.
+
+Sia's JCTs come from Sia's own simulator run here (its ``--output`` log: one JSON record
+per round, the last one holding every job's submission and completion time), e.g.::
+
+    cd sia-simulator && python multi_simulator.py workloads/saturn/workload-1.csv \\
+        --policy=sia --policy_p_val=-0.5 --mip_lambda_a=0.01 --mip_lambda_n=1.1 \\
+        --interval=60 --project_throughputs --share_max_replicas \\
+        --output=RUNS/workload-1.log
+
+(its ``run_experiment.sh`` settings; its hard-coded CBC solver replaced by HiGHS where
+cylp is missing, see ``bench/RESULTS.md``). Ours play the same workloads in the
+Sia-compatible world (``autotune.studies.sia``): ``goodput`` (elastic jobs, the
+heterogeneity-aware goodput optimiser) and ``fifo`` (rigid jobs on their asked GPUs).
+For each, the average JCT beside Sia's, and the per-job paired difference (ours - Sia)
+as a share of Sia's average JCT with its 95% bootstrap interval, per workload and
+pooled::
+
+    python bench/sia_against.py --sia /path/to/sia-simulator --sia-runs RUNS \\
+        [--workloads saturn/workload-1.csv ...] [--json-out bench/out/sia_against.json]
+
+Workloads without a log in ``--sia-runs`` are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.studies.pollux.protocol import paired_difference, pooled_difference
+from autotune.studies.sia.fidelity import POLICIES, play
+
+SATURN = tuple(f"saturn/workload-{n}.csv" for n in range(1, 11))
+
+
+def sia_jcts(log: Path) -> dict[str, float]:
+    """Every finished job's JCT (s) in a Sia ``--output`` log (its last record)."""
+    last = ""
+    with log.open() as f:
+        for line in f:
+            if line.strip():
+                last = line
+    if not last:
+        raise ValueError(f"{log}: empty")
+    record = json.loads(last)
+    return {
+        job["name"]: float(job["completion_time"]) - float(job["submission_time"])
+        for job in record["submitted_jobs"]
+        if job.get("completion_time") is not None
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sia", type=Path, required=True, help="Sia's sia-simulator folder")
+    parser.add_argument(
+        "--sia-runs", type=Path, required=True, help="folder of Sia's logs, <workload>.log"
+    )
+    parser.add_argument("--workloads", nargs="+", default=list(SATURN))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args(argv)
+    policies = [p for p in args.policies.split(",") if p]
+    for policy in policies:
+        if policy not in POLICIES:
+            parser.error(f"--policies: {policy!r} is not one of {', '.join(POLICIES)}")
+    report: dict[str, Any] = {"workloads": {}, "pooled": {}}
+    pairs: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {p: [] for p in policies}
+    for name in args.workloads:
+        path = args.sia / "workloads" / name
+        log = args.sia_runs / f"{Path(name).stem}.log"
+        if not path.is_file():
+            parser.error(f"no workload {path}")
+        if not log.is_file():
+            print(f"{name}: no Sia log {log}, left out", file=sys.stderr)
+            continue
+        theirs = sia_jcts(log)
+        row: dict[str, Any] = {"sia_avg_jct_h": sum(theirs.values()) / len(theirs) / 3600}
+        for policy in policies:
+            ours = play(path, args.sia, policy=policy)
+            mean, low, high = paired_difference(ours["jcts_s"], theirs)
+            row[policy] = {
+                "avg_jct_h": round(ours["avg_jct_h"], 4),
+                "vs_sia": round(ours["avg_jct_h"] / row["sia_avg_jct_h"] - 1, 4),
+                "paired_difference": [round(mean, 4), round(low, 4), round(high, 4)],
+                "restarts": ours["restarts"],
+            }
+            pairs[policy].append((ours["jcts_s"], theirs))
+            print(
+                f"{name} {policy}: {ours['avg_jct_h']:.3f} h against Sia's "
+                f"{row['sia_avg_jct_h']:.3f} h; per job {mean:+.1%} [{low:+.1%}, {high:+.1%}]"
+            )
+        report["workloads"][name] = row
+        if args.json_out is not None:
+            args.json_out.parent.mkdir(parents=True, exist_ok=True)
+            args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if not report["workloads"]:
+        print("no workload had a Sia log", file=sys.stderr)
+        return 1
+    for policy, done in pairs.items():
+        mean, low, high = pooled_difference(done)
+        below = sum(1 for r in report["workloads"].values() if r[policy]["vs_sia"] < 0)
+        report["pooled"][policy] = {
+            "paired_difference": [round(mean, 4), round(low, 4), round(high, 4)],
+            "workloads_below_sia": below,
+            "workloads": len(done),
+        }
+        print(
+            f"{policy}, {len(done)} workload(s): per job {mean:+.1%} [{low:+.1%}, {high:+.1%}]"
+            f" against Sia; below Sia on {below} of {len(done)}"
+        )
+    if args.json_out is not None:
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,309 @@
+"""The Sia-compatible world on a small artifact folder in Sia's format, written here:
+per-type physics with Sia's batch split and slowdown, its restart cost and clock, the
+shared first-come-first-served baseline, and the comparison with Sia's own runs."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from helpers import cli
+
+from autotune.benchmarks.sia_against import main as sia_against
+from autotune.benchmarks.sia_against import sia_jcts
+from autotune.benchmarks.sia_compat import main as sia_compat
+from autotune.core import JobConfig, Layout
+from autotune.envs.simulator import SimulatedCluster
+from autotune.errors import InputError
+from autotune.interfaces import ClusterSnapshot
+from autotune.policies.evaluate import run_episode
+from autotune.studies.pollux.trace import TraceApp, read_trace_app
+from autotune.studies.sia.fidelity import compare, play
+from autotune.studies.sia.goodput import SiaGoodputPolicy
+from autotune.studies.sia.trace import SIA_SLOWDOWNS, load_sia_apps
+from autotune.studies.sia.world import sia_arrivals, sia_env, sia_nodes
+
+# Step time of one micro-step at local batch 32 on one GPU, per Sia type.
+BASE = {"aws": 1.0, "rtx": 0.8, "dgx-ext": 0.4}
+PER_NODE = {"aws": 4, "rtx": 8, "dgx-ext": 8}
+
+
+def _csv(path: Path, header: str, rows: list[tuple[object, ...]]) -> None:
+    path.write_text(header + "\n" + "".join(",".join(map(str, r)) + "\n" for r in rows))
+
+
+def _artifact(root: Path) -> Path:
+    """A ``sia-simulator`` folder with bert (two epochs) measured on Sia's three types."""
+    folder = root / "sia-simulator"
+    bert = folder / "traces" / "bert"
+    bert.mkdir(parents=True)
+    head = "progress,iteration,grad_sqr,grad_var"
+    _csv(bert / "validation-32.csv", head, [(2000.0, 50, 1.0, 1.0), (4000.0, 100, 1.0, 1.0)])
+    _csv(bert / "validation-128.csv", head, [(2200.0, 20, 1.0, 1.0), (4400.0, 40, 1.0, 1.0)])
+    for suffix, base in BASE.items():
+        per = PER_NODE[suffix]
+        rows: list[tuple[object, ...]] = []
+        for placement in ("1", "2", "4", str(per) * 2) + (("8",) if per == 8 else ()):
+            gpus = sum(map(int, placement))
+            # "2" measured up to 16 samples per GPU only: a batch of 64 accumulates there.
+            top = 16 if placement == "2" else 32
+            for local in (8, top):
+                step = base * (0.5 + local / 64) + 0.01 * gpus
+                rows.append((placement, local, round(step, 4), round(0.2 * step, 4)))
+        _csv(bert / f"placements-{suffix}.csv", "placement,local_bsz,step_time,sync_time", rows)
+        scal = [
+            (nodes, replicas, local, round(base * (0.5 + local / 64) + 0.05 * nodes, 4), 0.1)
+            for nodes in (1, 2, 3, 4)
+            for replicas in range(nodes, nodes * per + 1)
+            for local in (8, 32)
+        ]
+        _csv(
+            bert / f"scalability-{suffix}.csv",
+            "num_nodes,num_replicas,local_bsz,step_time,sync_time",
+            scal,
+        )
+    return folder
+
+
+@pytest.fixture
+def sia(tmp_path: Path) -> Path:
+    return _artifact(tmp_path)
+
+
+def _workload(sia: Path, rows: list[tuple[str, float, int, int]]) -> Path:
+    path = sia / "workloads" / "test" / "workload-1.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _csv(
+        path,
+        "name,time,application,num_replicas,batch_size",
+        [(name, t, "bert", gpus, batch) for name, t, gpus, batch in rows],
+    )
+    return path
+
+
+def test_each_type_has_its_own_measurements(sia: Path) -> None:
+    bert = load_sia_apps(sia)["bert"]
+    assert sorted(bert.types) == ["A100M40", "RTX2080Ti", "T4"]
+    assert bert.work == 4000.0  # the least progress any validated batch needed
+    assert bert.restart_s == 120.0  # bert's rescale_time
+    fast = bert.samples_per_s("A100M40", (1,), 32)
+    slow = bert.samples_per_s("T4", (1,), 32)
+    assert fast / slow == pytest.approx(BASE["aws"] / BASE["dgx-ext"], rel=0.05)
+    with pytest.raises(ValueError, match="not measured on 'H100'"):
+        bert.on("H100")
+
+
+def test_the_batch_split_is_sias(sia: Path) -> None:
+    t4 = load_sia_apps(sia)["bert"].on("T4")
+    # Its own placement's largest local batch: 64 on "2" (measured to 16) accumulates.
+    split = t4.split_on((2,), 64)
+    assert (split.atomic, split.accum_steps, split.batch) == (16, 1, 64)
+    # An unmeasured placement: the largest local batch at as many nodes and replicas or
+    # more in scalability (32), so 6 GPUs on (4, 2) take 96 in one step.
+    assert t4.max_local_on((4, 2)) == 32
+    split = t4.split_on((4, 2), 96)
+    assert (split.atomic, split.accum_steps) == (16, 0)
+    # One GPU above the initial batch accumulates at least once.
+    split = t4.split_on((1,), 64)
+    assert (split.atomic, split.accum_steps, split.batch) == (32, 1, 64)
+
+
+def test_the_slowdown_divides_the_rate(sia: Path) -> None:
+    folder = sia / "traces" / "bert"
+    plain = read_trace_app(folder, max_epochs=2, suffix="-aws", kind=TraceApp)
+    slowed = load_sia_apps(sia)["bert"].on("T4")
+    assert slowed.slowdown == SIA_SLOWDOWNS["bert"]
+    expected = plain.rate((4,), 128, 0) / SIA_SLOWDOWNS["bert"]
+    assert slowed.rate((4,), 128, 0) == pytest.approx(expected)
+
+
+def test_a_job_advances_on_the_type_it_runs_on(sia: Path) -> None:
+    bert = load_sia_apps(sia)["bert"]
+    config = JobConfig(layout=Layout(world_size=4))
+    a100 = bert.advance("j", 0.0, config, (4,), 128, 60.0, gpu_model="A100M40")
+    t4 = bert.advance("j", 0.0, config, (4,), 128, 60.0, gpu_model="T4")
+    assert a100.reached > t4.reached > 0
+    with pytest.raises(ValueError, match="not measured"):
+        bert.advance("j", 0.0, config, (4,), 128, 60.0, gpu_model="H100")
+
+
+def test_a_folder_without_sias_traces_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="sia-simulator"):
+        load_sia_apps(tmp_path)
+    (tmp_path / "traces").mkdir()
+    with pytest.raises(InputError, match="none of Sia's applications"):
+        load_sia_apps(tmp_path)
+
+
+def test_the_cluster_is_sias() -> None:
+    nodes = sia_nodes()
+    by_model: dict[str, list[int]] = {}
+    for node in nodes:
+        by_model.setdefault(node.gpu_model, []).append(node.gpu_count)
+    assert by_model == {"T4": [4] * 6, "RTX2080Ti": [8] * 3, "A100M40": [8] * 2}
+
+
+def test_a_lone_job_starts_at_the_next_round_and_pays_its_restart(sia: Path) -> None:
+    """Submitted at 10 s, first seen by the policy at the 60 s round, on the fastest
+    type (A100), 120 s without progress, then its epochs as the physics run them."""
+    workload = _workload(sia, [("bert-0", 10.0, 4, 128)])
+    result = play(workload, sia)
+    assert result["finished"] == 1
+    assert result["restarts"] == 0
+    assert result["placements"]["bert-0"] == ["dgx-ext", [4]]
+    physics = load_sia_apps(sia)["bert"].on("A100M40")
+    _, run_s = physics.run(0.0, (4,), 128, math.inf)
+    assert run_s is not None
+    # Sia's clock ends each epoch at a whole second of the round it falls in.
+    assert result["jcts_s"]["bert-0"] == pytest.approx(60 + 120 + run_s - 10, abs=2)
+
+
+def test_first_come_first_served_on_the_fastest_type_with_room(sia: Path) -> None:
+    """Three jobs of 16 GPUs arrive together: the A100s take the first, the RTX the
+    second (faster than the T4 here), the T4 the third; a fourth of 12 GPUs then finds
+    no type with room and waits while a fifth of 4 starts (backfill) on the RTX left."""
+    rows = [(f"bert-{i}", 0.0, 16, 128) for i in range(3)]
+    rows += [("bert-3", 0.0, 12, 128), ("bert-4", 0.0, 4, 128)]
+    result = play(_workload(sia, rows), sia)
+    first = result["placements"]
+    assert first["bert-0"] == ["dgx-ext", [8, 8]]
+    assert first["bert-1"] == ["rtx", [8, 8]]
+    assert first["bert-2"] == ["aws", [4, 4, 4, 4]]
+    assert first["bert-4"] == ["rtx", [4]]
+    started = result["started_s"]
+    assert started["bert-4"] == started["bert-0"] == 0.0
+    assert started["bert-3"] > 0.0
+    assert result["finished"] == 5
+
+
+def test_the_comparison_with_sias_runs(sia: Path, tmp_path: Path) -> None:
+    rows = [(f"bert-{i}", 30.0 * i, 4 + 4 * (i % 2), 128) for i in range(6)]
+    workload = _workload(sia, rows)
+    ours = play(workload, sia)
+    same = compare(ours, ours)
+    assert same["relative_difference"] == 0.0
+    assert same["jobs_within_1s"] == same["same_first_placement"] == 6
+    slower = dict(ours, jcts_s={j: t * 1.1 for j, t in ours["jcts_s"].items()})
+    assert compare(ours, slower)["relative_difference"] == pytest.approx(1 / 1.1 - 1, abs=1e-4)
+    with pytest.raises(ValueError, match="differ in their jobs"):
+        compare(ours, dict(ours, jcts_s={"other": 1.0}))
+    # The benchmark reads what Sia's simulator reported (here: our own run, in the
+    # anchor script's format) and sets the two side by side.
+    anchor = tmp_path / "anchor.json"
+    entry = {"path": str(workload), **{k: ours[k] for k in ("jcts_s", "placements")}}
+    anchor.write_text(json.dumps({"workloads": {"workload-1": entry}}))
+    out = tmp_path / "report.json"
+    argv = ["--sia", str(sia), "--anchor", str(anchor), "--workloads", "test/workload-1.csv"]
+    assert sia_compat([*argv, "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["workloads"]["test/workload-1.csv"]["relative_difference"] == 0.0
+    assert report["largest_relative_difference"] == 0.0
+
+
+def test_a_workload_of_another_application_is_refused(sia: Path) -> None:
+    path = sia / "workloads" / "x.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _csv(
+        path, "name,time,application,num_replicas,batch_size", [("cifar10-0", 0, "cifar10", 1, 128)]
+    )
+    with pytest.raises(InputError, match="not one of Sia's applications"):
+        sia_arrivals(path, sia)
+
+
+def test_the_eval_command(sia: Path) -> None:
+    workload = _workload(sia, [("bert-0", 10.0, 4, 128), ("bert-1", 20.0, 8, 128)])
+    result = cli("sia", "eval", "--workload", str(workload), "--json")
+    assert result.exit_code == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["finished"] == 2
+    assert report["placements"]["bert-1"] == ["dgx-ext", [8]]
+    text = cli("sia", "eval", "--workload", str(workload), "--sia", str(sia))
+    assert "2/2 jobs finished, average JCT" in text.stdout
+    missing = cli("sia", "eval", "--workload", str(sia / "none.csv"))
+    assert missing.exit_code == 2
+    assert "no such workload file" in missing.stderr
+
+
+def test_the_goodput_optimiser_sizes_elastic_jobs_per_type(sia: Path) -> None:
+    """Elastic, its type, count and batch chosen every round: a lone job takes more of
+    the fastest type than the 4 GPUs it asked for and finishes sooner than on them; a
+    stream of jobs all finish, each started on the type the optimiser chose."""
+    lone = _workload(sia, [("bert-0", 0.0, 4, 128)])
+    rigid = play(lone, sia, policy="fifo")
+    elastic = play(lone, sia, policy="goodput")
+    model, ranks = elastic["placements"]["bert-0"]
+    assert model == "dgx-ext"
+    assert sum(ranks) > 4
+    assert elastic["avg_jct_h"] < rigid["avg_jct_h"]
+    stream = play(
+        _workload(sia, [(f"bert-{i}", 40.0 * i, 4, 128) for i in range(6)]), sia, policy="goodput"
+    )
+    assert stream["finished"] == 6
+    assert {where[0] for where in stream["placements"].values()} <= {"dgx-ext", "rtx", "aws"}
+
+
+def test_sia_arrivals_are_rigid_or_elastic(sia: Path) -> None:
+    workload = _workload(sia, [("bert-0", 0.0, 4, 128)])
+    (rigid,) = sia_arrivals(workload, sia)
+    (elastic,) = sia_arrivals(workload, sia, elastic=True)
+    assert (rigid.spec.min_gpus, rigid.spec.max_gpus) == (4, 4)
+    # Up to the largest validated batch over the smallest local batch measured (128/8).
+    assert (elastic.spec.min_gpus, elastic.spec.max_gpus) == (1, 16)
+    assert elastic.spec.requested_gpus == 4
+    with pytest.raises(ValueError, match="policy='other'"):
+        play(workload, sia, policy="other")
+
+
+def test_against_sias_own_log(sia: Path, tmp_path: Path) -> None:
+    """``bench/sia_against.py`` reads Sia's ``--output`` log (one JSON record per round,
+    the last with every job's times: here written from our own run) and sets our
+    policies' JCTs beside it, job by job."""
+    rows = [(f"bert-{i}", 30.0 * i, 4, 128) for i in range(4)]
+    workload = _workload(sia, rows)
+    fifo = play(workload, sia, policy="fifo")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    jobs = [
+        {"name": n, "submission_time": 30.0 * i, "completion_time": 30.0 * i + fifo["jcts_s"][n]}
+        for i, n in enumerate(sorted(fifo["jcts_s"]))
+    ]
+    first = {"timestamp": 60, "submitted_jobs": [dict(j, completion_time=None) for j in jobs]}
+    last = {"timestamp": 99999, "submitted_jobs": jobs}
+    (runs / "workload-1.log").write_text(json.dumps(first) + "\n" + json.dumps(last) + "\n")
+    assert sia_jcts(runs / "workload-1.log") == pytest.approx(fifo["jcts_s"])
+    out = tmp_path / "against.json"
+    argv = ["--sia", str(sia), "--sia-runs", str(runs), "--workloads", "test/workload-1.csv"]
+    assert sia_against([*argv, "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    row = report["workloads"]["test/workload-1.csv"]
+    assert row["fifo"]["paired_difference"] == [0.0, 0.0, 0.0]
+    assert report["pooled"]["goodput"]["workloads"] == 1
+    # A workload without Sia's log is left out; none left is an error.
+    (runs / "workload-1.log").unlink()
+    assert sia_against(argv) == 1
+
+
+def test_running_jobs_give_gpus_up_to_newcomers(sia: Path) -> None:
+    """A lone job takes many A100; when seven more arrive it gives some up (a change
+    that lowers a job's own goodput is not held back by its restart cost; only one that
+    raises it must pay for it)."""
+    rows = [("bert-0", 0.0, 4, 128)] + [(f"bert-{i}", 300.0, 4, 128) for i in range(1, 8)]
+    env = sia_env(sia_arrivals(_workload(sia, rows), sia, elastic=True))
+    sizes: list[tuple[float, str, int]] = []
+    models = {node.node_id: node.gpu_model for node in env.nodes}
+
+    def seen(decided_on: ClusterSnapshot, sim: SimulatedCluster) -> None:
+        status = sim.jobs["bert-0"].status
+        if status.state == "running" and status.placement is not None:
+            model = models[status.placement.ranks[0].node_id]
+            sizes.append((decided_on.time_s, model, len(status.placement.ranks)))
+
+    run_episode(SiaGoodputPolicy(env), env, seed=0, on_round=seen)
+    before = [n for t, m, n in sizes if t < 300 and m == "A100M40"]
+    after = [n for t, _, n in sizes if t >= 300]
+    assert before
+    assert max(before) > 4  # more than it asked for
+    assert after
+    assert min(after) < max(before)
