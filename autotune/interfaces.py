@@ -412,10 +412,11 @@ class PolicyChoice:
     GPUs go to others this round; it waits again with its progress. Ignored for a job
     that is not running or has an active override."""
     gpu_models: tuple[str, ...] | None = None
-    """For a waiting job the round starts: the GPU models it may be placed on this round
-    (within those its spec allows); ``None``: any it allows. A policy that picks the
-    device type itself (a heterogeneity-aware one) says so here; the Planner still
-    chooses the nodes."""
+    """With a configuration: the GPU models the job may be placed on this round, a
+    waiting job the round starts or a running one it reconfigures (within those its
+    spec allows; a running job on one of them stays where it is); ``None``: any it
+    allows. A policy that picks the device type itself (a heterogeneity-aware one) says
+    so here; the Planner still chooses the nodes."""
 
     def __post_init__(self) -> None:
         if self.preempt and self.config is not None:

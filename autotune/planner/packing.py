@@ -72,12 +72,15 @@ def _most_room_first(job: PreparedJob, nodes: IntArray, room: IntArray) -> list[
 
 
 def pack_greedy(job: PreparedJob, state: FreeCapacity) -> Placement | None:
-    """Whole-GPU ranks without tensor parallelism on nodes of one allowed model, the
-    nodes with the most free GPUs first (ties: the first node), as many ranks on each as
-    it has room for (GPUs, and each rank's share of the job's CPU and memory), within
-    ``max_nodes``. ``None`` when no model has room for every rank."""
+    """Whole-GPU ranks without tensor parallelism on nodes of one allowed model (a job of
+    several ranks: one that may span nodes), the nodes with the most free GPUs first
+    (ties: the first node), as many ranks on each as it has room for (GPUs, and each
+    rank's share of the job's CPU and memory), within ``max_nodes``. ``None`` when no
+    model has room for every rank."""
     spec, world = job.spec, job.world
-    if spec.gpu_milli < MILLI_PER_GPU or not spans_nodes(job) or job.config.layout.tp > 1:
+    if spec.gpu_milli < MILLI_PER_GPU or job.config.layout.tp > 1:
+        return None
+    if world > 1 and not spans_nodes(job):
         return None
     room, cpu, mem = _room(job, state)
     for model in np.flatnonzero(job.allowed):

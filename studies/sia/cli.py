@@ -60,10 +60,10 @@ def eval_command(
     """Play a Sia workload as Sia's simulator does (its cluster, each job on its GPU
     type's measured traces, 60 s rounds, each application's restart cost) under a policy;
     the world has no noise."""
-    from autotune.studies.sia.fidelity import play
+    from autotune.studies.sia.fidelity import POLICIES, play
 
-    if policy not in ("fifo", "goodput"):
-        raise InputError(f"--policy {policy!r}: fifo or goodput")
+    if policy not in POLICIES:
+        raise InputError(f"--policy {policy!r}: one of {', '.join(POLICIES)}")
     if not workload.is_file():
         raise InputError("no such workload file", path=str(workload))
     folder = sia or workload.resolve().parent.parent.parent

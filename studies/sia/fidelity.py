@@ -21,12 +21,10 @@ from autotune.interfaces import ClusterSnapshot, Policy
 from autotune.policies.evaluate import run_episode
 from autotune.studies.sia.fifo import SiaFifoPolicy
 from autotune.studies.sia.goodput import SiaGoodputPolicy
-from autotune.studies.sia.trace import SIA_GPU_MODELS, load_sia_apps
+from autotune.studies.sia.trace import SIA_TYPE_OF, load_sia_apps
 from autotune.studies.sia.world import ROUND_S, sia_arrivals, sia_env
 
 __all__ = ["POLICIES", "compare", "play"]
-
-_SUFFIX = {model: suffix for suffix, model in SIA_GPU_MODELS.items()}
 
 
 POLICIES: Final = ("fifo", "goodput")
@@ -61,7 +59,7 @@ def play(
             if status.state == "running" and status.placement and job.job_id not in first:
                 nodes = Counter(slot.node_id for slot in status.placement.ranks)
                 model = model_of[status.placement.ranks[0].node_id]
-                first[job.job_id] = [_SUFFIX.get(model, model), sorted(nodes.values())[::-1]]
+                first[job.job_id] = [SIA_TYPE_OF.get(model, model), sorted(nodes.values())[::-1]]
                 started[job.job_id] = decided_on.time_s
 
     result = run_episode(chosen, env, seed=0, on_round=seen)

@@ -26,7 +26,7 @@ from autotune import __version__
 from autotune.core import JobConfig, Layout
 from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.studies.pollux.trace import packed
-from autotune.studies.sia.trace import SIA_GPU_MODELS, SiaApp
+from autotune.studies.sia.trace import SIA_TYPE_OF, SiaApp
 
 __all__ = ["MAX_NODES", "SiaFifoPolicy"]
 
@@ -34,31 +34,22 @@ MAX_NODES: Final[Mapping[str, int]] = {"T4": 16, "RTX2080Ti": 3, "A100M40": 2}
 """``simulator_config.cluster_max_physical_nnodes`` of the three types: the most nodes
 of a type one job may span."""
 
-_SIA_NAME: Final = {model: suffix for suffix, model in SIA_GPU_MODELS.items()}
-_EPS: Final = 1e-8
-
 
 def listed_samples_per_s(
     app: SiaApp, gpu_model: str, gpus: int, per_node: int, batch: int
 ) -> float:
     """What Sia's ``Application.get_throughput_with_accum`` says of ``batch`` on ``gpus``
-    packed GPUs of the model: the asked batch over the step with accumulation, the local
-    batch bounded by the placement's largest but not by that measured at the GPU count
-    (as ``SiaTypeApp.split_on`` is) and without the slowdown. What the types are ranked
-    by; 0 where nothing was measured."""
+    packed GPUs of the model: the asked batch over the step with accumulation, split
+    without the bound at the GPU count (``SiaTypeApp.split_on(capped=False)``) and
+    without the slowdown. What the types are ranked by; 0 where nothing was measured."""
     on = app.on(gpu_model)
     ranks = packed(gpus, per_node)
     try:
-        local = math.ceil(batch / gpus - _EPS)
-        accum = math.ceil(local / on.max_local_on(ranks) - _EPS) - 1
-        if gpus == 1 and batch > on.init_batch:
-            accum = max(1, accum)
-        atomic = math.ceil(local / (accum + 1) - _EPS)
-        atomic = min(atomic, int(on.max_batch / (gpus * (accum + 1))))
-        step, sync = on.step_times(ranks, atomic)
+        split = on.split_on(ranks, batch, capped=False)
+        step, sync = on.step_times(ranks, split.atomic)
     except ValueError:
         return 0.0
-    return batch / (step + (step - sync) * accum)
+    return batch / (step + (step - sync) * split.accum_steps)
 
 
 class SiaFifoPolicy:
@@ -101,7 +92,7 @@ class SiaFifoPolicy:
             }
             ranked = sorted(
                 (m for m in speeds if speeds[m] > 0),
-                key=lambda m: (-speeds[m], _SIA_NAME.get(m, m)),
+                key=lambda m: (-speeds[m], SIA_TYPE_OF.get(m, m)),
             )
             taken = next((m for m in ranked if _take(free[m], gpus, MAX_NODES.get(m))), None)
             if taken is None:

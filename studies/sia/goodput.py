@@ -13,16 +13,17 @@ Every round:
 - **Across jobs.** A job's speed-up on (type, n) is its goodput there over its best
   goodput on one GPU of any type; the allocation minimises sum_j w_j SPEEDUP_j^p with
   p = ``FAIRNESS_P`` (the p-mean family of Pollux's and Sia's fairness), under each
-  type's GPU count. Greedy: every waiting job first gets one GPU of its best type with one free,
-  in arrival order; then, step by step, the move (more GPUs of its type, or a number of
-  another type's) that lowers the sum most per GPU it adds (a move that frees GPUs
-  first) is taken while one lowers it.
+  type's GPU count. Greedy: every job first gets one GPU, in arrival order, of its best
+  type with one free (a running job: of the type it runs on, where one is free);
+  then, step by step, the move (more GPUs of its type, or a number of another type's)
+  that lowers the sum most per GPU it adds (a move that frees GPUs first) is taken
+  while one lowers it.
 - **Running jobs** given a type and count that raise their goodput keep theirs unless
   the new one's goodput over ``horizon_s`` beats the current one's by more than its
   restart costs (the application's ``rescale_time``); the allocation is then solved
-  again around the jobs that keep theirs. One given less is changed (its GPUs go to
-  others). A job that keeps its type and count takes its best batch in place; a
-  job left without a GPU is preempted.
+  again around the jobs that keep theirs, until none more is held back. One given less
+  is changed (its GPUs go to others). A job that keeps its type and count takes its
+  best batch in place; a job left without a GPU is preempted.
 - **Weights**: ``goodput-size``'s, (remaining time on one GPU of its best type / 1 h) to
   the power -``exponent`` (0: every job weighs 1).
 
@@ -50,8 +51,8 @@ __all__ = ["FAIRNESS_P", "SiaGoodputPolicy"]
 FAIRNESS_P: Final = -0.25
 """The p of the objective sum SPEEDUP^p, chosen on Sia's "newTrace" workloads 1-3 (not
 the Philly and Helios sets the policy is compared with Sia on): of p in {-1, -0.5,
--0.25}, -0.25 had the lowest average JCT on each of the three (0.956 h on average,
-against 0.970 h at Sia's -0.5 and 0.982 h at Pollux's -1; ``bench/RESULTS.md``)."""
+-0.25}, -0.25 had the lowest average JCT over the three (0.927 h, against 0.936 h at
+Sia's -0.5 and 0.943 h at Pollux's -1; not on each: ``bench/RESULTS.md``)."""
 COUNTS: Final = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """GPU counts a job may be given (all of them would cost a round many times more)."""
 BATCH_CANDIDATES: Final = 12
@@ -163,22 +164,39 @@ class SiaGoodputPolicy:
             if job.state == "running" and job.placement is not None and job.config is not None:
                 model = model_of[job.placement.ranks[0].node_id]
                 current[job.spec.job_id] = (model, job.config.world_size)
-        fresh = self._allocate(active, tables, weights, totals, {}, current)
+        # A change that raises a job's own goodput must pay its restart; one that lowers
+        # it frees GPUs for the others and is taken. Jobs held where they are, the rest
+        # is allocated again, until no new allocation is held back.
         kept: dict[str, Option] = {}
-        for job_id, now in current.items():
-            table = tables.get(job_id, {})
-            have = table.get(now[0], {}).get(now[1], (0.0, 0))[0]
-            new = fresh.get(job_id)
-            if new is None or new == now:
-                continue
-            rate = tables[job_id][new[0]][new[1]][0]
-            restart = self._restart_s(job_id)
-            # A change that raises the job's own goodput must pay its restart; one that
-            # lowers it frees GPUs for the others and is taken.
-            if rate > have > 0 and have * self.horizon_s >= rate * (self.horizon_s - restart):
-                kept[job_id] = now
-        alloc = self._allocate(active, tables, weights, totals, kept, current) if kept else fresh
+        alloc = self._allocate(active, tables, weights, totals, kept, current)
+        for _ in range(len(current)):
+            held = {
+                job_id: now
+                for job_id, now in current.items()
+                if job_id not in kept and self._unpaid(job_id, now, alloc.get(job_id), tables)
+            }
+            if not held:
+                break
+            kept.update(held)
+            alloc = self._allocate(active, tables, weights, totals, kept, current)
         return PolicyRound(choices=self._choices(active, tables, alloc, current))
+
+    def _unpaid(
+        self,
+        job_id: str,
+        now: Option,
+        new: Option | None,
+        tables: Mapping[str, Mapping[str, Mapping[int, tuple[float, int]]]],
+    ) -> bool:
+        """Whether moving a running job from ``now`` to ``new`` raises its goodput by too
+        little to pay its restart over ``horizon_s``."""
+        if new is None or new == now:
+            return False
+        table = tables.get(job_id, {})
+        have = table.get(now[0], {}).get(now[1], (0.0, 0))[0]
+        rate = table[new[0]][new[1]][0]
+        restart = self._restart_s(job_id)
+        return rate > have > 0 and have * self.horizon_s >= rate * (self.horizon_s - restart)
 
     def _restart_s(self, job_id: str) -> float:
         found = self._physics(job_id)
@@ -219,8 +237,9 @@ class SiaGoodputPolicy:
             ]
             if options:
                 _, model = max(options)
-                if job_id in current and free[current[job_id][0]] >= 1:
-                    model = current[job_id][0]
+                here = current.get(job_id, ("", 0))[0]
+                if free.get(here, 0) >= 1 and 1 in tables[job_id].get(here, {}):
+                    model = here
                 alloc[job_id] = (model, 1)
                 free[model] -= 1
         while True:
@@ -262,10 +281,10 @@ class SiaGoodputPolicy:
             job_id = job.spec.job_id
             option = alloc.get(job_id)
             if option is None:
+                measured = any(tables.get(job_id, {}).values())
+                why = "no GPU left for it this round" if measured else "nothing measured for it"
                 choices[job_id] = PolicyChoice(
-                    config=None,
-                    reason="sia-goodput: no GPU left for it this round",
-                    preempt=job.state == "running",
+                    config=None, reason=f"sia-goodput: {why}", preempt=job.state == "running"
                 )
                 continue
             model, n = option

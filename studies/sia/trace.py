@@ -16,11 +16,13 @@ differences:
   the ``scalability`` rows at as many nodes and replicas or more), then clamped to the
   largest measured at that many replicas and to the largest validated batch;
 - a calibration to real runs: every job's goodput is divided by its application's
-  ``SLOWDOWNS`` (cifar10 1.8, the others 1.2);
+  ``SLOWDOWNS`` (cifar10 1.8, ncf 1.5, the others 1.2);
 - the restart cost: a job pays its application's ``rescale_time`` (cifar10 50 s,
   deepspeech2 25 s, bert 120 s, yolov3 80 s, imagenet 250 s, ncf 15 s) at every start,
   restart and move (``Job.reallocate``, ``Job.migrate``);
-- deepspeech2 on ``rtx`` has a largest local batch of 57 (``applications.py``).
+- deepspeech2 on ``rtx`` has a largest local batch of 57 (``applications.py``; Sia's
+  split with a fixed batch does not read it, nor does ours: it bounds the batches a
+  job's local batch is searched over).
 
 Progress, gradient statistics, epochs and the whole-second epoch ends are Pollux's.
 
@@ -56,6 +58,7 @@ __all__ = [
     "SIA_GPU_MODELS",
     "SIA_RESCALE_S",
     "SIA_SLOWDOWNS",
+    "SIA_TYPE_OF",
     "SiaApp",
     "SiaTypeApp",
     "load_sia_apps",
@@ -82,10 +85,23 @@ SIA_SLOWDOWNS: Final[Mapping[str, float]] = MappingProxyType(
 Sia's testbed."""
 
 SIA_RESCALE_S: Final[Mapping[str, float]] = MappingProxyType(
-    {"cifar10": 50.0, "deepspeech2": 25.0, "bert": 120.0, "yolov3": 80.0, "imagenet": 250.0}
+    {
+        "cifar10": 50.0,
+        "deepspeech2": 25.0,
+        "bert": 120.0,
+        "yolov3": 80.0,
+        "imagenet": 250.0,
+        "ncf": 15.0,
+    }
 )
 """``Application.rescale_time``: seconds without progress at every start, restart and move
-(``ncf``: 15; any other application: 30)."""
+(any other application: ``DEFAULT_RESCALE_S``)."""
+DEFAULT_RESCALE_S: Final = 30.0
+
+SIA_TYPE_OF: Final[Mapping[str, str]] = MappingProxyType(
+    {model: suffix for suffix, model in SIA_GPU_MODELS.items()}
+)
+"""Our GPU model -> Sia's name of its type (``SIA_GPU_MODELS`` reversed)."""
 
 _MAX_LOCAL_OVERRIDE: Final[Mapping[tuple[str, str], int]] = MappingProxyType(
     {("deepspeech2", "rtx"): 57}
@@ -95,7 +111,7 @@ _EPS: Final = 1e-8
 
 def rescale_s(app: str) -> float:
     """An application's restart cost in Sia's world (``SIA_RESCALE_S``)."""
-    return SIA_RESCALE_S.get(app, 15.0 if app == "ncf" else 30.0)
+    return SIA_RESCALE_S.get(app, DEFAULT_RESCALE_S)
 
 
 class SiaTypeApp(TraceApp):
@@ -107,7 +123,7 @@ class SiaTypeApp(TraceApp):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self._max_locals: dict[tuple[int, ...], int] = {}
-        self._sia_splits: dict[tuple[tuple[int, ...], int], BatchSplit] = {}
+        self._sia_splits: dict[tuple[tuple[int, ...], int, bool], BatchSplit] = {}
         by_replicas: dict[int, int] = {}
         for ranks, local in zip(self._placements.ranks, self._placements.local_bsz, strict=True):
             replicas = sum(ranks)
@@ -139,9 +155,14 @@ class SiaTypeApp(TraceApp):
         self._max_locals[placement] = found
         return found
 
-    def split_on(self, ranks_per_node: Sequence[int], batch: int) -> BatchSplit:
-        """Sia's ``update_local_bsz`` for a fixed global ``batch`` on the placement."""
-        key = (tuple(ranks_per_node), batch)
+    def split_on(
+        self, ranks_per_node: Sequence[int], batch: int, *, capped: bool = True
+    ) -> BatchSplit:
+        """Sia's ``update_local_bsz`` for a fixed global ``batch`` on the placement;
+        ``capped=False``: without bounding the local batch by the largest measured at the
+        GPU count, as Sia's ``get_throughput_with_accum`` (what its policies rank types
+        by) splits it."""
+        key = (tuple(ranks_per_node), batch, capped)
         found = self._sia_splits.get(key)
         if found is not None:
             return found
@@ -154,7 +175,7 @@ class SiaTypeApp(TraceApp):
             accum = max(1, accum)
         atomic = math.ceil(local / (accum + 1) - _EPS)
         measured = self._by_replicas.get(gpus)
-        if measured is not None:
+        if measured is not None and capped:
             atomic = min(atomic, measured)
         atomic = min(atomic, int(self.max_batch / (gpus * (accum + 1))))
         found = BatchSplit(atomic=atomic, accum_steps=accum, batch=gpus * atomic * (accum + 1))
@@ -192,9 +213,9 @@ class SiaApp:
         return found
 
     def samples_per_s(self, gpu_model: str, ranks_per_node: Sequence[int], batch: int) -> float:
-        """Samples per second of ``batch`` on the placement of ``gpu_model`` GPUs (Sia's
-        ``get_throughput_with_accum`` with its slowdown), ``ValueError`` where its traces
-        have no step time."""
+        """Samples per second of ``batch`` on the placement of ``gpu_model`` GPUs as the
+        job trains (its effective batch over its step, with the slowdown), ``ValueError``
+        where its traces have no step time."""
         app = self.on(gpu_model)
         effective, period = app._config(ranks_per_node, batch)
         return effective / period

@@ -42,6 +42,9 @@ _NODE_MEMORY_MIB: Final = {"T4": 192 * 1024, "RTX2080Ti": 384 * 1024, "A100M40":
 A100): what the Planner checks a rank's CPU and memory against, never binding here."""
 
 
+_LARGEST_TYPE: Final = max(count * per_node for count, per_node in SIA_CLUSTER.values())
+
+
 def sia_nodes() -> list[NodeInfo]:
     """Sia's default cluster, ``SIA_CLUSTER``, its nodes named ``<type>-<i>``."""
     return [
@@ -76,6 +79,12 @@ def sia_arrivals(workload: str | Path, sia: str | Path, *, elastic: bool = False
             )
         app = apps[model.name]
         gpus = arrival.spec.requested_gpus or 1
+        if not elastic and gpus > _LARGEST_TYPE:
+            raise InputError(
+                f"job {arrival.spec.job_id}: {gpus} GPUs, more than any GPU type of Sia's "
+                f"cluster has ({_LARGEST_TYPE}); as a rigid job it could never run",
+                path=str(workload),
+            )
         top = gpus
         if elastic:
             top = max(

@@ -307,3 +307,10 @@ def test_running_jobs_give_gpus_up_to_newcomers(sia: Path) -> None:
     assert max(before) > 4  # more than it asked for
     assert after
     assert min(after) < max(before)
+
+
+def test_a_rigid_job_larger_than_every_type_is_refused(sia: Path) -> None:
+    workload = _workload(sia, [("bert-0", 0.0, 32, 128)])
+    with pytest.raises(InputError, match="more than any GPU type"):
+        sia_arrivals(workload, sia)
+    assert sia_arrivals(workload, sia, elastic=True)[0].spec.min_gpus == 1
