@@ -63,7 +63,13 @@ from autotune.studies.pollux.trace import TraceApp, packed, trace_of
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
 
-__all__ = ["SIZE_EXPONENT", "GoodputPolicy", "SizedGoodputPolicy", "size_weight"]
+__all__ = [
+    "SIZE_EXPONENT",
+    "GoodputPolicy",
+    "SizedGoodputPolicy",
+    "batch_candidates",
+    "size_weight",
+]
 
 FAIRNESS_P: Final = -1.0
 """Pollux's p: the objective sum SPEEDUP^p; -1 weighs a job's speed-up inversely, so no
@@ -73,6 +79,13 @@ SIZE_EXPONENT: Final = 0.5
 default; ``SizedGoodputPolicy(exponent=...)``)."""
 BATCH_CANDIDATES: Final = 12
 """Batch sizes tried per GPU count: geometric between the smallest and largest validated."""
+
+
+def batch_candidates(low: int, high: int) -> list[int]:
+    """The batch sizes a goodput optimiser tries: ``BATCH_CANDIDATES`` geometric steps
+    from ``low`` to ``high`` (the smallest and largest validated batches)."""
+    ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
+    return sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
 
 
 class GoodputPolicy:
@@ -112,8 +125,7 @@ class GoodputPolicy:
         if hit is not None and len(hit) > cap:
             return hit
         low, high = trace.init_batch, trace.max_batch
-        ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
-        batches = sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
+        batches = batch_candidates(low, high)
         if trace.fixed is not None:  # ncf: Pollux's one batch (its one GPU is max_gpus)
             batches = [trace.fixed[1]]
         table: list[tuple[float, int]] = [(0.0, 0)]

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Final
 from autotune import __version__
 from autotune.core import JobConfig, Layout
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice, PolicyRound
-from autotune.studies.pollux.goodput import size_weight
+from autotune.studies.pollux.goodput import batch_candidates, size_weight
 from autotune.studies.pollux.trace import packed
 from autotune.studies.sia.trace import SiaApp
 
@@ -55,8 +55,6 @@ the Philly and Helios sets the policy is compared with Sia on): of p in {-1, -0.
 Sia's -0.5 and 0.943 h at Pollux's -1; not on each: ``bench/RESULTS.md``)."""
 COUNTS: Final = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """GPU counts a job may be given (all of them would cost a round many times more)."""
-BATCH_CANDIDATES: Final = 12
-"""Batch sizes tried per count: geometric between the smallest and largest validated."""
 
 Option = tuple[str, int]
 """(GPU model, GPU count)."""
@@ -109,8 +107,7 @@ class SiaGoodputPolicy:
         if found is not None:
             return found
         low, high = on.init_batch, on.max_batch
-        ratio = (high / low) ** (1 / (BATCH_CANDIDATES - 1))
-        batches = sorted({round(low * ratio**i) for i in range(BATCH_CANDIDATES)} | {high})
+        batches = batch_candidates(low, high)
         found = {}
         for n in COUNTS:
             if n > min(total, job.spec.max_gpus, high // on.min_local):
@@ -237,9 +234,9 @@ class SiaGoodputPolicy:
             ]
             if options:
                 _, model = max(options)
-                here = current.get(job_id, ("", 0))[0]
-                if free.get(here, 0) >= 1 and 1 in tables[job_id].get(here, {}):
-                    model = here
+                runs_on = current.get(job_id, ("", 0))[0]
+                if free.get(runs_on, 0) >= 1 and 1 in tables[job_id].get(runs_on, {}):
+                    model = runs_on
                 alloc[job_id] = (model, 1)
                 free[model] -= 1
         while True:
