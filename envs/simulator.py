@@ -240,9 +240,9 @@ class SimConfig:
     mix_models: bool = False
     """Whether one data-parallel job may run across GPU models, its replicas' batch
     shares by speed (``ClusterSnapshot.mixes_models``); the performance model prices it
-    (``autotune.perf.model.balance_gain``). Jobs of measured physics (the Pollux mode)
-    advance by their measurements of ranks per node, which know no GPU model: leave this
-    off there."""
+    (``autotune.perf.model.balance_gain``). Jobs of measured physics (the Pollux and Sia
+    modes) advance by measurements of one GPU model per placement, which a mixed
+    placement has not: leave this off there."""
     pack_jobs: bool = False
     """Whether the Planner places every job that may span nodes on the nodes with the
     most free GPUs first, as many ranks on each as it has room for

@@ -48,7 +48,6 @@ from autotune.studies.pollux.trace import (
     POLLUX_MAX_EPOCHS,
     BatchSplit,
     TraceApp,
-    packed,
     read_trace_app,
 )
 
@@ -219,10 +218,6 @@ class SiaApp:
         app = self.on(gpu_model)
         effective, period = app._config(ranks_per_node, batch)
         return effective / period
-
-    def packed_samples_per_s(self, gpu_model: str, gpus: int, per_node: int, batch: int) -> float:
-        """``samples_per_s`` on ``gpus`` GPUs packed on nodes of ``per_node``."""
-        return self.samples_per_s(gpu_model, packed(gpus, per_node), batch)
 
     # --- as the simulated cluster's JobPhysics ---------------------------------------
 
