@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import gymnasium as gym
 import numpy as np
@@ -41,7 +41,7 @@ from autotune.envs.simulator import Arrival, SimulatedCluster
 from autotune.envs.traces import pollux_workload
 from autotune.envs.workloads import MAX_GPUS, jobs_from_trace, pick_jobs
 from autotune.errors import InputError
-from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.rl.action import InvalidActionError
 from autotune.rl.observation import slot_jobs
 from autotune.studies.pollux.goodput import FAIRNESS_P, GoodputPolicy, SizedGoodputPolicy
@@ -52,6 +52,7 @@ __all__ = [
     "ROUND_S",
     "WEIGHT_RANGE",
     "PolluxCompatEnv",
+    "WeightedAllocation",
     "allocator",
     "base_weights",
     "compat_arrivals",
@@ -146,10 +147,13 @@ def decode_weights(
     snapshot: ClusterSnapshot,
     slots: int,
     base: Mapping[str, float] | None = None,
+    *,
+    quantum: float | None = None,
 ) -> dict[str, float]:
     """The jobs' weights an action of ``weight_space`` means (entries beyond
-    ``WEIGHT_RANGE`` clipped, as for any bounded continuous action). Raises
-    ``InvalidActionError`` for a wrong length or a value that is not a number.
+    ``WEIGHT_RANGE`` clipped, as for any bounded continuous action; rounded to a
+    multiple of ``quantum`` where given, so that an entry near zero is exactly zero).
+    Raises ``InvalidActionError`` for a wrong length or a value that is not a number.
 
     ``base`` (a residual policy's: its teacher's weights): an entry multiplies the slot
     job's base weight by 2 to its power instead of setting it, and jobs beyond the
@@ -160,6 +164,8 @@ def decode_weights(
     if not np.isfinite(flat).all():
         raise InvalidActionError("action has an entry that is not a finite number")
     low, high = WEIGHT_RANGE
+    if quantum is not None:
+        flat = np.round(flat / quantum) * quantum
     out = dict(base or {})
     for slot, job in enumerate(slot_jobs(snapshot, slots)):
         job_id = job.spec.job_id
@@ -187,6 +193,17 @@ def encode_weights(
 # -- the environment ---------------------------------------------------------------------
 
 
+class WeightedAllocation(Protocol):
+    """A goodput allocation that weighs each job's term (``GoodputPolicy``, Sia's
+    ``SiaGoodputPolicy``): what a weight action goes through."""
+
+    def allocate(
+        self, snapshot: ClusterSnapshot, weights: Mapping[str, float] | None = None
+    ) -> dict[str, PolicyChoice]: ...
+
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound: ...
+
+
 class PolluxCompatEnv(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray]):
     """A ``ClusterEnv`` in the Pollux-compatible world (see the module docstring): its
     action is every slot job's log2 weight in the goodput allocation (with fairness
@@ -210,7 +227,21 @@ class PolluxCompatEnv(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray
         self.fairness_p = fairness_p
         self.residual_exponent = residual_exponent
         self.action_space = weight_space(env.slots)
-        self.allocator: GoodputPolicy | None = None
+        self.allocator: WeightedAllocation | None = None
+
+    quantum: float | None = None
+    """The step actions are rounded to (``decode_weights``); ``None``: not rounded."""
+
+    def make_allocator(self) -> WeightedAllocation:
+        """The goodput allocation of an episode (``allocator``); a world of its own
+        (Sia's) gives its own."""
+        return allocator(self.cluster, self.fairness_p, self.residual_exponent)
+
+    def base(self, snapshot: ClusterSnapshot) -> dict[str, float] | None:
+        """The weights an action corrects (``base_weights``): the teacher's for a
+        residual policy, else ``None``."""
+        assert isinstance(self.allocator, GoodputPolicy)
+        return base_weights(self.allocator, snapshot)
 
     # What policies and training read of the environment, as a ClusterEnv has it.
     @property
@@ -233,7 +264,7 @@ class PolluxCompatEnv(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         obs, info = self.cluster.reset(seed=seed, options=options)
-        self.allocator = allocator(self.cluster, self.fairness_p, self.residual_exponent)
+        self.allocator = self.make_allocator()
         return obs, info
 
     def choices(self, action: np.ndarray) -> dict[str, PolicyChoice]:
@@ -242,8 +273,9 @@ class PolluxCompatEnv(gym.Wrapper[np.ndarray, np.ndarray, np.ndarray, np.ndarray
         snapshot = self.cluster.snapshot
         if snapshot is None or self.allocator is None:
             raise RuntimeError("call reset() before step()")
-        base = base_weights(self.allocator, snapshot)
-        weights = decode_weights(action, snapshot, self.slots, base)
+        weights = decode_weights(
+            action, snapshot, self.slots, self.base(snapshot), quantum=self.quantum
+        )
         return self.allocator.allocate(snapshot, weights)
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict[str, Any]]:

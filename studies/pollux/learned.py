@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -29,15 +29,28 @@ from autotune.policies.serving import IncompatiblePolicyError, PolicyServer, che
 from autotune.rl.observation import ObservationEncoder, round_slots, slot_jobs
 from autotune.studies.pollux.env import (
     PolluxCompatEnv,
+    WeightedAllocation,
     allocator,
     base_weights,
     compat_env,
     decode_weights,
     encode_weights,
 )
-from autotune.studies.pollux.goodput import FAIRNESS_P, SIZE_EXPONENT, SizedGoodputPolicy
+from autotune.studies.pollux.goodput import (
+    FAIRNESS_P,
+    SIZE_EXPONENT,
+    GoodputPolicy,
+    SizedGoodputPolicy,
+)
 
-__all__ = ["ALLOCATION_FILE", "WORLD", "PolluxLearnedPolicy", "PolluxWorld", "saved_allocation"]
+__all__ = [
+    "ALLOCATION_FILE",
+    "WORLD",
+    "PolluxLearnedPolicy",
+    "PolluxWorld",
+    "WeightedTeacher",
+    "saved_allocation",
+]
 
 ALLOCATION_FILE: Final = "allocation.json"
 """Beside a module trained in this world: the goodput allocation its weights act through
@@ -93,16 +106,20 @@ class PolluxWorld:
         recorder = DemonstrationRecorder(settings)
         for inner in envs[: max(1, episodes)]:
             obs, _ = inner.reset(seed=settings.seed)
-            policy = SizedGoodputPolicy(
-                inner.cluster,
-                exponent=self.option(settings, "size_exponent"),
-                p=self.option(settings, "fairness_p"),
-            )
+            policy = self.teacher(inner.cluster, settings)
             residual = self.residual_exponent(settings) is not None
             recorder.play(
                 inner, obs, partial(_weights_round, policy, settings.slots, residual=residual)
             )
         return recorder.arrays()
+
+    def teacher(self, cluster: Any, settings: PPOSettings) -> WeightedTeacher:
+        """The teacher of an episode of ``cluster`` (a ``ClusterEnv``)."""
+        return SizedGoodputPolicy(
+            cluster,
+            exponent=self.option(settings, "size_exponent"),
+            p=self.option(settings, "fairness_p"),
+        )
 
     def save_beside(self, module: Path, settings: PPOSettings) -> None:
         (module / ALLOCATION_FILE).write_text(
@@ -115,8 +132,14 @@ class PolluxWorld:
         )
 
 
+class WeightedTeacher(WeightedAllocation, Protocol):
+    """A teacher whose action is its weights: ``goodput-size``, Sia's ``sia-goodput``."""
+
+    def weights(self, snapshot: ClusterSnapshot) -> dict[str, float]: ...
+
+
 def _weights_round(
-    teacher: SizedGoodputPolicy, slots: int, snapshot: ClusterSnapshot, *, residual: bool
+    teacher: WeightedTeacher, slots: int, snapshot: ClusterSnapshot, *, residual: bool
 ) -> TeacherRound:
     """A round of the teacher ``goodput-size``: its allocation, every slot job's log2
     weight as the action (relative to its own weights for a residual policy: zero),
@@ -159,6 +182,9 @@ class PolluxLearnedPolicy:
     1, or the teacher's weight for a residual policy, as in training)."""
 
     name = "ppo"
+    version_prefix = "ppo-pollux"
+    quantum: float | None = None
+    """As the training environment's (``PolluxCompatEnv.quantum``)."""
 
     def __init__(
         self, env: Any, server: PolicyServer, *, forecast: str = "lstm", every_job: bool = True
@@ -174,8 +200,8 @@ class PolluxLearnedPolicy:
         self.server = server
         self.every_job = every_job
         self.fairness_p, self.residual_exponent = saved_allocation(server.path)
-        self.allocator = allocator(env, self.fairness_p, self.residual_exponent)
-        self.version = f"ppo-pollux-{checkpoint_hash(server.path)[:12]}"
+        self.allocator = self.make_allocator(env)
+        self.version = f"{self.version_prefix}-{checkpoint_hash(server.path)[:12]}"
         self.encoder = ObservationEncoder(
             env.slots, round_s=env.round_s, forecaster=demand_forecaster(forecast)
         )
@@ -183,6 +209,16 @@ class PolluxLearnedPolicy:
     def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
         slots = round_slots(snapshot, self.encoder.slots, every_job=self.every_job)
         obs = self.encoder.encode(snapshot, slots=slots)
-        base = base_weights(self.allocator, snapshot)
-        weights = decode_weights(self.server.act(obs), snapshot, slots, base)
+        weights = decode_weights(
+            self.server.act(obs), snapshot, slots, self.base(snapshot), quantum=self.quantum
+        )
         return PolicyRound(choices=self.allocator.allocate(snapshot, weights))
+
+    def make_allocator(self, env: Any) -> WeightedAllocation:
+        """The allocation the module's weights act through, as in training."""
+        return allocator(env, self.fairness_p, self.residual_exponent)
+
+    def base(self, snapshot: ClusterSnapshot) -> dict[str, float] | None:
+        """The weights the module's action corrects (``None``: it sets them)."""
+        assert isinstance(self.allocator, GoodputPolicy)
+        return base_weights(self.allocator, snapshot)

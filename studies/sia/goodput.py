@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from autotune import __version__
 from autotune.core import JobConfig, Layout
@@ -58,6 +58,18 @@ COUNTS: Final = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 
 Option = tuple[str, int]
 """(GPU model, GPU count)."""
+
+
+class _Round(NamedTuple):
+    active: list[JobStatus]
+    tables: dict[str, dict[str, dict[int, tuple[float, int]]]]
+    """Per job, per GPU model: ``SiaGoodputPolicy.table``."""
+    totals: dict[str, int]
+    """GPUs per model."""
+    model_of: dict[str, str]
+    """Node id -> its GPU model."""
+    left: dict[str, float]
+    """Per job with measured physics: the progress it has left."""
 
 
 class SiaGoodputPolicy:
@@ -129,7 +141,8 @@ class SiaGoodputPolicy:
 
     # -- the round --------------------------------------------------------------------
 
-    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+    def _world(self, snapshot: ClusterSnapshot) -> _Round:
+        """The round's active jobs and their goodput tables per GPU type."""
         totals: dict[str, int] = {}
         per_node: dict[str, int] = {}
         model_of: dict[str, str] = {}
@@ -140,7 +153,7 @@ class SiaGoodputPolicy:
                 model_of[node.node_id] = node.gpu_model
         active = [j for j in snapshot.jobs if j.state in ("pending", "running")]
         tables: dict[str, dict[str, dict[int, tuple[float, int]]]] = {}
-        weights: dict[str, float] = {}
+        left: dict[str, float] = {}
         for job in active:
             found = self._physics(job.spec.job_id)
             if found is None:
@@ -151,21 +164,47 @@ class SiaGoodputPolicy:
                 for model in totals
                 if model in app.types and job.spec.allows(model)
             }
-            unit = max((t[1][0] for t in tables[job.spec.job_id].values() if 1 in t), default=0)
-            left = max(app.work - done, 0.0)
-            weights[job.spec.job_id] = (
-                size_weight(left / unit, self.exponent) if unit > 0 and self.exponent else 1.0
+            left[job.spec.job_id] = max(app.work - done, 0.0)
+        return _Round(active, tables, totals, model_of, left)
+
+    def weights(self, snapshot: ClusterSnapshot) -> dict[str, float]:
+        """Each active job's weight this round: ``size_weight`` of its remaining time on
+        one GPU of its best type (1 at exponent 0, or where nothing was measured)."""
+        world = self._world(snapshot)
+        out: dict[str, float] = {}
+        for job in world.active:
+            job_id = job.spec.job_id
+            by_model = world.tables.get(job_id, {})
+            unit = max((t[1][0] for t in by_model.values() if 1 in t), default=0)
+            out[job_id] = (
+                size_weight(world.left[job_id] / unit, self.exponent)
+                if unit > 0 and self.exponent
+                else 1.0
             )
+        return out
+
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        return PolicyRound(choices=self.allocate(snapshot, self.weights(snapshot)))
+
+    def allocate(
+        self, snapshot: ClusterSnapshot, weights: Mapping[str, float] | None = None
+    ) -> dict[str, PolicyChoice]:
+        """The round's choices with job j's term weighted by ``weights[j]`` (1 if not
+        given; must be > 0): what ``decide`` does with ``weights(snapshot)``, and what a
+        learned policy's corrected weights go through."""
+        weights = weights or {}
+        world = self._world(snapshot)
+        active, tables = world.active, world.tables
         current: dict[str, Option] = {}
         for job in active:
             if job.state == "running" and job.placement is not None and job.config is not None:
-                model = model_of[job.placement.ranks[0].node_id]
+                model = world.model_of[job.placement.ranks[0].node_id]
                 current[job.spec.job_id] = (model, job.config.world_size)
         # A change that raises a job's own goodput must pay its restart; one that lowers
         # it frees GPUs for the others and is taken. Jobs held where they are, the rest
         # is allocated again, until no new allocation is held back.
         kept: dict[str, Option] = {}
-        alloc = self._allocate(active, tables, weights, totals, kept, current)
+        alloc = self._allocate(active, tables, weights, world.totals, kept, current)
         for _ in range(len(current)):
             held = {
                 job_id: now
@@ -175,8 +214,8 @@ class SiaGoodputPolicy:
             if not held:
                 break
             kept.update(held)
-            alloc = self._allocate(active, tables, weights, totals, kept, current)
-        return PolicyRound(choices=self._choices(active, tables, alloc, current))
+            alloc = self._allocate(active, tables, weights, world.totals, kept, current)
+        return self._choices(active, tables, alloc, current)
 
     def _unpaid(
         self,
