@@ -32,25 +32,9 @@ from typing import Any
 
 from autotune.studies.pollux.protocol import paired_difference, pooled_difference
 from autotune.studies.sia.fidelity import POLICIES, play
+from autotune.studies.sia.protocol import sia_jcts
 
 SATURN = tuple(f"saturn/workload-{n}.csv" for n in range(1, 11))
-
-
-def sia_jcts(log: Path) -> dict[str, float]:
-    """Every finished job's JCT (s) in a Sia ``--output`` log (its last record)."""
-    last = ""
-    with log.open() as f:
-        for line in f:
-            if line.strip():
-                last = line
-    if not last:
-        raise ValueError(f"{log}: empty")
-    record = json.loads(last)
-    return {
-        job["name"]: float(job["completion_time"]) - float(job["submission_time"])
-        for job in record["submitted_jobs"]
-        if job.get("completion_time") is not None
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

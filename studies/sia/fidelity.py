@@ -12,10 +12,11 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import SimulatedCluster
 from autotune.interfaces import ClusterSnapshot, Policy
 from autotune.policies.evaluate import run_episode
@@ -35,20 +36,26 @@ def play(
     sia: str | Path,
     *,
     round_s: float = ROUND_S,
-    policy: str = "fifo",
+    policy: str | Callable[[ClusterEnv], Policy] = "fifo",
 ) -> dict[str, Any]:
     """``workload`` (a Sia workload CSV) in the Sia-compatible world (``sia``: the
     artifact's ``sia-simulator`` folder) under ``policy``: ``fifo`` (``SiaFifoPolicy``,
-    rigid jobs) or ``goodput`` (``SiaGoodputPolicy``, elastic jobs). The average JCT in
-    hours, each job's JCT in seconds and its first placement as Sia names it ([type,
-    ranks per node]), the restarts, preemptions and the wall time."""
-    if policy not in POLICIES:
+    rigid jobs), ``goodput`` (``SiaGoodputPolicy``, elastic jobs) or a function of the
+    environment giving the policy (elastic jobs: a learned one, another exponent). The
+    average JCT in hours, each job's JCT in seconds and its first placement as Sia
+    names it ([type, ranks per node]), the restarts, preemptions and the wall time."""
+    if isinstance(policy, str) and policy not in POLICIES:
         raise ValueError(f"policy={policy!r}: one of {', '.join(POLICIES)}")
     began = time.perf_counter()
     env = sia_env(sia_arrivals(workload, sia, elastic=policy != "fifo"), round_s=round_s)
-    chosen: Policy = (
-        SiaFifoPolicy(load_sia_apps(sia)) if policy == "fifo" else SiaGoodputPolicy(env)
-    )
+    chosen: Policy
+    if policy == "fifo":
+        chosen = SiaFifoPolicy(load_sia_apps(sia))
+    elif policy == "goodput":
+        chosen = SiaGoodputPolicy(env)
+    else:
+        assert callable(policy)
+        chosen = policy(env)
     first: dict[str, list[Any]] = {}
     started: dict[str, float] = {}
     model_of = {node.node_id: node.gpu_model for node in env.nodes}

@@ -24,6 +24,7 @@ from typing import Final
 
 from autotune.catalog.devices import node_info
 from autotune.core import NodeInfo
+from autotune.demand import DemandForecaster
 from autotune.envs.cluster_env import ClusterEnv, EnvConfig
 from autotune.envs.simulator import Arrival
 from autotune.envs.traces import pollux_workload
@@ -103,10 +104,12 @@ def sia_env(
     round_s: float = ROUND_S,
     slots: int = 32,
     max_steps: int = 1_000_000,
+    forecaster: DemandForecaster | None = None,
 ) -> ClusterEnv:
     """A ``ClusterEnv`` of Sia's world playing ``arrivals`` (``sia_arrivals``): its
     cluster, no noise, the restart cost of each job's physics, and every job placed on
-    the nodes with the most free GPUs first, as Sia's policies place them."""
+    the nodes with the most free GPUs first, as Sia's policies place them
+    (``forecaster``: the demand forecast of its observation, the default's if ``None``)."""
     config = EnvConfig(
         slots=slots,
         round_s=round_s,
@@ -116,4 +119,4 @@ def sia_env(
         max_steps=max_steps,
         pack_jobs=True,
     )
-    return ClusterEnv(config, nodes=sia_nodes(), jobs=list(arrivals))
+    return ClusterEnv(config, nodes=sia_nodes(), jobs=list(arrivals), forecaster=forecaster)

@@ -6,22 +6,32 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import cli
 
 from autotune.benchmarks.sia_against import main as sia_against
-from autotune.benchmarks.sia_against import sia_jcts
 from autotune.benchmarks.sia_compat import main as sia_compat
+from autotune.benchmarks.sia_learned import main as sia_learned
 from autotune.core import JobConfig, Layout
 from autotune.envs.simulator import SimulatedCluster
 from autotune.errors import InputError
-from autotune.interfaces import ClusterSnapshot
+from autotune.interfaces import ClusterSnapshot, PolicyChoice
 from autotune.policies.evaluate import run_episode
+from autotune.policies.ppo import SlotPolicyModule, _demonstrations
+from autotune.policies.ppo_settings import PPOSettings, TraceSource, world
+from autotune.policies.serving import PolicyServer
+from autotune.studies.pollux.env import decode_weights
 from autotune.studies.pollux.trace import TraceApp, read_trace_app
 from autotune.studies.sia.fidelity import compare, play
+from autotune.studies.sia.goodput import FAIRNESS_P as SIA_P
 from autotune.studies.sia.goodput import SiaGoodputPolicy
+from autotune.studies.sia.learned import QUANTUM, SiaCompatEnv, SiaLearnedPolicy
+from autotune.studies.sia.learned import WORLD as SIA_WORLD
+from autotune.studies.sia.protocol import sia_jcts, table
 from autotune.studies.sia.trace import SIA_SLOWDOWNS, load_sia_apps
 from autotune.studies.sia.world import sia_arrivals, sia_env, sia_nodes
 
@@ -314,3 +324,151 @@ def test_a_rigid_job_larger_than_every_type_is_refused(sia: Path) -> None:
     with pytest.raises(InputError, match="more than any GPU type"):
         sia_arrivals(workload, sia)
     assert sia_arrivals(workload, sia, elastic=True)[0].spec.min_gpus == 1
+
+
+# -- the learned policy's world ------------------------------------------------------
+
+
+def _source(workload: Path, sia: Path) -> TraceSource:
+    return TraceSource(jobs=str(workload), kind="sia-compat", traces=str(sia))
+
+
+def _stream(sia: Path, n: int = 6) -> Path:
+    """Jobs of different sizes (so of different remaining work), arriving together."""
+    return _workload(sia, [(f"bert-{i}", 30.0 * i, 1 + i % 4, 64 * (1 + i % 2)) for i in range(n)])
+
+
+def test_the_optimisers_decision_is_its_allocation_at_its_weights(sia: Path) -> None:
+    """``decide`` is ``allocate`` at ``weights``: what a learned policy's corrected
+    weights go through; at exponent 0 every job weighs 1, above it the jobs with less
+    work left weigh more, and a job weighted up gets at least the GPUs it had."""
+    env = sia_env(sia_arrivals(_stream(sia), sia, elastic=True))
+    env.reset(seed=0)
+    for _ in range(4):
+        env.step_choices({})
+    snapshot = env.snapshot
+    assert snapshot is not None
+    plain, sized = SiaGoodputPolicy(env), SiaGoodputPolicy(env, exponent=1.0)
+    assert set(plain.weights(snapshot).values()) == {1.0}
+    weights = sized.weights(snapshot)
+    assert len(set(weights.values())) > 1
+    assert sized.decide(snapshot).choices == sized.allocate(snapshot, weights)
+
+    def gpus(choices: dict[str, PolicyChoice], job_id: str) -> int:
+        config = choices[job_id].config
+        return config.world_size if config is not None else 0
+
+    job_id = min(weights, key=weights.__getitem__)
+    before = plain.allocate(snapshot, {})
+    after = plain.allocate(snapshot, {job_id: 64.0})
+    assert gpus(after, job_id) >= gpus(before, job_id)
+
+
+def test_the_zero_residual_plays_exactly_as_its_teacher_in_sias_world(sia: Path) -> None:
+    """The ``sia-compat`` world: an action near zero (rounded to ``QUANTUM``) is the
+    teacher ``sia-goodput`` at its exponent, job by job; the teacher's demonstrations
+    are all zero corrections; the reward is minus the round's job-hours."""
+    workload = _stream(sia)
+    settings = PPOSettings(
+        slots=4,
+        sources=(_source(workload, sia),),
+        warm_start="sia-goodput",
+        world_options={"size_exponent": 0.5},
+    )
+    found = world("sia-compat")
+    assert found is not None
+    assert found.kind == SIA_WORLD.kind == "sia-compat"
+    env = SIA_WORLD.make_env(settings.sources[0], settings, None)
+    assert isinstance(env, SiaCompatEnv)
+    env.reset(seed=0)
+    total = 0.0
+    while True:
+        near_zero = np.full(env.slots, 0.1, np.float32)
+        *_, reward, terminated, truncated, _ = env.step(near_zero)
+        total += float(reward)
+        if terminated or truncated:
+            break
+    assert env.sim is not None
+    by_action = {j.job_id: j.status.finished_s for j in env.sim.jobs.values()}
+    teacher = play(workload, sia, policy=lambda e: SiaGoodputPolicy(e, exponent=0.5))
+    assert by_action == {
+        job: teacher["jcts_s"][job] + 30.0 * int(job.split("-")[1]) for job in by_action
+    }
+    assert total == pytest.approx(-sum(teacher["jcts_s"].values()) / 3600, rel=0.05)
+    _, actions, occupied, _ = _demonstrations(settings, "sia-goodput", 1)
+    assert occupied.sum() > 0
+    assert not actions.any()
+    with pytest.raises(ValueError, match="sia-simulator"):
+        SIA_WORLD.make_env(replace(settings.sources[0], traces=None), settings, None)
+
+
+def test_corrections_are_rounded_to_the_quantum(sia: Path) -> None:
+    env = sia_env(sia_arrivals(_stream(sia, 3), sia, elastic=True), slots=4)
+    env.reset(seed=0)
+    env.step_choices({})
+    snapshot = env.snapshot
+    assert snapshot is not None
+    ids = [j.spec.job_id for j in snapshot.queue_order()]
+    weights = decode_weights(np.array([0.1, 0.2, -0.4, 0.0]), snapshot, 4, quantum=QUANTUM)
+    assert [weights[i] for i in ids[:3]] == pytest.approx([1.0, 2**0.25, 2**-0.5])
+
+
+def test_the_served_policy_plays_through_sias_allocation(sia: Path, tmp_path: Path) -> None:
+    workload = _stream(sia)
+    settings = PPOSettings(slots=4, sources=(_source(workload, sia),))
+    env = SIA_WORLD.make_env(settings.sources[0], settings, None)
+    module = SlotPolicyModule(
+        observation_space=env.observation_space,
+        action_space=env.action_space,
+        model_config={"hidden": 8},
+    )
+    module.save_to_path(tmp_path / "module")
+    sized = replace(settings, world_options={"size_exponent": 1.0})
+    SIA_WORLD.save_beside(tmp_path / "module", sized)
+    server = PolicyServer(tmp_path / "module", slots=4, continuous=True)
+    result = play(workload, sia, policy=lambda e: SiaLearnedPolicy(e, server, forecast="none"))
+    assert result["finished"] == 6
+    policy = SiaLearnedPolicy(sia_env([]), server, forecast="none")
+    assert policy.version.startswith("ppo-sia-")
+    assert isinstance(policy.allocator, SiaGoodputPolicy)
+    assert (policy.allocator.exponent, policy.allocator.p) == (1.0, SIA_P)
+
+
+def test_the_learned_table_sets_each_held_out_workload_against_sia(
+    sia: Path, tmp_path: Path
+) -> None:
+    """``bench/sia_learned.py --table``: per held-out workload, Sia's average from its
+    log, the teacher's and the chosen checkpoint's, and the per-job differences."""
+    workload = _stream(sia, 4)
+    teacher = play(workload, sia, policy="goodput")
+    slower = {job: jct + 360.0 for job, jct in teacher["jcts_s"].items()}
+    fold_result = {
+        "fold": "a",
+        "chosen": "ppo-8",
+        "tested": {
+            "test/workload-1.csv": {
+                "ppo-8": {"avg_jct_h": teacher["avg_jct_h"], "jcts_s": teacher["jcts_s"]},
+                "teacher": {"avg_jct_h": teacher["avg_jct_h"] + 0.1, "jcts_s": slower},
+            }
+        },
+    }
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "fold-a-seed-0.json").write_text(json.dumps(fold_result))
+    runs = tmp_path / "runs" / "test"
+    runs.mkdir(parents=True)
+    jobs = [
+        {"name": job, "submission_time": 0.0, "completion_time": jct} for job, jct in slower.items()
+    ]
+    (runs / "workload-1.log").write_text(json.dumps({"submitted_jobs": jobs}) + "\n")
+    text = table(out, tmp_path / "runs")
+    row = next(line for line in text.splitlines() if line.startswith("| test/workload-1.csv"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "a"
+    assert float(cells[4]) == pytest.approx(teacher["avg_jct_h"], abs=1e-3)
+    # 360 s faster than the teacher and than Sia, job by job.
+    assert cells[5].startswith("-")
+    assert cells[6].startswith("-")
+    with pytest.raises(SystemExit) as refused:
+        sia_learned(["--sia", str(sia), "--out", str(out), "--table"])
+    assert refused.value.code == 2
