@@ -5,7 +5,7 @@ tested on the other five and on four Philly ones).
 Train and test a fold (one per core: ``--folds a`` and ``--folds b`` side by side)::
 
     python bench/sia_learned.py --sia /path/to/sia-simulator --folds a --seed 0 \\
-        --iterations 24 --checkpoint-every 8 --out bench/out/sia_learned
+        --iterations 40 --checkpoint-every 10 --out bench/out/sia_learned
 
 then the table against Sia's own runs (its ``--output`` logs as
 ``RUNS/saturn/workload-N.log`` and ``RUNS/philly/workload-N.log``; how they were made:
@@ -21,6 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from autotune.studies.sia.learned import QUANTUM
 from autotune.studies.sia.protocol import FOLDS, fold, table
 
 
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-batch", type=int, default=2048, help="env steps per iteration")
     parser.add_argument(
         "--checkpoint-every", type=int, default=8, help="iterations between selectable checkpoints"
+    )
+    parser.add_argument(
+        "--quantum", type=float, default=QUANTUM, help="step the corrections are rounded to"
     )
     parser.add_argument("--table", action="store_true", help="print the table and stop")
     parser.add_argument("--sia-runs", type=Path, help="Sia's logs, <set>/<workload>.log")
@@ -59,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             iterations=args.iterations,
             train_batch=args.train_batch,
             checkpoint_every=args.checkpoint_every,
+            quantum=args.quantum,
         )
         print(f"fold {name}: chose {result['chosen']}, {result['training']}", flush=True)
     return 0

@@ -14,21 +14,26 @@ trained here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
 from autotune.interfaces import ClusterSnapshot
 from autotune.policies.ppo_settings import PPOSettings, TraceSource
+from autotune.policies.serving import PolicyServer
 from autotune.studies.pollux.env import PolluxCompatEnv, WeightedAllocation
-from autotune.studies.pollux.learned import PolluxLearnedPolicy, PolluxWorld
+from autotune.studies.pollux.learned import ALLOCATION_FILE, PolluxLearnedPolicy, PolluxWorld
 from autotune.studies.sia.goodput import FAIRNESS_P, SiaGoodputPolicy
 from autotune.studies.sia.world import ROUND_S, sia_arrivals, sia_env
 
 __all__ = ["QUANTUM", "WORLD", "SiaCompatEnv", "SiaLearnedPolicy", "SiaWorld"]
 
-QUANTUM: Final = 0.25
-"""The step of an action entry (log2 of a weight's factor): 2^0.25, about 19%."""
+QUANTUM: Final = 0.05
+"""The step of an action entry (log2 of a weight's factor, 2^0.05: about 3.5%) unless the
+``quantum`` option says another: what imitating zero leaves (a few thousandths) rounds
+to zero, what PPO learns (tenths) does not."""
 
 
 def _allocation(env: Any, p: float, residual_exponent: float | None) -> SiaGoodputPolicy:
@@ -57,11 +62,12 @@ class SiaCompatEnv(PolluxCompatEnv):
     the job at that exponent (zero: the teacher). Its reward is minus the round's
     job-hours, as in the Pollux-compatible world.
 
-    Entries are rounded to ``QUANTUM``: the optimiser's greedy steps compare equal
-    terms of alike jobs, so a correction of a thousandth (what imitating zero leaves)
-    would reorder them; rounded, an imitation of the teacher is the teacher."""
+    Entries are rounded to ``quantum`` (``QUANTUM``): the optimiser's greedy steps
+    compare equal terms of alike jobs, so a correction of a thousandth (what imitating
+    zero leaves) would reorder them; rounded, an imitation of the teacher is the
+    teacher."""
 
-    quantum = QUANTUM
+    quantum: float | None = QUANTUM
 
     def make_allocator(self) -> WeightedAllocation:
         return _allocation(self.cluster, self.fairness_p, self.residual_exponent)
@@ -79,7 +85,7 @@ class SiaWorld(PolluxWorld):
     kind = "sia-compat"
     teachers = ("sia-goodput",)
     options: Mapping[str, float] = MappingProxyType(
-        {"fairness_p": FAIRNESS_P, "size_exponent": 0.0, "residual": 1.0}
+        {"fairness_p": FAIRNESS_P, "size_exponent": 0.0, "residual": 1.0, "quantum": QUANTUM}
     )
 
     def make_env(self, source: TraceSource, settings: PPOSettings, forecaster: Any) -> SiaCompatEnv:
@@ -92,11 +98,19 @@ class SiaWorld(PolluxWorld):
             max_steps=settings.max_steps,
             forecaster=forecaster,
         )
-        return SiaCompatEnv(
+        env = SiaCompatEnv(
             cluster,
             fairness_p=self.option(settings, "fairness_p"),
             residual_exponent=self.residual_exponent(settings),
         )
+        env.quantum = self.option(settings, "quantum")
+        return env
+
+    def save_beside(self, module: Path, settings: PPOSettings) -> None:
+        super().save_beside(module, settings)
+        saved = json.loads((module / ALLOCATION_FILE).read_text())
+        saved["quantum"] = self.option(settings, "quantum")
+        (module / ALLOCATION_FILE).write_text(json.dumps(saved))
 
     def teacher(self, cluster: Any, settings: PPOSettings) -> SiaGoodputPolicy:
         return SiaGoodputPolicy(
@@ -113,12 +127,23 @@ WORLD: Final = SiaWorld()
 class SiaLearnedPolicy(PolluxLearnedPolicy):
     """The learned policy of the Sia-compatible world: the module's mean log2 weight (or
     correction of the teacher's) for every active job, through ``SiaGoodputPolicy``'s
-    allocation with the fairness p and exponent saved beside the module, as in training.
+    allocation with the fairness p, exponent and quantum saved beside the module, as in
+    training.
     ``env``: the environment's ``ClusterEnv`` (``sia_env``). Version:
     ``ppo-sia-<checkpoint hash>``."""
 
     version_prefix = "ppo-sia"
-    quantum = QUANTUM
+
+    def __init__(
+        self, env: Any, server: PolicyServer, *, forecast: str = "lstm", every_job: bool = True
+    ) -> None:
+        super().__init__(env, server, forecast=forecast, every_job=every_job)
+        saved = server.path / ALLOCATION_FILE
+        self.quantum = (
+            float(json.loads(saved.read_text()).get("quantum", QUANTUM))
+            if saved.is_file()
+            else QUANTUM
+        )
 
     def make_allocator(self, env: Any) -> WeightedAllocation:
         return _allocation(env, self.fairness_p, self.residual_exponent)

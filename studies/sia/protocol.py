@@ -39,7 +39,7 @@ from autotune.policies.serving import PolicyServer
 from autotune.studies.pollux.protocol import paired_difference, pooled_difference
 from autotune.studies.sia.fidelity import play
 from autotune.studies.sia.goodput import SiaGoodputPolicy
-from autotune.studies.sia.learned import SiaLearnedPolicy
+from autotune.studies.sia.learned import QUANTUM, SiaLearnedPolicy
 
 __all__ = [
     "EXPONENTS",
@@ -125,10 +125,12 @@ def fold(
     iterations: int,
     train_batch: int,
     checkpoint_every: int | None = None,
+    quantum: float = QUANTUM,
     folds: Mapping[str, tuple[Sequence[str], Sequence[str]]] = FOLDS,
 ) -> dict[str, Any]:
     """Train fold ``name`` (``FOLDS``) at ``seed``, select on its training workloads,
-    test on its held-out ones; the result is also written to ``OUT``."""
+    test on its held-out ones; the result is also written to ``OUT``. ``quantum``: the
+    step the policy's corrections are rounded to (``SiaCompatEnv``)."""
     path = out / f"fold-{name}-seed-{seed}.json"
     if path.exists():
         done: dict[str, Any] = json.loads(path.read_text())
@@ -154,7 +156,7 @@ def fold(
             TraceSource(jobs=str(sia / "workloads" / w), kind="sia-compat", traces=str(sia))
             for w in train
         ),
-        world_options={"size_exponent": exponent, "residual": 1.0},
+        world_options={"size_exponent": exponent, "residual": 1.0, "quantum": quantum},
         pooled=True,
     )
     folder = out / f"fold-{name}-seed-{seed}"
@@ -185,6 +187,7 @@ def fold(
         "train": list(train),
         "test": list(test),
         "teacher": chosen_teacher,
+        "quantum": quantum,
         "chosen": chosen,
         "selection": selection,
         "tested": tested,

@@ -383,7 +383,7 @@ def test_the_zero_residual_plays_exactly_as_its_teacher_in_sias_world(sia: Path)
     env.reset(seed=0)
     total = 0.0
     while True:
-        near_zero = np.full(env.slots, 0.1, np.float32)
+        near_zero = np.full(env.slots, 0.4 * QUANTUM, np.float32)
         *_, reward, terminated, truncated, _ = env.step(near_zero)
         total += float(reward)
         if terminated or truncated:
@@ -409,8 +409,10 @@ def test_corrections_are_rounded_to_the_quantum(sia: Path) -> None:
     snapshot = env.snapshot
     assert snapshot is not None
     ids = [j.spec.job_id for j in snapshot.queue_order()]
-    weights = decode_weights(np.array([0.1, 0.2, -0.4, 0.0]), snapshot, 4, quantum=QUANTUM)
-    assert [weights[i] for i in ids[:3]] == pytest.approx([1.0, 2**0.25, 2**-0.5])
+    q = QUANTUM
+    action = np.array([0.4 * q, 0.8 * q, -2.1 * q, 0.0])
+    weights = decode_weights(action, snapshot, 4, quantum=q)
+    assert [weights[i] for i in ids[:3]] == pytest.approx([1.0, 2**q, 2 ** (-2 * q)])
 
 
 def test_the_served_policy_plays_through_sias_allocation(sia: Path, tmp_path: Path) -> None:
@@ -423,7 +425,7 @@ def test_the_served_policy_plays_through_sias_allocation(sia: Path, tmp_path: Pa
         model_config={"hidden": 8},
     )
     module.save_to_path(tmp_path / "module")
-    sized = replace(settings, world_options={"size_exponent": 1.0})
+    sized = replace(settings, world_options={"size_exponent": 1.0, "quantum": 0.25})
     SIA_WORLD.save_beside(tmp_path / "module", sized)
     server = PolicyServer(tmp_path / "module", slots=4, continuous=True)
     result = play(workload, sia, policy=lambda e: SiaLearnedPolicy(e, server, forecast="none"))
@@ -432,6 +434,7 @@ def test_the_served_policy_plays_through_sias_allocation(sia: Path, tmp_path: Pa
     assert policy.version.startswith("ppo-sia-")
     assert isinstance(policy.allocator, SiaGoodputPolicy)
     assert (policy.allocator.exponent, policy.allocator.p) == (1.0, SIA_P)
+    assert policy.quantum == 0.25
 
 
 def test_the_learned_table_sets_each_held_out_workload_against_sia(
