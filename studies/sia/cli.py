@@ -2,8 +2,9 @@
 
 - ``eval``: play a Sia workload as Sia's simulator does (its three-type cluster, each
   job on its GPU type's measured traces, its clock and restart costs) under the shared
-  baseline (``fifo``) or the goodput optimiser (``goodput``), and report the average
-  job completion time, and each job's with ``--json``.
+  baseline (``fifo``), the goodput optimiser (``goodput``) or a policy trained in this
+  world (``ppo``, ``--policy-checkpoint``), and report the average job completion time,
+  and each job's with ``--json``.
 
 Registered under the ``autotune.commands`` entry points; the ``autotune`` command line
 finds it there.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -52,9 +53,15 @@ def eval_command(
             help="fifo: first come, first served on the fastest GPU type with room, each "
             "job rigid on its num_replicas GPUs and batch (the baseline Sia's simulator "
             "also runs); goodput: every job elastic, its GPU type, count and batch "
-            "re-chosen every round by the heterogeneity-aware goodput optimiser."
+            "re-chosen every round by the heterogeneity-aware goodput optimiser; ppo: a "
+            "policy trained in this world (bench/sia_learned.py), elastic jobs, its "
+            "weights through the optimiser (needs --policy-checkpoint)."
         ),
     ] = "fifo",
+    policy_checkpoint: Annotated[
+        Path | None,
+        typer.Option(help="The trained module --policy ppo plays.", show_default=False),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Play a Sia workload as Sia's simulator does (its cluster, each job on its GPU
@@ -62,12 +69,28 @@ def eval_command(
     the world has no noise."""
     from autotune.studies.sia.fidelity import POLICIES, play
 
-    if policy not in POLICIES:
-        raise InputError(f"--policy {policy!r}: one of {', '.join(POLICIES)}")
+    if policy not in (*POLICIES, "ppo"):
+        raise InputError(f"--policy {policy!r}: one of {', '.join(POLICIES)}, ppo")
     if not workload.is_file():
         raise InputError("no such workload file", path=str(workload))
+    if (policy == "ppo") != (policy_checkpoint is not None):
+        raise typer.BadParameter(
+            "--policy ppo plays the module at --policy-checkpoint, and only it takes one",
+            param_hint="--policy-checkpoint",
+        )
     folder = sia or workload.resolve().parent.parent.parent
-    result = play(workload, folder, round_s=interval, policy=policy)
+    if policy_checkpoint is None:
+        result = play(workload, folder, round_s=interval, policy=policy)
+    else:
+        from autotune.policies.serving import PolicyServer
+        from autotune.studies.sia.learned import SiaLearnedPolicy
+
+        server = PolicyServer(policy_checkpoint, slots=32, continuous=True)
+
+        def chosen(env: Any) -> SiaLearnedPolicy:
+            return SiaLearnedPolicy(env, server)
+
+        result = play(workload, folder, round_s=interval, policy=chosen)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return

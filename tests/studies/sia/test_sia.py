@@ -435,6 +435,12 @@ def test_the_served_policy_plays_through_sias_allocation(sia: Path, tmp_path: Pa
     assert isinstance(policy.allocator, SiaGoodputPolicy)
     assert (policy.allocator.exponent, policy.allocator.p) == (1.0, SIA_P)
     assert policy.quantum == 0.25
+    # The same module from the command line; --policy ppo needs the module.
+    args = ("sia", "eval", "--workload", str(workload), "--policy", "ppo")
+    run = cli(*args, "--policy-checkpoint", str(tmp_path / "module"), "--json")
+    assert run.exit_code == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout)["finished"] == 6
+    assert cli(*args).exit_code == 2
 
 
 def test_the_learned_table_sets_each_held_out_workload_against_sia(
