@@ -50,6 +50,7 @@ __all__ = [
     "POLLUX_OPTIMUS",
     "POLLUX_TIRESIAS",
     "baselines",
+    "checkpoints",
     "fold",
     "learned",
     "paired_difference",
@@ -226,10 +227,7 @@ def fold(
     )
     folder = out / f"fold-{held_out}-seed-{seed}"
     report = train_ppo(settings, folder)
-    candidates = {"imitation": folder / "warm_start"} if imitate else {}
-    for saved in sorted(folder.glob("iter_*")):
-        candidates[f"ppo-{int(saved.name.split('_')[1])}"] = saved
-    candidates["ppo"] = Path(report["checkpoint"])
+    candidates = checkpoints(folder, report, imitate=imitate)
     selection: dict[str, dict[str, float]] = {}
     for name, path in candidates.items():
         runs = {w: learned(pollux, w, path)["avg_jct_s"] for w in train}
@@ -261,6 +259,17 @@ def fold(
         },
         "pollux_s": POLLUX[held_out],
     }
+
+
+def checkpoints(folder: Path, report: dict[str, Any], *, imitate: bool = True) -> dict[str, Path]:
+    """The modules a training run in ``folder`` left for selection (``train_ppo``'s
+    ``report``): the imitation (``imitate``), every ``iter_N`` as ``ppo-N``, and the
+    last as ``ppo``."""
+    found = {"imitation": folder / "warm_start"} if imitate else {}
+    for saved in sorted(folder.glob("iter_*")):
+        found[f"ppo-{int(saved.name.split('_')[1])}"] = saved
+    found["ppo"] = Path(report["checkpoint"])
+    return found
 
 
 def baselines(pollux: Path, workload: int) -> dict[str, Any]:

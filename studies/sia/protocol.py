@@ -36,7 +36,7 @@ import numpy as np
 from autotune.policies.ppo import train_ppo
 from autotune.policies.ppo_settings import PPOSettings, TraceSource
 from autotune.policies.serving import PolicyServer
-from autotune.studies.pollux.protocol import paired_difference, pooled_difference
+from autotune.studies.pollux.protocol import checkpoints, paired_difference, pooled_difference
 from autotune.studies.sia.fidelity import play
 from autotune.studies.sia.goodput import SiaGoodputPolicy
 from autotune.studies.sia.learned import QUANTUM, SiaLearnedPolicy
@@ -161,10 +161,7 @@ def fold(
     )
     folder = out / f"fold-{name}-seed-{seed}"
     report = train_ppo(settings, folder)
-    candidates = {"imitation": folder / "warm_start"}
-    for saved in sorted(folder.glob("iter_*")):
-        candidates[f"ppo-{int(saved.name.split('_')[1])}"] = saved
-    candidates["ppo"] = Path(report["checkpoint"])
+    candidates = checkpoints(folder, report)
     selection: dict[str, dict[str, float]] = {}
     for label, checkpoint in candidates.items():
         runs = {w: learned(sia, w, checkpoint)["avg_jct_h"] for w in train}

@@ -154,3 +154,18 @@ def test_the_ablation_sets_variants_beside_their_teachers(tmp_path: Path) -> Non
     assert "| 2,500 | 2,500 | +0.00% | 0 of 2 |" in alone
     scratch = next(line for line in text.splitlines() if line.startswith("| scratch |"))
     assert "| 2,750 | 2,500 | +10.00% | 0 of 2 |" in scratch
+
+
+def test_selection_weighs_the_imitation_every_saved_iteration_and_the_last(
+    tmp_path: Path,
+) -> None:
+    for name in ("warm_start", "iter_0010", "iter_0020", "final"):
+        (tmp_path / name).mkdir()
+    found = protocol.checkpoints(tmp_path, {"checkpoint": str(tmp_path / "final")})
+    assert found == {
+        "imitation": tmp_path / "warm_start",
+        "ppo-10": tmp_path / "iter_0010",
+        "ppo-20": tmp_path / "iter_0020",
+        "ppo": tmp_path / "final",
+    }
+    assert "imitation" not in protocol.checkpoints(tmp_path, {"checkpoint": "x"}, imitate=False)
