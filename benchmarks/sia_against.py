@@ -31,10 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.studies.pollux.protocol import paired_difference, pooled_difference
-from autotune.studies.sia.fidelity import POLICIES, play
-from autotune.studies.sia.protocol import sia_jcts
-
-SATURN = tuple(f"saturn/workload-{n}.csv" for n in range(1, 11))
+from autotune.studies.sia.fidelity import POLICIES, SATURN, play, sia_jcts
 
 
 def main(argv: list[str] | None = None) -> int:

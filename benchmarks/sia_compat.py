@@ -27,11 +27,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from autotune.studies.sia.fidelity import compare, play
+from autotune.studies.sia.fidelity import SATURN, compare, play
 
 ANCHOR = Path(__file__).resolve().parents[1] / "bench" / "sia_fifo_anchor.py"
 """The script that runs the shared policy in Sia's simulator (repository checkout)."""
-SATURN = tuple(f"saturn/workload-{n}.csv" for n in range(1, 11))
 
 
 def _anchor(python: Path, sia: Path, paths: list[Path], out: Path) -> dict[str, Any]:

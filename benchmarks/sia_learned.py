@@ -33,10 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="folder of the folds' results")
     parser.add_argument("--folds", default=",".join(FOLDS), help="folds to run, e.g. a,b")
     parser.add_argument("--seed", type=int, default=0, help="training seed")
-    parser.add_argument("--iterations", type=int, default=24, help="PPO iterations per fold")
+    parser.add_argument("--iterations", type=int, default=40, help="PPO iterations per fold")
     parser.add_argument("--train-batch", type=int, default=2048, help="env steps per iteration")
     parser.add_argument(
-        "--checkpoint-every", type=int, default=8, help="iterations between selectable checkpoints"
+        "--checkpoint-every", type=int, default=10, help="iterations between selectable checkpoints"
     )
     parser.add_argument(
         "--quantum", type=float, default=QUANTUM, help="step the corrections are rounded to"

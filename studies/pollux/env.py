@@ -165,6 +165,8 @@ def decode_weights(
         raise InvalidActionError("action has an entry that is not a finite number")
     low, high = WEIGHT_RANGE
     if quantum is not None:
+        if not quantum > 0:
+            raise ValueError(f"quantum={quantum!r}: must be > 0")
         flat = np.round(flat / quantum) * quantum
     out = dict(base or {})
     for slot, job in enumerate(slot_jobs(snapshot, slots)):

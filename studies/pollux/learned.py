@@ -122,14 +122,15 @@ class PolluxWorld:
         )
 
     def save_beside(self, module: Path, settings: PPOSettings) -> None:
-        (module / ALLOCATION_FILE).write_text(
-            json.dumps(
-                {
-                    "fairness_p": self.option(settings, "fairness_p"),
-                    "residual_exponent": self.residual_exponent(settings),
-                }
-            )
-        )
+        (module / ALLOCATION_FILE).write_text(json.dumps(self.saved(settings)))
+
+    def saved(self, settings: PPOSettings) -> dict[str, Any]:
+        """What serving needs of this world's options (``saved_allocation`` reads it)."""
+        return {
+            "world": self.kind,
+            "fairness_p": self.option(settings, "fairness_p"),
+            "residual_exponent": self.residual_exponent(settings),
+        }
 
 
 class WeightedTeacher(WeightedAllocation, Protocol):
@@ -155,15 +156,27 @@ WORLD: Final = PolluxWorld()
 """The world the ``autotune.worlds`` entry point ``pollux-compat`` names."""
 
 
-def saved_allocation(module: Path) -> tuple[float, float | None]:
-    """The fairness p and the residual exponent saved beside a module trained here
-    (Pollux's -1 and ``None`` if none: a plain policy)."""
+def saved_allocation(
+    module: Path, *, world: str = "pollux-compat", default_p: float = FAIRNESS_P
+) -> dict[str, Any]:
+    """What is saved beside a module trained in ``world`` (``ALLOCATION_FILE``): its
+    ``fairness_p`` (``default_p`` if nothing is saved), ``residual_exponent`` (``None``: a
+    plain policy) and any other option its world saved. ``IncompatiblePolicyError`` for
+    a module another world saved (one saved before worlds were recorded is taken as
+    ``world``'s)."""
     saved = module / ALLOCATION_FILE
-    if not saved.is_file():
-        return FAIRNESS_P, None
-    data = json.loads(saved.read_text())
+    data: dict[str, Any] = json.loads(saved.read_text()) if saved.is_file() else {}
+    found = data.get("world", world)
+    if found != world:
+        raise IncompatiblePolicyError(
+            f"{module}: trained in the {found} world; this policy serves {world} modules"
+        )
     exponent = data.get("residual_exponent")
-    return float(data["fairness_p"]), None if exponent is None else float(exponent)
+    return {
+        **data,
+        "fairness_p": float(data.get("fairness_p", default_p)),
+        "residual_exponent": None if exponent is None else float(exponent),
+    }
 
 
 class PolluxLearnedPolicy:
@@ -183,6 +196,10 @@ class PolluxLearnedPolicy:
 
     name = "ppo"
     version_prefix = "ppo-pollux"
+    world = "pollux-compat"
+    """The training world whose modules it serves (``saved_allocation``)."""
+    default_p = FAIRNESS_P
+    """The fairness p of a module saved without one."""
     quantum: float | None = None
     """As the training environment's (``PolluxCompatEnv.quantum``)."""
 
@@ -199,7 +216,9 @@ class PolluxLearnedPolicy:
         self.env = env
         self.server = server
         self.every_job = every_job
-        self.fairness_p, self.residual_exponent = saved_allocation(server.path)
+        self.saved = saved_allocation(server.path, world=self.world, default_p=self.default_p)
+        self.fairness_p: float = self.saved["fairness_p"]
+        self.residual_exponent: float | None = self.saved["residual_exponent"]
         self.allocator = self.make_allocator(env)
         self.version = f"{self.version_prefix}-{checkpoint_hash(server.path)[:12]}"
         self.encoder = ObservationEncoder(

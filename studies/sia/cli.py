@@ -68,11 +68,17 @@ def eval_command(
     type's measured traces, 60 s rounds, each application's restart cost) under a policy;
     the world has no noise."""
     from autotune.studies.sia.fidelity import POLICIES, play
+    from autotune.studies.sia.world import ROUND_S
 
     if policy not in (*POLICIES, "ppo"):
         raise InputError(f"--policy {policy!r}: one of {', '.join(POLICIES)}, ppo")
     if not workload.is_file():
         raise InputError("no such workload file", path=str(workload))
+    if policy == "ppo" and interval != ROUND_S:
+        raise typer.BadParameter(
+            f"a policy trained in Sia's world decides every {ROUND_S:.0f} s, as it trained",
+            param_hint="--interval",
+        )
     if (policy == "ppo") != (policy_checkpoint is not None):
         raise typer.BadParameter(
             "--policy ppo plays the module at --policy-checkpoint, and only it takes one",

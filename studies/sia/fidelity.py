@@ -9,6 +9,7 @@ jobs (``bench/sia_fifo_anchor.py``'s JSON).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import Counter
@@ -25,10 +26,14 @@ from autotune.studies.sia.goodput import SiaGoodputPolicy
 from autotune.studies.sia.trace import SIA_TYPE_OF, load_sia_apps
 from autotune.studies.sia.world import ROUND_S, sia_arrivals, sia_env
 
-__all__ = ["POLICIES", "compare", "play"]
+__all__ = ["PHILLY", "POLICIES", "SATURN", "compare", "play", "sia_jcts"]
 
 
 POLICIES: Final = ("fifo", "goodput")
+SATURN: Final = tuple(f"saturn/workload-{n}.csv" for n in range(1, 11))
+"""Sia's ten Helios ("saturn") workloads, as named under its ``workloads`` folder ..."""
+PHILLY: Final = tuple(f"philly/workload-{n}.csv" for n in range(1, 9))
+"""... and its eight Philly ones."""
 
 
 def play(
@@ -116,4 +121,21 @@ def compare(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any
         "jobs_within_1s": sum(1 for d in diffs.values() if abs(d) <= 1.0),
         "same_first_placement": same_place,
         "largest_job_difference_s": {worst: diffs[worst]},
+    }
+
+
+def sia_jcts(log: Path) -> dict[str, float]:
+    """Every finished job's JCT (s) in a Sia ``--output`` log (its last record)."""
+    last = ""
+    with log.open() as f:
+        for line in f:
+            if line.strip():
+                last = line
+    if not last:
+        raise ValueError(f"{log}: empty")
+    record = json.loads(last)
+    return {
+        job["name"]: float(job["completion_time"]) - float(job["submission_time"])
+        for job in record["submitted_jobs"]
+        if job.get("completion_time") is not None
     }

@@ -14,9 +14,7 @@ trained here.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -24,7 +22,7 @@ from autotune.interfaces import ClusterSnapshot
 from autotune.policies.ppo_settings import PPOSettings, TraceSource
 from autotune.policies.serving import PolicyServer
 from autotune.studies.pollux.env import PolluxCompatEnv, WeightedAllocation
-from autotune.studies.pollux.learned import ALLOCATION_FILE, PolluxLearnedPolicy, PolluxWorld
+from autotune.studies.pollux.learned import PolluxLearnedPolicy, PolluxWorld
 from autotune.studies.sia.goodput import FAIRNESS_P, SiaGoodputPolicy
 from autotune.studies.sia.world import ROUND_S, sia_arrivals, sia_env
 
@@ -106,11 +104,8 @@ class SiaWorld(PolluxWorld):
         env.quantum = self.option(settings, "quantum")
         return env
 
-    def save_beside(self, module: Path, settings: PPOSettings) -> None:
-        super().save_beside(module, settings)
-        saved = json.loads((module / ALLOCATION_FILE).read_text())
-        saved["quantum"] = self.option(settings, "quantum")
-        (module / ALLOCATION_FILE).write_text(json.dumps(saved))
+    def saved(self, settings: PPOSettings) -> dict[str, Any]:
+        return {**super().saved(settings), "quantum": self.option(settings, "quantum")}
 
     def teacher(self, cluster: Any, settings: PPOSettings) -> SiaGoodputPolicy:
         return SiaGoodputPolicy(
@@ -133,17 +128,14 @@ class SiaLearnedPolicy(PolluxLearnedPolicy):
     ``ppo-sia-<checkpoint hash>``."""
 
     version_prefix = "ppo-sia"
+    world = "sia-compat"
+    default_p = FAIRNESS_P
 
     def __init__(
         self, env: Any, server: PolicyServer, *, forecast: str = "lstm", every_job: bool = True
     ) -> None:
         super().__init__(env, server, forecast=forecast, every_job=every_job)
-        saved = server.path / ALLOCATION_FILE
-        self.quantum = (
-            float(json.loads(saved.read_text()).get("quantum", QUANTUM))
-            if saved.is_file()
-            else QUANTUM
-        )
+        self.quantum = float(self.saved.get("quantum", QUANTUM))
 
     def make_allocator(self, env: Any) -> WeightedAllocation:
         return _allocation(env, self.fairness_p, self.residual_exponent)

@@ -26,6 +26,7 @@ A fold is written to ``OUT/fold-NAME-seed-S.json`` when it ends (a rerun skips i
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from autotune.policies.ppo import train_ppo
 from autotune.policies.ppo_settings import PPOSettings, TraceSource
 from autotune.policies.serving import PolicyServer
 from autotune.studies.pollux.protocol import checkpoints, paired_difference, pooled_difference
-from autotune.studies.sia.fidelity import play
+from autotune.studies.sia.fidelity import PHILLY, SATURN, play, sia_jcts
 from autotune.studies.sia.goodput import SiaGoodputPolicy
 from autotune.studies.sia.learned import QUANTUM, SiaLearnedPolicy
 
@@ -47,13 +48,10 @@ __all__ = [
     "SLOTS",
     "fold",
     "learned",
-    "sia_jcts",
     "table",
     "teacher",
 ]
 
-SATURN: Final = tuple(f"saturn/workload-{n}.csv" for n in range(1, 11))
-PHILLY: Final = tuple(f"philly/workload-{n}.csv" for n in range(1, 9))
 FOLDS: Final = {
     "a": (SATURN[:5], SATURN[5:] + PHILLY[:4]),
     "b": (SATURN[5:], SATURN[:5] + PHILLY[4:]),
@@ -65,23 +63,6 @@ EXPONENTS: Final = (0.0, 0.5, 1.0)
 ``autotune sia eval --policy goodput``)."""
 SLOTS: Final = 32
 MAX_STEPS: Final = 5000
-
-
-def sia_jcts(log: Path) -> dict[str, float]:
-    """Every finished job's JCT (s) in a Sia ``--output`` log (its last record)."""
-    last = ""
-    with log.open() as f:
-        for line in f:
-            if line.strip():
-                last = line
-    if not last:
-        raise ValueError(f"{log}: empty")
-    record = json.loads(last)
-    return {
-        job["name"]: float(job["completion_time"]) - float(job["submission_time"])
-        for job in record["submitted_jobs"]
-        if job.get("completion_time") is not None
-    }
 
 
 def _run(sia: Path, name: str, make: Any) -> dict[str, Any]:
@@ -100,10 +81,11 @@ def _teacher_run(sia: Path, name: str, exponent: float) -> dict[str, Any]:
     return _run(sia, name, lambda env: SiaGoodputPolicy(env, exponent=exponent))
 
 
-def teacher(sia: Path, train: Sequence[str], out: Path) -> dict[str, Any]:
-    """The teacher's exponent for a fold: the lowest mean average JCT over ``train``
-    (each exponent's plays cached in ``OUT/teacher-grid.json``)."""
-    path = out / "teacher-grid.json"
+def teacher(sia: Path, train: Sequence[str], out: Path, name: str) -> dict[str, Any]:
+    """The teacher's exponent for fold ``name``: the lowest mean average JCT over
+    ``train`` (each exponent's plays cached in ``OUT/teacher-grid-NAME.json``, one file
+    per fold, as folds run side by side)."""
+    path = out / f"teacher-grid-{name}.json"
     grid: dict[str, dict[str, float]] = json.loads(path.read_text()) if path.exists() else {}
     for exponent in EXPONENTS:
         runs = grid.setdefault(str(exponent), {})
@@ -134,10 +116,16 @@ def fold(
     path = out / f"fold-{name}-seed-{seed}.json"
     if path.exists():
         done: dict[str, Any] = json.loads(path.read_text())
+        ran = (done["training"]["ppo_iterations"], done.get("quantum"))
+        if ran != (iterations, quantum):
+            raise ValueError(
+                f"{path} holds a run of {ran[0]} iterations at quantum {ran[1]}, not "
+                f"{iterations} at {quantum}: give another output folder"
+            )
         return done
     train, test = folds[name]
     began = time.perf_counter()
-    chosen_teacher = teacher(sia, train, out)
+    chosen_teacher = teacher(sia, train, out, name)
     exponent = chosen_teacher["exponent"]
     settings = PPOSettings(
         iterations=iterations,
@@ -160,6 +148,8 @@ def fold(
         pooled=True,
     )
     folder = out / f"fold-{name}-seed-{seed}"
+    # A run that stopped before its result leaves checkpoints selection must not see.
+    shutil.rmtree(folder, ignore_errors=True)
     report = train_ppo(settings, folder)
     candidates = checkpoints(folder, report)
     selection: dict[str, dict[str, float]] = {}

@@ -327,7 +327,7 @@ def test_train_in_compat_mode_then_evaluate(tmp_path: Path, pollux_dir: Path) ->
     assert report["warm_start"]["teacher"] == "goodput-size"
     assert report["settings"]["world_options"]["size_exponent"] == 1.0
     saved = json.loads((Path(report["module"]) / ALLOCATION_FILE).read_text())
-    assert saved == {"fairness_p": -0.5, "residual_exponent": None}
+    assert saved == {"world": "pollux-compat", "fairness_p": -0.5, "residual_exponent": None}
     assert (out / "warm_start" / ALLOCATION_FILE).is_file()
     assert report["settings"]["sources"][0]["kind"] == "pollux-compat"
     run = cli(

@@ -23,15 +23,15 @@ from autotune.interfaces import ClusterSnapshot, PolicyChoice
 from autotune.policies.evaluate import run_episode
 from autotune.policies.ppo import SlotPolicyModule, _demonstrations
 from autotune.policies.ppo_settings import PPOSettings, TraceSource, world
-from autotune.policies.serving import PolicyServer
+from autotune.policies.serving import IncompatiblePolicyError, PolicyServer
 from autotune.studies.pollux.env import decode_weights
 from autotune.studies.pollux.trace import TraceApp, read_trace_app
-from autotune.studies.sia.fidelity import compare, play
+from autotune.studies.sia.fidelity import compare, play, sia_jcts
 from autotune.studies.sia.goodput import FAIRNESS_P as SIA_P
 from autotune.studies.sia.goodput import SiaGoodputPolicy
 from autotune.studies.sia.learned import QUANTUM, SiaCompatEnv, SiaLearnedPolicy
 from autotune.studies.sia.learned import WORLD as SIA_WORLD
-from autotune.studies.sia.protocol import sia_jcts, table
+from autotune.studies.sia.protocol import fold, table
 from autotune.studies.sia.trace import SIA_SLOWDOWNS, load_sia_apps
 from autotune.studies.sia.world import sia_arrivals, sia_env, sia_nodes
 
@@ -341,7 +341,7 @@ def _stream(sia: Path, n: int = 6) -> Path:
 def test_the_optimisers_decision_is_its_allocation_at_its_weights(sia: Path) -> None:
     """``decide`` is ``allocate`` at ``weights``: what a learned policy's corrected
     weights go through; at exponent 0 every job weighs 1, above it the jobs with less
-    work left weigh more, and a job weighted up gets at least the GPUs it had."""
+    work left weigh more, and a job weighted up gets more GPUs."""
     env = sia_env(sia_arrivals(_stream(sia), sia, elastic=True))
     env.reset(seed=0)
     for _ in range(4):
@@ -361,7 +361,7 @@ def test_the_optimisers_decision_is_its_allocation_at_its_weights(sia: Path) -> 
     job_id = min(weights, key=weights.__getitem__)
     before = plain.allocate(snapshot, {})
     after = plain.allocate(snapshot, {job_id: 64.0})
-    assert gpus(after, job_id) >= gpus(before, job_id)
+    assert gpus(after, job_id) > gpus(before, job_id)
 
 
 def test_the_zero_residual_plays_exactly_as_its_teacher_in_sias_world(sia: Path) -> None:
@@ -413,6 +413,20 @@ def test_corrections_are_rounded_to_the_quantum(sia: Path) -> None:
     action = np.array([0.4 * q, 0.8 * q, -2.1 * q, 0.0])
     weights = decode_weights(action, snapshot, 4, quantum=q)
     assert [weights[i] for i in ids[:3]] == pytest.approx([1.0, 2**q, 2 ** (-2 * q)])
+    with pytest.raises(ValueError, match="quantum"):
+        decode_weights(action, snapshot, 4, quantum=0.0)
+
+
+def test_a_fold_is_not_taken_from_a_run_with_other_settings(sia: Path, tmp_path: Path) -> None:
+    """A fold's result is reused only for the same iterations and step; the folder of a
+    run that stopped before its result is not selected from (it is trained afresh)."""
+    (tmp_path / "fold-a-seed-0.json").write_text(
+        json.dumps({"training": {"ppo_iterations": 24}, "quantum": 0.25})
+    )
+    with pytest.raises(ValueError, match="another output folder"):
+        fold(sia, "a", 0, tmp_path, iterations=40, train_batch=64, quantum=0.05)
+    kept = fold(sia, "a", 0, tmp_path, iterations=24, train_batch=64, quantum=0.25)
+    assert kept["quantum"] == 0.25
 
 
 def test_the_served_policy_plays_through_sias_allocation(sia: Path, tmp_path: Path) -> None:
@@ -441,6 +455,17 @@ def test_the_served_policy_plays_through_sias_allocation(sia: Path, tmp_path: Pa
     assert run.exit_code == 0, run.stderr[-2000:]
     assert json.loads(run.stdout)["finished"] == 6
     assert cli(*args).exit_code == 2
+    module = ("--policy-checkpoint", str(tmp_path / "module"))
+    assert cli(*args, *module, "--interval", "30").exit_code == 2  # it trained on 60 s rounds
+    # A module of the Pollux-compatible world is refused here.
+    pollux_saved = tmp_path / "module" / "allocation.json"
+    pollux_saved.write_text(json.dumps({"world": "pollux-compat", "fairness_p": -1.0}))
+    with pytest.raises(IncompatiblePolicyError, match="pollux-compat world"):
+        SiaLearnedPolicy(sia_env([]), server, forecast="none")
+    # Saved without an allocation: Sia's p, the residual-free policy, the default step.
+    pollux_saved.unlink()
+    bare = SiaLearnedPolicy(sia_env([]), server, forecast="none")
+    assert (bare.fairness_p, bare.residual_exponent, bare.quantum) == (SIA_P, None, QUANTUM)
 
 
 def test_the_learned_table_sets_each_held_out_workload_against_sia(
