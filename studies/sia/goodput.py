@@ -72,6 +72,12 @@ class _Round(NamedTuple):
     """Per job with measured physics: the progress it has left."""
 
 
+def _unit(by_model: Mapping[str, Mapping[int, tuple[float, int]]]) -> float:
+    """A job's best goodput on one GPU of any type (0: nothing measured on one): what its
+    speed-ups are measured against."""
+    return max((t[1][0] for t in by_model.values() if 1 in t), default=0.0)
+
+
 class SiaGoodputPolicy:
     """See the module docstring; it reads the simulated cluster's jobs (their progress
     and measured physics), so one instance serves one run of ``env``."""
@@ -174,8 +180,7 @@ class SiaGoodputPolicy:
         out: dict[str, float] = {}
         for job in world.active:
             job_id = job.spec.job_id
-            by_model = world.tables.get(job_id, {})
-            unit = max((t[1][0] for t in by_model.values() if 1 in t), default=0)
+            unit = _unit(world.tables.get(job_id, {}))
             out[job_id] = (
                 size_weight(world.left[job_id] / unit, self.exponent)
                 if unit > 0 and self.exponent
@@ -258,10 +263,7 @@ class SiaGoodputPolicy:
         for job_id, (model, n) in fixed.items():
             alloc[job_id] = (model, n)
             free[model] -= n
-        units = {
-            job_id: max((t[1][0] for t in by_model.values() if 1 in t), default=0.0)
-            for job_id, by_model in tables.items()
-        }
+        units = {job_id: _unit(by_model) for job_id, by_model in tables.items()}
         for job in active:  # one GPU each, best type first, in arrival order
             job_id = job.spec.job_id
             if job_id in alloc or units.get(job_id, 0.0) <= 0:
