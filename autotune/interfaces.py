@@ -417,12 +417,41 @@ class PolicyChoice:
     spec allows; a running job on one of them stays where it is); ``None``: any it
     allows. A policy that picks the device type itself (a heterogeneity-aware one) says
     so here; the Planner still chooses the nodes."""
+    gpu_split: tuple[tuple[str, int], ...] | None = None
+    """With a data-parallel configuration, on a backend that runs one job across GPU
+    models (``ClusterSnapshot.mixes_models``): ``(GPU model, ranks)`` per model, the
+    job's ranks split across them as given (two models or more; the ranks add up to the
+    configuration's, ``gpu_models`` names the same models). The Planner takes that many
+    free GPUs of each, the nodes with the most free first; a running job keeps its
+    placement only where it holds that split. ``None``: the Planner's choice."""
 
     def __post_init__(self) -> None:
         if self.preempt and self.config is not None:
             raise ValueError("PolicyChoice: a preemption has no configuration")
         if self.gpu_models is not None and not self.gpu_models:
             raise ValueError("PolicyChoice: gpu_models=() allows no GPU model (None: any)")
+        if self.gpu_split is not None:
+            models = [m for m, _ in self.gpu_split]
+            if self.config is None:
+                raise ValueError("PolicyChoice: a gpu_split needs a configuration")
+            layout = self.config.layout
+            if layout.dp != layout.world_size:
+                raise ValueError("PolicyChoice: a gpu_split is for a data-parallel layout")
+            if len(set(models)) != len(models) or len(models) < 2:
+                raise ValueError(
+                    f"PolicyChoice: gpu_split {self.gpu_split}: two GPU models or more, each once"
+                )
+            if min(n for _, n in self.gpu_split) < 1:
+                raise ValueError(f"PolicyChoice: gpu_split {self.gpu_split}: ranks must be >= 1")
+            if sum(n for _, n in self.gpu_split) != layout.world_size:
+                raise ValueError(
+                    f"PolicyChoice: gpu_split {self.gpu_split} does not add up to the "
+                    f"configuration's {layout.world_size} ranks"
+                )
+            if self.gpu_models is not None and set(self.gpu_models) != set(models):
+                raise ValueError(
+                    f"PolicyChoice: gpu_models {self.gpu_models} are not the gpu_split's"
+                )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

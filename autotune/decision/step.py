@@ -231,6 +231,15 @@ def decide(
     # 2. The policy's choices; 3. the memory rule. A running job the policy preempts
     #    (and no override holds) leaves the round: its GPUs are free for the others.
     decided = dict(choices)
+    if not snapshot.mixes_models:
+        for job_id, split in list(decided.items()):
+            if split.gpu_split is not None:
+                decided[job_id] = replace(
+                    split,
+                    gpu_split=None,
+                    reason=f"{split.reason}; not split across GPU models: this backend runs a job "
+                    "on one model",
+                )
     preempted = {
         j.spec.job_id: decided.pop(j.spec.job_id)
         for j in view.by_state("running")
@@ -282,7 +291,10 @@ def decide(
         assert c.config is not None
         layout = replace(c.config.layout, world_size=size, dp=-1)
         decided[job_id] = replace(
-            c, config=replace(c.config, layout=layout), reason=f"{c.reason}; {note}"
+            c,
+            config=replace(c.config, layout=layout),
+            reason=f"{c.reason}; {note}",
+            gpu_split=None,
         )
     for job_id, note in quota.borrowing.items():
         if (c := decided.get(job_id)) is not None:
@@ -344,6 +356,11 @@ def decide(
             reserved=reserved,
             mix_models=snapshot.mixes_models,
             pack=snapshot.packs_jobs,
+            splits={
+                job_id: dict(c.gpu_split)
+                for job_id, c in choices.items()
+                if c.gpu_split is not None and job_id not in overrides and job_id in configs
+            },
         )
         lost = [job_id for job_id, p in pinned.items() if result.placements.get(job_id) != p]
         for job_id in lost:
@@ -643,6 +660,7 @@ def _layouts_that_fit(
                 choices[job_id] = replace(
                     c,
                     config=fitted,
+                    gpu_split=None,
                     reason=f"{c.reason}; fitting no GPU so, {size} GPU(s) as dp={layout.dp} "
                     f"tp={layout.tp} pp={layout.pp} ({estimate.total_bytes / (1 << 30):.1f} "
                     f"GiB per rank of {share / (1 << 30):.0f})",
@@ -810,6 +828,8 @@ def _beyond_reach(
         c = decided.get(job_id)
         if c is None or c.config is None or job_id in overrides or spec.gpu_milli < MILLI_PER_GPU:
             continue
+        if c.gpu_split is not None:
+            continue  # across models: the Planner says whether its split has room
         gang = largest_gang(spec, view.nodes)
         if c.config.world_size <= gang or gang < spec.min_gpus:
             continue
@@ -857,9 +877,21 @@ def _hopeless_resizes(
     for job, choice in changes:
         job_id = job.spec.job_id
         assert choice.config is not None
-        if choice.config == job.config:
+        if choice.config == job.config and choice.gpu_split is None:
             continue  # it keeps its GPUs (a job across models holds them on several)
         own = held.get(job_id, {})
+        if choice.gpu_split is not None:
+            short = [
+                f"{n} {m} ({free.get(m, 0.0) + own.get(m, 0.0):g} free for it)"
+                for m, n in choice.gpu_split
+                if n > free.get(m, 0.0) + own.get(m, 0.0) + 1e-9
+            ]
+            if short:
+                declined[job_id] = (
+                    f"kept its configuration: the new one ({_describe(choice)}) needs "
+                    + ", ".join(short)
+                )
+            continue
         room = max(
             (free.get(m, 0.0) + own.get(m, 0.0) for m in free if job.spec.allows(m)),
             default=0.0,

@@ -6,6 +6,7 @@ performance model says that beats the free GPUs of its best model alone."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -90,6 +91,45 @@ def pack_greedy(job: PreparedJob, state: FreeCapacity) -> Placement | None:
             continue
         return _take(job, state, _fill(order, room, world), cpu, mem)
     return None
+
+
+def split_of(placement: Placement, state: FreeCapacity) -> dict[str, int]:
+    """A placement's ranks per GPU model."""
+    out: dict[str, int] = {}
+    for slot in placement.ranks:
+        node = state.index.get(slot.node_id)
+        model = state.nodes[node].gpu_model if node is not None else "?"
+        out[model] = out.get(model, 0) + 1
+    return out
+
+
+def pack_split(job: PreparedJob, state: FreeCapacity, split: Mapping[str, int]) -> Placement | str:
+    """The job's whole-GPU data-parallel ranks split across GPU models as ``split``
+    says (model -> ranks): on each model's nodes those with the most free GPUs first,
+    within ``max_nodes`` in all; committed on ``state``. Why not, where it cannot be
+    (the split is not the job's size, a model it may not use, too few free GPUs)."""
+    spec, world = job.spec, job.world
+    parts = " + ".join(f"{n}x{m}" for m, n in split.items())
+    layout = job.config.layout
+    if spec.gpu_milli < MILLI_PER_GPU or layout.tp > 1 or layout.pp > 1:
+        return f"no split across GPU models ({parts}) for a job of GPU shares or tp/pp"
+    if sum(split.values()) != world:
+        return f"split across GPU models {parts} is not the job's {world} ranks"
+    room, cpu, mem = _room(job, state)
+    takes: list[tuple[int, int]] = []
+    for name, count in split.items():
+        if name not in state.models or not job.allowed[state.models.index(name)]:
+            return f"split across GPU models {parts}: it may not run on {name}"
+        model = state.models.index(name)
+        nodes = np.flatnonzero(state.gpu_nodes & (state.model_safe == model) & (room > 0))
+        order = _most_room_first(job, nodes, room)
+        have = sum(int(room[n]) for n in order)
+        if have < count:
+            return f"split across GPU models {parts}: {have} {name} free for it"
+        takes.extend(_fill(order, room, count))
+    if spec.max_nodes is not None and len(takes) > spec.max_nodes:
+        return f"split across GPU models {parts}: more than its {spec.max_nodes} node(s)"
+    return _take(job, state, takes, cpu, mem)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from autotune.planner.feasibility import prepare_all
 from autotune.planner.fragmentation import workload_classes
 from autotune.planner.jobs import PreparedJob, block_sizes, mixable
 from autotune.planner.matching import commit, solve_round
-from autotune.planner.packing import pack_greedy, pack_mixed
+from autotune.planner.packing import pack_greedy, pack_mixed, pack_split, split_of
 from autotune.planner.pending import PendingJobs
 from autotune.planner.reasons import unplaced_reason, waiting_reason
 
@@ -48,6 +48,7 @@ def plan(
     reserved: Mapping[str, Placement] | None = None,
     mix_models: bool = False,
     pack: bool = False,
+    splits: Mapping[str, Mapping[str, int]] | None = None,
 ) -> PlanResult:
     """Place ``jobs`` on ``nodes`` under their ``configs``.
 
@@ -77,6 +78,12 @@ def plan(
     the nodes of its first allowed model with room, those with the most free GPUs first
     (``packing.pack_greedy``), as Pollux's and Sia's simulators place jobs. The rounds
     place the others.
+
+    ``splits``: jobs whose ranks the caller splits across GPU models (GPU model ->
+    ranks; a policy's ``PolicyChoice.gpu_split``): each takes that many free GPUs of
+    every model named (``packing.pack_split``: the nodes with the most free first),
+    before anything else new is placed, or waits with the reason; a running one keeps
+    its placement only where it holds that split.
     """
     started = time.perf_counter()
     if round_size < 1:
@@ -95,15 +102,36 @@ def plan(
             kept.add(job_id)
         jobs = [j for j in jobs if j.job_id not in reserved]
     prepared, unplaced = prepare_all(jobs, configs, state)
+    splits = splits or {}
     # Running jobs keep what still holds before anything new is placed.
     for job in prepared:
         placement = current.get(job.spec.job_id)
-        if placement is not None and keep_placement(job, placement, state):
+        split = splits.get(job.spec.job_id)
+        if (
+            placement is not None
+            and (split is None or split_of(placement, state) == dict(split))
+            and keep_placement(job, placement, state)
+        ):
             placements[job.spec.job_id] = placement
             kept.add(job.spec.job_id)
         else:
             job.current = placement
             pending.append(job)
+    if splits:  # split by the caller: placed as asked, before the others
+        rest: list[PreparedJob] = []
+        for job in pending:
+            split = splits.get(job.spec.job_id)
+            if split is None:
+                rest.append(job)
+                continue
+            found = pack_split(job, state, split)
+            if isinstance(found, str):
+                unplaced[job.spec.job_id] = found
+            else:
+                placements[job.spec.job_id] = found
+                parts = " + ".join(f"{n}x{m}" for m, n in split.items())
+                mixed[job.spec.job_id] = f"across GPU models as chosen: {parts}"
+        pending = rest
     rounds = 0
     total_cost = 0.0
     if not pending:
@@ -114,6 +142,7 @@ def plan(
             rounds=0,
             total_cost=0.0,
             solve_s=time.perf_counter() - started,
+            mixed=mixed,
         )
     tracker = PendingJobs(pending, state)
     # The cluster only fills from here on: a job asking for more GPUs than are free

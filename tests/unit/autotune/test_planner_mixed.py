@@ -296,3 +296,87 @@ def test_a_job_the_rounds_cannot_place_for_cpu_mixes_within_every_nodes_limits()
     assert per_node == {"h0": 3, "h1": 3, "v0": 2}  # the fastest model's nodes first
     assert "on several GPU models (6xH100 + 2xV100M32)" in result.mixed["j"]
     assert "on the 6 free H100 alone" in result.mixed["j"]
+
+
+# --- a split chosen by the policy (``PolicyChoice.gpu_split``, ``plan(splits=...)``) ---
+
+
+def test_a_split_is_placed_as_asked_most_free_nodes_first() -> None:
+    spec, configs = _job(world=6)
+    result = plan([spec], SPREAD, configs, splits={"j": {"H100": 2, "V100M32": 4}})
+    placed = result.placements["j"]
+    assert verify_placements([spec], SPREAD, result.placements) == []
+    assert dict(shape_of(placed, {n.node_id: n for n in SPREAD}).gpu_models) == {
+        "H100": 2,
+        "V100M32": 4,
+    }
+    assert {slot.node_id for slot in placed.ranks} == {"h0", "v0"}  # two H100 on one node
+    assert result.mixed["j"] == "across GPU models as chosen: 2xH100 + 4xV100M32"
+
+
+def test_a_split_without_room_or_of_another_size_waits_with_the_reason() -> None:
+    spec, configs = _job(world=6)
+    short = plan([spec], SPREAD, configs, splits={"j": {"H100": 1, "V100M32": 5}})
+    assert short.placements == {}
+    assert (
+        short.unplaced["j"] == "split across GPU models 1xH100 + 5xV100M32: 4 V100M32 free for it"
+    )
+    wrong = plan([spec], SPREAD, configs, splits={"j": {"H100": 2, "V100M32": 2}})
+    assert "is not the job's 6 ranks" in wrong.unplaced["j"]
+    barred = replace(spec, gpu_types=("H100",))
+    refused = plan([barred], SPREAD, configs, splits={"j": {"H100": 2, "V100M32": 4}})
+    assert "it may not run on V100M32" in refused.unplaced["j"]
+
+
+def test_a_running_job_keeps_its_placement_only_where_it_holds_the_split() -> None:
+    spec, configs = _job(world=6)
+    held = _placement(("h0", 2), ("v0", 4))
+    same = plan([spec], SPREAD, configs, {"j": held}, splits={"j": {"H100": 2, "V100M32": 4}})
+    assert same.placements["j"] == held
+    assert "j" in same.kept
+    moved = plan([spec], SPREAD, configs, {"j": held}, splits={"j": {"H100": 4, "V100M32": 2}})
+    assert "j" not in moved.kept
+    assert dict(shape_of(moved.placements["j"], {n.node_id: n for n in SPREAD}).gpu_models) == {
+        "H100": 4,
+        "V100M32": 2,
+    }
+
+
+def test_a_policys_split_is_checked_and_honoured_only_where_the_backend_mixes() -> None:
+    config = JobConfig.data_parallel(6)
+    with pytest.raises(ValueError, match="does not add up"):
+        PolicyChoice(config=config, reason="r", gpu_split=(("H100", 2), ("V100M32", 2)))
+    with pytest.raises(ValueError, match="two GPU models or more"):
+        PolicyChoice(config=config, reason="r", gpu_split=(("H100", 6),))
+    with pytest.raises(ValueError, match="not the gpu_split's"):
+        PolicyChoice(
+            config=config, reason="r", gpu_split=(("H100", 2), ("V100M32", 4)), gpu_models=("H100",)
+        )
+    spec, _ = _job(world=6)
+    snapshot = ClusterSnapshot(
+        time_s=0.0,
+        nodes=tuple(SPREAD),
+        jobs=(JobStatus(spec=spec, state="pending"),),
+        telemetry="test",
+        mixes_models=True,
+    )
+    choice = PolicyChoice(
+        config=config,
+        reason="chosen",
+        gpu_models=("H100", "V100M32"),
+        gpu_split=(("H100", 2), ("V100M32", 4)),
+    )
+    (decision,) = decide(snapshot, {"j": choice}, {}, honoured={}, policy_version="t").decisions
+    assert decision.placement is not None
+    assert dict(shape_of(decision.placement, {n.node_id: n for n in SPREAD}).gpu_models) == {
+        "H100": 2,
+        "V100M32": 4,
+    }
+    assert decision.reason.startswith("chosen; across GPU models as chosen: 2xH100 + 4xV100M32")
+    flat = decide(
+        replace(snapshot, mixes_models=False), {"j": choice}, {}, honoured={}, policy_version="t"
+    )
+    (one,) = flat.decisions
+    assert one.placement is not None
+    assert not shape_of(one.placement, {n.node_id: n for n in SPREAD}).mixed
+    assert "not split across GPU models: this backend runs a job on one model" in one.reason
