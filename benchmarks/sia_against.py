@@ -20,6 +20,15 @@ pooled::
         [--workloads saturn/workload-1.csv ...] [--json-out bench/out/sia_against.json]
 
 Workloads without a log in ``--sia-runs`` are left out.
+
+``--mix`` adds ``goodput-mixed``: the same optimiser in the same world, except that a
+data-parallel job may also run across two GPU types (``sia_env``'s ``mix``: what Sia
+never does), with its per-job paired difference against ``goodput`` (one type per job)
+beside the one against Sia, and the share of busy GPU-rounds held by jobs across types.
+It also checks the assumption the mixed step is built on (``SiaApp.mixed_step``: a
+rank computes as it does alone on one GPU, and the sync comes on top): on every
+multi-GPU row of every type's placement traces, one GPU's compute time at the row's
+local batch plus the row's sync time against the row's traced step.
 """
 
 from __future__ import annotations
@@ -30,8 +39,36 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from autotune.studies.pollux.protocol import paired_difference, pooled_difference
 from autotune.studies.sia.fidelity import POLICIES, SATURN, play, sia_jcts
+from autotune.studies.sia.trace import load_sia_apps
+
+MIXED = "goodput-mixed"
+
+
+def split_errors(sia: Path) -> dict[str, float]:
+    """|one GPU's compute + traced sync - traced step| / traced step over every
+    multi-GPU row of every type's placement traces within the one-GPU traced batches:
+    the median, 90th percentile and the number of rows."""
+    errors: list[float] = []
+    for app in load_sia_apps(sia).values():
+        for on in app.types.values():
+            xs, ys = on.compute_line()
+            rows = on._placements
+            for i, ranks in enumerate(rows.ranks):
+                local = float(rows.local_bsz[i])
+                if sum(ranks) < 2 or not xs[0] <= local <= xs[-1]:
+                    continue
+                predicted = float(np.interp(local, xs, ys)) + float(rows.sync_time[i])
+                errors.append(abs(predicted / float(rows.step_time[i]) - 1))
+    values = np.array(errors)
+    return {
+        "median": round(float(np.median(values)), 4),
+        "p90": round(float(np.quantile(values, 0.9)), 4),
+        "rows": len(errors),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workloads", nargs="+", default=list(SATURN))
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument(
+        "--mix",
+        action="store_true",
+        help="also play goodput-mixed (jobs may run across GPU types), paired against goodput",
+    )
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     policies = [p for p in args.policies.split(",") if p]
@@ -49,7 +91,18 @@ def main(argv: list[str] | None = None) -> int:
         if policy not in POLICIES:
             parser.error(f"--policies: {policy!r} is not one of {', '.join(POLICIES)}")
     report: dict[str, Any] = {"workloads": {}, "pooled": {}}
+    if args.mix:
+        if "goodput" not in policies:
+            parser.error("--mix is paired against goodput: keep it in --policies")
+        policies.append(MIXED)
+        report["mixed_step_check"] = split_errors(args.sia)
+        check = report["mixed_step_check"]
+        print(
+            f"mixed step's compute + sync against the traced step on {check['rows']} rows: "
+            f"median error {check['median']:.1%}, 90th percentile {check['p90']:.1%}"
+        )
     pairs: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {p: [] for p in policies}
+    mixed_pairs: list[tuple[dict[str, float], dict[str, float]]] = []
     for name in args.workloads:
         path = args.sia / "workloads" / name
         log = args.sia_runs / f"{Path(name).stem}.log"
@@ -60,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         theirs = sia_jcts(log)
         row: dict[str, Any] = {"sia_avg_jct_h": sum(theirs.values()) / len(theirs) / 3600}
+        jcts: dict[str, dict[str, float]] = {}
         for policy in policies:
-            ours = play(path, args.sia, policy=policy)
+            mixed = policy == MIXED
+            ours = play(path, args.sia, policy="goodput" if mixed else policy, mix=mixed)
+            jcts[policy] = ours["jcts_s"]
             mean, low, high = paired_difference(ours["jcts_s"], theirs)
             row[policy] = {
                 "avg_jct_h": round(ours["avg_jct_h"], 4),
@@ -70,10 +126,21 @@ def main(argv: list[str] | None = None) -> int:
                 "restarts": ours["restarts"],
             }
             pairs[policy].append((ours["jcts_s"], theirs))
-            print(
+            line = (
                 f"{name} {policy}: {ours['avg_jct_h']:.3f} h against Sia's "
                 f"{row['sia_avg_jct_h']:.3f} h; per job {mean:+.1%} [{low:+.1%}, {high:+.1%}]"
             )
+            if mixed:
+                one = jcts["goodput"]
+                m, lo, hi = paired_difference(ours["jcts_s"], one)
+                row[policy]["vs_goodput"] = [round(m, 4), round(lo, 4), round(hi, 4)]
+                row[policy]["mixed_gpu_rounds"] = round(ours["mixed_gpu_rounds"], 4)
+                mixed_pairs.append((ours["jcts_s"], one))
+                line += (
+                    f"; against one type per job {m:+.1%} [{lo:+.1%}, {hi:+.1%}], "
+                    f"{ours['mixed_gpu_rounds']:.1%} of busy GPU-rounds across types"
+                )
+            print(line)
         report["workloads"][name] = row
         if args.json_out is not None:
             args.json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -81,6 +148,22 @@ def main(argv: list[str] | None = None) -> int:
     if not report["workloads"]:
         print("no workload had a Sia log", file=sys.stderr)
         return 1
+    if mixed_pairs:
+        mean, low, high = pooled_difference(mixed_pairs)
+        below = sum(
+            1
+            for r in report["workloads"].values()
+            if r[MIXED]["avg_jct_h"] < r["goodput"]["avg_jct_h"]
+        )
+        report["pooled"]["mixed_vs_goodput"] = {
+            "paired_difference": [round(mean, 4), round(low, 4), round(high, 4)],
+            "workloads_below_goodput": below,
+            "workloads": len(mixed_pairs),
+        }
+        print(
+            f"{MIXED} against goodput, {len(mixed_pairs)} workload(s): per job {mean:+.1%} "
+            f"[{low:+.1%}, {high:+.1%}]; below on {below}"
+        )
     for policy, done in pairs.items():
         mean, low, high = pooled_difference(done)
         below = sum(1 for r in report["workloads"].values() if r[policy]["vs_sia"] < 0)

@@ -159,10 +159,13 @@ class JobPhysics(Protocol):
         run_s: float,
         *,
         gpu_model: str,
+        gpu_models: tuple[tuple[str, int], ...] = (),
     ) -> PhysicsRound:
         """``run_s`` seconds of training from progress ``done`` on ``gpu_model`` GPUs
-        (``run_s`` 0: the rate alone); ``ValueError`` for a configuration it has no
-        measurements of (on that model)."""
+        (``run_s`` 0: the rate alone); ``gpu_models``: ``(GPU model, ranks)`` of a job
+        whose ranks run on several models with batch shares by speed (``Shape.gpu_models``
+        of a balanced shape; empty otherwise, and then ``gpu_model`` is the slowest).
+        ``ValueError`` for a configuration it has no measurements of (on that model)."""
         ...
 
     def in_place(self, old: JobConfig | None, new: JobConfig) -> bool:
@@ -763,6 +766,7 @@ class SimulatedCluster:
                     status.config.batch(status.spec),
                     run_s,
                     gpu_model=shape.gpu_model,
+                    gpu_models=shape.gpu_models if shape.balanced else (),
                 )
                 goodput, step_s, samples_per_s = ran.goodput, ran.step_s, ran.samples_per_s
                 reached, used_s = ran.reached, ran.finished_after_s

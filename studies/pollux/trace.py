@@ -397,10 +397,17 @@ class TraceApp:
         """Train ``seconds`` from ``progress``: (new progress, seconds into this call at
         which the job completed, or None). Each epoch runs at its own rate and ends at a
         whole second after the epoch's start (Pollux's ``Job.step``)."""
+        effective, period = self._config(ranks_per_node, batch)
+        return self.run_at(progress, effective, period, seconds)
+
+    def run_at(
+        self, progress: float, effective: int, period: float, seconds: float
+    ) -> tuple[float, float | None]:
+        """``run`` at a given effective global batch and seconds per optimizer step (a
+        placement's, or one the traces do not hold directly: a job across GPU types)."""
         bounds = self._bounds
         if progress >= bounds[-1]:
             return progress, 0.0
-        effective, period = self._config(ranks_per_node, batch)
         epoch = self.epoch_of(progress)
         gains = self._gains
         elapsed = 0
@@ -459,13 +466,14 @@ class TraceApp:
         run_s: float,
         *,
         gpu_model: str = "",
+        gpu_models: tuple[tuple[str, int], ...] = (),
     ) -> PhysicsRound:
         """One round from progress ``done``: the progress units per second averaged over
         the run, the step time, the samples per second, the progress reached and the
         seconds it took to finish (``None``: it did not). A job on the traces runs data
         parallel in fp32 without compression (``ValueError`` otherwise), its batch held
         within what was measured on its placement (``measured_batch``). The traces
-        measured one GPU model: ``gpu_model`` is not asked."""
+        measured one GPU model: ``gpu_model`` and ``gpu_models`` are not asked."""
         if config.layout.world_size != config.layout.dp or not _is_plain(config):
             raise ValueError(
                 f"{job_id}: a job on Pollux's measured physics runs data parallel in "

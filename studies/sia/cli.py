@@ -62,6 +62,14 @@ def eval_command(
         Path | None,
         typer.Option(help="The trained module --policy ppo plays.", show_default=False),
     ] = None,
+    mix_gpu_types: Annotated[
+        bool,
+        typer.Option(
+            "--mix-gpu-types",
+            help="Beyond Sia's world: a data-parallel job may run across two GPU types, "
+            "each rank's batch share by its type's speed (--policy goodput only).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Play a Sia workload as Sia's simulator does (its cluster, each job on its GPU
@@ -84,9 +92,13 @@ def eval_command(
             "--policy ppo plays the module at --policy-checkpoint, and only it takes one",
             param_hint="--policy-checkpoint",
         )
+    if mix_gpu_types and policy != "goodput":
+        raise typer.BadParameter(
+            "only the goodput optimiser splits a job across GPU types", param_hint="--policy"
+        )
     folder = sia or workload.resolve().parent.parent.parent
     if policy_checkpoint is None:
-        result = play(workload, folder, round_s=interval, policy=policy)
+        result = play(workload, folder, round_s=interval, policy=policy, mix=mix_gpu_types)
     else:
         from autotune.policies.serving import PolicyServer
         from autotune.studies.sia.learned import SiaLearnedPolicy
@@ -103,4 +115,9 @@ def eval_command(
     typer.echo(
         f"{workload.name}: {result['finished']}/{result['jobs']} jobs finished, average JCT "
         f"{result['avg_jct_h']:.3f} h, {result['restarts']} restarts ({result['wall_s']} s)"
+        + (
+            f", {result['mixed_gpu_rounds']:.1%} of busy GPU-rounds across types"
+            if mix_gpu_types
+            else ""
+        )
     )

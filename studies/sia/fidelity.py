@@ -42,17 +42,20 @@ def play(
     *,
     round_s: float = ROUND_S,
     policy: str | Callable[[ClusterEnv], Policy] = "fifo",
+    mix: bool = False,
 ) -> dict[str, Any]:
     """``workload`` (a Sia workload CSV) in the Sia-compatible world (``sia``: the
     artifact's ``sia-simulator`` folder) under ``policy``: ``fifo`` (``SiaFifoPolicy``,
     rigid jobs), ``goodput`` (``SiaGoodputPolicy``, elastic jobs) or a function of the
     environment giving the policy (elastic jobs: a learned one, another exponent). The
     average JCT in hours, each job's JCT in seconds and its first placement as Sia
-    names it ([type, ranks per node]), the restarts, preemptions and the wall time."""
+    names it ([type, ranks per node]), the restarts, preemptions and the wall time.
+    ``mix``: jobs may run across GPU types (``sia_env``'s), and ``mixed_gpu_rounds`` the
+    share of busy GPU-rounds held by jobs across types."""
     if isinstance(policy, str) and policy not in POLICIES:
         raise ValueError(f"policy={policy!r}: one of {', '.join(POLICIES)}")
     began = time.perf_counter()
-    env = sia_env(sia_arrivals(workload, sia, elastic=policy != "fifo"), round_s=round_s)
+    env = sia_env(sia_arrivals(workload, sia, elastic=policy != "fifo"), round_s=round_s, mix=mix)
     chosen: Policy
     if policy == "fifo":
         chosen = SiaFifoPolicy(load_sia_apps(sia))
@@ -65,9 +68,16 @@ def play(
     started: dict[str, float] = {}
     model_of = {node.node_id: node.gpu_model for node in env.nodes}
 
+    gpu_rounds = [0, 0]  # busy, across types
+
     def seen(decided_on: ClusterSnapshot, sim: SimulatedCluster) -> None:
         for job in sim.jobs.values():
             status = job.status
+            if status.state == "running" and status.placement:
+                ranks = status.placement.ranks
+                gpu_rounds[0] += len(ranks)
+                if len({model_of[slot.node_id] for slot in ranks}) > 1:
+                    gpu_rounds[1] += len(ranks)
             if status.state == "running" and status.placement and job.job_id not in first:
                 nodes = Counter(slot.node_id for slot in status.placement.ranks)
                 model = model_of[status.placement.ranks[0].node_id]
@@ -90,6 +100,7 @@ def play(
         "jcts_s": jcts,
         "placements": first,
         "started_s": started,
+        "mixed_gpu_rounds": gpu_rounds[1] / gpu_rounds[0] if gpu_rounds[0] else 0.0,
         "wall_s": round(time.perf_counter() - began, 2),
     }
 

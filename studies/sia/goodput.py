@@ -24,6 +24,11 @@ Every round:
   again around the jobs that keep theirs, until none more is held back. One given less
   is changed (its GPUs go to others). A job that keeps its type and count takes its
   best batch in place; a job left without a GPU is preempted.
+- **Across types** (only where the world runs one job across GPU types,
+  ``ClusterSnapshot.mixes_models``): for every two types a job may use, each split of
+  ``COUNTS`` GPUs across them at its best batch (``SiaApp.mixed_step``) is one more
+  option, kept where it beats every option on one type with as many GPUs or fewer; the
+  choice names the split (``PolicyChoice.gpu_split``).
 - **Weights**: ``goodput-size``'s, (remaining time on one GPU of its best type / 1 h) to
   the power -``exponent`` (0: every job weighs 1).
 
@@ -33,6 +38,7 @@ Placement is the decision step's Planner's, on the chosen type (``PolicyChoice.g
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final, NamedTuple
 
@@ -56,14 +62,26 @@ Sia's -0.5 and 0.943 h at Pollux's -1; not on each: ``bench/RESULTS.md``)."""
 COUNTS: Final = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 """GPU counts a job may be given (all of them would cost a round many times more)."""
 
-Option = tuple[str, int]
-"""(GPU model, GPU count)."""
+Option = tuple[tuple[str, int], ...]
+"""``(GPU model, GPUs)`` per model a job runs on, in order of model name: one pair for a
+job on one type, two for a job across types."""
+Table = dict[Option, tuple[float, int]]
+"""Per option a job may be given: its best progress per second there, and the batch."""
+
+
+def _gpus(option: Option) -> int:
+    return sum(n for _, n in option)
+
+
+def _one(model: str, n: int) -> Option:
+    return ((model, n),)
 
 
 class _Round(NamedTuple):
     active: list[JobStatus]
-    tables: dict[str, dict[str, dict[int, tuple[float, int]]]]
-    """Per job, per GPU model: ``SiaGoodputPolicy.table``."""
+    tables: dict[str, Table]
+    """Per job: ``SiaGoodputPolicy.table`` of every GPU model, and ``mixed_table``'s
+    options where the world runs jobs across types."""
     totals: dict[str, int]
     """GPUs per model."""
     model_of: dict[str, str]
@@ -72,10 +90,10 @@ class _Round(NamedTuple):
     """Per job with measured physics: the progress it has left."""
 
 
-def _unit(by_model: Mapping[str, Mapping[int, tuple[float, int]]]) -> float:
+def _unit(table: Mapping[Option, tuple[float, int]]) -> float:
     """A job's best goodput on one GPU of any type (0: nothing measured on one): what its
     speed-ups are measured against."""
-    return max((t[1][0] for t in by_model.values() if 1 in t), default=0.0)
+    return max((v[0] for o, v in table.items() if _gpus(o) == 1), default=0.0)
 
 
 class SiaGoodputPolicy:
@@ -102,6 +120,7 @@ class SiaGoodputPolicy:
         self.exponent = exponent
         self.version = f"sia-goodput-{__version__}"
         self._tables: dict[tuple[str, str, int], dict[int, tuple[float, int]]] = {}
+        self._mixed: dict[tuple[str, tuple[str, ...], int], Table] = {}
 
     # -- one job ----------------------------------------------------------------------
 
@@ -145,10 +164,55 @@ class SiaGoodputPolicy:
         self._tables[key] = found
         return found
 
+    def mixed_table(
+        self,
+        job: JobStatus,
+        app: SiaApp,
+        models: tuple[str, str],
+        per_node: Mapping[str, int],
+        totals: Mapping[str, int],
+        done: float,
+    ) -> Table:
+        """Per split of ``COUNTS`` GPUs of the two ``models`` (within each one's total and,
+        together, the job's ``max_gpus``): the best progress per second of the job across
+        the two types this epoch (``SiaApp.mixed_step``, each type's GPUs packed on its
+        fewest nodes) and its batch; splits nothing was measured for are left out."""
+        on = app.on(models[0])
+        epoch = on.epoch_of(done)
+        key = (job.spec.job_id, models, epoch)
+        found = self._mixed.get(key)
+        if found is not None:
+            return found
+        batches = batch_candidates(on.init_batch, on.max_batch)
+        found = {}
+        a, b = models
+        for na in COUNTS:
+            if na > totals[a]:
+                break
+            for nb in COUNTS:
+                if nb > totals[b] or na + nb > job.spec.max_gpus:
+                    break
+                parts = tuple(sorted(((a, na), (b, nb))))  # as ``current`` names it
+                ranks = packed(na, per_node[a]) + packed(nb, per_node[b])
+                best = (0.0, 0)
+                for batch in batches:
+                    try:
+                        step = app.mixed_step(parts, ranks, batch)
+                    except ValueError:  # outside what the traces measured
+                        continue
+                    rate = on.gain(batch, epoch) / step.step_s
+                    if rate > best[0]:
+                        best = (rate, batch)
+                if best[0] > 0:
+                    found[parts] = best
+        self._mixed[key] = found
+        return found
+
     # -- the round --------------------------------------------------------------------
 
     def _world(self, snapshot: ClusterSnapshot) -> _Round:
-        """The round's active jobs and their goodput tables per GPU type."""
+        """The round's active jobs and their goodput tables: per GPU type, and across two
+        types where the world runs jobs so (``ClusterSnapshot.mixes_models``)."""
         totals: dict[str, int] = {}
         per_node: dict[str, int] = {}
         model_of: dict[str, str] = {}
@@ -158,18 +222,36 @@ class SiaGoodputPolicy:
                 per_node[node.gpu_model] = max(per_node.get(node.gpu_model, 0), node.gpu_count)
                 model_of[node.node_id] = node.gpu_model
         active = [j for j in snapshot.jobs if j.state in ("pending", "running")]
-        tables: dict[str, dict[str, dict[int, tuple[float, int]]]] = {}
+        tables: dict[str, Table] = {}
         left: dict[str, float] = {}
         for job in active:
             found = self._physics(job.spec.job_id)
             if found is None:
                 continue
             app, done = found
-            tables[job.spec.job_id] = {
-                model: self.table(job, app, model, per_node[model], totals[model], done)
-                for model in totals
-                if model in app.types and job.spec.allows(model)
+            models = [m for m in totals if m in app.types and job.spec.allows(m)]
+            table: Table = {
+                _one(model, n): v
+                for model in models
+                for n, v in self.table(
+                    job, app, model, per_node[model], totals[model], done
+                ).items()
             }
+            if snapshot.mixes_models and job.spec.max_gpus > 1:
+                # Across types only where that beats every one type with as many GPUs
+                # or fewer: what mixing adds is room beyond one type's GPUs.
+                best_by: dict[int, float] = {}
+                for option, (rate, _) in table.items():
+                    best_by[_gpus(option)] = max(best_by.get(_gpus(option), 0.0), rate)
+                for i, a in enumerate(models):
+                    for b in models[i + 1 :]:
+                        for option, v in self.mixed_table(
+                            job, app, (a, b), per_node, totals, done
+                        ).items():
+                            n = _gpus(option)
+                            if v[0] > max((r for k, r in best_by.items() if k <= n), default=0):
+                                table[option] = v
+            tables[job.spec.job_id] = table
             left[job.spec.job_id] = max(app.work - done, 0.0)
         return _Round(active, tables, totals, model_of, left)
 
@@ -203,8 +285,8 @@ class SiaGoodputPolicy:
         current: dict[str, Option] = {}
         for job in active:
             if job.state == "running" and job.placement is not None and job.config is not None:
-                model = world.model_of[job.placement.ranks[0].node_id]
-                current[job.spec.job_id] = (model, job.config.world_size)
+                on = Counter(world.model_of[slot.node_id] for slot in job.placement.ranks)
+                current[job.spec.job_id] = tuple(sorted(on.items()))
         # A change that raises a job's own goodput must pay its restart; one that lowers
         # it frees GPUs for the others and is taken. Jobs held where they are, the rest
         # is allocated again, until no new allocation is held back.
@@ -227,15 +309,15 @@ class SiaGoodputPolicy:
         job_id: str,
         now: Option,
         new: Option | None,
-        tables: Mapping[str, Mapping[str, Mapping[int, tuple[float, int]]]],
+        tables: Mapping[str, Mapping[Option, tuple[float, int]]],
     ) -> bool:
         """Whether moving a running job from ``now`` to ``new`` raises its goodput by too
         little to pay its restart over ``horizon_s``."""
         if new is None or new == now:
             return False
         table = tables.get(job_id, {})
-        have = table.get(now[0], {}).get(now[1], (0.0, 0))[0]
-        rate = table[new[0]][new[1]][0]
+        have = table.get(now, (0.0, 0))[0]
+        rate = table[new][0]
         restart = self._restart_s(job_id)
         return rate > have > 0 and have * self.horizon_s >= rate * (self.horizon_s - restart)
 
@@ -249,7 +331,7 @@ class SiaGoodputPolicy:
     def _allocate(
         self,
         active: Sequence[JobStatus],
-        tables: Mapping[str, Mapping[str, Mapping[int, tuple[float, int]]]],
+        tables: Mapping[str, Mapping[Option, tuple[float, int]]],
         weights: Mapping[str, float],
         totals: Mapping[str, int],
         fixed: Mapping[str, Option],
@@ -260,57 +342,68 @@ class SiaGoodputPolicy:
         where one is free, so that a restart buys more than a move."""
         free = dict(totals)
         alloc: dict[str, Option] = {}
-        for job_id, (model, n) in fixed.items():
-            alloc[job_id] = (model, n)
-            free[model] -= n
-        units = {job_id: _unit(by_model) for job_id, by_model in tables.items()}
+        for job_id, option in fixed.items():
+            alloc[job_id] = option
+            for model, n in option:
+                free[model] -= n
+        units = {job_id: _unit(table) for job_id, table in tables.items()}
         for job in active:  # one GPU each, best type first, in arrival order
             job_id = job.spec.job_id
             if job_id in alloc or units.get(job_id, 0.0) <= 0:
                 continue
             options = [
-                (t[1][0], model)
-                for model, t in tables[job_id].items()
-                if 1 in t and free[model] >= 1
+                (v[0], option[0][0])
+                for option, v in tables[job_id].items()
+                if _gpus(option) == 1 and free[option[0][0]] >= 1
             ]
             if options:
                 _, model = max(options)
-                runs_on = current.get(job_id, ("", 0))[0]
-                if free.get(runs_on, 0) >= 1 and 1 in tables[job_id].get(runs_on, {}):
-                    model = runs_on
-                alloc[job_id] = (model, 1)
+                runs_on = current.get(job_id, ())
+                if len(runs_on) == 1:
+                    on = runs_on[0][0]
+                    if free.get(on, 0) >= 1 and _one(on, 1) in tables[job_id]:
+                        model = on
+                alloc[job_id] = _one(model, 1)
                 free[model] -= 1
         while True:
             best: tuple[float, float, str, Option] | None = None
-            for job_id, (model, n) in alloc.items():
+            for job_id, now in alloc.items():
                 if job_id in fixed:
                     continue
-                by_model, unit, weight = tables[job_id], units[job_id], weights.get(job_id, 1.0)
-                here = self._term(by_model[model][n][0], unit, weight)
-                for other, table in by_model.items():
-                    room = free[other] + (n if other == model else 0)
-                    for m, (rate, _) in table.items():
-                        if m > room or (other == model and m <= n):
-                            continue
-                        gain = here - self._term(rate, unit, weight)
-                        if gain <= 0:
-                            continue
-                        added = m - n
-                        score = gain / added if added > 0 else math.inf
-                        if best is None or (score, gain) > best[:2]:
-                            best = (score, gain, job_id, (other, m))
+                table, unit, weight = tables[job_id], units[job_id], weights.get(job_id, 1.0)
+                here = self._term(table[now][0], unit, weight)
+                n = _gpus(now)
+                held = dict(now)
+                for option, (rate, _) in table.items():
+                    m = _gpus(option)
+                    if any(k > free[model] + held.get(model, 0) for model, k in option):
+                        continue
+                    if (
+                        m <= n
+                        and set(dict(option)) <= set(held)
+                        and all(k <= held[model] for model, k in option)
+                    ):
+                        continue  # fewer GPUs of what it holds: never a gain to take
+                    gain = here - self._term(rate, unit, weight)
+                    if gain <= 0:
+                        continue
+                    added = m - n
+                    score = gain / added if added > 0 else math.inf
+                    if best is None or (score, gain) > best[:2]:
+                        best = (score, gain, job_id, option)
             if best is None:
                 return alloc
-            _, _, job_id, (model, m) = best
-            old_model, n = alloc[job_id]
-            free[old_model] += n
-            free[model] -= m
-            alloc[job_id] = (model, m)
+            _, _, job_id, option = best
+            for model, n in alloc[job_id]:
+                free[model] += n
+            for model, n in option:
+                free[model] -= n
+            alloc[job_id] = option
 
     def _choices(
         self,
         active: Sequence[JobStatus],
-        tables: Mapping[str, Mapping[str, Mapping[int, tuple[float, int]]]],
+        tables: Mapping[str, Mapping[Option, tuple[float, int]]],
         alloc: Mapping[str, Option],
         current: Mapping[str, Option],
     ) -> dict[str, PolicyChoice]:
@@ -325,15 +418,23 @@ class SiaGoodputPolicy:
                     config=None, reason=f"sia-goodput: {why}", preempt=job.state == "running"
                 )
                 continue
-            model, n = option
-            rate, batch = tables[job_id][model][n]
+            n = _gpus(option)
+            rate, batch = tables[job_id][option]
             config = job.config
             if current.get(job_id) == option and config and config.batch(job.spec) == batch:
                 continue  # as it is
+            where = " + ".join(f"{k} {model}" for model, k in option)
+            if len(option) > 1:
+                alone = max(
+                    (v[0] for o, v in tables[job_id].items() if len(o) == 1 and _gpus(o) <= n),
+                    default=0.0,
+                )
+                where += f" (the best on one type with as many GPUs or fewer: {alone:.2f})"
             choices[job_id] = PolicyChoice(
                 config=JobConfig(layout=Layout(world_size=n), global_batch=batch),
-                reason=f"sia-goodput: {n} {model}, batch {batch}: {rate:.2f} progress/s",
+                reason=f"sia-goodput: {where}, batch {batch}: {rate:.2f} progress/s",
                 features={"gpus": float(n), "batch": float(batch), "goodput": rate},
-                gpu_models=(model,),
+                gpu_models=tuple(model for model, _ in option),
+                gpu_split=option if len(option) > 1 else None,
             )
         return choices

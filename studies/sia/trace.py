@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from autotune.errors import InputError
 from autotune.studies.pollux.trace import (
     POLLUX_MAX_EPOCHS,
     BatchSplit,
+    FloatArray,
     TraceApp,
     read_trace_app,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "SIA_RESCALE_S",
     "SIA_SLOWDOWNS",
     "SIA_TYPE_OF",
+    "MixedStep",
     "SiaApp",
     "SiaTypeApp",
     "load_sia_apps",
@@ -117,10 +119,12 @@ class SiaTypeApp(TraceApp):
     """One application on one GPU type: Pollux's physics with Sia's batch split and
     slowdown (build it with ``load_sia_apps``)."""
 
-    __slots__ = ("_by_replicas", "_max_locals", "_sia_splits")
+    __slots__ = ("_by_replicas", "_line1", "_max_locals", "_multi", "_sia_splits")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._line1: tuple[FloatArray, FloatArray] | None = None
+        self._multi: tuple[FloatArray, FloatArray] | None = None
         self._max_locals: dict[tuple[int, ...], int] = {}
         self._sia_splits: dict[tuple[tuple[int, ...], int, bool], BatchSplit] = {}
         by_replicas: dict[int, int] = {}
@@ -128,6 +132,54 @@ class SiaTypeApp(TraceApp):
             replicas = sum(ranks)
             by_replicas[replicas] = max(by_replicas.get(replicas, 0), int(local))
         self._by_replicas = by_replicas
+
+    def compute_line(self) -> tuple[FloatArray, FloatArray]:
+        """One GPU's compute time per micro-step (traced step less sync time, before the
+        slowdown) at each local batch traced on one GPU, in increasing local batch
+        (repeated batches averaged) up to the type's largest local batch: what a rank of
+        a job across GPU types computes its share in. ``ValueError`` where nothing was
+        traced on one GPU."""
+        if self._line1 is not None:
+            return self._line1
+        index = self._rows.get((1,))
+        if index is None:
+            raise ValueError(f"{self.name}: nothing traced on one GPU")
+        rows = self._placements
+        local = rows.local_bsz[index].astype(np.float64)
+        compute = rows.step_time[index] - rows.sync_time[index]
+        xs = np.unique(local[local <= self.max_local])
+        if not len(xs):
+            raise ValueError(f"{self.name}: no local batch traced on one GPU within the limit")
+        ys = np.array([compute[local == x].mean() for x in xs])
+        self._line1 = (xs, ys)
+        return self._line1
+
+    def sync_near(self, ranks_per_node: Sequence[int], atomic: int) -> float:
+        """The sync time of a micro-step of ``atomic`` samples per GPU on the placement
+        (several nodes), before the slowdown: as traced (``step_times``) where the traces
+        hold it, else at the nearest multi-node point they hold (the least summed
+        distance in log nodes, log GPUs and log local batch), since the traces of one
+        type stop at its own cluster's nodes."""
+        try:
+            return self.step_times(ranks_per_node, atomic)[1]
+        except ValueError:
+            pass
+        if self._multi is None:
+            rows = self._placements
+            table = self._scalability
+            keep = [i for i, r in enumerate(rows.ranks) if len(r) > 1]
+            nodes = [len(rows.ranks[i]) for i in keep] + list(table["num_nodes"])
+            gpus = [sum(rows.ranks[i]) for i in keep] + list(table["num_replicas"])
+            local = [rows.local_bsz[i] for i in keep] + list(table["local_bsz"])
+            times = [rows.sync_time[i] for i in keep] + list(table["sync_time"])
+            points = np.log(np.array([nodes, gpus, local], dtype=np.float64).T)
+            self._multi = (points, np.array(times, dtype=np.float64))
+        points, sync = self._multi
+        if not len(sync):
+            raise ValueError(f"{self.name}: nothing traced on several nodes")
+        ranks = [r for r in ranks_per_node if r]
+        at = np.log(np.array([len(ranks), sum(ranks), max(atomic, 1)], dtype=np.float64))
+        return float(sync[int(np.argmin(np.abs(points - at).sum(axis=1)))])
 
     def max_local_on(self, ranks_per_node: Sequence[int]) -> int:
         """The largest local batch of the placement (``Application.get_max_local_bsz``):
@@ -182,6 +234,19 @@ class SiaTypeApp(TraceApp):
         return found
 
 
+class MixedStep(NamedTuple):
+    """A step of a job across GPU types (``SiaApp.mixed_step``)."""
+
+    shares: tuple[tuple[str, float], ...]
+    """Per GPU model: each of its ranks' local batch."""
+    compute_s: float
+    sync_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.sync_s
+
+
 class SiaApp:
     """One application of Sia's world on every GPU type it was measured on: the
     simulated cluster's ``JobPhysics`` for its jobs, each step on the type the job runs
@@ -197,6 +262,9 @@ class SiaApp:
         self.types = MappingProxyType(dict(types))
         """GPU model -> the application's physics on it."""
         self._restart_s = rescale_s(name)
+        self._mixed: dict[
+            tuple[tuple[tuple[str, int], ...], tuple[int, ...], int], MixedStep | str
+        ] = {}
 
     def __repr__(self) -> str:
         return f"SiaApp({self.name!r}, {sorted(self.types)})"
@@ -218,6 +286,93 @@ class SiaApp:
         app = self.on(gpu_model)
         effective, period = app._config(ranks_per_node, batch)
         return effective / period
+
+    # --- one job across GPU types ------------------------------------------------------
+
+    def mixed_step(
+        self, parts: Sequence[tuple[str, int]], ranks_per_node: Sequence[int], batch: int
+    ) -> MixedStep:
+        """A data-parallel step of global ``batch`` (no accumulation) on ``parts``
+        (``(GPU model, ranks)``, two models or more) spread over ``ranks_per_node``, each
+        rank's share of the batch set by its type's speed. Sia measured no such job, so
+        this is a model built from its per-type traces, the way the executor trains one
+        (uneven per-rank batches, gradients averaged by samples):
+
+        - **compute**: each rank computes its share in its type's one-GPU compute time at
+          that local batch (``SiaTypeApp.compute_line``); the shares are those that make
+          the slowest rank's time least (every rank's time at most a common T, within
+          each type's traced local batches: the running maximum of its line, so a
+          traced dip is not counted on);
+        - **sync**: the all-reduce across the whole placement at the pace of the slowest
+          of its types (each type's sync time there: ``SiaTypeApp.sync_near``);
+        - the step is compute + sync, times the application's slowdown.
+
+        ``ValueError`` where the batch is outside what the types' one-GPU traces hold
+        for these ranks (below the smallest local batch on every rank, or above the
+        largest: no accumulation across types). Cached per (parts, placement, batch)."""
+        ranks = tuple(int(r) for r in ranks_per_node if r)
+        key = (tuple(sorted(parts)), ranks, int(batch))
+        found = self._mixed.get(key)
+        if found is not None:
+            if isinstance(found, str):
+                raise ValueError(found)
+            return found
+        try:
+            found = self._mixed_step(key[0], ranks, batch)
+        except ValueError as e:
+            self._mixed[key] = str(e)
+            raise
+        self._mixed[key] = found
+        return found
+
+    def _mixed_step(
+        self, parts: tuple[tuple[str, int], ...], ranks: tuple[int, ...], batch: int
+    ) -> MixedStep:
+        if len(parts) < 2 or len({m for m, _ in parts}) != len(parts):
+            raise ValueError(f"{self.name}: a job across GPU types has two types or more")
+        if sum(n for _, n in parts) != sum(ranks) or min(n for _, n in parts) < 1:
+            raise ValueError(f"{self.name}: {parts} do not add up to the ranks {ranks}")
+        lines = [(self.on(m).compute_line(), n) for m, n in parts]
+        low = sum(n * float(xs[0]) for (xs, _), n in lines)
+        high = sum(n * float(xs[-1]) for (xs, _), n in lines)
+        if not low <= batch <= high:
+            raise ValueError(
+                f"{self.name}: batch {batch} on {parts} outside the {low:.0f}..{high:.0f} "
+                "the types' one-GPU traces hold"
+            )
+        envelopes = [(xs, np.maximum.accumulate(ys), n) for (xs, ys), n in lines]
+
+        def shares(t: float) -> list[float]:
+            # The largest local batch each type computes within t (its envelope inverted).
+            return [
+                float(xs[0]) if t <= env[0] else float(np.interp(t, env, xs))
+                for xs, env, _ in envelopes
+            ]
+
+        lo = min(float(env[0]) for _, env, _ in envelopes)
+        hi = max(float(env[-1]) for _, env, _ in envelopes)
+        for _ in range(60):  # the common time T at which the shares add up to the batch
+            mid = (lo + hi) / 2
+            if sum(n * b for b, (_, _, n) in zip(shares(mid), envelopes, strict=True)) < batch:
+                lo = mid
+            else:
+                hi = mid
+        local = shares(hi)
+        total = sum(n * b for b, (_, _, n) in zip(local, envelopes, strict=True))
+        local = [b * batch / total for b in local]  # exactly the batch, within rounding
+        compute = max(
+            float(np.interp(b, xs, ys)) for b, ((xs, ys), _) in zip(local, lines, strict=True)
+        )
+        syncs = [
+            self.on(model).sync_near(ranks, max(self.on(model).min_local, round(b)))
+            for (model, _), b in zip(parts, local, strict=True)
+        ]
+        slowdown = self.on(parts[0][0]).slowdown
+        return MixedStep(
+            shares=tuple((m, b) for (m, _), b in zip(parts, local, strict=True)),
+            compute_s=compute * slowdown,
+            sync_s=max(syncs) * slowdown,
+        )
 
     # --- as the simulated cluster's JobPhysics ---------------------------------------
 
@@ -247,8 +402,32 @@ class SiaApp:
         run_s: float,
         *,
         gpu_model: str,
+        gpu_models: tuple[tuple[str, int], ...] = (),
     ) -> PhysicsRound:
-        return self.on(gpu_model).advance(job_id, done, config, ranks_per_node, batch, run_s)
+        if len(gpu_models) < 2:
+            return self.on(gpu_model).advance(job_id, done, config, ranks_per_node, batch, run_s)
+        if config.layout.world_size != config.layout.dp:
+            raise ValueError(f"{job_id}: a job across GPU types runs data parallel only")
+        on = self.on(gpu_models[0][0])
+        batch = min(max(batch, on.init_batch), on.max_batch)
+        step = self.mixed_step(gpu_models, ranks_per_node, batch)
+        if run_s <= 0:
+            return PhysicsRound(
+                goodput=on.gain(batch, on.epoch_of(done)) / step.step_s,
+                step_s=step.step_s,
+                samples_per_s=batch / step.step_s,
+                reached=done,
+                finished_after_s=None,
+            )
+        reached, finished_after = on.run_at(done, batch, step.step_s, run_s)
+        seconds = finished_after if finished_after is not None else run_s
+        return PhysicsRound(
+            goodput=(reached - done) / max(seconds, 1e-9),
+            step_s=step.step_s,
+            samples_per_s=batch / step.step_s,
+            reached=reached,
+            finished_after_s=finished_after,
+        )
 
     def in_place(self, old: JobConfig | None, new: JobConfig) -> bool:
         return new.rebatches(old)

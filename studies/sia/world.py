@@ -105,12 +105,19 @@ def sia_env(
     slots: int = 32,
     max_steps: int = 1_000_000,
     forecaster: DemandForecaster | None = None,
+    mix: bool = False,
+    nodes: Sequence[NodeInfo] | None = None,
 ) -> ClusterEnv:
     """A ``ClusterEnv`` of Sia's world playing ``arrivals`` (``sia_arrivals``): its
     cluster, no noise, the restart cost of each job's physics, and every job placed on
     the nodes with the most free GPUs first, as Sia's policies place them
-    (``forecaster``: the demand forecast of its observation, the default's if ``None``)."""
+    (``forecaster``: the demand forecast of its observation, the default's if ``None``).
+    ``mix``: beyond Sia's world, one data-parallel job may run across GPU types, each
+    rank's batch share by its type's speed (``SiaApp.mixed_step``); a policy splits it
+    with ``PolicyChoice.gpu_split``. ``nodes``: another cluster of Sia's GPU types
+    than ``sia_nodes()``."""
     config = EnvConfig(
+        mix_models=mix,
         slots=slots,
         round_s=round_s,
         restart_s=0.0,
@@ -119,4 +126,9 @@ def sia_env(
         max_steps=max_steps,
         pack_jobs=True,
     )
-    return ClusterEnv(config, nodes=sia_nodes(), jobs=list(arrivals), forecaster=forecaster)
+    return ClusterEnv(
+        config,
+        nodes=list(nodes) if nodes is not None else sia_nodes(),
+        jobs=list(arrivals),
+        forecaster=forecaster,
+    )

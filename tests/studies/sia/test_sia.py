@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from autotune.benchmarks.sia_learned import main as sia_learned
 from autotune.core import JobConfig, Layout
 from autotune.envs.simulator import SimulatedCluster
 from autotune.errors import InputError
-from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.policies.evaluate import run_episode
 from autotune.policies.ppo import SlotPolicyModule, _demonstrations
 from autotune.policies.ppo_settings import PPOSettings, TraceSource, world
@@ -234,6 +235,14 @@ def test_the_eval_command(sia: Path) -> None:
     missing = cli("sia", "eval", "--workload", str(sia / "none.csv"))
     assert missing.exit_code == 2
     assert "no such workload file" in missing.stderr
+    mixed = cli(
+        "sia", "eval", "--workload", str(workload), "--policy", "goodput", "--mix-gpu-types"
+    )
+    assert mixed.exit_code == 0, mixed.stderr
+    assert "of busy GPU-rounds across types" in mixed.stdout
+    rigid = cli("sia", "eval", "--workload", str(workload), "--mix-gpu-types")
+    assert rigid.exit_code == 2
+    assert "only the goodput optimiser" in rigid.stderr
 
 
 def test_the_goodput_optimiser_sizes_elastic_jobs_per_type(sia: Path) -> None:
@@ -290,6 +299,16 @@ def test_against_sias_own_log(sia: Path, tmp_path: Path) -> None:
     row = report["workloads"]["test/workload-1.csv"]
     assert row["fifo"]["paired_difference"] == [0.0, 0.0, 0.0]
     assert report["pooled"]["goodput"]["workloads"] == 1
+    # With --mix, the optimiser across types too, paired against it on one type.
+    assert sia_against([*argv, "--mix", "--json-out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    mixed = report["workloads"]["test/workload-1.csv"]["goodput-mixed"]
+    assert len(mixed["vs_goodput"]) == 3
+    assert 0.0 <= mixed["mixed_gpu_rounds"] <= 1.0
+    assert report["pooled"]["mixed_vs_goodput"]["workloads"] == 1
+    assert report["mixed_step_check"]["rows"] > 0
+    with pytest.raises(SystemExit, match="2"):
+        sia_against([*argv, "--mix", "--policies", "fifo"])
     # A workload without Sia's log is left out; none left is an error.
     (runs / "workload-1.log").unlink()
     assert sia_against(argv) == 1
@@ -506,3 +525,89 @@ def test_the_learned_table_sets_each_held_out_workload_against_sia(
     with pytest.raises(SystemExit) as refused:
         sia_learned(["--sia", str(sia), "--out", str(out), "--table"])
     assert refused.value.code == 2
+
+
+# --- one job across GPU types, beyond Sia's world ---
+
+
+def test_a_step_across_types_gives_each_type_the_share_its_speed_allows(sia: Path) -> None:
+    """8 A100 and 8 RTX 2080 Ti on two nodes, a batch of 320: an A100 computes 32
+    samples (its largest traced on one GPU) in 0.328 s and an RTX its smallest, 8, in
+    0.408 s (the traced step less its 20% sync: 0.8 * (base * (0.5 + local/64) + 0.01)),
+    so the shares are 32:8 and the RTX sets the pace; the sync is the slower type's on
+    the two-node placement; both times the slowdown."""
+    app = load_sia_apps(sia)["bert"]
+    step = app.mixed_step((("A100M40", 8), ("RTX2080Ti", 8)), (8, 8), 320)
+    shares = dict(step.shares)
+    assert shares["A100M40"] == pytest.approx(32, abs=1e-6)
+    assert shares["RTX2080Ti"] == pytest.approx(8, abs=1e-6)
+    slowdown = SIA_SLOWDOWNS["bert"]
+    assert step.compute_s == pytest.approx(0.408 * slowdown, rel=1e-6)
+    # placement "88": rtx at local 8 steps 0.8 * 0.625 + 0.16 = 0.66 s, of which 20% sync
+    assert step.sync_s == pytest.approx(0.132 * slowdown, rel=1e-6)
+    assert step.step_s == pytest.approx(step.compute_s + step.sync_s)
+    with pytest.raises(ValueError, match=r"outside the 128\.\.512"):
+        app.mixed_step((("A100M40", 8), ("RTX2080Ti", 8)), (8, 8), 100)
+    with pytest.raises(ValueError, match="two types or more"):
+        app.mixed_step((("A100M40", 8),), (8,), 128)
+    # A placement no type traced takes the nearest multi-node point of each type.
+    wide = app.mixed_step((("A100M40", 8), ("RTX2080Ti", 8)), (4, 4, 4, 4), 320)
+    assert wide.sync_s > 0
+
+
+def test_the_optimiser_splits_a_job_across_types_where_that_beats_one_type(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One A100 node and one RTX node of 8 each, the RTX nearly as fast as the A100: a
+    lone elastic job runs faster on all 16 GPUs across the two types than on the 8 of
+    either, so with mixing on it is split so and finishes sooner; without, it never
+    mixes."""
+    monkeypatch.setitem(BASE, "rtx", 0.45)
+    sia = _artifact(tmp_path)
+    nodes = [n for n in sia_nodes() if n.node_id in ("dgx-ext-0", "rtx-0")]
+    workload = _workload(sia, [("bert-0", 0.0, 4, 128)])
+    jct: dict[bool, float] = {}
+    seen_models: dict[bool, set[tuple[tuple[str, int], ...]]] = {}
+    Recording.again.clear()
+    models = {node.node_id: node.gpu_model for node in nodes}
+    for mix in (False, True):
+        env = sia_env(sia_arrivals(workload, sia, elastic=True), mix=mix, nodes=nodes)
+        held: set[tuple[tuple[str, int], ...]] = set()
+
+        def seen(decided_on: ClusterSnapshot, sim: SimulatedCluster, held: set = held) -> None:
+            status = sim.jobs["bert-0"].status
+            if status.state == "running" and status.placement is not None:
+                count: dict[str, int] = {}
+                for slot in status.placement.ranks:
+                    count[models[slot.node_id]] = count.get(models[slot.node_id], 0) + 1
+                held.add(tuple(sorted(count.items())))
+
+        result = run_episode(Recording(env), env, seed=0, on_round=seen)
+        jct[mix], seen_models[mix] = result["avg_jct_s"], held
+    assert all(len(h) == 1 for h in seen_models[False])
+    assert (("A100M40", 8), ("RTX2080Ti", 8)) in seen_models[True]
+    assert jct[True] < jct[False]
+    # Once split, a round that finds it as it is leaves it (a new batch at most, once an
+    # epoch: two here).
+    assert len(Recording.again) <= 2
+
+
+class Recording(SiaGoodputPolicy):
+    """Records the batches of the choices that give a running job across types the
+    split it already runs on."""
+
+    again: ClassVar[list[int]] = []
+
+    def decide(self, snapshot: ClusterSnapshot) -> PolicyRound:
+        out = super().decide(snapshot)
+        models = {node.node_id: node.gpu_model for node in snapshot.nodes}
+        for job in snapshot.by_state("running"):
+            choice = out.choices.get(job.spec.job_id)
+            if choice is None or choice.gpu_split is None or job.placement is None:
+                continue
+            held: dict[str, int] = {}
+            for slot in job.placement.ranks:
+                held[models[slot.node_id]] = held.get(models[slot.node_id], 0) + 1
+            if dict(choice.gpu_split) == held and choice.config is not None:
+                Recording.again.append(choice.config.batch(job.spec))
+        return out
