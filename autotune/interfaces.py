@@ -421,7 +421,8 @@ class PolicyChoice:
     """With a data-parallel configuration, on a backend that runs one job across GPU
     models (``ClusterSnapshot.mixes_models``): ``(GPU model, ranks)`` per model, the
     job's ranks split across them as given (two models or more; the ranks add up to the
-    configuration's, ``gpu_models`` names the same models). The Planner takes that many
+    configuration's; ``gpu_models`` names the same models, and is set to them where not
+    given). The Planner takes that many
     free GPUs of each, the nodes with the most free first; a running job keeps its
     placement only where it holds that split. ``None``: the Planner's choice."""
 
@@ -448,7 +449,9 @@ class PolicyChoice:
                     f"PolicyChoice: gpu_split {self.gpu_split} does not add up to the "
                     f"configuration's {layout.world_size} ranks"
                 )
-            if self.gpu_models is not None and set(self.gpu_models) != set(models):
+            if self.gpu_models is None:
+                object.__setattr__(self, "gpu_models", tuple(models))
+            elif set(self.gpu_models) != set(models):
                 raise ValueError(
                     f"PolicyChoice: gpu_models {self.gpu_models} are not the gpu_split's"
                 )

@@ -166,6 +166,9 @@ def policy_view(
     )
 
 
+_UNSPLIT: Final = "not split across GPU models"
+
+
 def _on_models(
     active: list[JobStatus],
     decided: dict[str, PolicyChoice],
@@ -175,7 +178,8 @@ def _on_models(
     """``active`` with each waiting job's allowed GPU models narrowed to its quota's
     (``quota_models``), and each job the policy (re)configures to those its choice names
     (``PolicyChoice.gpu_models``; not for an overridden job). A job left no model waits,
-    with the reason (a running one keeps its configuration)."""
+    with the reason (a running one keeps its configuration); a split across models some
+    of which the job may not use is dropped, with the reason."""
     out: list[JobStatus] = []
     for j in active:
         job_id = j.spec.job_id
@@ -198,6 +202,14 @@ def _on_models(
                     decided.pop(job_id)
             else:
                 allowed = narrowed
+                split = choice.gpu_split
+                if split is not None and not {m for m, _ in split} <= set(narrowed):
+                    decided[job_id] = replace(
+                        choice,
+                        gpu_split=None,
+                        reason=f"{choice.reason}; {_UNSPLIT}: it may run on "
+                        f"{', '.join(narrowed)} only",
+                    )
         if allowed != j.spec.gpu_types:
             j = replace(j, spec=replace(j.spec, gpu_types=allowed))
         out.append(j)
@@ -237,8 +249,7 @@ def decide(
                 decided[job_id] = replace(
                     split,
                     gpu_split=None,
-                    reason=f"{split.reason}; not split across GPU models: this backend runs a job "
-                    "on one model",
+                    reason=f"{split.reason}; {_UNSPLIT}: this backend runs a job on one model",
                 )
     preempted = {
         j.spec.job_id: decided.pop(j.spec.job_id)
@@ -293,7 +304,7 @@ def decide(
         decided[job_id] = replace(
             c,
             config=replace(c.config, layout=layout),
-            reason=f"{c.reason}; {note}",
+            reason=f"{c.reason}; {note}" + (f"; {_UNSPLIT}" if c.gpu_split else ""),
             gpu_split=None,
         )
     for job_id, note in quota.borrowing.items():
@@ -657,13 +668,15 @@ def _layouts_that_fit(
             fitted, estimate, _ = fit_layout(spec.model, start, batch, share, max_tp=max_tp)
             if estimate.fits(int(share)):
                 layout = fitted.layout
+                unsplit = f"; {_UNSPLIT}" if c.gpu_split else ""
                 choices[job_id] = replace(
                     c,
                     config=fitted,
                     gpu_split=None,
-                    reason=f"{c.reason}; fitting no GPU so, {size} GPU(s) as dp={layout.dp} "
-                    f"tp={layout.tp} pp={layout.pp} ({estimate.total_bytes / (1 << 30):.1f} "
-                    f"GiB per rank of {share / (1 << 30):.0f})",
+                    reason=f"{c.reason}{unsplit}; fitting no GPU so, {size} GPU(s) as "
+                    f"dp={layout.dp} tp={layout.tp} pp={layout.pp} "
+                    f"({estimate.total_bytes / (1 << 30):.1f} GiB per rank of "
+                    f"{share / (1 << 30):.0f})",
                 )
                 break
             size *= 2

@@ -59,6 +59,7 @@ __all__ = [
     "POLLUX_MAX_EPOCHS",
     "BatchSplit",
     "TraceApp",
+    "is_plain",
     "load_trace_app",
     "load_trace_apps",
     "measured_batch",
@@ -474,7 +475,7 @@ class TraceApp:
         parallel in fp32 without compression (``ValueError`` otherwise), its batch held
         within what was measured on its placement (``measured_batch``). The traces
         measured one GPU model: ``gpu_model`` and ``gpu_models`` are not asked."""
-        if config.layout.world_size != config.layout.dp or not _is_plain(config):
+        if config.layout.world_size != config.layout.dp or not is_plain(config):
             raise ValueError(
                 f"{job_id}: a job on Pollux's measured physics runs data parallel in "
                 f"fp32 without compression, got {config.describe()}"
@@ -532,7 +533,8 @@ def measured_batch(trace: TraceApp, ranks: tuple[int, ...], batch: int) -> int:
     raise ValueError(f"{trace.name}: no measured local batch on placement {ranks}")
 
 
-def _is_plain(config: JobConfig) -> bool:
+def is_plain(config: JobConfig) -> bool:
+    """fp32 without gradient compression: what the traces measured."""
     return config.compression.kind == "none" and config.precision == PrecisionMap.uniform("fp32")
 
 

@@ -96,6 +96,13 @@ def _unit(table: Mapping[Option, tuple[float, int]]) -> float:
     return max((v[0] for o, v in table.items() if _gpus(o) == 1), default=0.0)
 
 
+def _held(job: JobStatus, model_of: Mapping[str, str]) -> Option:
+    """The option a running job holds (empty for one that is not running)."""
+    if job.state != "running" or job.placement is None:
+        return ()
+    return tuple(sorted(Counter(model_of[slot.node_id] for slot in job.placement.ranks).items()))
+
+
 class SiaGoodputPolicy:
     """See the module docstring; it reads the simulated cluster's jobs (their progress
     and measured physics), so one instance serves one run of ``env``."""
@@ -192,7 +199,7 @@ class SiaGoodputPolicy:
             for nb in COUNTS:
                 if nb > totals[b] or na + nb > job.spec.max_gpus:
                     break
-                parts = tuple(sorted(((a, na), (b, nb))))  # as ``current`` names it
+                parts = tuple(sorted(((a, na), (b, nb))))  # as ``_held`` names it
                 ranks = packed(na, per_node[a]) + packed(nb, per_node[b])
                 best = (0.0, 0)
                 for batch in batches:
@@ -239,7 +246,9 @@ class SiaGoodputPolicy:
             }
             if snapshot.mixes_models and job.spec.max_gpus > 1:
                 # Across types only where that beats every one type with as many GPUs
-                # or fewer: what mixing adds is room beyond one type's GPUs.
+                # or fewer: what mixing adds is room beyond one type's GPUs. A running
+                # job's own split stays, so that a move from it pays its restart.
+                runs_on = _held(job, model_of)
                 best_by: dict[int, float] = {}
                 for option, (rate, _) in table.items():
                     best_by[_gpus(option)] = max(best_by.get(_gpus(option), 0.0), rate)
@@ -249,7 +258,8 @@ class SiaGoodputPolicy:
                             job, app, (a, b), per_node, totals, done
                         ).items():
                             n = _gpus(option)
-                            if v[0] > max((r for k, r in best_by.items() if k <= n), default=0):
+                            beaten = max((r for k, r in best_by.items() if k <= n), default=0)
+                            if v[0] > beaten or option == runs_on:
                                 table[option] = v
             tables[job.spec.job_id] = table
             left[job.spec.job_id] = max(app.work - done, 0.0)
@@ -284,9 +294,8 @@ class SiaGoodputPolicy:
         active, tables = world.active, world.tables
         current: dict[str, Option] = {}
         for job in active:
-            if job.state == "running" and job.placement is not None and job.config is not None:
-                on = Counter(world.model_of[slot.node_id] for slot in job.placement.ranks)
-                current[job.spec.job_id] = tuple(sorted(on.items()))
+            if job.config is not None and (runs_on := _held(job, world.model_of)):
+                current[job.spec.job_id] = runs_on
         # A change that raises a job's own goodput must pay its restart; one that lowers
         # it frees GPUs for the others and is taken. Jobs held where they are, the rest
         # is allocated again, until no new allocation is held back.

@@ -49,6 +49,7 @@ from autotune.studies.pollux.trace import (
     BatchSplit,
     FloatArray,
     TraceApp,
+    is_plain,
     read_trace_app,
 )
 
@@ -168,10 +169,11 @@ class SiaTypeApp(TraceApp):
             rows = self._placements
             table = self._scalability
             keep = [i for i, r in enumerate(rows.ranks) if len(r) > 1]
-            nodes = [len(rows.ranks[i]) for i in keep] + list(table["num_nodes"])
-            gpus = [sum(rows.ranks[i]) for i in keep] + list(table["num_replicas"])
-            local = [rows.local_bsz[i] for i in keep] + list(table["local_bsz"])
-            times = [rows.sync_time[i] for i in keep] + list(table["sync_time"])
+            wide = table["num_nodes"] > 1
+            nodes = [len(rows.ranks[i]) for i in keep] + list(table["num_nodes"][wide])
+            gpus = [sum(rows.ranks[i]) for i in keep] + list(table["num_replicas"][wide])
+            local = [rows.local_bsz[i] for i in keep] + list(table["local_bsz"][wide])
+            times = [rows.sync_time[i] for i in keep] + list(table["sync_time"][wide])
             points = np.log(np.array([nodes, gpus, local], dtype=np.float64).T)
             self._multi = (points, np.array(times, dtype=np.float64))
         points, sync = self._multi
@@ -301,8 +303,9 @@ class SiaApp:
         - **compute**: each rank computes its share in its type's one-GPU compute time at
           that local batch (``SiaTypeApp.compute_line``); the shares are those that make
           the slowest rank's time least (every rank's time at most a common T, within
-          each type's traced local batches: the running maximum of its line, so a
-          traced dip is not counted on);
+          each type's traced local batches), found on the running maximum of each
+          type's line so that a traced dip never earns a type a larger share; the
+          compute time is the slowest rank's on its traced line;
         - **sync**: the all-reduce across the whole placement at the pace of the slowest
           of its types (each type's sync time there: ``SiaTypeApp.sync_near``);
         - the step is compute + sync, times the application's slowdown.
@@ -333,11 +336,10 @@ class SiaApp:
         if sum(n for _, n in parts) != sum(ranks) or min(n for _, n in parts) < 1:
             raise ValueError(f"{self.name}: {parts} do not add up to the ranks {ranks}")
         lines = [(self.on(m).compute_line(), n) for m, n in parts]
-        low = sum(n * float(xs[0]) for (xs, _), n in lines)
-        high = sum(n * float(xs[-1]) for (xs, _), n in lines)
+        low, high = self.mixed_batches(parts)
         if not low <= batch <= high:
             raise ValueError(
-                f"{self.name}: batch {batch} on {parts} outside the {low:.0f}..{high:.0f} "
+                f"{self.name}: batch {batch} on {parts} outside the {low}..{high} "
                 "the types' one-GPU traces hold"
             )
         envelopes = [(xs, np.maximum.accumulate(ys), n) for (xs, ys), n in lines]
@@ -374,6 +376,15 @@ class SiaApp:
             sync_s=max(syncs) * slowdown,
         )
 
+    def mixed_batches(self, parts: Sequence[tuple[str, int]]) -> tuple[int, int]:
+        """The global batches ``mixed_step`` runs on ``parts``: every rank between the
+        smallest and the largest local batch its type traced on one GPU."""
+        lines = [(self.on(m).compute_line()[0], n) for m, n in parts]
+        return (
+            math.ceil(sum(n * float(xs[0]) for xs, n in lines)),
+            math.floor(sum(n * float(xs[-1]) for xs, n in lines)),
+        )
+
     # --- as the simulated cluster's JobPhysics ---------------------------------------
 
     @property
@@ -406,10 +417,15 @@ class SiaApp:
     ) -> PhysicsRound:
         if len(gpu_models) < 2:
             return self.on(gpu_model).advance(job_id, done, config, ranks_per_node, batch, run_s)
-        if config.layout.world_size != config.layout.dp:
-            raise ValueError(f"{job_id}: a job across GPU types runs data parallel only")
+        if config.layout.world_size != config.layout.dp or not is_plain(config):
+            raise ValueError(
+                f"{job_id}: a job across GPU types on Sia's traces runs data parallel in fp32 "
+                f"without compression, got {config.describe()}"
+            )
         on = self.on(gpu_models[0][0])
-        batch = min(max(batch, on.init_batch), on.max_batch)
+        low, high = self.mixed_batches(gpu_models)
+        # Within the validated batches, and what the types' one-GPU traces hold.
+        batch = min(max(batch, on.init_batch, low), on.max_batch, high)
         step = self.mixed_step(gpu_models, ranks_per_node, batch)
         if run_s <= 0:
             return PhysicsRound(

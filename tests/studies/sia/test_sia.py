@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from helpers import cli
 from autotune.benchmarks.sia_against import main as sia_against
 from autotune.benchmarks.sia_compat import main as sia_compat
 from autotune.benchmarks.sia_learned import main as sia_learned
-from autotune.core import JobConfig, Layout
+from autotune.core import JobConfig, Layout, NodeInfo
 from autotune.envs.simulator import SimulatedCluster
 from autotune.errors import InputError
 from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
@@ -555,6 +555,27 @@ def test_a_step_across_types_gives_each_type_the_share_its_speed_allows(sia: Pat
     assert wide.sync_s > 0
 
 
+def test_a_job_across_types_advances_on_its_mixed_step(sia: Path) -> None:
+    app = load_sia_apps(sia)["bert"]
+    parts = (("A100M40", 8), ("RTX2080Ti", 8))
+    config = JobConfig.data_parallel(16)
+    step = app.mixed_step(parts, (8, 8), 128)
+    # Below what the types' one-GPU traces hold (8 a rank): run at the smallest, 128.
+    ran = app.advance("j", 0.0, config, (8, 8), 100, 1e7, gpu_model="RTX2080Ti", gpu_models=parts)
+    assert ran.step_s == pytest.approx(step.step_s)
+    assert ran.samples_per_s == pytest.approx(128 / step.step_s)
+    assert ran.finished_after_s is not None
+    assert ran.reached == pytest.approx(app.work)
+    rate = app.advance("j", 0.0, config, (8, 8), 128, 0.0, gpu_model="RTX2080Ti", gpu_models=parts)
+    assert rate.reached == 0.0
+    assert rate.finished_after_s is None
+    half = app.advance("j", 0.0, config, (8, 8), 128, 60.0, gpu_model="RTX2080Ti", gpu_models=parts)
+    assert half.reached == pytest.approx(rate.goodput * 60.0)
+    fp16 = replace(config, precision=replace(config.precision, ffn="fp16"))
+    with pytest.raises(ValueError, match="fp32 without compression"):
+        app.advance("j", 0.0, fp16, (8, 8), 128, 60.0, gpu_model="RTX2080Ti", gpu_models=parts)
+
+
 def test_the_optimiser_splits_a_job_across_types_where_that_beats_one_type(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -590,6 +611,16 @@ def test_the_optimiser_splits_a_job_across_types_where_that_beats_one_type(
     # Once split, a round that finds it as it is leaves it (a new batch at most, once an
     # epoch: two here).
     assert len(Recording.again) <= 2
+    # On one type, the world that mixes plays exactly as the one that does not.
+    a100 = [n for n in sia_nodes() if n.gpu_model == "A100M40"]
+    stream = _workload(sia, [(f"bert-{i}", 40.0 * i, 4, 128) for i in range(4)])
+    one = [play_on(stream, sia, a100, mix=mix)["avg_jct_s"] for mix in (False, True)]
+    assert one[0] == one[1]
+
+
+def play_on(workload: Path, sia: Path, nodes: list[NodeInfo], *, mix: bool) -> dict[str, Any]:
+    env = sia_env(sia_arrivals(workload, sia, elastic=True), mix=mix, nodes=nodes)
+    return run_episode(SiaGoodputPolicy(env), env, seed=0)
 
 
 class Recording(SiaGoodputPolicy):

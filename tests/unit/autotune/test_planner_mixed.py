@@ -380,3 +380,52 @@ def test_a_policys_split_is_checked_and_honoured_only_where_the_backend_mixes() 
     assert one.placement is not None
     assert not shape_of(one.placement, {n.node_id: n for n in SPREAD}).mixed
     assert "not split across GPU models: this backend runs a job on one model" in one.reason
+
+
+def _running_split() -> ClusterSnapshot:
+    spec, configs = _job(world=6)
+    held = _placement(("h0", 2), ("v0", 4))
+    running = JobStatus(spec=spec, state="running", config=configs["j"], placement=held)
+    return ClusterSnapshot(
+        time_s=0.0, nodes=tuple(SPREAD), jobs=(running,), telemetry="test", mixes_models=True
+    )
+
+
+def test_a_running_jobs_new_split_short_of_one_model_is_declined() -> None:
+    """Holding 2 H100 and all 4 V100, a split asking 5 V100 finds 4 for it: declined, and
+    the job keeps its placement; one asking 4 H100 and 2 V100 is placed so."""
+    snapshot = _running_split()
+    short = PolicyChoice(
+        config=JobConfig.data_parallel(7), reason="more", gpu_split=(("H100", 2), ("V100M32", 5))
+    )
+    round_ = decide(snapshot, {"j": short}, {}, honoured={}, policy_version="t")
+    assert round_.decisions == []
+    assert round_.declined["j"].endswith("needs 5 V100M32 (4 free for it)")
+    moved = PolicyChoice(
+        config=JobConfig.data_parallel(6), reason="moved", gpu_split=(("H100", 4), ("V100M32", 2))
+    )
+    (decision,) = decide(snapshot, {"j": moved}, {}, honoured={}, policy_version="t").decisions
+    assert decision.placement is not None
+    assert dict(shape_of(decision.placement, {n.node_id: n for n in SPREAD}).gpu_models) == {
+        "H100": 4,
+        "V100M32": 2,
+    }
+
+
+def test_a_split_over_models_the_job_may_not_use_is_dropped_with_the_reason() -> None:
+    spec, _ = _job(world=6)
+    barred = replace(spec, gpu_types=("H100",))
+    snapshot = ClusterSnapshot(
+        time_s=0.0,
+        nodes=tuple(SPREAD),
+        jobs=(JobStatus(spec=barred, state="pending"),),
+        telemetry="test",
+        mixes_models=True,
+    )
+    choice = PolicyChoice(
+        config=JobConfig.data_parallel(6), reason="chosen", gpu_split=(("H100", 2), ("V100M32", 4))
+    )
+    (decision,) = decide(snapshot, {"j": choice}, {}, honoured={}, policy_version="t").decisions
+    assert "not split across GPU models: it may run on H100 only" in decision.reason
+    assert decision.placement is not None
+    assert {slot.node_id for slot in decision.placement.ranks} <= {"h0", "h1"}
