@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from autotune import __version__
@@ -47,7 +48,7 @@ from autotune.core import JobConfig, Layout
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice, PolicyRound
 from autotune.studies.pollux.goodput import batch_candidates, size_weight
 from autotune.studies.pollux.trace import packed
-from autotune.studies.sia.trace import SiaApp
+from autotune.studies.sia.trace import SiaApp, SiaTypeApp
 
 if TYPE_CHECKING:
     from autotune.envs.cluster_env import ClusterEnv
@@ -94,6 +95,32 @@ def _unit(table: Mapping[Option, tuple[float, int]]) -> float:
     """A job's best goodput on one GPU of any type (0: nothing measured on one): what its
     speed-ups are measured against."""
     return max((v[0] for o, v in table.items() if _gpus(o) == 1), default=0.0)
+
+
+def _best_batch(batches: Sequence[int], rate: Callable[[int], float]) -> tuple[float, int]:
+    """The batch of ``batches`` with the highest ``rate`` (the first of equals) and that
+    rate; batches the traces did not measure (``ValueError``) are passed over; (0, 0)
+    where none was measured."""
+    best = (0.0, 0)
+    for batch in batches:
+        try:
+            found = rate(batch)
+        except ValueError:  # outside what the traces measured
+            continue
+        if found > best[0]:
+            best = (found, batch)
+    return best
+
+
+def _rate_on(on: SiaTypeApp, ranks: tuple[int, ...], epoch: int, batch: int) -> float:
+    return on.rate(ranks, batch, epoch)
+
+
+def _rate_across(
+    app: SiaApp, parts: Option, ranks: tuple[int, ...], epoch: int, batch: int
+) -> float:
+    on = app.on(parts[0][0])
+    return on.gain(batch, epoch) / app.mixed_step(parts, ranks, batch).step_s
 
 
 def _held(job: JobStatus, model_of: Mapping[str, str]) -> Option:
@@ -156,16 +183,11 @@ class SiaGoodputPolicy:
         for n in COUNTS:
             if n > min(total, job.spec.max_gpus, high // on.min_local):
                 break
-            best = (0.0, 0)
-            for batch in batches:
-                if batch < n * on.min_local:
-                    continue
-                try:
-                    rate = on.rate(packed(n, per_node), batch, epoch)
-                except ValueError:  # outside what the traces measured
-                    continue
-                if rate > best[0]:
-                    best = (rate, batch)
+            ranks = packed(n, per_node)
+            best = _best_batch(
+                [b for b in batches if b >= n * on.min_local],
+                partial(_rate_on, on, ranks, epoch),
+            )
             if best[0] > 0:
                 found[n] = best
         self._tables[key] = found
@@ -201,15 +223,10 @@ class SiaGoodputPolicy:
                     break
                 parts = tuple(sorted(((a, na), (b, nb))))  # as ``_held`` names it
                 ranks = packed(na, per_node[a]) + packed(nb, per_node[b])
-                best = (0.0, 0)
-                for batch in batches:
-                    try:
-                        step = app.mixed_step(parts, ranks, batch)
-                    except ValueError:  # outside what the traces measured
-                        continue
-                    rate = on.gain(batch, epoch) / step.step_s
-                    if rate > best[0]:
-                        best = (rate, batch)
+                best = _best_batch(
+                    batches,
+                    partial(_rate_across, app, parts, ranks, epoch),
+                )
                 if best[0] > 0:
                     found[parts] = best
         self._mixed[key] = found
