@@ -352,14 +352,7 @@ def test_a_policys_split_is_checked_and_honoured_only_where_the_backend_mixes() 
         PolicyChoice(
             config=config, reason="r", gpu_split=(("H100", 2), ("V100M32", 4)), gpu_models=("H100",)
         )
-    spec, _ = _job(world=6)
-    snapshot = ClusterSnapshot(
-        time_s=0.0,
-        nodes=tuple(SPREAD),
-        jobs=(JobStatus(spec=spec, state="pending"),),
-        telemetry="test",
-        mixes_models=True,
-    )
+    snapshot = _waiting(_job(world=6)[0])
     choice = PolicyChoice(
         config=config,
         reason="chosen",
@@ -380,6 +373,17 @@ def test_a_policys_split_is_checked_and_honoured_only_where_the_backend_mixes() 
     assert one.placement is not None
     assert not shape_of(one.placement, {n.node_id: n for n in SPREAD}).mixed
     assert "not split across GPU models: this backend runs a job on one model" in one.reason
+
+
+def _waiting(spec: JobSpec) -> ClusterSnapshot:
+    """``spec`` waiting on ``SPREAD``, on a backend that mixes models."""
+    return ClusterSnapshot(
+        time_s=0.0,
+        nodes=tuple(SPREAD),
+        jobs=(JobStatus(spec=spec, state="pending"),),
+        telemetry="test",
+        mixes_models=True,
+    )
 
 
 def _running_split() -> ClusterSnapshot:
@@ -413,15 +417,7 @@ def test_a_running_jobs_new_split_short_of_one_model_is_declined() -> None:
 
 
 def test_a_split_over_models_the_job_may_not_use_is_dropped_with_the_reason() -> None:
-    spec, _ = _job(world=6)
-    barred = replace(spec, gpu_types=("H100",))
-    snapshot = ClusterSnapshot(
-        time_s=0.0,
-        nodes=tuple(SPREAD),
-        jobs=(JobStatus(spec=barred, state="pending"),),
-        telemetry="test",
-        mixes_models=True,
-    )
+    snapshot = _waiting(replace(_job(world=6)[0], gpu_types=("H100",)))
     choice = PolicyChoice(
         config=JobConfig.data_parallel(6), reason="chosen", gpu_split=(("H100", 2), ("V100M32", 4))
     )
