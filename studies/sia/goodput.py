@@ -154,7 +154,8 @@ class SiaGoodputPolicy:
         self.exponent = exponent
         self.version = f"sia-goodput-{__version__}"
         self._tables: dict[tuple[str, str, int], dict[int, tuple[float, int]]] = {}
-        self._mixed: dict[tuple[str, tuple[str, ...], int], Table] = {}
+        self._mixed: dict[tuple[str, tuple[str, ...], int, int], Table] = {}
+        self._last: tuple[ClusterSnapshot, _Round] | None = None
 
     # -- one job ----------------------------------------------------------------------
 
@@ -208,7 +209,8 @@ class SiaGoodputPolicy:
         fewest nodes) and its batch; splits nothing was measured for are left out."""
         on = app.on(models[0])
         epoch = on.epoch_of(done)
-        key = (job.spec.job_id, models, epoch)
+        # The same for every job of the application at its size limit (one run's cluster).
+        key = (app.name, models, epoch, job.spec.max_gpus)
         found = self._mixed.get(key)
         if found is not None:
             return found
@@ -236,7 +238,15 @@ class SiaGoodputPolicy:
 
     def _world(self, snapshot: ClusterSnapshot) -> _Round:
         """The round's active jobs and their goodput tables: per GPU type, and across two
-        types where the world runs jobs so (``ClusterSnapshot.mixes_models``)."""
+        types where the world runs jobs so (``ClusterSnapshot.mixes_models``); built once
+        per snapshot (``weights`` and ``allocate`` of one round share it)."""
+        if self._last is not None and self._last[0] is snapshot:
+            return self._last[1]
+        found = self._build(snapshot)
+        self._last = (snapshot, found)
+        return found
+
+    def _build(self, snapshot: ClusterSnapshot) -> _Round:
         totals: dict[str, int] = {}
         per_node: dict[str, int] = {}
         model_of: dict[str, str] = {}
