@@ -747,6 +747,14 @@ class Placement:
         """Distinct nodes in rank order."""
         return tuple(dict.fromkeys(s.node_id for s in self.ranks))
 
+    def ranks_by_model(self, model_of: Mapping[str, str]) -> dict[str, int]:
+        """Ranks per GPU model (``model_of``: node id -> its GPU model), by model name."""
+        counts: dict[str, int] = {}
+        for slot in self.ranks:
+            model = model_of[slot.node_id]
+            counts[model] = counts.get(model, 0) + 1
+        return dict(sorted(counts.items()))
+
 
 def utc_now() -> datetime:
     return datetime.now(UTC)

@@ -52,17 +52,12 @@ def split_errors(sia: Path) -> dict[str, float]:
     """|one GPU's compute + traced sync - traced step| / traced step over every
     multi-GPU row of every type's placement traces within the one-GPU traced batches:
     the median, 90th percentile and the number of rows."""
-    errors: list[float] = []
-    for app in load_sia_apps(sia).values():
-        for on in app.types.values():
-            xs, ys = on.compute_line()
-            rows = on._placements
-            for i, ranks in enumerate(rows.ranks):
-                local = float(rows.local_bsz[i])
-                if sum(ranks) < 2 or not xs[0] <= local <= xs[-1]:
-                    continue
-                predicted = float(np.interp(local, xs, ys)) + float(rows.sync_time[i])
-                errors.append(abs(predicted / float(rows.step_time[i]) - 1))
+    errors = [
+        e
+        for app in load_sia_apps(sia).values()
+        for on in app.types.values()
+        for e in on.split_errors()
+    ]
     values = np.array(errors)
     return {
         "median": round(float(np.median(values)), 4),

@@ -94,13 +94,15 @@ def pack_greedy(job: PreparedJob, state: FreeCapacity) -> Placement | None:
 
 
 def split_of(placement: Placement, state: FreeCapacity) -> dict[str, int]:
-    """A placement's ranks per GPU model."""
-    out: dict[str, int] = {}
-    for slot in placement.ranks:
-        node = state.index.get(slot.node_id)
-        model = state.nodes[node].gpu_model if node is not None else "?"
-        out[model] = out.get(model, 0) + 1
-    return out
+    """A placement's ranks per GPU model (``?`` for a node not in ``state``)."""
+    return placement.ranks_by_model(
+        {
+            node_id: state.nodes[i].gpu_model
+            if (i := state.index.get(node_id)) is not None
+            else "?"
+            for node_id in placement.nodes
+        }
+    )
 
 
 def pack_split(job: PreparedJob, state: FreeCapacity, split: Mapping[str, int]) -> Placement | str:

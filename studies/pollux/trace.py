@@ -59,12 +59,12 @@ __all__ = [
     "POLLUX_MAX_EPOCHS",
     "BatchSplit",
     "TraceApp",
-    "is_plain",
     "load_trace_app",
     "load_trace_apps",
     "measured_batch",
     "packed",
     "read_trace_app",
+    "require_plain",
     "trace_of",
 ]
 
@@ -475,30 +475,28 @@ class TraceApp:
         parallel in fp32 without compression (``ValueError`` otherwise), its batch held
         within what was measured on its placement (``measured_batch``). The traces
         measured one GPU model: ``gpu_model`` and ``gpu_models`` are not asked."""
-        if config.layout.world_size != config.layout.dp or not is_plain(config):
-            raise ValueError(
-                f"{job_id}: a job on Pollux's measured physics runs data parallel in "
-                f"fp32 without compression, got {config.describe()}"
-            )
+        require_plain(job_id, config, "a job on Pollux's measured physics")
         batch = measured_batch(self, ranks_per_node, batch)
-        epoch = self.epoch_of(done)
         effective, step_s = self._config(ranks_per_node, batch)
-        samples_per_s = effective / step_s
+        return self.round_at(done, effective, step_s, run_s)
+
+    def round_at(self, done: float, effective: int, step_s: float, run_s: float) -> PhysicsRound:
+        """``advance`` at a given effective global batch and seconds per optimizer step
+        (a placement's, or one the traces do not hold directly: a job across GPU types)."""
         if run_s <= 0:
-            rate = self.rate(ranks_per_node, batch, epoch)
             return PhysicsRound(
-                goodput=rate,
+                goodput=self.gain(effective, self.epoch_of(done)) / step_s,
                 step_s=step_s,
-                samples_per_s=samples_per_s,
+                samples_per_s=effective / step_s,
                 reached=done,
                 finished_after_s=None,
             )
-        reached, finished_after = self.run(done, ranks_per_node, batch, run_s)
+        reached, finished_after = self.run_at(done, effective, step_s, run_s)
         seconds = finished_after if finished_after is not None else run_s
         return PhysicsRound(
             goodput=(reached - done) / max(seconds, 1e-9),
             step_s=step_s,
-            samples_per_s=samples_per_s,
+            samples_per_s=effective / step_s,
             reached=reached,
             finished_after_s=finished_after,
         )
@@ -533,9 +531,18 @@ def measured_batch(trace: TraceApp, ranks: tuple[int, ...], batch: int) -> int:
     raise ValueError(f"{trace.name}: no measured local batch on placement {ranks}")
 
 
-def is_plain(config: JobConfig) -> bool:
-    """fp32 without gradient compression: what the traces measured."""
-    return config.compression.kind == "none" and config.precision == PrecisionMap.uniform("fp32")
+def require_plain(job_id: str, config: JobConfig, what: str) -> None:
+    """``ValueError`` unless ``config`` is what the traces measured: data parallel in
+    fp32 without gradient compression (``what``: the job, as the message names it)."""
+    if (
+        config.layout.world_size != config.layout.dp
+        or config.compression.kind != "none"
+        or config.precision != PrecisionMap.uniform("fp32")
+    ):
+        raise ValueError(
+            f"{job_id}: {what} runs data parallel in fp32 without compression, "
+            f"got {config.describe()}"
+        )
 
 
 def packed(gpus: int, per_node: int = _PACKED_GPUS_PER_NODE) -> tuple[int, ...]:

@@ -76,7 +76,7 @@ def play(
             if status.state == "running" and status.placement:
                 ranks = status.placement.ranks
                 gpu_rounds[0] += len(ranks)
-                if len({model_of[slot.node_id] for slot in ranks}) > 1:
+                if len(status.placement.ranks_by_model(model_of)) > 1:
                     gpu_rounds[1] += len(ranks)
             if status.state == "running" and status.placement and job.job_id not in first:
                 nodes = Counter(slot.node_id for slot in status.placement.ranks)

@@ -38,7 +38,6 @@ Placement is the decision step's Planner's, on the chosen type (``PolicyChoice.g
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Final, NamedTuple
@@ -127,7 +126,7 @@ def _held(job: JobStatus, model_of: Mapping[str, str]) -> Option:
     """The option a running job holds (empty for one that is not running)."""
     if job.state != "running" or job.placement is None:
         return ()
-    return tuple(sorted(Counter(model_of[slot.node_id] for slot in job.placement.ranks).items()))
+    return tuple(job.placement.ranks_by_model(model_of).items())
 
 
 class SiaGoodputPolicy:

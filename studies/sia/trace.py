@@ -49,8 +49,8 @@ from autotune.studies.pollux.trace import (
     BatchSplit,
     FloatArray,
     TraceApp,
-    is_plain,
     read_trace_app,
+    require_plain,
 )
 
 __all__ = [
@@ -154,6 +154,22 @@ class SiaTypeApp(TraceApp):
         ys = np.array([compute[local == x].mean() for x in xs])
         self._line1 = (xs, ys)
         return self._line1
+
+    def split_errors(self) -> list[float]:
+        """How far the split ``SiaApp.mixed_step`` rests on is from this type's traces:
+        for every multi-GPU row traced within the one-GPU traced batches,
+        |one GPU's compute at the row's local batch + the row's sync - the row's step|
+        over the row's step."""
+        xs, ys = self.compute_line()
+        rows = self._placements
+        errors: list[float] = []
+        for i, ranks in enumerate(rows.ranks):
+            local = float(rows.local_bsz[i])
+            if sum(ranks) < 2 or not xs[0] <= local <= xs[-1]:
+                continue
+            predicted = float(np.interp(local, xs, ys)) + float(rows.sync_time[i])
+            errors.append(abs(predicted / float(rows.step_time[i]) - 1))
+        return errors
 
     def sync_near(self, ranks_per_node: Sequence[int], atomic: int) -> float:
         """The sync time of a micro-step of ``atomic`` samples per GPU on the placement
@@ -417,32 +433,13 @@ class SiaApp:
     ) -> PhysicsRound:
         if len(gpu_models) < 2:
             return self.on(gpu_model).advance(job_id, done, config, ranks_per_node, batch, run_s)
-        if config.layout.world_size != config.layout.dp or not is_plain(config):
-            raise ValueError(
-                f"{job_id}: a job across GPU types on Sia's traces runs data parallel in fp32 "
-                f"without compression, got {config.describe()}"
-            )
+        require_plain(job_id, config, "a job across GPU types on Sia's traces")
         on = self.on(gpu_models[0][0])
         low, high = self.mixed_batches(gpu_models)
         # Within the validated batches, and what the types' one-GPU traces hold.
         batch = min(max(batch, on.init_batch, low), on.max_batch, high)
-        step = self.mixed_step(gpu_models, ranks_per_node, batch)
-        if run_s <= 0:
-            return PhysicsRound(
-                goodput=on.gain(batch, on.epoch_of(done)) / step.step_s,
-                step_s=step.step_s,
-                samples_per_s=batch / step.step_s,
-                reached=done,
-                finished_after_s=None,
-            )
-        reached, finished_after = on.run_at(done, batch, step.step_s, run_s)
-        seconds = finished_after if finished_after is not None else run_s
-        return PhysicsRound(
-            goodput=(reached - done) / max(seconds, 1e-9),
-            step_s=step.step_s,
-            samples_per_s=batch / step.step_s,
-            reached=reached,
-            finished_after_s=finished_after,
+        return on.round_at(
+            done, batch, self.mixed_step(gpu_models, ranks_per_node, batch).step_s, run_s
         )
 
     def in_place(self, old: JobConfig | None, new: JobConfig) -> bool:

@@ -598,10 +598,7 @@ def test_the_optimiser_splits_a_job_across_types_where_that_beats_one_type(
         def seen(decided_on: ClusterSnapshot, sim: SimulatedCluster, held: set = held) -> None:
             status = sim.jobs["bert-0"].status
             if status.state == "running" and status.placement is not None:
-                count: dict[str, int] = {}
-                for slot in status.placement.ranks:
-                    count[models[slot.node_id]] = count.get(models[slot.node_id], 0) + 1
-                held.add(tuple(sorted(count.items())))
+                held.add(tuple(status.placement.ranks_by_model(models).items()))
 
         result = run_episode(Recording(env), env, seed=0, on_round=seen)
         jct[mix], seen_models[mix] = result["avg_jct_s"], held
@@ -636,9 +633,7 @@ class Recording(SiaGoodputPolicy):
             choice = out.choices.get(job.spec.job_id)
             if choice is None or choice.gpu_split is None or job.placement is None:
                 continue
-            held: dict[str, int] = {}
-            for slot in job.placement.ranks:
-                held[models[slot.node_id]] = held.get(models[slot.node_id], 0) + 1
+            held = job.placement.ranks_by_model(models)
             if dict(choice.gpu_split) == held and choice.config is not None:
                 Recording.again.append(choice.config.batch(job.spec))
         return out
