@@ -8,10 +8,11 @@ config it builds its model from (``shape``). A profile is counted from the same 
 (``autotune.catalog.profiles``), so the two cannot disagree.
 
 Trained for real (``--backend ray``, ``autotune job run``): ``gpt-char``,
-``mlp-synthetic``, ``gpt-125m``, ``gpt-350m``, ``gpt-1.3b``, ``bert-large``,
-``resnet-50``, ``resnet-152``. Simulated only, with the reason in ``simulated_only``:
-``gpt-7b`` to ``gpt-70b`` and the six Pollux applications. A backend that trains for real
-refuses those at submission (``resolve_task(..., trains=True)``).
+``mlp-synthetic``, ``resnet-mini``, ``ctr-synthetic``, ``gpt-125m``, ``gpt-350m``,
+``gpt-1.3b``, ``bert-large``, ``resnet-50``, ``resnet-152``. Simulated only, with the
+reason in ``simulated_only``: ``gpt-7b`` to ``gpt-70b`` and the six Pollux applications.
+A backend that trains for real refuses those at submission (``resolve_task(...,
+trains=True)``).
 
 Hugging Face models are ``hf:<architecture>[-<size>]`` (``autotune.catalog.hf``): a
 backend trains them where the ``hf`` extra is installed, and their profile is counted
@@ -47,6 +48,7 @@ from autotune.catalog.profiles import (
     ModelShape,
     ResNetConfig,
     gpt_profile,
+    resnet_profile,
 )
 from autotune.core import ModelProfile
 
@@ -55,12 +57,15 @@ __all__ = [
     "FULL_INIT_MAX_BYTES",
     "LIGHTNING_EXTRA_HINT",
     "LIGHTNING_PREFIX",
+    "RESNET_MINI",
     "BERTConfig",
     "BuiltinTask",
+    "CTRConfig",
     "GPTConfig",
     "MLPConfig",
     "ResNetConfig",
     "Task",
+    "ctr_synthetic_profile",
     "gpt_char_profile",
     "lightning_installed",
     "measured_noise_scale",
@@ -113,6 +118,57 @@ def mlp_synthetic_profile(c: MLPConfig = MLPConfig()) -> ModelProfile:
     )
 
 
+# The gradient noise scales (samples) of the small built-in tasks, as the executor's
+# estimator measured them (``autotune.executor.quality``; dp=2, 60 steps from the start,
+# uncompressed, fp32: ``python bench/quality_overhead.py --task resnet-mini:64 --task
+# ctr-synthetic:512 --compression none --steps 60 --repeats 1``: 399.9 and 260.5). A job
+# that trains measures its own, which replaces these.
+RESNET_MINI_NOISE_SCALE: Final = 400.0
+CTR_NOISE_SCALE: Final = 260.0
+
+
+@dataclass(frozen=True, slots=True)
+class CTRConfig:
+    """Shape of ``ctr-synthetic``'s model (``autotune.executor.tasks.CTRNet``), a
+    click-through-rate model in DLRM's shape: one embedding table holding ``fields``
+    categorical fields of ``categories`` rows each, ``dim`` wide, their rows concatenated
+    into a ``hidden``-wide ReLU layer and a logit."""
+
+    fields: int = 8
+    categories: int = 4096
+    dim: int = 16
+    hidden: int = 64
+    batch_size: int = 512  # global batch per step
+    learning_rate: float = 1e-3  # Adam's, constant
+
+
+def ctr_synthetic_profile(c: CTRConfig = CTRConfig()) -> ModelProfile:
+    """``ctr-synthetic``'s profile, counted from its shape. Nearly all its parameters are
+    embedding rows, of which a sample reads ``fields``: FLOPs are 6 x the dense layers'
+    parameters plus the rows read, per sample; activations the rows read, the hidden
+    layer before and after its ReLU and the logit, in 16-bit."""
+    dense = (c.fields * c.dim * c.hidden + c.hidden) + (c.hidden + 1)
+    return ModelProfile(
+        name="ctr-synthetic",
+        parameters=c.fields * c.categories * c.dim + dense,
+        flops_per_sample=6.0 * (dense + c.fields * c.dim),
+        activation_bytes_per_sample=float(2 * (c.fields * c.dim + 2 * c.hidden + 1)),
+        num_layers=1,
+        reference_batch=c.batch_size,
+        noise_scale=CTR_NOISE_SCALE,
+    )
+
+
+RESNET_MINI: Final = ResNetConfig(
+    blocks=(1, 1, 1, 1), width=16, classes=10, image=32, batch_size=64, learning_rate=1e-3
+)
+"""``resnet-mini``'s shape: the bottleneck ResNet of ``resnet-50`` at the scale of a
+CIFAR image (32 pixels a side, 10 classes), one block per stage and a quarter of the
+width: 511,514 parameters, 2 MB of fp32 gradients a step against ~20 ms of compute
+per 64 images on one CPU core, so that on a network a dense step is mostly
+synchronisation, as ``gpt-char``'s is."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BuiltinTask:
     name: str
@@ -120,7 +176,7 @@ class BuiltinTask:
     trainer: str | None
     """The executor class that trains it for real (``module:Name``, constructed with
     ``config=shape`` when ``shape`` is set); ``None``: simulated only."""
-    shape: ModelShape | MLPConfig | None = None
+    shape: ModelShape | MLPConfig | CTRConfig | None = None
     """The config the trainer builds its model from, and the profile is counted from."""
     simulated_only: str | None = None
     """Why the executor cannot train it (set exactly when ``trainer`` is ``None``)."""
@@ -190,6 +246,18 @@ BUILTIN_TASKS: Final[MappingProxyType[str, BuiltinTask]] = MappingProxyType(
             profile=mlp_synthetic_profile(),
             trainer=f"{_EXECUTOR}:MLPSynthetic",
             shape=MLPConfig(),
+        ),
+        "resnet-mini": BuiltinTask(
+            name="resnet-mini",
+            profile=resnet_profile("resnet-mini", RESNET_MINI, noise_scale=RESNET_MINI_NOISE_SCALE),
+            trainer=f"{_EXECUTOR}:ResNetSynthetic",
+            shape=RESNET_MINI,
+        ),
+        "ctr-synthetic": BuiltinTask(
+            name="ctr-synthetic",
+            profile=ctr_synthetic_profile(),
+            trainer=f"{_EXECUTOR}:CTRSynthetic",
+            shape=CTRConfig(),
         ),
         **{name: _catalog_task(name, profile) for name, profile in MODEL_CATALOG.items()},
     }

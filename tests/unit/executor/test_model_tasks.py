@@ -28,6 +28,7 @@ from autotune.executor.tasks import (
     IGNORE,
     MASK_ID,
     BERTMasked,
+    CTRSynthetic,
     GPTBytes,
     ResNetSynthetic,
     TaskError,
@@ -59,7 +60,8 @@ def _train(task: Any, steps: int) -> list[float]:
 
 def test_every_catalog_name_is_trained_or_simulated_only_with_a_reason() -> None:
     assert set(MODEL_CATALOG) <= set(BUILTIN_TASKS)
-    assert set(TRAINED) | {"gpt-char", "mlp-synthetic"} == set(trainable_tasks())
+    own = {"gpt-char", "mlp-synthetic", "resnet-mini", "ctr-synthetic"}
+    assert set(TRAINED) | own == set(trainable_tasks())
     for name in SIMULATED:
         task = BUILTIN_TASKS[name]
         assert task.trainer is None, name
@@ -202,6 +204,51 @@ def _tiny_resnet(blocks: tuple[int, ...] = (3, 4, 6, 3)) -> ResNetSynthetic:
 def test_a_shrunken_resnet_50_learns_the_synthetic_teacher() -> None:
     losses = _train(_tiny_resnet(), steps=40)
     assert statistics.mean(losses[-10:]) < statistics.mean(losses[:10]) - 0.15
+
+
+def test_resnet_mini_is_the_catalogs_shape_and_learns() -> None:
+    """``resnet-mini`` loads with its catalog shape (one block per stage, 32-pixel
+    images), counts 0.51 M parameters and learns its teacher in a short run."""
+    task = load_task("resnet-mini")
+    assert isinstance(task, ResNetSynthetic)
+    assert task.config is BUILTIN_TASKS["resnet-mini"].shape
+    profile = BUILTIN_TASKS["resnet-mini"].profile
+    assert (profile.parameters, profile.num_layers, profile.reference_batch) == (511_514, 4, 64)
+    images, _ = next(task.batches(0, 1, seed=0))
+    assert images.shape == (64, 3, 32, 32)
+    losses = _train(task, steps=60)
+    assert statistics.mean(losses[-10:]) < statistics.mean(losses[:10]) - 0.1
+
+
+def test_ctr_synthetic_is_embedding_rows_that_a_step_barely_touches() -> None:
+    """DLRM's shape: nearly every parameter an embedding row, a step's gradient on a few
+    of them; the loss falls from chance (ln 2); every data-parallel degree sees the same
+    impressions; neither tensor nor pipeline parallel, saying why."""
+    task = load_task("ctr-synthetic")
+    assert isinstance(task, CTRSynthetic)
+    profile = BUILTIN_TASKS["ctr-synthetic"].profile
+    assert profile.parameters == 532_609
+    torch.manual_seed(0)
+    model = task.build_model()
+    embed = dict(model.named_modules())["embed"]
+    assert embed.weight.numel() / profile.parameters > 0.98
+    assert classify_modules(model) == {"embed": "embedding", "up": "ffn", "head": "head"}
+    losses = _train(task, steps=150)
+    assert statistics.mean(losses[:10]) == pytest.approx(0.693, abs=0.02)
+    assert statistics.mean(losses[-10:]) < 0.58
+    model.zero_grad()
+    task.loss(model, next(task.batches(0, 1, seed=3))).backward()
+    touched = int((embed.weight.grad.abs().sum(1) > 0).sum())
+    assert touched < 0.1 * embed.weight.shape[0]  # the Zipf law's popular rows
+    whole = next(task.batches(0, 1, seed=5))
+    parts = [next(task.batches(r, 4, seed=5)) for r in range(4)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), whole[0])
+    assert torch.equal(torch.cat([p[1] for p in parts]), whole[1])
+    assert 0.2 < float(whole[1].mean()) < 0.8
+    with pytest.raises(ParallelError, match="embedding table"):
+        task.tp_plan()
+    with pytest.raises(ParallelError, match="cannot find a stack of blocks"):
+        derive_split_points(model, 2)
 
 
 def test_synthetic_images_are_the_same_for_every_data_parallel_degree() -> None:
