@@ -271,6 +271,12 @@ class ModelProfile:
     precision_sensitivity: float = 0.0
     """Chance per hour that 16-bit or fp8 activations diverge (NaN/Inf) without a safer
     map, in [0, 1]."""
+    compression_efficiency: tuple[tuple[str, float], ...] = ()
+    """Progress per sample under a gradient compression relative to dense SGD, as
+    measured of this model (``autotune calibrate --efficiency``): pairs of the
+    compression's text form (``str(CompressionSpec)``) and its efficiency in (0, 1]. A
+    compression not in it is charged the catalog's constant
+    (``autotune.perf.model.compression_efficiency``)."""
 
     def __post_init__(self) -> None:
         owner = "ModelProfile"
@@ -289,6 +295,11 @@ class ModelProfile:
         _check_number(owner, "precision_sensitivity", self.precision_sensitivity, positive=False)
         if self.precision_sensitivity > 1:
             raise _fail(owner, "precision_sensitivity", self.precision_sensitivity, "must be <= 1")
+        for name, value in self.compression_efficiency:
+            if str(CompressionSpec.parse(name)) != name:
+                raise _fail(owner, "compression_efficiency", name, "must be str(CompressionSpec)")
+            if isinstance(value, bool) or not 0 < value <= 1:
+                raise _fail(owner, "compression_efficiency", value, f"{name}: must be in (0, 1]")
 
     def with_noise_scale(self, measured: float | None) -> ModelProfile:
         """This profile with a gradient noise scale measured on the job itself in place
@@ -299,6 +310,17 @@ class ModelProfile:
         if measured is None or not math.isfinite(measured) or measured < 0:
             return self
         return replace(self, noise_scale=max(float(measured), MEASURED_NOISE_FLOOR))
+
+    def with_compression_efficiency(self, measured: Mapping[str, float] | None) -> ModelProfile:
+        """This profile with the compression efficiencies ``measured`` of it (by the
+        compression's text form) in place of what it had for those compressions;
+        unchanged where nothing was measured."""
+        if not measured:
+            return self
+        merged = dict(self.compression_efficiency) | {
+            str(CompressionSpec.parse(k)): float(v) for k, v in measured.items()
+        }
+        return replace(self, compression_efficiency=tuple(sorted(merged.items())))
 
 
 MEASURED_NOISE_FLOOR = 1e-6

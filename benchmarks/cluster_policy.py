@@ -1,7 +1,7 @@
 """A policy for one's own cluster, as a user makes it, on the testbed: describe the
 cluster, calibrate the performance model on it, train a policy in its simulation.
 
-    python bench/cluster_policy.py [--machines 2] [--mbit 100] [--steps 20]
+    python bench/cluster_policy.py [--machines 2] [--mbit 100] [--steps 20] [--efficiency]
                                    [--task gpt-char:2 --task mlp-synthetic:2]
                                    [--window 2] [--round-s 2] [--iterations 10]
                                    [--out bench/out/cluster_policy]
@@ -13,7 +13,10 @@ links shaped to ``--mbit`` Mbit/s), it runs the user's commands on the head mach
 1. ``autotune cluster describe --ray-address HEAD`` (the nodes, the links measured);
 2. ``autotune calibrate --cluster-file`` (gpt-char data parallel over the machines
    under 5 configurations, the device and links fitted, saved into the file);
-3. ``autotune train-policy --cluster-file ... --task ...`` (off the testbed: training
+3. with ``--efficiency``, ``autotune calibrate --cluster-file ... --efficiency TASK``
+   for each task the users train (off the testbed: steps to a loss under each
+   compression need no cluster);
+4. ``autotune train-policy --cluster-file ... --task ...`` (off the testbed: training
    needs no cluster), unless ``--iterations 0``.
 
 It writes ``OUT/cluster.json`` (the calibrated cluster file), ``OUT/policy/`` (the
@@ -75,6 +78,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
         report = _json_of(calibrated, "autotune calibrate --cluster-file")
         result["calibrate"] = {"wall_s": round(time.monotonic() - started, 1), **report}
+    if args.efficiency:
+        started = time.monotonic()
+        names = list(dict.fromkeys(t.partition(":")[0] for t in args.task))
+        measured = subprocess.run(
+            [exe, "calibrate", "--cluster-file", str(cluster),
+             *(x for t in names for x in ("--efficiency", t)),
+             "--seed", str(args.seed), "--json"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        statistics = _json_of(measured, "autotune calibrate --efficiency")["statistics"]
+        result["efficiency"] = {
+            "wall_s": round(time.monotonic() - started, 1),
+            **{t: statistics[t]["compression_efficiency"] for t in names},
+        }
     if args.iterations > 0:
         started = time.monotonic()
         trained = subprocess.run(
@@ -107,6 +124,11 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
         help="A task the cluster's users train (train-policy's --task); repeat it. "
         "Default: gpt-char and mlp-synthetic on every machine.",
     )  # fmt: skip
+    p.add_argument(
+        "--efficiency", action="store_true",
+        help="Also measure each task's efficiency under each compression (calibrate "
+        "--efficiency) before training.",
+    )  # fmt: skip
     p.add_argument("--window", type=int, default=2, help="Jobs per training episode.")
     p.add_argument("--round-s", type=float, default=2.0, help="The decision round, seconds.")
     p.add_argument("--iterations", type=int, default=10, help="PPO iterations (0: no training).")
@@ -136,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                 "mape_step_time_held_out": calibration.get("mape_step_time_held_out"),
                 "wall_s": {
                     k: result[k]["wall_s"]
-                    for k in ("describe", "calibrate", "train_policy")
+                    for k in ("describe", "calibrate", "efficiency", "train_policy")
                     if k in result
                 },
             },

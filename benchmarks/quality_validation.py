@@ -29,11 +29,11 @@ from typing import Any
 
 from autotune.benchmarks import REPO, publish
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
+from autotune.executor.efficiency import WINDOW, reached, smoothed
 from autotune.executor.local import run_local
 from autotune.executor.worker import WorkerSpec
 from autotune.perf.model import compression_efficiency, precision_efficiency
 
-WINDOW = 10
 DEFAULT_SETTINGS = (
     "topk:0.1",
     "topk:0.01",
@@ -49,10 +49,6 @@ def _config(setting: str, dp: int) -> JobConfig:
     if setting.startswith("precision="):
         return JobConfig(layout=layout, precision=PrecisionMap.uniform(setting.split("=")[1]))  # type: ignore[arg-type]
     return JobConfig(layout=layout, compression=CompressionSpec.parse(setting))
-
-
-def _smoothed(losses: list[float]) -> list[float]:
-    return [statistics.fmean(losses[max(0, i - WINDOW + 1) : i + 1]) for i in range(len(losses))]
 
 
 def _train(task: str, batch: int | None, config: JobConfig, steps: int, seed: int) -> Any:
@@ -94,16 +90,17 @@ def main(argv: list[str] | None = None) -> int:
         batch = int(batch_text) if batch_text else None
         for seed in args.seeds:
             began = time.time()
-            dense = _smoothed(_train(task, batch, _config("none", args.dp), n, seed).losses())
+            dense = smoothed(_train(task, batch, _config("none", args.dp), n, seed).losses())
             target = dense[n - 1]
             # Where the loss has flattened, the dense run itself gets there before N: the
             # reference is where it first did.
-            base = next(i + 1 for i, v in enumerate(dense) if v <= target)
+            base = reached(dense, target)
+            assert base is not None
             for setting in args.setting or DEFAULT_SETTINGS:
                 config = _config(setting, args.dp)
                 run = _train(task, batch, config, 3 * n, seed)
-                losses = _smoothed(run.losses())
-                reached = next((i + 1 for i, v in enumerate(losses) if v <= target), None)
+                losses = smoothed(run.losses())
+                steps = reached(losses, target)
                 catalog = compression_efficiency(config.compression) * precision_efficiency(
                     config.precision
                 )
@@ -115,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
                     "setting": setting,
                     "target_loss": target,
                     "dense_steps": base,
-                    "steps_measured": reached,
-                    "steps_ratio": reached / base if reached else None,
+                    "steps_measured": steps,
+                    "steps_ratio": steps / base if steps else None,
                     "predicted_catalog": base / catalog,
-                    "catalog_error": (base / catalog) / reached - 1 if reached else None,
+                    "catalog_error": (base / catalog) / steps - 1 if steps else None,
                     "first10_cosine": cosine,
                     "predicted_cos2": by_cos2,
-                    "cos2_error": by_cos2 / reached - 1 if reached and by_cos2 else None,
+                    "cos2_error": by_cos2 / steps - 1 if steps and by_cos2 else None,
                     "loss_at_3n": losses[-1],
                 }
                 print(json.dumps(row), flush=True)

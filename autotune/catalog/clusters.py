@@ -162,11 +162,12 @@ class ClusterDescription:
 
 def register_calibration(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coefficients]:
     """Register a calibration's device and, as the prior of every job on that device, its
-    coefficients (``autotune.catalog.applications.catalog_coefficients``), and the
-    gradient noise scale it measured of its task (``autotune.catalog.tasks.task_profile``,
-    where its report has ``statistics``); returns the device and coefficients."""
+    coefficients (``autotune.catalog.applications.catalog_coefficients``), and what it
+    measured of its tasks' training, the gradient noise scale and the efficiency under
+    each compression (``autotune.catalog.tasks.task_profile``, where its report has
+    ``statistics``); returns the device and coefficients."""
     from autotune.catalog.applications import register_coefficients
-    from autotune.catalog.tasks import register_noise_scale
+    from autotune.catalog.tasks import register_compression_efficiency, register_noise_scale
 
     spec, coeffs = calibration_profile(report)
     register_device(spec)
@@ -174,6 +175,8 @@ def register_calibration(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coeffic
     for task, figures in (report.get("statistics") or {}).items():
         if figures.get("noise_scale") is not None:
             register_noise_scale(task, float(figures["noise_scale"]))
+        if figures.get("compression_efficiency"):
+            register_compression_efficiency(task, figures["compression_efficiency"])
     return spec, coeffs
 
 

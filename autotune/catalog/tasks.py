@@ -33,7 +33,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
@@ -68,8 +68,10 @@ __all__ = [
     "ctr_synthetic_profile",
     "gpt_char_profile",
     "lightning_installed",
+    "measured_compression_efficiency",
     "measured_noise_scale",
     "mlp_synthetic_profile",
+    "register_compression_efficiency",
     "register_noise_scale",
     "resolve_task",
     "task_profile",
@@ -286,11 +288,35 @@ def measured_noise_scale(task: str) -> float | None:
     return _MEASURED_NOISE.get(task)
 
 
+_MEASURED_COMPRESSION: dict[str, dict[str, float]] = {}
+"""Compression efficiencies a cluster's calibration measured, by built-in task name."""
+
+
+def register_compression_efficiency(task: str, efficiencies: Mapping[str, float]) -> None:
+    """The statistical efficiency under each compression (by its text form,
+    ``str(CompressionSpec)``) a calibration measured of built-in ``task`` (``autotune
+    calibrate --efficiency``; ``autotune.executor.efficiency``): from then on the task's
+    profile (``task_profile``) is charged these instead of the catalog's constants, in the
+    simulated cluster a policy trains in and in the daemon that serves it."""
+    if task not in BUILTIN_TASKS:
+        raise ValueError(f"task {task!r}: not a built-in task")
+    checked = BUILTIN_TASKS[task].profile.with_compression_efficiency(efficiencies)
+    _MEASURED_COMPRESSION[task] = dict(checked.compression_efficiency)
+
+
+def measured_compression_efficiency(task: str) -> dict[str, float]:
+    """The compression efficiencies a calibration measured of built-in ``task``."""
+    return dict(_MEASURED_COMPRESSION.get(task, {}))
+
+
 def task_profile(name: str) -> ModelProfile:
-    """Built-in task ``name``'s profile: the catalog's, with the noise scale a calibration
-    measured of it where one did (``register_noise_scale``)."""
+    """Built-in task ``name``'s profile: the catalog's, with the noise scale and the
+    compression efficiencies a calibration measured of it where one did
+    (``register_noise_scale``, ``register_compression_efficiency``)."""
     profile = BUILTIN_TASKS[name].profile
-    return profile.with_noise_scale(_MEASURED_NOISE.get(name))
+    return profile.with_noise_scale(_MEASURED_NOISE.get(name)).with_compression_efficiency(
+        _MEASURED_COMPRESSION.get(name)
+    )
 
 
 def trainable_tasks() -> list[str]:

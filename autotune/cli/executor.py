@@ -268,6 +268,33 @@ def calibrate_command(
             "--ray-address): jobs spread over its machines, the fit saved into the file.",
         ),
     ] = None,
+    efficiency: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--efficiency",
+            help="Also measure this built-in task's statistical efficiency under each "
+            "compression the policy chooses among (steps to a target loss against plain "
+            "DDP, local processes); repeat it. With --cluster-file and no --ray-address, "
+            "only this, added to the file's calibration.",
+        ),
+    ] = None,
+    efficiency_steps: Annotated[
+        int,
+        typer.Option(
+            "--efficiency-steps",
+            help="N: the target is plain DDP's loss at step N; a compression trains up "
+            "to 2N steps.",
+            min=20,
+        ),
+    ] = 150,
+    efficiency_seeds: Annotated[
+        int,
+        typer.Option(
+            "--efficiency-seeds",
+            help="Seeds per task (from --seed); the efficiency is their median.",
+            min=1,
+        ),
+    ] = 3,
     as_json: JsonOption = False,
 ) -> None:
     """Fit the performance model to this machine, or to a described cluster, from gpt-char
@@ -283,17 +310,32 @@ def calibrate_command(
     device and the links' latency and achieved bandwidth to the step times and the
     synchronisation no rank hid, and writes the calibration into the cluster file: the
     simulated cluster of ``autotune train-policy --cluster-file`` and the daemon then use
-    it."""
+    it.
+
+    With --efficiency TASK: also trains TASK with plain DDP and under each compression
+    the policy chooses among (2 local processes, --efficiency-seeds seeds), and saves the
+    steps-to-target ratio as the task's efficiency under that compression: from then on
+    the task's profile is charged it instead of the catalog's constant, where a policy
+    trains and where the daemon serves. It needs no cluster: with --cluster-file and no
+    --ray-address only the efficiencies are measured, into the file's calibration."""
     from autotune.catalog.clusters import load_cluster, save_cluster
     from autotune.daemon.settings import Settings
     from autotune.executor.calibrate import GRID, calibrate, link_grid, save_profile
     from autotune.ray_session import ensure_ray
 
+    tasks = _efficiency_tasks(efficiency or [])
+    seeds = list(range(seed, seed + efficiency_seeds))
+    if cluster_file is not None and ray_address is None and tasks:
+        _efficiency_only(cluster_file, tasks, efficiency_steps, seeds, out, as_json)
+        return
     cluster = None
     grid = GRID
     if cluster_file is not None:
         if ray_address is None:
-            fail("--cluster-file calibrates a running Ray cluster: give its --ray-address")
+            fail(
+                "--cluster-file calibrates a running Ray cluster: give its --ray-address "
+                "(or only --efficiency TASK, which needs no cluster)"
+            )
         if out is not None:
             fail("--cluster-file saves the calibration into the cluster file; drop --out")
         try:
@@ -323,6 +365,8 @@ def calibrate_command(
             import ray
 
             ray.shutdown()
+    if tasks:
+        _measure_efficiency(report, tasks, efficiency_steps, seeds, enabled=not as_json)
     report["saved_to"] = str(target)
     if cluster is not None:
         save_cluster(cluster.with_calibration(report), target)
@@ -337,7 +381,91 @@ def calibrate_command(
             f"fit {row['predicted_step_s'] * 1000:8.1f} ms  "
             f"held out {row['held_out_predicted_step_s'] * 1000:8.1f} ms"
         )
+    _echo_efficiency(report, tasks)
     typer.echo(
         f"step-time MAPE {report['mape_step_time']:.1%} in sample, "
         f"{report['mape_step_time_held_out']:.1%} held out (target 15%); saved {target}"
     )
+
+
+def _efficiency_tasks(names: list[str]) -> list[str]:
+    from autotune.catalog.tasks import trainable_tasks
+
+    known = trainable_tasks()
+    for name in names:
+        if name not in known:
+            fail(f"--efficiency {name!r}: not a built-in task the executor trains ({known})")
+    return list(dict.fromkeys(names))
+
+
+def _measure_efficiency(
+    report: dict[str, Any], tasks: list[str], steps: int, seeds: list[int], *, enabled: bool
+) -> None:
+    """Measure each task's compression efficiencies into ``report["statistics"]``, beside
+    what the report already holds of the task (its noise scale)."""
+    from autotune.executor.efficiency import compression_efficiencies
+    from autotune.rl.action import COMPRESSIONS
+
+    compressions = [c for c in COMPRESSIONS if c.kind != "none"]
+    progress = progress_bar(
+        "efficiency", "{task.completed}/{task.total} runs {task.fields[note]}", enabled=enabled
+    )
+    bar = progress.add_task(
+        "efficiency", total=len(tasks) * len(seeds) * (1 + len(compressions)), note=""
+    )
+    statistics = report.setdefault("statistics", {})
+    try:
+        with progress:
+            for task in tasks:
+                found = compression_efficiencies(
+                    task,
+                    compressions,
+                    n_steps=steps,
+                    seeds=seeds,
+                    progress=lambda what: progress.update(bar, advance=1, note=what),
+                )
+                statistics[task] = {**statistics.get(task, {}), **found}
+    except InputError as exc:
+        fail(str(exc))
+
+
+def _efficiency_only(
+    cluster_file: Path,
+    tasks: list[str],
+    steps: int,
+    seeds: list[int],
+    out: Path | None,
+    as_json: bool,
+) -> None:
+    """``--efficiency`` on a calibrated cluster file, without a cluster: the efficiencies
+    measured into its calibration."""
+    from autotune.catalog.clusters import load_cluster, save_cluster
+
+    if out is not None:
+        fail("--cluster-file saves the calibration into the cluster file; drop --out")
+    try:
+        cluster = load_cluster(cluster_file)
+    except InputError as exc:
+        fail(str(exc))
+    if cluster.calibration is None:
+        fail(
+            f"{cluster_file} holds no calibration: calibrate the cluster first "
+            "(autotune calibrate --cluster-file FILE --ray-address ADDRESS)"
+        )
+    report = dict(cluster.calibration)
+    _measure_efficiency(report, tasks, steps, seeds, enabled=not as_json)
+    save_cluster(cluster.with_calibration(report), cluster_file)
+    if as_json:
+        typer.echo(json.dumps({"saved_to": str(cluster_file), "statistics": report["statistics"]}))
+        return
+    _echo_efficiency(report, tasks)
+    typer.echo(f"saved into the calibration of {cluster_file}")
+
+
+def _echo_efficiency(report: dict[str, Any], tasks: list[str]) -> None:
+    for task in tasks:
+        found = report["statistics"][task]["compression_efficiency"]
+        typer.echo(
+            f"{task}: efficiency "
+            + ", ".join(f"{name} {value:.2f}" for name, value in found.items())
+        )

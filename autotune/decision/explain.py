@@ -186,9 +186,14 @@ def _efficiency(
     else:
         noise_source = "assumed (catalog noise scale)"
     batch = config.batch(spec)
+    measured = str(config.compression) in dict(profile.compression_efficiency)
     compression: dict[str, Any] = {
-        "value": round(compression_efficiency(config.compression), 4),
-        "source": "assumed (catalog constant)",
+        "value": round(compression_efficiency(config.compression, profile), 4),
+        "source": (
+            "measured in the cluster's calibration (autotune calibrate --efficiency)"
+            if measured
+            else "assumed (catalog constant)"
+        ),
     }
     if metrics is not None and metrics.compression_cosine is not None:
         compression["measured_cosine"] = round(metrics.compression_cosine, 4)

@@ -615,10 +615,16 @@ def batch_efficiency(model: ModelProfile, global_batch: int) -> float:
     return (phi + model.reference_batch) / (phi + global_batch)
 
 
-def compression_efficiency(spec: CompressionSpec) -> float:
-    """Progress per sample under gradient compression relative to dense SGD."""
+def compression_efficiency(spec: CompressionSpec, model: ModelProfile | None = None) -> float:
+    """Progress per sample under gradient compression relative to dense SGD: what was
+    measured of ``model`` under ``spec`` (``ModelProfile.compression_efficiency``), else
+    the catalog's constant for ``spec``."""
     if spec.kind == "none":
         return 1.0
+    if model is not None and model.compression_efficiency:
+        measured = dict(model.compression_efficiency).get(str(spec))
+        if measured is not None:
+            return measured
     if spec.kind in _QUANTIZED_EFFICIENCY:
         return _QUANTIZED_EFFICIENCY[spec.kind]
     if spec.kind == "powersgd":
@@ -675,7 +681,7 @@ def statistical_efficiency(
         return compression_efficiency(config.compression) * precision_efficiency(config.precision)
     return (
         batch_efficiency(model, global_batch)
-        * compression_efficiency(config.compression)
+        * compression_efficiency(config.compression, model)
         * precision_efficiency(config.precision)
     )
 

@@ -305,3 +305,121 @@ def test_the_noise_scale_a_calibration_measured_is_its_tasks_prior(
         tasks.register_noise_scale("gpt-char", 0.0)
     with pytest.raises(ValueError, match="not a built-in task"):
         tasks.register_noise_scale("no-such-task", 1.0)
+
+
+def test_the_compression_efficiency_a_calibration_measured_is_its_tasks_price(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cluster file whose calibration measured resnet-mini's efficiency under top-k 1%:
+    loading it charges the task that efficiency instead of the catalog's constant, in its
+    goodput (the simulated cluster's and the daemon's estimate) and in the explanation;
+    a compression it did not measure, and other tasks, keep the constant."""
+    from autotune.catalog import tasks
+    from autotune.core import CompressionSpec
+    from autotune.decision.explain import explain_decision
+    from autotune.interfaces import JobMetrics
+    from autotune.perf.model import compression_efficiency, statistical_efficiency
+
+    monkeypatch.setattr(tasks, "_MEASURED_NOISE", {})
+    monkeypatch.setattr(tasks, "_MEASURED_COMPRESSION", {})
+    topk = CompressionSpec(kind="topk", ratio=0.01)
+    int8 = CompressionSpec(kind="int8")
+    catalog = BUILTIN_TASKS["resnet-mini"].profile
+    constant = compression_efficiency(topk)
+    assert compression_efficiency(topk, catalog) == constant
+    measured = {"topk:0.01": 0.25, "powersgd:4": 0.9}
+    report = {**REPORT, "statistics": {"resnet-mini": {"compression_efficiency": measured}}}
+    save_cluster(_cluster().with_calibration(report), tmp_path / "cluster.json")
+    load_cluster(tmp_path / "cluster.json")
+    prior = tasks.task_profile("resnet-mini")
+    assert dict(prior.compression_efficiency) == measured
+    assert tasks.measured_compression_efficiency("resnet-mini") == measured
+    assert tasks.task_profile("ctr-synthetic") == BUILTIN_TASKS["ctr-synthetic"].profile
+    assert compression_efficiency(topk, prior) == 0.25
+    assert compression_efficiency(int8, prior) == compression_efficiency(int8)
+    layout = Layout(world_size=2, dp=2)
+    dense = JobConfig(layout=layout)
+    compressed = JobConfig(layout=layout, compression=topk)
+    ratio = statistical_efficiency(prior, compressed, 64) / statistical_efficiency(prior, dense, 64)
+    assert ratio == pytest.approx(0.25)
+    assert tasks.resolve_task("resnet-mini", []).model == prior
+
+    mix, batches = task_mix(["resnet-mini"], 2)
+    stream = job_stream(
+        np.random.default_rng(0), mean_interarrival_s=60, initial_jobs=2, max_jobs=2,
+        mix=mix, batches=batches,
+    )  # fmt: skip
+    spec = next(stream).spec
+    assert spec.model == prior
+    placement = Placement(
+        job_id=spec.job_id,
+        ranks=tuple(RankSlot(rank=i, node_id=f"m{i}", gpu_index=0) for i in range(2)),
+    )
+    nodes = {n.node_id: n for n in load_cluster(tmp_path / "cluster.json").nodes}
+
+    def explained(config: JobConfig) -> dict[str, Any]:
+        found = explain_decision(
+            spec=spec, config=config, placement=placement, nodes=nodes, features={},
+            why="test", metrics=JobMetrics(),
+        )["statistical_efficiency"]["compression"]  # fmt: skip
+        return dict(found)
+
+    assert explained(compressed) == {
+        "value": 0.25,
+        "source": "measured in the cluster's calibration (autotune calibrate --efficiency)",
+    }
+    assert explained(replace(compressed, compression=int8))["source"] == (
+        "assumed (catalog constant)"
+    )
+    with pytest.raises(ValueError, match="not a built-in task"):
+        tasks.register_compression_efficiency("no-such-task", measured)
+    with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+        tasks.register_compression_efficiency("resnet-mini", {"int8": 1.5})
+    with pytest.raises(ValueError, match="topk:RATIO"):
+        tasks.register_compression_efficiency("resnet-mini", {"topk": 0.5})
+
+
+def test_calibrate_measures_a_tasks_efficiencies_into_the_cluster_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For real, short: mlp-synthetic dense and under each of the policy's compressions
+    (2 local processes, 20 steps, one seed), saved into a calibrated cluster file beside
+    what it held; loading the file charges the task what was measured."""
+    from autotune.catalog import tasks
+    from autotune.catalog.clusters import load_cluster, save_cluster
+    from autotune.rl.action import COMPRESSIONS
+
+    monkeypatch.setattr(tasks, "_MEASURED_NOISE", {})
+    monkeypatch.setattr(tasks, "_MEASURED_COMPRESSION", {})
+    path = tmp_path / "cluster.json"
+    save_cluster(_cluster(), path)
+    refused = cli("calibrate", "--cluster-file", str(path), "--efficiency", "mlp-synthetic")
+    assert refused.exit_code != 0
+    assert "calibrate the cluster first" in refused.output
+    report = {**REPORT, "statistics": {"mlp-synthetic": {"noise_scale": 30.0}}}
+    save_cluster(_cluster().with_calibration(report), path)
+    done = cli(
+        "calibrate", "--cluster-file", str(path), "--efficiency", "mlp-synthetic",
+        "--efficiency-steps", "20", "--efficiency-seeds", "1", "--json",
+    )  # fmt: skip
+    assert done.exit_code == 0, done.output
+    printed = json.loads(done.stdout.strip().splitlines()[-1])
+    saved = json.loads(path.read_text())["calibration"]
+    assert saved["coefficients"] == REPORT["coefficients"]
+    figures = saved["statistics"]["mlp-synthetic"]
+    assert printed["statistics"]["mlp-synthetic"] == figures
+    assert figures["noise_scale"] == 30.0
+    measured = figures["compression_efficiency"]
+    assert set(measured) == {str(c) for c in COMPRESSIONS if c.kind != "none"}
+    assert all(0 < v <= 1 for v in measured.values())
+    runs = figures["efficiency_runs"]
+    assert len(runs) == len(measured)
+    for run in runs:
+        assert run["dense_steps"] <= 20
+        assert run["steps"] is None or run["efficiency"] == pytest.approx(
+            min(1.0, run["dense_steps"] / run["steps"]), abs=1e-4
+        )
+    assert figures["efficiency_protocol"]["limit_steps"] == 40
+    monkeypatch.setattr(tasks, "_MEASURED_COMPRESSION", {})
+    load_cluster(path)
+    assert dict(tasks.task_profile("mlp-synthetic").compression_efficiency) == measured

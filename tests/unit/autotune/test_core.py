@@ -221,3 +221,24 @@ def test_by_identity_builds_once_per_kept_tuple_and_always_for_a_list() -> None:
     assert table.gpus_by_model == {"A100": 8, "T4": 4}
     assert [n.node_id for n in table.gpu_nodes] == ["a", "b"]
     assert "cpu" in table.by_id
+
+
+def test_a_profile_carries_measured_compression_efficiencies_by_the_compressions_name() -> None:
+    base = ModelProfile(
+        name="m", parameters=10, flops_per_sample=1.0, activation_bytes_per_sample=1.0,
+        num_layers=1,
+    )  # fmt: skip
+    assert base.with_compression_efficiency(None) is base
+    measured = base.with_compression_efficiency({"topk:0.01": 0.3, "int8": 1.0})
+    assert measured.compression_efficiency == (("int8", 1.0), ("topk:0.01", 0.3))
+    # A later measurement replaces the one for its compression only.
+    again = measured.with_compression_efficiency({"topk:0.010": 0.4})
+    assert dict(again.compression_efficiency) == {"int8": 1.0, "topk:0.01": 0.4}
+    assert from_json(ModelProfile, to_json(again)) == again
+    with pytest.raises(ValueError, match="must be str"):
+        ModelProfile(
+            name="m", parameters=10, flops_per_sample=1.0, activation_bytes_per_sample=1.0,
+            num_layers=1, compression_efficiency=(("topk:0.010", 0.5),),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        base.with_compression_efficiency({"int8": 0.0})
