@@ -205,7 +205,9 @@ class OraclePolicy:
         best: tuple[float, JobConfig | None] = (0.0, JobConfig.data_parallel(gpus))
         for comp, prec, mode, batch in self._grid:
             config = slot_config(job.spec, (comp, prec, gi, mode, batch, 0))
-            if config.world_size != gpus:
+            # What the executor refuses, the decision step would swap for another
+            # compression (``RUNNABLE_COMPRESSION``) than the one valued here.
+            if config.world_size != gpus or config.executor_refusal() is not None:
                 continue
             value, fitted, est = modelled_value(sim, job.spec, config, shape)
             value = self._at_risk(value, est)

@@ -254,3 +254,39 @@ def test_eval_on_pollux_workload_6(pollux_dir: Path) -> None:
     )
     g = {p: report["policies"][p]["per_seed"][0]["goodput"] for p in report["policies"]}
     assert g["static"] < g["rules"] <= g["oracle"]
+
+
+def test_the_oracle_values_only_what_the_executor_runs() -> None:
+    """On four slow machines a bottleneck ResNet's best modelled choice was PowerSGD over a
+    two-stage pipeline, which the executor refuses and the decision step swaps for top-k
+    1%, a compression this task (as measured) makes little progress under: the oracle
+    teaches the runnable choice it valued instead."""
+    from autotune.catalog.devices import node_info
+    from autotune.catalog.tasks import BUILTIN_TASKS
+    from autotune.policies.baselines import OraclePolicy
+
+    nodes = [
+        node_info(f"m{i}", gpu_model="CPU", gpu_count=1, cpu_milli=1000, memory_mib=8192,
+                  inter_node_bandwidth_gbps=0.1)
+        for i in range(4)
+    ]  # fmt: skip
+    model = BUILTIN_TASKS["resnet-mini"].profile.with_compression_efficiency(
+        {"topk:0.01": 0.29, "topk:0.1": 0.62, "powersgd:4": 0.89}
+    )
+    job = Arrival(
+        spec=JobSpec(job_id="r", model=model, global_batch=64, min_gpus=4, max_gpus=4),
+        duration_s=3600.0,
+        reference_gpus=4,
+    )
+    env = ClusterEnv(nodes=nodes, jobs=[job], round_s=2.0)
+    env.reset(seed=0)
+    assert env.sim is not None
+    snapshot = env.sim.snapshot()
+    choices = OraclePolicy(env, slots=4).decide(snapshot).choices
+    config = choices["r"].config
+    assert config is not None
+    assert config.executor_refusal() is None
+    assert config.compression.kind == "powersgd"
+    # What the decision step applies is what the oracle chose.
+    applied = decide(snapshot, choices, {}, honoured={}, policy_version="oracle")
+    assert [d.config for d in applied.decisions if d.job_id == "r"] == [config]
