@@ -19,6 +19,7 @@ saves the result into a calibration's ``statistics``, where the task's profile t
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from autotune.core import CompressionSpec, JobConfig, Layout
 from autotune.errors import InputError
 
 __all__ = [
+    "MIN_EFFICIENCY",
     "WINDOW",
     "EfficiencyRun",
     "compression_efficiencies",
@@ -38,6 +40,8 @@ __all__ = [
 
 WINDOW = 10
 """Losses averaged into each step's loss: one step's loss is too noisy to stop on."""
+MIN_EFFICIENCY = 1e-3
+"""The least efficiency a measurement gives (a profile's efficiencies are positive)."""
 
 
 def smoothed(losses: Sequence[float]) -> list[float]:
@@ -70,7 +74,7 @@ class EfficiencyRun:
             "target": round(self.target, 6),
             "dense_steps": self.dense_steps,
             "steps": self.steps,
-            "final_loss": round(self.final_loss, 6),
+            "final_loss": round(self.final_loss, 6) if math.isfinite(self.final_loss) else None,
             "efficiency": round(self.efficiency, 4),
         }
 
@@ -79,18 +83,29 @@ def efficiency_of(
     name: str, seed: int, dense: Sequence[float], run: Sequence[float]
 ) -> EfficiencyRun:
     """Compressed curve ``run``'s efficiency against its seed's ``dense`` curve (both
-    smoothed); the target is the dense curve's last loss."""
+    smoothed); the target is the dense curve's last loss. A compressed run whose loss
+    is not finite at its end (it diverged) is priced by the best finite loss it had,
+    and at the floor ``MIN_EFFICIENCY`` where it never had one."""
     target = dense[-1]
+    if not math.isfinite(target):
+        raise InputError(f"{name}, seed {seed}: plain DDP's loss is {target} at step N")
     base = reached(dense, target)
-    assert base is not None, "the dense run reaches its own target"
+    assert base is not None, "a finite target is reached by the curve that ends at it"
     steps = reached(run, target)
+    finite = [v for v in run if math.isfinite(v)]
     if steps is not None:
         value = base / steps
-    else:
+    elif finite:
         # The dense curve reaches any loss above its target before it.
-        matched = reached(dense, run[-1]) or base
+        matched = reached(dense, min(finite))
+        assert matched is not None
         value = matched / len(run)
-    return EfficiencyRun(name, seed, target, base, steps, run[-1], min(1.0, value))
+    else:
+        value = MIN_EFFICIENCY
+    final = run[-1] if math.isfinite(run[-1]) else math.inf
+    return EfficiencyRun(
+        name, seed, target, base, steps, final, min(1.0, max(MIN_EFFICIENCY, value))
+    )
 
 
 def compression_efficiencies(
@@ -116,6 +131,10 @@ def compression_efficiencies(
     if not seeds:
         raise InputError("give at least one seed")
     layout = Layout(dp=dp, world_size=dp)
+    from autotune.catalog.tasks import BUILTIN_TASKS
+
+    builtin = BUILTIN_TASKS.get(task)
+    recorded = batch_size or getattr(builtin.shape if builtin else None, "batch_size", None)
 
     def curve(compression: CompressionSpec, steps: int, seed: int) -> list[float]:
         config = JobConfig(layout=layout, compression=compression)
@@ -136,7 +155,10 @@ def compression_efficiencies(
     names = list(dict.fromkeys(r.compression for r in runs))
     return {
         "compression_efficiency": {
-            name: round(statistics.median(r.efficiency for r in runs if r.compression == name), 4)
+            name: max(
+                MIN_EFFICIENCY,
+                round(statistics.median(r.efficiency for r in runs if r.compression == name), 4),
+            )
             for name in names
         },
         "efficiency_runs": [r.to_json() for r in runs],
@@ -145,7 +167,7 @@ def compression_efficiencies(
             "limit_steps": limit * n_steps,
             "seeds": list(seeds),
             "dp": dp,
-            "global_batch": batch_size,
+            "global_batch": recorded,
             "window": WINDOW,
         },
     }

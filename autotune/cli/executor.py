@@ -5,6 +5,7 @@ to this machine)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -325,6 +326,11 @@ def calibrate_command(
 
     tasks = _efficiency_tasks(efficiency or [])
     seeds = list(range(seed, seed + efficiency_seeds))
+    if tasks and cluster_file is None:
+        fail(
+            "--efficiency saves into a cluster file's calibration, which a policy trains on "
+            "and the daemon loads: give --cluster-file"
+        )
     if cluster_file is not None and ray_address is None and tasks:
         _efficiency_only(cluster_file, tasks, efficiency_steps, seeds, out, as_json)
         return
@@ -365,11 +371,13 @@ def calibrate_command(
             import ray
 
             ray.shutdown()
-    if tasks:
-        _measure_efficiency(report, tasks, efficiency_steps, seeds, enabled=not as_json)
     report["saved_to"] = str(target)
     if cluster is not None:
+        _keep_measured(report, cluster.calibration, tasks)
         save_cluster(cluster.with_calibration(report), target)
+        if tasks:  # saved first: a failed measurement loses none of the link calibration
+            _measure_efficiency(report, tasks, efficiency_steps, seeds, enabled=not as_json)
+            save_cluster(cluster.with_calibration(report), target)
     else:
         save_profile(report, target)
     if as_json:
@@ -427,6 +435,23 @@ def _measure_efficiency(
                 statistics[task] = {**statistics.get(task, {}), **found}
     except InputError as exc:
         fail(str(exc))
+    except (RuntimeError, TimeoutError) as exc:
+        fail(f"measuring the compression efficiencies failed: {exc}")
+
+
+def _keep_measured(
+    report: dict[str, Any], previous: Mapping[str, Any] | None, tasks: list[str]
+) -> None:
+    """Carry the compression efficiencies an earlier calibration measured of tasks not
+    measured again into the new ``report``: recalibrating the links keeps them."""
+    if not previous:
+        return
+    statistics = report.setdefault("statistics", {})
+    for task, figures in (previous.get("statistics") or {}).items():
+        if task in tasks or "compression_efficiency" not in figures:
+            continue
+        kept = {k: v for k, v in figures.items() if k.startswith(("compression_", "efficiency_"))}
+        statistics[task] = {**statistics.get(task, {}), **kept}
 
 
 def _efficiency_only(

@@ -13,7 +13,9 @@ The statistical efficiency (``statistical_efficiency``) says, factor by factor, 
 measured on the job and which assumed: the batch's from the gradient noise scale the job
 measured (``JobMetrics.noise_scale``) where it did, else from the one the cluster's
 calibration measured of its task, else from the catalog's; the
-compression's and the precision's from the catalog's constants, with the compression
+compression's from the steps to a target the cluster's calibration measured of its task
+under that compression (``autotune calibrate --efficiency``) where it did, else from the
+catalog's constant; the precision's from the catalog's constant; with the compression
 fidelity the job measured beside them where it did.
 
 ``chosen.devices`` says where the figures of each GPU model of the placement come from:

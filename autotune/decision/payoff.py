@@ -11,7 +11,8 @@ policy's new configuration for a running job only when both hold:
        remaining   = (1 - progress) x steps x global batch            [samples]
        goodput(c)  = samples/s(c) x statistical efficiency(c)         [samples/s]
        (the batch's efficiency from the noise scale the job measured, where it did:
-       ``JobStatus.profile``; the compression's and precision's from the catalog)
+       ``JobStatus.profile``; the compression's from the task's calibration where
+       it measured one, else the catalog's; the precision's from the catalog)
        samples/s   = measured under the current configuration (the last step's: a job
                      with no measured step is not changed); under the new one, that
                      times the performance model's ratio new / current (the job's

@@ -379,6 +379,7 @@ def test_the_compression_efficiency_a_calibration_measured_is_its_tasks_price(
         tasks.register_compression_efficiency("resnet-mini", {"topk": 0.5})
 
 
+@pytest.mark.slow
 def test_calibrate_measures_a_tasks_efficiencies_into_the_cluster_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -396,6 +397,9 @@ def test_calibrate_measures_a_tasks_efficiencies_into_the_cluster_file(
     refused = cli("calibrate", "--cluster-file", str(path), "--efficiency", "mlp-synthetic")
     assert refused.exit_code != 0
     assert "calibrate the cluster first" in refused.output
+    nowhere = cli("calibrate", "--efficiency", "mlp-synthetic")
+    assert nowhere.exit_code != 0
+    assert "give --cluster-file" in nowhere.output
     report = {**REPORT, "statistics": {"mlp-synthetic": {"noise_scale": 30.0}}}
     save_cluster(_cluster().with_calibration(report), path)
     done = cli(
@@ -423,3 +427,33 @@ def test_calibrate_measures_a_tasks_efficiencies_into_the_cluster_file(
     monkeypatch.setattr(tasks, "_MEASURED_COMPRESSION", {})
     load_cluster(path)
     assert dict(tasks.task_profile("mlp-synthetic").compression_efficiency) == measured
+
+
+def test_recalibrating_the_links_keeps_the_efficiencies_measured_before() -> None:
+    """``autotune calibrate --cluster-file F --ray-address A`` writes a fresh report (the
+    links fitted again, gpt-char's noise scale measured again): the compression
+    efficiencies an earlier ``--efficiency`` measured of other tasks stay, those of a
+    task measured again are replaced."""
+    from autotune.cli.executor import _keep_measured
+
+    previous = {
+        **REPORT,
+        "statistics": {
+            "gpt-char": {"noise_scale": 5.0, "compression_efficiency": {"int8": 0.9}},
+            "resnet-mini": {
+                "compression_efficiency": {"topk:0.01": 0.29},
+                "efficiency_runs": [],
+                "efficiency_protocol": {"n_steps": 150},
+            },
+            "ctr-synthetic": {"compression_efficiency": {"topk:0.01": 0.8}},
+        },
+    }
+    fresh: dict[str, Any] = {**REPORT, "statistics": {"gpt-char": {"noise_scale": 7.0}}}
+    _keep_measured(fresh, previous, ["ctr-synthetic"])
+    assert fresh["statistics"] == {
+        "gpt-char": {"noise_scale": 7.0, "compression_efficiency": {"int8": 0.9}},
+        "resnet-mini": previous["statistics"]["resnet-mini"],
+    }
+    untouched: dict[str, Any] = dict(REPORT)
+    _keep_measured(untouched, None, [])
+    assert "statistics" not in untouched

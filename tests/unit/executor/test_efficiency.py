@@ -3,9 +3,18 @@ calibrate --efficiency`` measuring it for real: ``test_cluster_calibration``).""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from autotune.executor.efficiency import WINDOW, efficiency_of, reached, smoothed
+from autotune.errors import InputError
+from autotune.executor.efficiency import (
+    MIN_EFFICIENCY,
+    WINDOW,
+    efficiency_of,
+    reached,
+    smoothed,
+)
 
 
 def test_smoothing_and_the_first_step_at_a_target() -> None:
@@ -40,3 +49,19 @@ def test_efficiency_is_dense_steps_over_compressed_steps_priced_in_dense_progres
     fast = [10.0 - 0.2 * i for i in range(50)]
     assert efficiency_of("int8", 0, dense, fast).efficiency == 1.0
     assert efficiency_of("int8", 0, dense, fast).to_json()["steps"] == 26
+
+
+def test_a_diverged_run_is_priced_by_the_progress_it_made_and_a_diverged_reference_refused() -> (
+    None
+):
+    dense = [10.0 - 0.1 * i for i in range(50)]
+    # Down to 8.05 (where dense was at step 21), then NaN: not half of dense's progress.
+    diverged = [10.0 - 0.05 * i for i in range(40)] + [math.nan] * 20
+    found = efficiency_of("fp8", 0, dense, diverged)
+    assert found.steps is None
+    assert found.efficiency == pytest.approx(reached(dense, min(diverged[:40])) / 60)
+    assert found.to_json()["final_loss"] is None
+    never = efficiency_of("fp8", 0, dense, [math.inf] * 60)
+    assert never.efficiency == MIN_EFFICIENCY
+    with pytest.raises(InputError, match="plain DDP's loss is nan"):
+        efficiency_of("fp8", 0, [*dense[:-1], math.nan], diverged)
