@@ -7,9 +7,10 @@ N (the mean of the ``WINDOW`` losses up to it, as every loss here), and its own 
 the target are the first step whose mean is at or below it (before N where the loss has
 flattened). Each compression then trains up to ``limit`` x N steps from the same seed.
 Its efficiency is dense steps / its steps to the target; where it does not reach the
-target, dense steps to the loss it did reach / its steps (the progress it made, priced in
-dense steps). The task's efficiency under a compression is the median over the seeds,
-at most 1 (a compressed run that beats dense by chance is charged nothing).
+target, dense steps to the lowest finite loss it did reach / its steps (the progress it
+made, priced in dense steps). The task's efficiency under a compression is the median
+over the seeds, at most 1 (a compressed run that beats dense by chance is charged
+nothing).
 
 Ranks run as local processes over gloo (``autotune.executor.local``): steps to a loss do
 not depend on the network, so this needs no cluster. ``autotune calibrate --efficiency``
@@ -23,12 +24,13 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from autotune.core import CompressionSpec, JobConfig, Layout
 from autotune.errors import InputError
 
 __all__ = [
+    "KEYS",
     "MIN_EFFICIENCY",
     "WINDOW",
     "EfficiencyRun",
@@ -40,6 +42,9 @@ __all__ = [
 
 WINDOW = 10
 """Losses averaged into each step's loss: one step's loss is too noisy to stop on."""
+KEYS: Final = ("compression_efficiency", "efficiency_runs", "efficiency_protocol")
+"""What a measurement adds to a calibration's figures of its task
+(``compression_efficiencies``)."""
 MIN_EFFICIENCY = 1e-3
 """The least efficiency a measurement gives (a profile's efficiencies are positive)."""
 
@@ -121,6 +126,7 @@ def compression_efficiencies(
 ) -> dict[str, Any]:
     """Measure ``task``'s efficiency under each of ``compressions`` (see the module): the
     median per compression (by its text form, ``str(CompressionSpec)``) and every run."""
+    from autotune.catalog.tasks import BUILTIN_TASKS
     from autotune.executor.local import run_local
     from autotune.executor.worker import WorkerSpec
 
@@ -131,8 +137,6 @@ def compression_efficiencies(
     if not seeds:
         raise InputError("give at least one seed")
     layout = Layout(dp=dp, world_size=dp)
-    from autotune.catalog.tasks import BUILTIN_TASKS
-
     builtin = BUILTIN_TASKS.get(task)
     recorded = batch_size or getattr(builtin.shape if builtin else None, "batch_size", None)
 
@@ -153,7 +157,7 @@ def compression_efficiencies(
                 progress(f"{task} seed {seed}: {spec}")
             runs.append(efficiency_of(str(spec), seed, dense, curve(spec, limit * n_steps, seed)))
     names = list(dict.fromkeys(r.compression for r in runs))
-    return {
+    found = {
         "compression_efficiency": {
             name: max(
                 MIN_EFFICIENCY,
@@ -171,3 +175,5 @@ def compression_efficiencies(
             "window": WINDOW,
         },
     }
+    assert tuple(found) == KEYS
+    return found

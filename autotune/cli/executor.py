@@ -444,13 +444,15 @@ def _keep_measured(
 ) -> None:
     """Carry the compression efficiencies an earlier calibration measured of tasks not
     measured again into the new ``report``: recalibrating the links keeps them."""
+    from autotune.executor.efficiency import KEYS
+
     if not previous:
         return
     statistics = report.setdefault("statistics", {})
     for task, figures in (previous.get("statistics") or {}).items():
         if task in tasks or "compression_efficiency" not in figures:
             continue
-        kept = {k: v for k, v in figures.items() if k.startswith(("compression_", "efficiency_"))}
+        kept = {k: figures[k] for k in KEYS if k in figures}
         statistics[task] = {**statistics.get(task, {}), **kept}
 
 
