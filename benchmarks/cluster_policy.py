@@ -12,7 +12,7 @@ links shaped to ``--mbit`` Mbit/s), it runs the user's commands on the head mach
 
 1. ``autotune cluster describe --ray-address HEAD`` (the nodes, the links measured);
 2. ``autotune calibrate --cluster-file`` (gpt-char data parallel over the machines
-   under 5 configurations, the device and links fitted, saved into the file);
+   under 6 configurations, the device and links fitted, saved into the file);
 3. with ``--efficiency``, ``autotune calibrate --cluster-file ... --efficiency TASK``
    for each task the users train (off the testbed: steps to a loss under each
    compression need no cluster);

@@ -3,7 +3,7 @@ configurations measured on the testbed, it predicts the others.
 
     python bench/model_on_links.py bench/out/time_to_target.json
                                    [--calibrate ddp-fp32 topk-1% int8 powersgd-4 bf16 tp2]
-                                   [--json FILE]
+                                   [--cluster-file CLUSTER_FILE] [--json FILE]
 
 Reads what ``bench/time_to_target.py`` measured (per fixed configuration and seed: the
 median step, the communication share, the steps to the target loss), takes the median
@@ -22,6 +22,14 @@ over the seeds, and:
    precision efficiencies);
 3. reports each error, the mean and the worst (goals: step time <= 10% mean and <= 20%
    worst held out, on every layout; steps to target within 20% under compression).
+
+With ``--cluster-file`` (a cluster file ``autotune calibrate --cluster-file`` calibrated,
+on the testbed the runs were made on) nothing is fitted: the model is the one the
+daemon and ``autotune train-policy`` use on that cluster, its device, coefficients and
+links as the file has them, and the task's noise scale and compression efficiencies as
+its calibration measured them (``autotune.catalog.tasks.task_profile``). Every
+configuration the calibration did not itself measure is held out: on a task other than
+the calibration's (gpt-char), every one.
 """
 
 from __future__ import annotations
@@ -60,16 +68,40 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def run(measured: dict[str, Any], calibrate: list[str]) -> dict[str, Any]:
+def run(
+    measured: dict[str, Any], calibrate: list[str], cluster_file: Path | None = None
+) -> dict[str, Any]:
+    from autotune.catalog.clusters import load_cluster
     from autotune.catalog.devices import device
-    from autotune.catalog.tasks import BUILTIN_TASKS
+    from autotune.catalog.tasks import BUILTIN_TASKS, task_profile
     from autotune.executor.calibrate import LINK_FREE, Measurement, fit_profile, step_of
     from autotune.perf.model import Shape, statistical_efficiency
 
     machines, mbit, batch = measured["machines"], measured["mbit"], measured["global_batch"]
-    profile = BUILTIN_TASKS[measured["task"]].profile
-    shape = Shape(gpu_model="CPU", ranks_per_node=(1,) * machines, inter_node_gbps=mbit / 8 / 1000)
     rows = _medians(measured["runs"])
+    if cluster_file is None:
+        profile = BUILTIN_TASKS[measured["task"]].profile
+        gbps = mbit / 8 / 1000
+    else:
+        cluster = load_cluster(cluster_file)
+        found = cluster.profile()
+        if found is None or cluster.calibration is None:
+            raise SystemExit(f"{cluster_file}: not calibrated (autotune calibrate --cluster-file)")
+        if len(cluster.nodes) != machines:
+            raise SystemExit(
+                f"{cluster_file} has {len(cluster.nodes)} machines; the runs had {machines}"
+            )
+        spec, coeffs = found
+        profile = task_profile(measured["task"])
+        gbps = min(n.inter_node_bandwidth_gbps for n in cluster.with_measured_links().nodes)
+        own = {c["config"] for c in cluster.calibration["configs"]}
+        same_task = cluster.calibration.get("task") == measured["task"]
+        calibrate = [
+            label
+            for label, row in rows.items()
+            if same_task and job_config(machines, row["recipe"]).describe() in own
+        ]
+    shape = Shape(gpu_model="CPU", ranks_per_node=(1,) * machines, inter_node_gbps=gbps)
     missing = [c for c in calibrate if c not in rows]
     if missing:
         raise SystemExit(f"not measured: {', '.join(missing)}")
@@ -87,9 +119,10 @@ def run(measured: dict[str, Any], calibrate: list[str]) -> dict[str, Any]:
             sync_s=None if share is None else share * rows[label]["step_s"],
         )
 
-    spec, coeffs = fit_profile(
-        profile, [measurement(c) for c in calibrate], device("CPU"), LINK_FREE
-    )
+    if cluster_file is None:
+        spec, coeffs = fit_profile(
+            profile, [measurement(c) for c in calibrate], device("CPU"), LINK_FREE
+        )
     ref = rows[REFERENCE]
     table = []
     for label, row in rows.items():
@@ -125,6 +158,7 @@ def run(measured: dict[str, Any], calibrate: list[str]) -> dict[str, Any]:
         "machines": machines,
         "mbit": mbit,
         "calibrated_from": calibrate,
+        "cluster_file": None if cluster_file is None else str(cluster_file),
         "device": {"peak_tflops": dict(spec.peak_tflops)},
         "coefficients": {
             p.name: getattr(coeffs, p.name) for p in LINK_FREE if hasattr(coeffs, p.name)
@@ -141,10 +175,21 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("measured", type=Path, help="bench/time_to_target.py's JSON output")
-    p.add_argument("--calibrate", nargs="+", default=list(CALIBRATION))
+    p.add_argument(
+        "--calibrate",
+        nargs="+",
+        default=list(CALIBRATION),
+        help="The configurations the model is fitted to (at most 6).",
+    )
+    p.add_argument(
+        "--cluster-file",
+        type=Path,
+        help="Fit nothing: predict with this calibrated cluster file's model, as the "
+        "daemon and autotune train-policy do.",
+    )
     p.add_argument("--json", type=Path, default=OUT / "model_on_links.json")
     args = p.parse_args(argv)
-    result = run(json.loads(args.measured.read_text()), args.calibrate)
+    result = run(json.loads(args.measured.read_text()), args.calibrate, args.cluster_file)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     for r in result["configs"]:

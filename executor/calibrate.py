@@ -36,6 +36,7 @@ from autotune.perf.model import Coefficients, Shape, StepTime, step_time
 
 __all__ = [
     "GRID",
+    "LARGE_BATCH",
     "LINK_FREE",
     "Measurement",
     "calibrate",
@@ -195,7 +196,13 @@ def measure(
     times = result.step_times_s[warmup:]
     noise = result.summary()["noise_scale"]
     if cluster is None:
-        return Measurement(config, statistics.median(times), result.bytes_sent, noise_scale=noise)
+        return Measurement(
+            config,
+            statistics.median(times),
+            result.bytes_sent,
+            batch=batch_size,
+            noise_scale=noise,
+        )
     shape = _shape_on(cluster, [p["node"] for p in result.placement])
     sync = result.sync_times_s[warmup:]
     return Measurement(
@@ -249,11 +256,18 @@ def _shape_on(cluster: ClusterDescription, ray_nodes: Sequence[str]) -> Shape:
     )
 
 
+LARGE_BATCH: int = 4 * BATCH
+"""The calibration's second batch: a step's compute grows with its samples, its fixed
+costs do not, and only two batches tell them apart."""
+
+
 def link_grid(machines: int) -> tuple[JobConfig, ...]:
     """The configurations a cluster is calibrated from: ``machines`` ranks (one per
-    machine where each has one CPU for ranks) dense in fp32 and bf16, and under top-k 1%,
-    int8 and PowerSGD rank 4. Data parallel only: the model does not yet charge tensor
-    and pipeline parallelism across machines to the network."""
+    machine where each has one CPU for ranks) dense in fp32 and bf16, under top-k 1%,
+    int8 and PowerSGD rank 4, and dense in fp32 at ``LARGE_BATCH``. At one batch the fit
+    cannot tell a step's per-sample compute from its fixed overhead (it put the whole of
+    gpt-char's compute into a per-step overhead, which then priced every other task's
+    step and every batch alike); at two it can."""
     if machines < 2:
         raise InputError("a cluster calibration needs at least 2 machines")
     dense = _config(dp=machines)
@@ -263,6 +277,7 @@ def link_grid(machines: int) -> tuple[JobConfig, ...]:
         _config(dp=machines, compression="topk"),
         _config(dp=machines, compression="int8"),
         replace(dense, compression=CompressionSpec(kind="powersgd", rank=4)),
+        replace(dense, global_batch=LARGE_BATCH),
     )
 
 
@@ -284,7 +299,15 @@ def calibrate(
     for i, config in enumerate(grid):
         if progress:
             progress(i, len(grid), config.describe())
-        rows.append(measure(config, steps=steps, seed=seed, cluster=cluster))
+        rows.append(
+            measure(
+                config,
+                steps=steps,
+                seed=seed,
+                batch_size=config.global_batch or BATCH,
+                cluster=cluster,
+            )
+        )
     if progress:
         progress(len(grid), len(grid), "fitting")
     spec, coeffs = fit_profile(profile, rows, base, free)

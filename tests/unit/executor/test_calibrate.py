@@ -14,12 +14,15 @@ from autotune.catalog.devices import device
 from autotune.catalog.tasks import BUILTIN_TASKS
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.executor.calibrate import (
+    BATCH,
     GRID,
+    LARGE_BATCH,
     LINK_FREE,
     Measurement,
     _device,
     _predict,
     fit_profile,
+    link_grid,
     load_profile,
     step_of,
     task_statistics,
@@ -113,6 +116,40 @@ def test_machines_on_a_network_are_fitted_from_steps_and_their_unhidden_sync() -
     spec, coeffs = fit_profile(profile, rows[:6], base, LINK_FREE)
     for row, t in zip(rows[6:], truths[6:], strict=True):
         assert step_of(profile, row, spec, coeffs).step_s == pytest.approx(t.step_s, rel=0.05)
+
+
+def test_the_link_grid_measures_a_second_batch_so_the_fit_tells_compute_from_overhead() -> None:
+    """Four machines of one rank each: the grid's dense run at a 4x batch is measured and
+    fitted at its own batch (a per-step overhead and a per-sample compute are told apart
+    by two batches), and the fit then prices other batches as the machine runs them."""
+    grid = link_grid(4)
+    assert len(grid) == 6, "at most six configurations"
+    assert [c.global_batch for c in grid].count(LARGE_BATCH) == 1
+    assert all(c.layout.dp == 4 and c.executor_refusal() is None for c in grid)
+    profile = BUILTIN_TASKS["gpt-char"].profile
+    base = device("CPU")
+    shape = Shape(gpu_model="CPU", ranks_per_node=(1,) * 4, inter_node_gbps=0.118)
+    truth_spec = _device(base, 0.01, 0.7)
+    truth = Coefficients(
+        mfu=1.0, compute_overhead_s=0.04, inter_latency_s=5e-3, inter_bw_efficiency=0.7,
+        overlap_gamma=2.0, executor_reduction=True,
+    )  # fmt: skip
+
+    def measured(config: JobConfig, batch: int) -> Measurement:
+        m = Measurement(config, 1.0, 0, shape=shape, batch=batch)
+        t = step_of(profile, m, truth_spec, truth)
+        return Measurement(
+            config, t.step_s, 0, shape=shape, batch=batch, sync_s=t.step_s - t.compute_s
+        )
+
+    rows = [measured(c, c.global_batch or BATCH) for c in grid]
+    spec, coeffs = fit_profile(profile, rows, base, LINK_FREE)
+    dense = grid[0]
+    for batch in (8, 128):
+        want = measured(dense, batch)
+        got = step_of(profile, want, spec, coeffs).step_s
+        assert got == pytest.approx(want.step_time_s, rel=0.05), batch
+    assert coeffs.compute_overhead_s == pytest.approx(truth.compute_overhead_s, rel=0.2)
 
 
 @pytest.mark.ray
