@@ -45,7 +45,10 @@ Step time of one rank (seconds)::
   groups on GPU clusters), over the network where a group spans machines (a machine
   holds fewer ranks than the group).
 - Pipeline parallelism: each stage sends and receives one activation per micro-batch each
-  way.
+  way: micro_batch * seq_len * hidden values for a transformer; for another model, one
+  block's share of its activations (``activation_bytes_per_sample / num_layers``, the
+  16-bit figure at the width of the precision map's activations): a ResNet's feature
+  maps, which a transformer-shaped message of one value per sample missed.
 - One job across GPU models (``Shape.gpu_models``), speed_i being 1 /
   ``class_time_factor`` of rank i's device for the job's precision map: with batch shares
   by speed (``Shape.balanced``, a data-parallel job on a backend that balances them),
@@ -578,12 +581,17 @@ def step_time(
         tp_comm = 4 * model.num_layers / layout.pp * layout.micro_batches * per
     pp_comm = 0.0
     if layout.pp > 1:
+        boundary = (
+            message
+            if model.hidden_size
+            else micro * model.activation_bytes_per_sample / model.num_layers * act_width / 2
+        )
         gbps = (
             shape.inter_node_gbps * coeffs.inter_bw_efficiency
             if shape.nodes > 1
             else spec.intra_node_bandwidth_gbps * coeffs.intra_bw_efficiency
         )
-        pp_comm = 2 * layout.micro_batches * (message / layout.tp / (gbps * 1e9))
+        pp_comm = 2 * layout.micro_batches * (boundary / layout.tp / (gbps * 1e9))
     compute += tp_comm + pp_comm
 
     sync, kernel, sent, dense = _sync(model, config, shape, spec, coeffs)

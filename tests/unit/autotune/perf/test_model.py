@@ -171,6 +171,35 @@ def test_pipeline_bubble_and_checkpointing_cost_time() -> None:
     assert ckpt.compute_s > plain.compute_s
 
 
+def test_a_pipeline_sends_one_blocks_activations_per_micro_batch_across_machines() -> None:
+    """Across two machines at 1 Gbit/s, each micro-batch crosses the stage boundary twice
+    (forward and backward): a transformer's micro_batch x seq_len x hidden values; another
+    model's one block's share of its activations (a ResNet's feature maps), not one value
+    per sample."""
+    from dataclasses import replace
+
+    from autotune.catalog.tasks import BUILTIN_TASKS
+
+    shape = Shape(gpu_model="CPU", ranks_per_node=(1, 1), inter_node_gbps=0.125)
+    coeffs = Coefficients(inter_bw_efficiency=1.0)
+    piped = JobConfig(
+        layout=Layout(world_size=2, pp=2, micro_batches=4),
+        precision=PrecisionMap.uniform("fp32"),
+    )
+    resnet = BUILTIN_TASKS["resnet-mini"].profile
+    assert resnet.hidden_size == 0
+    got = step_time(resnet, piped, shape, 64, coeffs=coeffs).pp_comm_s
+    boundary = 16 * resnet.activation_bytes_per_sample / resnet.num_layers * 4 / 2
+    assert got == pytest.approx(2 * 4 * boundary / 0.125e9)
+    heavier = replace(resnet, activation_bytes_per_sample=2 * resnet.activation_bytes_per_sample)
+    assert step_time(heavier, piped, shape, 64, coeffs=coeffs).pp_comm_s == pytest.approx(2 * got)
+    gpt = BUILTIN_TASKS["gpt-char"].profile
+    message = 16 * gpt.seq_len * gpt.hidden_size * 4
+    assert step_time(gpt, piped, shape, 64, coeffs=coeffs).pp_comm_s == pytest.approx(
+        2 * 4 * message / 0.125e9
+    )
+
+
 def test_low_precision_is_faster_where_the_device_has_it() -> None:
     shape = Shape(gpu_model="T4", ranks_per_node=(1,))
     fp32 = JobConfig(layout=Layout(world_size=1), precision=PrecisionMap.uniform("fp32"))
