@@ -195,15 +195,7 @@ def measure(
     result = JobRunner(run, config).run()
     times = result.step_times_s[warmup:]
     noise = result.summary()["noise_scale"]
-    if cluster is None:
-        return Measurement(
-            config,
-            statistics.median(times),
-            result.bytes_sent,
-            batch=batch_size,
-            noise_scale=noise,
-        )
-    shape = _shape_on(cluster, [p["node"] for p in result.placement])
+    shape = None if cluster is None else _shape_on(cluster, [p["node"] for p in result.placement])
     sync = result.sync_times_s[warmup:]
     return Measurement(
         config,
@@ -211,7 +203,7 @@ def measure(
         result.bytes_sent,
         shape=shape,
         batch=batch_size,
-        sync_s=statistics.median(sync) if sync and shape.nodes > 1 else None,
+        sync_s=statistics.median(sync) if sync and shape and shape.nodes > 1 else None,
         noise_scale=noise,
     )
 
