@@ -12,7 +12,9 @@ links shaped to ``--mbit`` Mbit/s), it runs the user's commands on the head mach
 
 1. ``autotune cluster describe --ray-address HEAD`` (the nodes, the links measured);
 2. ``autotune calibrate --cluster-file`` (gpt-char data parallel over the machines
-   under 6 configurations, the device and links fitted, saved into the file);
+   under 6 configurations, the device and links fitted, saved into the file), with
+   ``--compute TASK`` for each other task the users train (plain DDP at its batch and
+   at 4x: the task's own speed and per-step overhead);
 3. with ``--efficiency``, ``autotune calibrate --cluster-file ... --efficiency TASK``
    for each task the users train (off the testbed: steps to a loss under each
    compression need no cluster);
@@ -52,6 +54,11 @@ def _json_of(done: subprocess.CompletedProcess[str], what: str) -> dict[str, Any
     return found
 
 
+def _names(tasks: list[str]) -> list[str]:
+    """The task names of ``--task NAME:GPUS`` options, once each."""
+    return list(dict.fromkeys(t.partition(":")[0] for t in tasks))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     exe = str(Path(sys.executable).with_name("autotune"))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -73,6 +80,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         calibrated = bed.call(
             "head",
             [exe, "calibrate", "--cluster-file", str(cluster), "--ray-address", address,
+             *(x for t in _names(args.task) for x in ("--compute", t)),
              "--steps", str(args.steps), "--seed", str(args.seed), "--json"],
             timeout=3600,
         )  # fmt: skip
@@ -80,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["calibrate"] = {"wall_s": round(time.monotonic() - started, 1), **report}
     if args.efficiency:
         started = time.monotonic()
-        names = list(dict.fromkeys(t.partition(":")[0] for t in args.task))
+        names = _names(args.task)
         measured = subprocess.run(
             [exe, "calibrate", "--cluster-file", str(cluster),
              *(x for t in names for x in ("--efficiency", t)),

@@ -26,10 +26,12 @@ over the seeds, and:
 With ``--cluster-file`` (a cluster file ``autotune calibrate --cluster-file`` calibrated,
 on the testbed the runs were made on) nothing is fitted: the model is the one the
 daemon and ``autotune train-policy`` use on that cluster, its device, coefficients and
-links as the file has them, and the task's noise scale and compression efficiencies as
-its calibration measured them (``autotune.catalog.tasks.task_profile``). Every
-configuration the calibration did not itself measure is held out: on a task other than
-the calibration's (gpt-char), every one.
+links as the file has them, the task's own compute where the calibration fitted it
+(``autotune calibrate --compute TASK``), and the task's noise scale and compression
+efficiencies as its calibration measured them (``autotune.catalog.tasks.task_profile``).
+Every configuration the calibration did not itself measure of the task is held out: on
+a task other than the calibration's (gpt-char), every one but plain DDP where its
+compute was fitted.
 """
 
 from __future__ import annotations
@@ -92,14 +94,21 @@ def run(
                 f"{cluster_file} has {len(cluster.nodes)} machines; the runs had {machines}"
             )
         spec, coeffs = found
-        profile = task_profile(measured["task"])
+        task = measured["task"]
+        profile = task_profile(task)
+        coeffs = cluster.task_coefficients.get(task, coeffs)
         gbps = min(n.inter_node_bandwidth_gbps for n in cluster.with_measured_links().nodes)
-        own = {c["config"] for c in cluster.calibration["configs"]}
-        same_task = cluster.calibration.get("task") == measured["task"]
+        # In sample: the calibration's own runs of this task at this batch, the link
+        # grid's (gpt-char) or the task's compute runs (--compute).
+        if cluster.calibration.get("task") == task:
+            own = {c["config"] for c in cluster.calibration["configs"]}
+        else:
+            of_task = (cluster.calibration.get("statistics") or {}).get(task, {})
+            own = {c["config"] for c in (of_task.get("compute") or {}).get("configs", [])}
         calibrate = [
             label
             for label, row in rows.items()
-            if same_task and job_config(machines, row["recipe"]).describe() in own
+            if job_config(machines, row["recipe"]).describe() in own
         ]
     shape = Shape(gpu_model="CPU", ranks_per_node=(1,) * machines, inter_node_gbps=gbps)
     missing = [c for c in calibrate if c not in rows]

@@ -237,6 +237,10 @@ class SimConfig:
     """The performance model's coefficients of the jobs of the built-in stream and of
     those submitted: a calibrated cluster's (``autotune calibrate --cluster-file``);
     ``None``: the defaults."""
+    task_coeffs: tuple[tuple[str, Coefficients], ...] = ()
+    """A task's own coefficients on that cluster, by task name, where its calibration
+    fitted the task's compute (``ClusterDescription.task_coefficients``); the other tasks
+    run on ``coeffs``."""
     tenants: tuple[TenantSpec, ...] = ()
     """The tenants sharing the cluster, with their quotas: its snapshots carry them, so the
     decision step enforces them as in the daemon (``autotune.decision.quotas``)."""
@@ -365,6 +369,7 @@ class SimulatedCluster:
                 max_jobs=self.config.max_jobs,
                 taken=lambda job_id: job_id in self._taken or job_id in self.jobs,
                 coeffs=self.config.coeffs,
+                task_coeffs=dict(self.config.task_coeffs),
             )
         self._stream = stream
         self._next = next(stream, None)
@@ -608,7 +613,11 @@ class SimulatedCluster:
                 "task); module tasks run on a backend that trains them"
             )
         # Queue order among equal priorities is by arrival on the simulated clock.
-        self._add(_arrival_of(job, submitted_at=self.now, coeffs=self.config.coeffs))
+        self._add(_arrival_of(job, submitted_at=self.now, coeffs=self._coeffs_of(job.task)))
+
+    def _coeffs_of(self, task: str) -> Coefficients | None:
+        """The coefficients a job of ``task`` runs on here."""
+        return dict(self.config.task_coeffs).get(task, self.config.coeffs)
 
     def cancel(self, job_id: str) -> None:
         job = self.jobs.get(job_id)
@@ -635,7 +644,7 @@ class SimulatedCluster:
                 _arrival_of(
                     submission,
                     submitted_at=submission.spec.submitted_at,
-                    coeffs=self.config.coeffs,
+                    coeffs=self._coeffs_of(submission.task),
                 ),
                 progress=status.progress,
             )

@@ -234,14 +234,17 @@ def job_stream(
     mix: Sequence[tuple[str, float, int, int]] = STREAM_MIX,
     batches: Mapping[str, int] | None = None,
     coeffs: Coefficients | None = None,
+    task_coeffs: Mapping[str, Coefficients] | None = None,
 ) -> Iterator[Arrival]:
     """The built-in stream: ``initial_jobs`` waiting at time 0, then Poisson arrivals of
     ``mix`` tasks (``STREAM_MIX``: task, share, min and max GPUs), each training for
     log-uniform 1,000-10,000 steps of its batch (``batches``, else ``STREAM_BATCH``
     samples); ids ``job-00000`` on, skipping those ``taken``. ``coeffs``: the performance
     model's coefficients of the cluster they run on (a calibrated cluster's), else the
-    defaults. Each task's profile is ``autotune.catalog.tasks.task_profile``'s: with the
-    noise scale a calibration measured of it, where one did."""
+    defaults; ``task_coeffs``: a task's own there, where the calibration fitted its
+    compute (``ClusterDescription.task_coefficients``). Each task's profile is
+    ``autotune.catalog.tasks.task_profile``'s: with the noise scale a calibration
+    measured of it, where one did."""
     from autotune.catalog.tasks import BUILTIN_TASKS, task_profile
 
     for name, *_ in mix:
@@ -275,7 +278,7 @@ def job_stream(
             steps=steps,
             work=float(steps * batch),
             reference_gpus=spec.gpu_request(),
-            coeffs=coeffs or DEFAULT_COEFFICIENTS,
+            coeffs=(task_coeffs or {}).get(name) or coeffs or DEFAULT_COEFFICIENTS,
         )
 
 

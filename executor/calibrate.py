@@ -35,11 +35,15 @@ from autotune.perf.fit import Parameter, fit_bounded, mape
 from autotune.perf.model import Coefficients, Shape, StepTime, step_time
 
 __all__ = [
+    "COMPUTE_FREE",
     "GRID",
     "LARGE_BATCH",
     "LINK_FREE",
     "Measurement",
     "calibrate",
+    "calibrate_compute",
+    "compute_grid",
+    "fit_compute",
     "fit_profile",
     "link_grid",
     "load_profile",
@@ -152,6 +156,30 @@ def step_of(
     return step_time(profile, m.config, shape, m.batch, coeffs=coeffs, spec=spec)
 
 
+def _fit(
+    profile: ModelProfile,
+    rows: Sequence[Measurement],
+    free: Sequence[Parameter],
+    build: Callable[[Mapping[str, float]], tuple[DeviceSpec, Coefficients]],
+) -> tuple[DeviceSpec, Coefficients]:
+    """Least squares on log step time (and, where measured, log compute: the step less
+    the synchronisation no rank hid) over ``free``, ``build`` making the model's device
+    and coefficients of their values."""
+    measured = np.log([m.step_time_s for m in rows])
+    split = [m for m in rows if m.sync_s is not None and 0 <= m.sync_s < m.step_time_s]
+    compute = np.log([m.step_time_s - (m.sync_s or 0.0) for m in split])
+
+    def residuals(values: Mapping[str, float]) -> np.ndarray:
+        spec, coeffs = build(values)
+        errors: np.ndarray = np.log(_predict(profile, rows, spec, coeffs)) - measured
+        if split:
+            modelled = [step_of(profile, m, spec, coeffs).compute_s for m in split]
+            errors = np.concatenate([errors, np.log(modelled) - compute])
+        return errors
+
+    return build(fit_bounded(free, residuals))
+
+
 def fit_profile(
     profile: ModelProfile,
     rows: Sequence[Measurement],
@@ -160,19 +188,31 @@ def fit_profile(
 ) -> tuple[DeviceSpec, Coefficients]:
     """Least squares on log step time from the catalog device and literature defaults,
     over the parameters ``free`` (``LINK_FREE`` for machines on a network)."""
-    measured = np.log([m.step_time_s for m in rows])
-    split = [m for m in rows if m.sync_s is not None and 0 <= m.sync_s < m.step_time_s]
-    compute = np.log([m.step_time_s - (m.sync_s or 0.0) for m in split])
+    return _fit(profile, rows, free, lambda values: _split(values, base))
 
-    def residuals(values: Mapping[str, float]) -> np.ndarray:
-        spec, coeffs = _split(values, base)
-        errors: np.ndarray = np.log(_predict(profile, rows, spec, coeffs)) - measured
-        if split:
-            modelled = [step_of(profile, m, spec, coeffs).compute_s for m in split]
-            errors = np.concatenate([errors, np.log(modelled) - compute])
-        return errors
 
-    return _split(fit_bounded(free, residuals), base)
+COMPUTE_FREE: tuple[Parameter, ...] = (
+    Parameter(name="mfu", start=0.5, low=1e-3, high=1.0),
+    Parameter(name="compute_overhead_s", start=0.01, low=1e-5, high=1.0),
+    Parameter(name="inter_latency_s", start=1e-3, low=1e-6, high=0.1),
+)
+"""A task's own costs on a calibrated cluster: its share of the calibrated device's
+speed (the calibration's task runs at 1), its fixed per-step time (optimizer, data, the
+framework's per-operation cost, which grows with a model's operations, not its FLOPs),
+and the fixed cost of each step of its collectives. The last is what the link fit
+calls a ring step's latency, but on gpt-char it comes out 10-30x the wire's (9 ms
+against 0.3-1.4 ms measured by ``autotune cluster describe`` at 1 Gbit/s): it carries
+the wait for the slowest rank, which grows with the task's step (a task of short steps
+waits less). The device, the links' achieved bandwidth and the overlap stay the
+cluster's."""
+
+
+def fit_compute(
+    profile: ModelProfile, rows: Sequence[Measurement], spec: DeviceSpec, coeffs: Coefficients
+) -> Coefficients:
+    """``coeffs`` (a calibrated cluster's) with ``COMPUTE_FREE`` fitted to ``rows``, runs
+    of ``profile``'s task on that cluster's device ``spec``."""
+    return _fit(profile, rows, COMPUTE_FREE, lambda values: (spec, coeffs.fitted(values)))[1]
 
 
 def measure(
@@ -271,6 +311,69 @@ def link_grid(machines: int) -> tuple[JobConfig, ...]:
         replace(dense, compression=CompressionSpec(kind="powersgd", rank=4)),
         replace(dense, global_batch=LARGE_BATCH),
     )
+
+
+def compute_grid(task: str, machines: int) -> tuple[JobConfig, JobConfig]:
+    """The runs a task's own compute is fitted from (``calibrate_compute``): plain data
+    parallelism over ``machines`` ranks in fp32, at the task's batch and at 4x (two
+    batches tell its per-sample compute from its per-step overhead)."""
+    if machines < 2:
+        raise InputError("a task's compute is calibrated on at least 2 machines")
+    dense = _config(dp=machines)
+    return dense, replace(dense, global_batch=4 * BUILTIN_TASKS[task].profile.reference_batch)
+
+
+def calibrate_compute(
+    task: str,
+    report: Mapping[str, Any],
+    *,
+    cluster: ClusterDescription,
+    steps: int = 20,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Fit ``task``'s own compute (``COMPUTE_FREE``) on a cluster the link ``report``
+    (``calibrate``'s) calibrated, from its ``compute_grid`` runs over the cluster's
+    machines (Ray must be connected). gpt-char's is the link calibration's own: one
+    calibrated on the runs of a single task prices every other task's step with that
+    task's per-step overhead (more than a whole step of mlp-synthetic here). Returns
+    ``{"coefficients": the fitted values, "configs": each run, measured and fitted}``,
+    which ``autotune.catalog.clusters.task_coefficients`` reads back."""
+    if task not in BUILTIN_TASKS or BUILTIN_TASKS[task].trainer is None:
+        raise InputError(f"task {task!r}: not a built-in task the executor trains")
+    profile = BUILTIN_TASKS[task].profile
+    spec, coeffs = calibration_profile(report)
+    machines = sum(1 for n in cluster.nodes if n.cpu_milli > 0)
+    rows = []
+    for config in compute_grid(task, machines):
+        if progress:
+            progress(f"{task} {config.describe()}")
+        rows.append(
+            measure(
+                config,
+                steps=steps,
+                seed=seed,
+                task=task,
+                batch_size=config.global_batch or profile.reference_batch,
+                cluster=cluster,
+            )
+        )
+    fitted = fit_compute(profile, rows, spec, coeffs)
+    return {
+        "coefficients": {p.name: getattr(fitted, p.name) for p in COMPUTE_FREE},
+        "configs": [
+            {
+                "config": m.config.describe(),
+                "measured_step_s": round(m.step_time_s, 5),
+                "measured_sync_s": None if m.sync_s is None else round(m.sync_s, 5),
+                "predicted_step_s": round(step_of(profile, m, spec, fitted).step_s, 5),
+                "cluster_predicted_step_s": round(step_of(profile, m, spec, coeffs).step_s, 5),
+            }
+            for m in rows
+        ],
+        "steps": steps,
+        "seed": seed,
+    }
 
 
 def calibrate(

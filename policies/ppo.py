@@ -383,6 +383,7 @@ def _cluster_env(source: TraceSource, rng: np.random.Generator, common: dict[str
         raise ValueError("a cluster source needs its cluster file")
     cluster = load_cluster(source.nodes)
     coeffs = cluster.coefficients
+    task_coeffs = cluster.task_coefficients
     gpus = sum(n.gpu_count for n in cluster.nodes)
     mix, batches = task_mix([t.strip() for t in source.jobs.split(",") if t.strip()], gpus)
 
@@ -396,6 +397,7 @@ def _cluster_env(source: TraceSource, rng: np.random.Generator, common: dict[str
                 mix=mix,
                 batches=batches,
                 coeffs=coeffs,
+                task_coeffs=task_coeffs,
             )
         )
 

@@ -22,6 +22,7 @@ coefficients, so simulations run without the traces; the Pollux study
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from types import MappingProxyType
@@ -178,18 +179,32 @@ def max_local_batch(app: str) -> int:
 _CALIBRATED: dict[str, Coefficients] = {}
 """Coefficients of calibrated devices, by device name."""
 
+_CALIBRATED_TASKS: dict[tuple[str, str], Coefficients] = {}
+"""A calibrated device's coefficients with a task's own compute fitted, by device name
+and task (``autotune calibrate --cluster-file --compute TASK``)."""
 
-def register_coefficients(gpu_model: str, coeffs: Coefficients) -> None:
+
+def register_coefficients(
+    gpu_model: str, coeffs: Coefficients, tasks: Mapping[str, Coefficients] | None = None
+) -> None:
     """The coefficients measured on a calibrated device (``autotune calibrate
-    --cluster-file``; ``autotune.catalog.clusters.register_calibration``)."""
+    --cluster-file``; ``autotune.catalog.clusters.register_calibration``), and those of
+    the ``tasks`` whose own compute the calibration fitted; they replace what an earlier
+    calibration of the device registered."""
     _CALIBRATED[gpu_model] = coeffs
+    for key in [k for k in _CALIBRATED_TASKS if k[0] == gpu_model]:
+        del _CALIBRATED_TASKS[key]
+    for task, task_coeffs in (tasks or {}).items():
+        _CALIBRATED_TASKS[(gpu_model, task)] = task_coeffs
 
 
 def catalog_coefficients(model: ModelProfile, gpu_model: str | None = None) -> Coefficients:
     """The coefficients a job's predictions start from: on a calibrated device
-    (``gpu_model``), the calibration's, for every model; else fitted to its measurements
-    for the six applications, the literature defaults for every other model."""
-    calibrated = _CALIBRATED.get(gpu_model) if gpu_model is not None else None
-    if calibrated is not None:
-        return calibrated
+    (``gpu_model``), the calibration's, with the model's own compute where the
+    calibration fitted it; else fitted to its measurements for the six applications,
+    the literature defaults for every other model."""
+    if gpu_model is not None:
+        calibrated = _CALIBRATED_TASKS.get((gpu_model, model.name), _CALIBRATED.get(gpu_model))
+        if calibrated is not None:
+            return calibrated
     return coefficients(model.name) if model.name in APPLICATIONS else DEFAULT_COEFFICIENTS

@@ -28,7 +28,9 @@ calibrated one. Loading the file registers that device
 job on it (``autotune.catalog.applications.catalog_coefficients``), so that everything
 that asks the catalog (the simulated cluster, the policy's observation, the decision
 step's predictions, the daemon's online fits) sees the measured figures: a CPU's slow
-bf16, say, where the catalog assumes a fast one.
+bf16, say, where the catalog assumes a fast one. Where the calibration also fitted a
+task's own compute (``--compute TASK``: its ``statistics[TASK]["compute"]``), that task's
+jobs get the cluster's coefficients with its compute in place (``task_coefficients``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ __all__ = [
     "load_cluster",
     "register_calibration",
     "save_cluster",
+    "task_coefficients",
 ]
 
 _SHORT_FIELDS = frozenset(
@@ -133,6 +136,16 @@ class ClusterDescription:
         found = self.profile()
         return None if found is None else found[1]
 
+    @property
+    def task_coefficients(self) -> dict[str, Coefficients]:
+        """Each task's own coefficients on this cluster, where its calibration fitted the
+        task's compute (``autotune calibrate --compute TASK``): the cluster's, with the
+        task's compute in place. A task not among them runs on ``coefficients``."""
+        found = self.profile()
+        if found is None or self.calibration is None:
+            return {}
+        return task_coefficients(self.calibration, found[1])
+
     def with_calibration(self, report: Mapping[str, Any]) -> ClusterDescription:
         """This cluster calibrated by ``report``: its nodes of the calibration's base
         device now of the calibrated one."""
@@ -171,13 +184,24 @@ def register_calibration(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coeffic
 
     spec, coeffs = calibration_profile(report)
     register_device(spec)
-    register_coefficients(spec.name, coeffs)
+    register_coefficients(spec.name, coeffs, task_coefficients(report, coeffs))
     for task, figures in (report.get("statistics") or {}).items():
         if figures.get("noise_scale") is not None:
             register_noise_scale(task, float(figures["noise_scale"]))
         if figures.get("compression_efficiency"):
             register_compression_efficiency(task, figures["compression_efficiency"])
     return spec, coeffs
+
+
+def task_coefficients(report: Mapping[str, Any], coeffs: Coefficients) -> dict[str, Coefficients]:
+    """The tasks whose own compute calibration ``report`` fitted (its ``statistics``,
+    ``autotune.executor.calibrate.calibrate_compute``), each with the cluster's
+    ``coeffs`` and its compute in place."""
+    return {
+        task: coeffs.fitted(figures["compute"]["coefficients"])
+        for task, figures in (report.get("statistics") or {}).items()
+        if figures.get("compute")
+    }
 
 
 def calibration_profile(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coefficients]:

@@ -279,6 +279,16 @@ def calibrate_command(
             "only this, added to the file's calibration.",
         ),
     ] = None,
+    compute: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--compute",
+            help="With --cluster-file: also fit this built-in task's own compute (its "
+            "speed on the calibrated device and its per-step overhead) from plain DDP "
+            "over the machines at its batch and at 4x; its jobs are then priced with it "
+            "instead of gpt-char's. Repeat it. Recalibrating drops it: give it again.",
+        ),
+    ] = None,
     efficiency_steps: Annotated[
         int,
         typer.Option(
@@ -306,12 +316,16 @@ def calibrate_command(
     fitter ``autotune model calibrate`` uses for the Pollux measurements), saves the
     profile, and reports the step-time error (target MAPE <= 15%).
 
-    With --cluster-file: trains gpt-char data parallel over the cluster's machines under 5
-    configurations (dense fp32 and bf16, top-k 1%, int8, PowerSGD rank 4), fits the
-    device and the links' latency and achieved bandwidth to the step times and the
-    synchronisation no rank hid, and writes the calibration into the cluster file: the
-    simulated cluster of ``autotune train-policy --cluster-file`` and the daemon then use
-    it.
+    With --cluster-file: trains gpt-char data parallel over the cluster's machines under 6
+    configurations (dense fp32 and bf16, top-k 1%, int8, PowerSGD rank 4, dense fp32 at
+    4x the batch), fits the device and the links' latency and achieved bandwidth to the
+    step times and the synchronisation no rank hid, and writes the calibration into the
+    cluster file: the simulated cluster of ``autotune train-policy --cluster-file`` and
+    the daemon then use it.
+
+    With --compute TASK (and --cluster-file): also trains TASK with plain DDP over the
+    machines at its batch and at 4x, and fits its own compute (speed on the calibrated
+    device, per-step overhead): its jobs are priced with it instead of gpt-char's.
 
     With --efficiency TASK: also trains TASK with plain DDP and under each compression
     the policy chooses among (2 local processes, --efficiency-seeds seeds), and saves the
@@ -321,16 +335,27 @@ def calibrate_command(
     --ray-address only the efficiencies are measured, into the file's calibration."""
     from autotune.catalog.clusters import load_cluster, save_cluster
     from autotune.daemon.settings import Settings
-    from autotune.executor.calibrate import GRID, calibrate, link_grid, save_profile
+    from autotune.executor.calibrate import (
+        GRID,
+        calibrate,
+        calibrate_compute,
+        link_grid,
+        save_profile,
+    )
     from autotune.ray_session import ensure_ray
 
     tasks = _efficiency_tasks(efficiency or [])
+    computed = [t for t in _efficiency_tasks(compute or [], "--compute") if t != "gpt-char"]
     seeds = list(range(seed, seed + efficiency_seeds))
+    if compute and cluster_file is None:
+        fail("--compute fits a task's compute on a described cluster: give --cluster-file")
     if tasks and cluster_file is None:
         fail(
             "--efficiency saves into a cluster file's calibration, which a policy trains on "
             "and the daemon loads: give --cluster-file"
         )
+    if cluster_file is not None and ray_address is None and compute:
+        fail("--compute trains the task on the cluster: give its --ray-address")
     if cluster_file is not None and ray_address is None and tasks:
         _efficiency_only(cluster_file, tasks, efficiency_steps, seeds, out, as_json)
         return
@@ -353,7 +378,8 @@ def calibrate_command(
     progress = progress_bar(
         "calibrating", "{task.completed}/{task.total} configurations {task.fields[note]}"
     )
-    bar = progress.add_task("calibrate", total=len(grid), note="")
+    total = len(grid) + len(computed) * 2
+    bar = progress.add_task("calibrate", total=total, note="")
     started = ensure_ray(ray_address, num_cpus=2)
     try:
         with progress:
@@ -364,6 +390,18 @@ def calibrate_command(
                 cluster=cluster,
                 progress=lambda done, _total, what: progress.update(bar, completed=done, note=what),
             )
+            for task in computed:
+                assert cluster is not None  # --compute needs --cluster-file
+                fitted = calibrate_compute(
+                    task,
+                    report,
+                    cluster=cluster,
+                    steps=steps,
+                    seed=seed,
+                    progress=lambda what: progress.update(bar, advance=1, note=what),
+                )
+                statistics = report.setdefault("statistics", {})
+                statistics[task] = {**statistics.get(task, {}), "compute": fitted}
     except InputError as exc:
         fail(str(exc))
     finally:
@@ -389,6 +427,14 @@ def calibrate_command(
             f"fit {row['predicted_step_s'] * 1000:8.1f} ms  "
             f"held out {row['held_out_predicted_step_s'] * 1000:8.1f} ms"
         )
+    for task in computed:
+        for row in report["statistics"][task]["compute"]["configs"]:
+            typer.echo(
+                f"{task + ' ' + row['config']:<36} measured "
+                f"{row['measured_step_s'] * 1000:8.1f} ms  "
+                f"fit {row['predicted_step_s'] * 1000:8.1f} ms  "
+                f"on gpt-char's {row['cluster_predicted_step_s'] * 1000:8.1f} ms"
+            )
     _echo_efficiency(report, tasks)
     typer.echo(
         f"step-time MAPE {report['mape_step_time']:.1%} in sample, "
@@ -396,13 +442,13 @@ def calibrate_command(
     )
 
 
-def _efficiency_tasks(names: list[str]) -> list[str]:
+def _efficiency_tasks(names: list[str], option: str = "--efficiency") -> list[str]:
     from autotune.catalog.tasks import trainable_tasks
 
     known = trainable_tasks()
     for name in names:
         if name not in known:
-            fail(f"--efficiency {name!r}: not a built-in task the executor trains ({known})")
+            fail(f"{option} {name!r}: not a built-in task the executor trains ({known})")
     return list(dict.fromkeys(names))
 
 

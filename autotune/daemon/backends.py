@@ -46,7 +46,12 @@ def _simulated(settings: Settings) -> Backend:
         from autotune.catalog.clusters import load_cluster
 
         cluster = load_cluster(settings.cluster_file)
-        config = replace(config, nodes=cluster.nodes, coeffs=cluster.coefficients)
+        config = replace(
+            config,
+            nodes=cluster.nodes,
+            coeffs=cluster.coefficients,
+            task_coeffs=tuple(cluster.task_coefficients.items()),
+        )
     return SimulatedCluster(config)
 
 

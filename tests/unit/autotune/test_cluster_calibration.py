@@ -209,6 +209,63 @@ def test_training_episodes_play_the_described_cluster(tmp_path: Path) -> None:
             break
 
 
+def test_a_tasks_own_compute_prices_its_jobs_wherever_the_cluster_is_modelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A calibration that also fitted mlp-synthetic's compute (``calibrate --compute``):
+    its jobs get the cluster's coefficients with that compute in place, in the daemon's
+    predictions (the catalog), in a policy's training stream and in the simulated
+    backend; gpt-char's keep the cluster's. Calibrating again without it drops it."""
+    from autotune.catalog import applications
+    from autotune.core import JobSpec
+    from autotune.daemon.backends import build_backend
+    from autotune.daemon.settings import Settings
+    from autotune.interfaces import JobSubmission
+
+    monkeypatch.setattr(applications, "_CALIBRATED", {})
+    monkeypatch.setattr(applications, "_CALIBRATED_TASKS", {})
+    own = {"mfu": 0.4, "compute_overhead_s": 0.012}
+    report = {
+        **REPORT,
+        "statistics": {"mlp-synthetic": {"compute": {"coefficients": own, "configs": []}}},
+    }
+    save_cluster(_cluster().with_calibration(report), tmp_path / "cluster.json")
+    cluster = load_cluster(tmp_path / "cluster.json")
+    assert cluster.coefficients is not None
+    mlp = cluster.task_coefficients["mlp-synthetic"]
+    assert (mlp.mfu, mlp.compute_overhead_s) == (0.4, 0.012)
+    assert mlp.inter_latency_s == cluster.coefficients.inter_latency_s == 0.003
+    assert set(cluster.task_coefficients) == {"mlp-synthetic"}
+    profiles = {t: BUILTIN_TASKS[t].profile for t in ("gpt-char", "mlp-synthetic")}
+    assert catalog_coefficients(profiles["mlp-synthetic"], "CPU-calibrated") == mlp
+    assert catalog_coefficients(profiles["gpt-char"], "CPU-calibrated") == cluster.coefficients
+    mix, batches = task_mix(["gpt-char", "mlp-synthetic"], 2)
+    stream = job_stream(
+        np.random.default_rng(0), mean_interarrival_s=60, initial_jobs=6, max_jobs=6,
+        mix=mix, batches=batches, coeffs=cluster.coefficients,
+        task_coeffs=cluster.task_coefficients,
+    )  # fmt: skip
+    want = {"gpt-char": cluster.coefficients, "mlp-synthetic": mlp}
+    jobs = list(stream)
+    assert {j.task for j in jobs} == set(want)
+    assert all(j.coeffs == want[str(j.task)] for j in jobs)
+    sim = build_backend(
+        Settings(backend="sim", cluster_file=tmp_path / "cluster.json", sim_initial_jobs=0)
+    )
+    assert isinstance(sim, SimulatedCluster)
+    for job_id, task in (("a", "mlp-synthetic"), ("b", "gpt-char")):
+        spec = JobSpec(job_id=job_id, model=profiles[task], global_batch=64, max_gpus=2)
+        sim.submit(JobSubmission(spec=spec, task=task, steps=100))
+    sim.observe()
+    assert sim.coefficients("a") == mlp
+    assert sim.coefficients("b") == cluster.coefficients
+    # Recalibrating the links without --compute: every task on the cluster's again.
+    cluster.with_calibration(REPORT)
+    assert catalog_coefficients(profiles["mlp-synthetic"], "CPU-calibrated") == (
+        cluster.coefficients
+    )
+
+
 def test_the_commands_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     save_cluster(_cluster(), tmp_path / "cluster.json")
     cluster = str(tmp_path / "cluster.json")
@@ -228,6 +285,17 @@ def test_the_commands_refuse_what_they_cannot_do(tmp_path: Path) -> None:
     with_out = cli("calibrate", "--cluster-file", cluster, "--ray-address", "x:1", "--out", "p")
     assert with_out.exit_code != 0
     assert "--out" in with_out.stderr
+    compute_alone = cli("calibrate", "--compute", "mlp-synthetic")
+    assert compute_alone.exit_code != 0
+    assert "--cluster-file" in compute_alone.stderr
+    compute_no_ray = cli("calibrate", "--cluster-file", cluster, "--compute", "mlp-synthetic")
+    assert compute_no_ray.exit_code != 0
+    assert "--ray-address" in compute_no_ray.stderr
+    bad_compute = cli(
+        "calibrate", "--cluster-file", cluster, "--ray-address", "x:1", "--compute", "nope"
+    )
+    assert bad_compute.exit_code != 0
+    assert "--compute 'nope'" in bad_compute.stderr
 
 
 def test_the_time_to_target_bench_reads_a_calibrated_cluster_file(tmp_path: Path) -> None:

@@ -51,9 +51,10 @@ def _registries(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tasks, "_MEASURED_NOISE", {})
     monkeypatch.setattr(tasks, "_MEASURED_COMPRESSION", {})
     monkeypatch.setattr(applications, "_CALIBRATED", {})
+    monkeypatch.setattr(applications, "_CALIBRATED_TASKS", {})
 
 
-def _cluster_file(tmp_path: Path) -> Path:
+def _cluster_file(tmp_path: Path, report: dict[str, Any] = REPORT) -> Path:
     nodes = tuple(
         node_info(f"m{i}", gpu_model="CPU", gpu_count=1, cpu_milli=1000, memory_mib=4096)
         for i in range(MACHINES)
@@ -62,15 +63,19 @@ def _cluster_file(tmp_path: Path) -> Path:
         LinkMeasurement(a="m0", b=f"m{i}", gbps=GBPS, latency_s=0.003, bytes=1 << 24)
         for i in range(1, MACHINES)
     )
-    cluster = ClusterDescription(nodes=nodes, links=links).with_calibration(REPORT)
+    cluster = ClusterDescription(nodes=nodes, links=links).with_calibration(report)
     path = tmp_path / "cluster.json"
     save_cluster(cluster, path)
     return path
 
 
-def _measured(task: str, steps: dict[str, int]) -> dict[str, Any]:
-    """Runs whose step times are the calibrated model's own, on the file's links."""
+def _measured(
+    task: str, steps: dict[str, int], compute: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """Runs whose step times are the calibrated model's own, on the file's links (with
+    the task's own ``compute`` coefficients, where given)."""
     spec, coeffs = calibration_profile(REPORT)
+    coeffs = coeffs.fitted(compute or {})
     profile = tasks.BUILTIN_TASKS[task].profile
     shape = Shape(gpu_model=spec.name, ranks_per_node=(1,) * MACHINES, inter_node_gbps=GBPS)
     runs = []
@@ -122,6 +127,30 @@ def test_a_calibrated_cluster_file_predicts_without_fitting(tmp_path: Path) -> N
     assert all(r["held_out"] for r in rows.values())
     assert rows["topk-1%"]["predicted_steps"] == pytest.approx(200.0)
     assert rows["topk-1%"]["steps_error"] == pytest.approx(0.0)
+
+
+def test_a_tasks_own_compute_prices_its_runs_and_its_plain_ddp_is_in_sample(
+    tmp_path: Path,
+) -> None:
+    """A calibration that fitted mlp-synthetic's compute (``calibrate --compute``): the
+    task's runs are predicted with it, its plain DDP (a compute run) is in sample, the
+    rest held out; on the cluster's coefficients alone the same runs are off."""
+    own = {"mfu": 0.4, "compute_overhead_s": 0.01}
+    ddp = job_config(MACHINES, "").describe()
+    report = {
+        **REPORT,
+        "statistics": {
+            "mlp-synthetic": {"compute": {"coefficients": own, "configs": [{"config": ddp}]}}
+        },
+    }
+    measured = _measured("mlp-synthetic", {}, own)
+    result = run(measured, [], _cluster_file(tmp_path, report))
+    assert result["calibrated_from"] == [REFERENCE]
+    rows = {r["config"]: r for r in result["configs"]}
+    assert [c for c, r in rows.items() if not r["held_out"]] == [REFERENCE]
+    assert result["held_out_step_error_worst"] == pytest.approx(0.0, abs=1e-3)
+    plain = run(measured, [], _cluster_file(tmp_path / "plain", REPORT))
+    assert plain["held_out_step_error_worst"] > 0.1
 
 
 def test_the_cluster_file_must_be_calibrated_and_of_the_runs_machines(tmp_path: Path) -> None:

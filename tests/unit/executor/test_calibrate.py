@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from autotune.executor.calibrate import (
     Measurement,
     _device,
     _predict,
+    compute_grid,
+    fit_compute,
     fit_profile,
     link_grid,
     load_profile,
@@ -150,6 +153,52 @@ def test_the_link_grid_measures_a_second_batch_so_the_fit_tells_compute_from_ove
         got = step_of(profile, want, spec, coeffs).step_s
         assert got == pytest.approx(want.step_time_s, rel=0.05), batch
     assert coeffs.compute_overhead_s == pytest.approx(truth.compute_overhead_s, rel=0.2)
+
+
+@pytest.mark.parametrize("task", ["mlp-synthetic", "resnet-mini"])
+def test_a_tasks_own_compute_is_fitted_on_the_clusters_device_and_links(task: str) -> None:
+    """A cluster calibrated on gpt-char (device, links, overlap), and a task whose speed
+    per FLOP and per-step overhead are its own: its two plain-DDP runs (``compute_grid``)
+    recover them, and the model then prices the task's other configurations and batches
+    as it runs them, where the cluster's coefficients (gpt-char's overhead) do not."""
+    grid = compute_grid(task, 4)
+    batch = BUILTIN_TASKS[task].profile.reference_batch
+    assert [c.global_batch for c in grid] == [None, 4 * batch]
+    assert all(c.layout.dp == 4 and c.compression.kind == "none" for c in grid)
+    profile = BUILTIN_TASKS[task].profile
+    shape = Shape(gpu_model="CPU", ranks_per_node=(1,) * 4, inter_node_gbps=0.118)
+    spec = _device(device("CPU"), 0.03, 0.7)
+    cluster = Coefficients(
+        mfu=1.0, compute_overhead_s=0.045, inter_latency_s=5e-3, inter_bw_efficiency=0.7,
+        overlap_gamma=2.0, executor_reduction=True,
+    )  # fmt: skip
+    truth = cluster.fitted({"mfu": 0.3, "compute_overhead_s": 0.012, "inter_latency_s": 1e-3})
+
+    def measured(config: JobConfig, batch: int) -> Measurement:
+        m = Measurement(config, 1.0, 0, shape=shape, batch=batch)
+        t = step_of(profile, m, spec, truth)
+        return Measurement(
+            config, t.step_s, 0, shape=shape, batch=batch, sync_s=t.step_s - t.compute_s
+        )
+
+    rows = [measured(c, c.global_batch or batch) for c in grid]
+    fitted = fit_compute(profile, rows, spec, cluster)
+    assert fitted.compute_overhead_s == pytest.approx(0.012, rel=0.1)
+    assert fitted.inter_bw_efficiency == cluster.inter_bw_efficiency  # the cluster's
+    assert fitted.overlap_gamma == cluster.overlap_gamma
+    others = [
+        replace(grid[0], compression=CompressionSpec(kind="topk", ratio=0.01)),
+        replace(grid[0], compression=CompressionSpec(kind="powersgd", rank=4)),
+        replace(grid[0], precision=PrecisionMap.uniform("bf16")),
+    ]
+    for config, b in [(c, batch) for c in others] + [(grid[0], 2 * batch)]:
+        want = measured(config, b)
+        assert step_of(profile, want, spec, fitted).step_s == pytest.approx(
+            want.step_time_s, rel=0.05
+        )
+    # On the cluster's coefficients (gpt-char's compute) the task's step is off.
+    first = rows[0]
+    assert abs(step_of(profile, first, spec, cluster).step_s / first.step_time_s - 1) > 0.1
 
 
 @pytest.mark.ray
