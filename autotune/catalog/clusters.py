@@ -186,8 +186,11 @@ def register_calibration(report: Mapping[str, Any]) -> tuple[DeviceSpec, Coeffic
     register_device(spec)
     register_coefficients(spec.name, coeffs, task_coefficients(report, coeffs))
     for task, figures in (report.get("statistics") or {}).items():
-        if figures.get("noise_scale") is not None:
-            register_noise_scale(task, float(figures["noise_scale"]))
+        # The scale at the end of the efficiency measurement's runs to the target, where
+        # measured, over the calibration's 20-step runs' (early in training, smaller).
+        noise = figures.get("run_noise_scale") or figures.get("noise_scale")
+        if noise is not None:
+            register_noise_scale(task, float(noise))
         if figures.get("compression_efficiency"):
             register_compression_efficiency(task, figures["compression_efficiency"])
     return spec, coeffs

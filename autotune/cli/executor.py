@@ -275,8 +275,9 @@ def calibrate_command(
             "--efficiency",
             help="Also measure this built-in task's statistical efficiency under each "
             "compression the policy chooses among (steps to a target loss against plain "
-            "DDP, local processes); repeat it. With --cluster-file and no --ray-address, "
-            "only this, added to the file's calibration.",
+            "DDP, local processes), and its gradient noise scale at the end of plain "
+            "DDP's runs (the task's prior from then on); repeat it. With --cluster-file "
+            "and no --ray-address, only this, added to the file's calibration.",
         ),
     ] = None,
     compute: Annotated[
@@ -537,8 +538,11 @@ def _efficiency_only(
 
 def _echo_efficiency(report: dict[str, Any], tasks: list[str]) -> None:
     for task in tasks:
-        found = report["statistics"][task]["compression_efficiency"]
+        figures = report["statistics"][task]
+        found = figures["compression_efficiency"]
+        noise = figures.get("run_noise_scale")
         typer.echo(
             f"{task}: efficiency "
             + ", ".join(f"{name} {value:.2f}" for name, value in found.items())
+            + ("" if noise is None else f"; noise scale {noise:.1f} samples")
         )

@@ -240,5 +240,11 @@ def test_a_profile_carries_measured_compression_efficiencies_by_the_compressions
             name="m", parameters=10, flops_per_sample=1.0, activation_bytes_per_sample=1.0,
             num_layers=1, compression_efficiency=(("topk:0.010", 0.5),),
         )  # fmt: skip
-    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+    with pytest.raises(ValueError, match=r"\(0, 4.0\]"):
         base.with_compression_efficiency({"int8": 0.0})
+    # Above 1 where measured so (a compression that beat dense on every seed), up to 4.
+    assert dict(base.with_compression_efficiency({"topk:0.01": 2.2}).compression_efficiency)[
+        "topk:0.01"
+    ] == pytest.approx(2.2)
+    with pytest.raises(ValueError, match=r"\(0, 4.0\]"):
+        base.with_compression_efficiency({"topk:0.01": 4.5})

@@ -7,13 +7,16 @@ import math
 
 import pytest
 
+from autotune.core import MAX_COMPRESSION_EFFICIENCY
 from autotune.errors import InputError
 from autotune.executor.efficiency import (
     MIN_EFFICIENCY,
     WINDOW,
     efficiency_of,
+    noise_scale_of,
     reached,
     smoothed,
+    task_efficiency,
 )
 
 
@@ -45,10 +48,24 @@ def test_efficiency_is_dense_steps_over_compressed_steps_priced_in_dense_progres
     assert missed.steps is None
     assert missed.efficiency == pytest.approx(reached(dense, short[-1]) / 60)
     assert reached(dense, short[-1]) == 31
-    # Faster than dense by chance: charged nothing, not rewarded.
+    # Faster than dense: the run says so (up to MAX_COMPRESSION_EFFICIENCY).
     fast = [10.0 - 0.2 * i for i in range(50)]
-    assert efficiency_of("int8", 0, dense, fast).efficiency == 1.0
+    assert efficiency_of("int8", 0, dense, fast).efficiency == pytest.approx(50 / 26)
     assert efficiency_of("int8", 0, dense, fast).to_json()["steps"] == 26
+    at_once = [5.0] * 50
+    assert efficiency_of("int8", 0, dense, at_once).efficiency == MAX_COMPRESSION_EFFICIENCY
+
+
+def test_a_task_is_credited_for_beating_dense_only_on_every_seed() -> None:
+    # Faster on one seed, slower on another: the median, at most 1.
+    assert task_efficiency([1.9, 0.8, 1.2]) == 1.0
+    assert task_efficiency([1.9, 0.8, 0.7]) == 0.8
+    # Faster on every seed (top-k 1% on gpt-char: 2.2, 3.5, 1.28): the median.
+    assert task_efficiency([2.2, 3.5, 1.28]) == 2.2
+    # One seed cannot tell a gain from chance.
+    assert task_efficiency([1.5]) == 1.0
+    with pytest.raises(ValueError, match="no runs"):
+        task_efficiency([])
 
 
 def test_a_diverged_run_is_priced_by_the_progress_it_made_and_a_diverged_reference_refused() -> (
@@ -65,3 +82,28 @@ def test_a_diverged_run_is_priced_by_the_progress_it_made_and_a_diverged_referen
     assert never.efficiency == MIN_EFFICIENCY
     with pytest.raises(InputError, match="plain DDP's loss is nan"):
         efficiency_of("fp8", 0, [*dense[:-1], math.nan], diverged)
+
+
+def test_a_runs_noise_scale_is_measured_as_the_runner_measures_it() -> None:
+    """Two replicas of 8 samples whose gradients have |G|^2 = 10 and tr(S) = 320: the
+    estimator finds 320 / 10 = 32 samples, once it has enough steps."""
+    from autotune.executor.local import LocalRun
+    from autotune.executor.quality import NOISE_MIN_MEASUREMENTS, Quality
+    from autotune.executor.reports import RankStep
+
+    def step(rank: int, number: int) -> RankStep:
+        quality = Quality(
+            replica_sq=10 + 320 / 8, update_sq=0.0, class_norms={}, dense_sq=10 + 320 / 16
+        )
+        return RankStep(
+            rank=rank, step=number, loss=1.0, samples=8, step_time_s=0.1, sync_time_s=0.0,
+            bytes_sent=0, bytes_dense=0, events=(), peak_memory_bytes=0, power_watts=None,
+            fp8_mode=None, quality=quality,
+        )  # fmt: skip
+
+    def run(steps: int) -> LocalRun:
+        reports = [[step(rank, n) for n in range(1, steps + 1)] for rank in (0, 1)]
+        return LocalRun(setup=[], reports=reports, memory_after_setup=[], memory=[], state=None)
+
+    assert noise_scale_of(run(20)) == pytest.approx(32.0)
+    assert noise_scale_of(run(NOISE_MIN_MEASUREMENTS - 1)) is None
