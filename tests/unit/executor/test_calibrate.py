@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from helpers import autotune_command
 
-from autotune.catalog.devices import device
+from autotune.catalog.devices import DeviceSpec, device
 from autotune.catalog.tasks import BUILTIN_TASKS
-from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
+from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
 from autotune.executor.calibrate import (
     BATCH,
     GRID,
@@ -121,6 +121,20 @@ def test_machines_on_a_network_are_fitted_from_steps_and_their_unhidden_sync() -
         assert step_of(profile, row, spec, coeffs).step_s == pytest.approx(t.step_s, rel=0.05)
 
 
+def _modelled(
+    profile: ModelProfile,
+    config: JobConfig,
+    batch: int,
+    shape: Shape,
+    spec: DeviceSpec,
+    truth: Coefficients,
+) -> Measurement:
+    """A run of ``config`` as the model with ``truth`` says it goes: its step and the
+    synchronisation no rank hid."""
+    t = step_of(profile, Measurement(config, 1.0, 0, shape=shape, batch=batch), spec, truth)
+    return Measurement(config, t.step_s, 0, shape=shape, batch=batch, sync_s=t.step_s - t.compute_s)
+
+
 def test_the_link_grid_measures_a_second_batch_so_the_fit_tells_compute_from_overhead() -> None:
     """Four machines of one rank each: the grid's dense run at a 4x batch is measured and
     fitted at its own batch (a per-step overhead and a per-sample compute are told apart
@@ -139,11 +153,7 @@ def test_the_link_grid_measures_a_second_batch_so_the_fit_tells_compute_from_ove
     )  # fmt: skip
 
     def measured(config: JobConfig, batch: int) -> Measurement:
-        m = Measurement(config, 1.0, 0, shape=shape, batch=batch)
-        t = step_of(profile, m, truth_spec, truth)
-        return Measurement(
-            config, t.step_s, 0, shape=shape, batch=batch, sync_s=t.step_s - t.compute_s
-        )
+        return _modelled(profile, config, batch, shape, truth_spec, truth)
 
     rows = [measured(c, c.global_batch or BATCH) for c in grid]
     spec, coeffs = fit_profile(profile, rows, base, LINK_FREE)
@@ -175,11 +185,7 @@ def test_a_tasks_own_compute_is_fitted_on_the_clusters_device_and_links(task: st
     truth = cluster.fitted({"mfu": 0.3, "compute_overhead_s": 0.012, "inter_latency_s": 1e-3})
 
     def measured(config: JobConfig, batch: int) -> Measurement:
-        m = Measurement(config, 1.0, 0, shape=shape, batch=batch)
-        t = step_of(profile, m, spec, truth)
-        return Measurement(
-            config, t.step_s, 0, shape=shape, batch=batch, sync_s=t.step_s - t.compute_s
-        )
+        return _modelled(profile, config, batch, shape, spec, truth)
 
     rows = [measured(c, c.global_batch or batch) for c in grid]
     fitted = fit_compute(profile, rows, spec, cluster)
