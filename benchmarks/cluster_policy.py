@@ -14,7 +14,7 @@ links shaped to ``--mbit`` Mbit/s), it runs the user's commands on the head mach
 2. ``autotune calibrate --cluster-file`` (gpt-char data parallel over the machines
    under 6 configurations, the device and links fitted, saved into the file), with
    ``--compute TASK`` for each other task the users train (plain DDP at its batch and
-   at 4x: the task's own speed and per-step overhead);
+   at 4x: the task's own speed, per-step overhead and per-collective cost);
 3. with ``--efficiency``, ``autotune calibrate --cluster-file ... --efficiency TASK``
    for each task the users train (off the testbed: steps to a loss under each
    compression need no cluster);

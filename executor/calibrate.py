@@ -39,6 +39,7 @@ __all__ = [
     "GRID",
     "LARGE_BATCH",
     "LINK_FREE",
+    "TASK",
     "Measurement",
     "calibrate",
     "calibrate_compute",

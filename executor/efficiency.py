@@ -150,17 +150,15 @@ def noise_scale_of(run: LocalRun) -> float | None:
     first steps measure a smaller scale than its later ones (the gradient's signal
     shrinks as the loss falls): the calibration's 20-step runs put gpt-char's at 1.6-4.4
     samples, where halving its batch took 1.7x the steps to the target."""
-    from autotune.executor.quality import NOISE_MIN_MEASUREMENTS, NoiseScale
+    from autotune.executor.quality import NoiseScale
 
     noise = NoiseScale()
     for number, step in enumerate(zip(*run.reports, strict=True), start=1):
         quality = next((r.quality for r in step if r.quality is not None), None)
-        samples = sum(r.samples or 0 for r in step)
-        replicas = sum(1 for r in step if r.samples)
-        if quality is None or quality.dense_sq is None or replicas < 2:
-            continue
-        noise.update(quality.replica_sq, quality.dense_sq, samples / replicas, samples, number)
-    return noise.value if noise.measurements >= NOISE_MIN_MEASUREMENTS else None
+        if quality is not None:
+            replicas = sum(1 for r in step if r.samples)
+            noise.record(quality, sum(r.samples or 0 for r in step), replicas, number)
+    return noise.reported
 
 
 def compression_efficiencies(

@@ -369,6 +369,19 @@ class NoiseScale:
         self.weight = a * self.weight + (1 - a)
         self.measurements += 1
 
+    def record(self, quality: Quality, samples: float, replicas: int, step: int) -> None:
+        """A step's ``quality`` figures, of ``samples`` over ``replicas`` even replicas;
+        nothing where the step measured no dense average or had one replica."""
+        if quality.dense_sq is None or replicas < 2:
+            return
+        self.update(quality.replica_sq, quality.dense_sq, samples / replicas, samples, step)
+
+    @property
+    def reported(self) -> float | None:
+        """``value`` once there are ``NOISE_MIN_MEASUREMENTS`` measurements: what a job
+        reports (``JobMetrics.noise_scale``)."""
+        return self.value if self.measurements >= NOISE_MIN_MEASUREMENTS else None
+
     @property
     def gradient_sq(self) -> float | None:
         """|G|^2, the true gradient's squared norm (bias-corrected average)."""

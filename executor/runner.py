@@ -47,7 +47,7 @@ from autotune.executor.cluster import node_name, ray_node_id
 from autotune.executor.errors import ExecutorError, ParallelError
 from autotune.executor.fencing import NAMESPACE, Fence, Fenced
 from autotune.executor.placement import bundle_totals, describe_bundles, rank_resources
-from autotune.executor.quality import NOISE_MIN_MEASUREMENTS, NoiseScale
+from autotune.executor.quality import NoiseScale
 from autotune.executor.reports import RankStep, distinct_events, job_loss
 from autotune.executor.tasks import (
     TaskError,
@@ -849,9 +849,7 @@ class JobRunner:
             peak_memory_bytes=result.peak_memory_bytes,
             power_watts=sum(power) if power else None,
             sync_time_s=sync,
-            noise_scale=(
-                self._noise.value if self._noise.measurements >= NOISE_MIN_MEASUREMENTS else None
-            ),
+            noise_scale=self._noise.reported,
             grad_norm=self._fidelity.get("grad_norm"),
             compression_cosine=self._fidelity.get("cosine"),
             compression_error=self._fidelity.get("relative_error"),
@@ -868,10 +866,8 @@ class JobRunner:
         dp = self.config.layout.dp
         # The estimator takes every replica's batch to be samples / dp: with uneven
         # shares the noise scale keeps the figure of the even steps.
-        if quality.dense_sq is not None and dp > 1 and not self._uneven:
-            self._noise.update(
-                quality.replica_sq, quality.dense_sq, samples / dp, samples, step=self.step
-            )
+        if not self._uneven:
+            self._noise.record(quality, samples, dp, self.step)
         self._fidelity["grad_norm"] = quality.update_sq**0.5
         for key in ("cosine", "relative_error", "residual_norm"):
             value = getattr(quality, key)

@@ -284,10 +284,11 @@ def calibrate_command(
         list[str] | None,
         typer.Option(
             "--compute",
-            help="With --cluster-file: also fit this built-in task's own compute (its "
-            "speed on the calibrated device and its per-step overhead) from plain DDP "
-            "over the machines at its batch and at 4x; its jobs are then priced with it "
-            "instead of gpt-char's. Repeat it. Recalibrating drops it: give it again.",
+            help="With --cluster-file: also fit this built-in task's own costs (its "
+            "speed on the calibrated device, per-step overhead and per-collective cost) "
+            "from plain DDP over the machines at its batch and at 4x; its jobs are then "
+            "priced with them instead of gpt-char's (gpt-char's are the calibration's "
+            "own: nothing to add). Repeat it. Recalibrating drops them: give it again.",
         ),
     ] = None,
     efficiency_steps: Annotated[
@@ -325,8 +326,9 @@ def calibrate_command(
     the daemon then use it.
 
     With --compute TASK (and --cluster-file): also trains TASK with plain DDP over the
-    machines at its batch and at 4x, and fits its own compute (speed on the calibrated
-    device, per-step overhead): its jobs are priced with it instead of gpt-char's.
+    machines at its batch and at 4x, and fits its own costs (speed on the calibrated
+    device, per-step overhead, per-collective cost): its jobs are priced with them instead
+    of gpt-char's.
 
     With --efficiency TASK: also trains TASK with plain DDP and under each compression
     the policy chooses among (2 local processes, --efficiency-seeds seeds), and saves the
@@ -338,6 +340,7 @@ def calibrate_command(
     from autotune.daemon.settings import Settings
     from autotune.executor.calibrate import (
         GRID,
+        TASK,
         calibrate,
         calibrate_compute,
         link_grid,
@@ -345,8 +348,8 @@ def calibrate_command(
     )
     from autotune.ray_session import ensure_ray
 
-    tasks = _efficiency_tasks(efficiency or [])
-    computed = [t for t in _efficiency_tasks(compute or [], "--compute") if t != "gpt-char"]
+    tasks = _trainable_tasks(efficiency or [])
+    computed = [t for t in _trainable_tasks(compute or [], "--compute") if t != TASK]
     seeds = list(range(seed, seed + efficiency_seeds))
     if compute and cluster_file is None:
         fail("--compute fits a task's compute on a described cluster: give --cluster-file")
@@ -443,7 +446,7 @@ def calibrate_command(
     )
 
 
-def _efficiency_tasks(names: list[str], option: str = "--efficiency") -> list[str]:
+def _trainable_tasks(names: list[str], option: str = "--efficiency") -> list[str]:
     from autotune.catalog.tasks import trainable_tasks
 
     known = trainable_tasks()
