@@ -11,8 +11,9 @@ links shaped to ``--mbit`` Mbit/s), it runs the user's commands on the head mach
 ``autotune`` installed there:
 
 1. ``autotune cluster describe --ray-address HEAD`` (the nodes, the links measured);
-2. ``autotune calibrate --cluster-file`` (gpt-char data parallel over the machines
-   under 6 configurations, the device and links fitted, saved into the file), with
+2. ``autotune calibrate --cluster-file`` (gpt-char over the machines under 6
+   configurations, a tensor-parallel pair among them; the device and links fitted,
+   saved into the file), with
    ``--compute TASK`` for each other task the users train (plain DDP at its batch and
    at 4x: the task's own speed, per-step overhead and per-collective cost);
 3. with ``--efficiency``, ``autotune calibrate --cluster-file ... --efficiency TASK``

@@ -11,7 +11,8 @@ over the seeds, and:
 
 1. fits the model's device and coefficients (``autotune.executor.calibrate.fit_profile``
    over ``LINK_FREE``: the CPU's fp32 peak and 16-bit speed, the per-step overhead, the
-   link's latency and achieved bandwidth share, the overlap) to the ``--calibrate``
+   link's latency and achieved bandwidth share, the overlap; and a tensor-parallel
+   collective's latency where ``tp2`` is among them) to the ``--calibrate``
    configurations' step times and, where measured, their compute (the step less the
    synchronisation no rank hid), on the testbed's shape: one rank per machine, the link
    at its shaped rate;
@@ -76,7 +77,14 @@ def run(
     from autotune.catalog.clusters import load_cluster
     from autotune.catalog.devices import device
     from autotune.catalog.tasks import BUILTIN_TASKS, task_profile
-    from autotune.executor.calibrate import LINK_FREE, Measurement, fit_profile, step_of
+    from autotune.executor.calibrate import (
+        LINK_FREE,
+        TP_LATENCY,
+        Measurement,
+        fit_profile,
+        link_free,
+        step_of,
+    )
     from autotune.perf.model import Shape, statistical_efficiency
 
     machines, mbit, batch = measured["machines"], measured["mbit"], measured["global_batch"]
@@ -129,9 +137,8 @@ def run(
         )
 
     if cluster_file is None:
-        spec, coeffs = fit_profile(
-            profile, [measurement(c) for c in calibrate], device("CPU"), LINK_FREE
-        )
+        fitted = [measurement(c) for c in calibrate]
+        spec, coeffs = fit_profile(profile, fitted, device("CPU"), link_free(fitted))
     ref = rows[REFERENCE]
     table = []
     for label, row in rows.items():
@@ -170,7 +177,9 @@ def run(
         "cluster_file": None if cluster_file is None else str(cluster_file),
         "device": {"peak_tflops": dict(spec.peak_tflops)},
         "coefficients": {
-            p.name: getattr(coeffs, p.name) for p in LINK_FREE if hasattr(coeffs, p.name)
+            p.name: getattr(coeffs, p.name)
+            for p in (*LINK_FREE, TP_LATENCY)
+            if hasattr(coeffs, p.name)
         },
         "configs": table,
         "held_out_step_error_mean": round(statistics.fmean(held), 4) if held else None,

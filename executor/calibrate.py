@@ -40,12 +40,14 @@ __all__ = [
     "LARGE_BATCH",
     "LINK_FREE",
     "TASK",
+    "TP_LATENCY",
     "Measurement",
     "calibrate",
     "calibrate_compute",
     "compute_grid",
     "fit_compute",
     "fit_profile",
+    "link_free",
     "link_grid",
     "load_profile",
     "step_of",
@@ -124,6 +126,25 @@ LINK_FREE: tuple[Parameter, ...] = (
 )
 """The parameters of machines one rank each, on a network: their link's latency and
 achieved share of its bandwidth instead of the (unused) intra-node ones."""
+TP_LATENCY = Parameter(name="tp_latency_s", start=1e-3, low=1e-6, high=0.1)
+"""A ring step of a tensor-parallel group's activation all-reduce across machines. It is
+not the data-parallel reduction's (``inter_latency_s``): that one is paid once a step,
+after the whole backward, and carries the wait for the slowest rank's step; these are
+paid 4 times a layer, between layers. On four 1 Gbit/s testbed machines: about 4 ms
+against 9 ms, where the wire's own is 0.35 ms."""
+
+
+def link_free(rows: Sequence[Measurement]) -> tuple[Parameter, ...]:
+    """``LINK_FREE``, and ``TP_LATENCY`` where a run of ``rows`` had a tensor-parallel
+    group across machines (elsewhere nothing measures it)."""
+    spans = any(
+        m.shape is not None
+        and m.config.layout.tp > 1
+        and m.shape.nodes > 1
+        and min(m.shape.ranks_per_node) < m.config.layout.tp
+        for m in rows
+    )
+    return (*LINK_FREE, TP_LATENCY) if spans else LINK_FREE
 
 
 def _device(base: DeviceSpec, peak: float, bf16_speed: float) -> DeviceSpec:
@@ -295,22 +316,28 @@ costs do not, and only two batches tell them apart."""
 
 
 def link_grid(machines: int) -> tuple[JobConfig, ...]:
-    """The configurations a cluster is calibrated from: ``machines`` ranks (one per
-    machine where each has one CPU for ranks) dense in fp32 and bf16, under top-k 1%,
-    int8 and PowerSGD rank 4, and dense in fp32 at ``LARGE_BATCH``. At one batch the fit
-    cannot tell a step's per-sample compute from its fixed overhead (it put the whole of
-    gpt-char's compute into a per-step overhead, which then priced every other task's
-    step and every batch alike); at two it can."""
+    """The six configurations a cluster is calibrated from, ``machines`` ranks each (one
+    per machine where each has one CPU for ranks) unless said: dense in fp32 at the
+    task's batch and at ``LARGE_BATCH``, int8, PowerSGD rank 4, top-k 1% in bf16, and
+    tensor parallelism of 2 (data parallel over the other pairs of machines).
+
+    At one batch the fit cannot tell a step's per-sample compute from its fixed overhead
+    (it put the whole of gpt-char's compute into a per-step overhead, which then priced
+    every other task's step and every batch alike); at two it can. bf16 and top-k share
+    a run: the run's synchronisation is measured apart from its compute, so the first
+    tells the device's 16-bit speed and the second the top-k reduction's cost, and the
+    sixth run goes to a tensor-parallel group across machines, whose activation
+    all-reduces pay a per-collective cost of their own (``TP_LATENCY``)."""
     if machines < 2:
         raise InputError("a cluster calibration needs at least 2 machines")
     dense = _config(dp=machines)
     return (
         dense,
-        _config(dp=machines, precision="bf16"),
-        _config(dp=machines, compression="topk"),
+        replace(dense, global_batch=LARGE_BATCH),
         _config(dp=machines, compression="int8"),
         replace(dense, compression=CompressionSpec(kind="powersgd", rank=4)),
-        replace(dense, global_batch=LARGE_BATCH),
+        _config(dp=machines, compression="topk", precision="bf16"),
+        _config(dp=machines // 2, tp=2),
     )
 
 
@@ -390,7 +417,6 @@ def calibrate(
     latency and achieved bandwidth instead of a node's."""
     profile = BUILTIN_TASKS[TASK].profile
     base = device("CPU")
-    free = _FREE if cluster is None else LINK_FREE
     rows = []
     for i, config in enumerate(grid):
         if progress:
@@ -406,13 +432,15 @@ def calibrate(
         )
     if progress:
         progress(len(grid), len(grid), "fitting")
+    free = _FREE if cluster is None else link_free(rows)
     spec, coeffs = fit_profile(profile, rows, base, free)
     measured = np.array([m.step_time_s for m in rows])
     predicted = _predict(profile, rows, spec, coeffs)
     held_out = []
     for i in range(len(rows)):
         rest = [m for j, m in enumerate(rows) if j != i]
-        spec_i, coeffs_i = fit_profile(profile, rest, base, free)
+        free_i = _FREE if cluster is None else link_free(rest)
+        spec_i, coeffs_i = fit_profile(profile, rest, base, free_i)
         held_out.append(float(_predict(profile, [rows[i]], spec_i, coeffs_i)[0]))
     held = np.array(held_out)
     return {

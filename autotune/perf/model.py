@@ -197,6 +197,10 @@ class Coefficients:
     """alpha of one step of a tree all-reduce between nodes: 2 log2(n) steps (NCCL's
     double binary trees, used across nodes for small and medium messages; Sanders et al.
     2009). 0 leaves the ring's 2(n-1) steps of ``inter_latency_s`` alone."""
+    tp_latency_s: float = 0.0
+    """alpha of one ring step of a tensor-parallel group's activation all-reduce between
+    nodes, where it differs from the data-parallel reduction's (``inter_latency_s``):
+    machines of one device each, where a group spans the network. 0: ``inter_latency_s``."""
     two_node_sync_factor: float = 1.0
     """Multiplies inter-node synchronisation on exactly two nodes. Pollux's testbed
     synchronises 1.5-2x slower on 2 nodes than on 3-4 with the same replicas (bert, 8
@@ -233,7 +237,13 @@ class Coefficients:
                 raise ValueError(f"Coefficients.{name}: must be in (0, 1], got {value}")
         if self.overlap_gamma < 1:
             raise ValueError(f"Coefficients.overlap_gamma: must be >= 1, got {self.overlap_gamma}")
-        for name in ("compute_overhead_s", "intra_latency_s", "inter_latency_s", "tree_latency_s"):
+        for name in (
+            "compute_overhead_s",
+            "intra_latency_s",
+            "inter_latency_s",
+            "tree_latency_s",
+            "tp_latency_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"Coefficients.{name}: must be >= 0")
         for name in ("two_node_sync_factor", "batch_exponent"):
@@ -571,7 +581,9 @@ def step_time(
         per = ring_allreduce_s(
             message,
             layout.tp,
-            latency_s=coeffs.inter_latency_s if spans else coeffs.intra_latency_s,
+            latency_s=(
+                (coeffs.tp_latency_s or coeffs.inter_latency_s) if spans else coeffs.intra_latency_s
+            ),
             bandwidth_gbps=(
                 shape.inter_node_gbps * coeffs.inter_bw_efficiency
                 if spans

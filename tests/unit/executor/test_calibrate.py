@@ -19,12 +19,14 @@ from autotune.executor.calibrate import (
     GRID,
     LARGE_BATCH,
     LINK_FREE,
+    TP_LATENCY,
     Measurement,
     _device,
     _predict,
     compute_grid,
     fit_compute,
     fit_profile,
+    link_free,
     link_grid,
     load_profile,
     step_of,
@@ -135,34 +137,54 @@ def _modelled(
     return Measurement(config, t.step_s, 0, shape=shape, batch=batch, sync_s=t.step_s - t.compute_s)
 
 
-def test_the_link_grid_measures_a_second_batch_so_the_fit_tells_compute_from_overhead() -> None:
-    """Four machines of one rank each: the grid's dense run at a 4x batch is measured and
-    fitted at its own batch (a per-step overhead and a per-sample compute are told apart
-    by two batches), and the fit then prices other batches as the machine runs them."""
+def test_the_link_grid_tells_compute_from_overhead_and_a_tensor_parallel_collective_apart() -> None:
+    """Four machines of one rank each, six runs: the dense run at a 4x batch tells a
+    per-step overhead from a per-sample compute, the run in bf16 under top-k tells the
+    device's 16-bit speed (its compute) from top-k's reduction (its synchronisation),
+    and the tensor-parallel pair across machines its activation all-reduces' own cost.
+    The fit then prices other batches, bf16 and top-k each alone, and tensor
+    parallelism, as the machines run them; without the tensor-parallel run, the
+    data-parallel reduction's latency prices those collectives (what the model did
+    before), far off."""
     grid = link_grid(4)
     assert len(grid) == 6, "at most six configurations"
     assert [c.global_batch for c in grid].count(LARGE_BATCH) == 1
-    assert all(c.layout.dp == 4 and c.executor_refusal() is None for c in grid)
+    assert all(c.executor_refusal() is None for c in grid)
+    assert [(c.layout.dp, c.layout.tp) for c in grid].count((2, 2)) == 1
     profile = BUILTIN_TASKS["gpt-char"].profile
     base = device("CPU")
     shape = Shape(gpu_model="CPU", ranks_per_node=(1,) * 4, inter_node_gbps=0.118)
     truth_spec = _device(base, 0.01, 0.7)
     truth = Coefficients(
-        mfu=1.0, compute_overhead_s=0.04, inter_latency_s=5e-3, inter_bw_efficiency=0.7,
-        overlap_gamma=2.0, executor_reduction=True,
+        mfu=1.0, compute_overhead_s=0.04, inter_latency_s=9e-3, tp_latency_s=4e-3,
+        inter_bw_efficiency=0.6, overlap_gamma=2.0, executor_reduction=True,
     )  # fmt: skip
 
-    def measured(config: JobConfig, batch: int) -> Measurement:
+    def measured(config: JobConfig, batch: int = BATCH) -> Measurement:
         return _modelled(profile, config, batch, shape, truth_spec, truth)
 
     rows = [measured(c, c.global_batch or BATCH) for c in grid]
-    spec, coeffs = fit_profile(profile, rows, base, LINK_FREE)
-    dense = grid[0]
-    for batch in (8, 128):
-        want = measured(dense, batch)
+    free = link_free(rows)
+    assert TP_LATENCY in free
+    assert link_free(rows[:5]) == LINK_FREE
+    spec, coeffs = fit_profile(profile, rows, base, free)
+    dense, tp = grid[0], grid[5]
+    held_out = [
+        replace(dense, precision=PrecisionMap.uniform("bf16")),
+        replace(dense, compression=CompressionSpec(kind="topk", ratio=0.01)),
+        replace(dense, compression=CompressionSpec(kind="topk", ratio=0.1)),
+    ]
+    for want in [measured(dense, 8), measured(dense, 128), *map(measured, held_out)]:
         got = step_of(profile, want, spec, coeffs).step_s
-        assert got == pytest.approx(want.step_time_s, rel=0.05), batch
+        assert got == pytest.approx(want.step_time_s, rel=0.05), want.config.describe()
     assert coeffs.compute_overhead_s == pytest.approx(truth.compute_overhead_s, rel=0.2)
+    assert coeffs.tp_latency_s == pytest.approx(truth.tp_latency_s, rel=0.2)
+    # The tensor-parallel run left out: its collectives priced at the data-parallel
+    # reduction's latency.
+    spec5, coeffs5 = fit_profile(profile, rows[:5], base, link_free(rows[:5]))
+    assert coeffs5.tp_latency_s == 0
+    without = step_of(profile, rows[5], spec5, coeffs5).step_s
+    assert without > 1.3 * rows[5].step_time_s, tp.describe()
 
 
 @pytest.mark.parametrize("task", ["mlp-synthetic", "resnet-mini"])
