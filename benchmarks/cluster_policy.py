@@ -1,7 +1,7 @@
 """A policy for one's own cluster, as a user makes it, on the testbed: describe the
 cluster, calibrate the performance model on it, train a policy in its simulation.
 
-    python bench/cluster_policy.py [--machines 2] [--mbit 100] [--steps 20] [--efficiency]
+    python bench/cluster_policy.py [--machines 2] [--mbit 100] [--steps 60] [--efficiency]
                                    [--task gpt-char:2 --task mlp-synthetic:2]
                                    [--window 2] [--round-s 2] [--iterations 10]
                                    [--out bench/out/cluster_policy]
@@ -43,6 +43,7 @@ from typing import Any
 
 from autotune.benchmarks import OUT
 from autotune.benchmarks.testbed import Testbed
+from autotune.executor.calibrate import CLUSTER_STEPS
 
 
 def _json_of(done: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
@@ -127,7 +128,9 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--machines", type=int, default=2, choices=[2, 3, 4])
     p.add_argument("--mbit", type=float, default=100.0, help="Link rate each way, Mbit/s.")
-    p.add_argument("--steps", type=int, default=20, help="Measured steps per configuration.")
+    p.add_argument(
+        "--steps", type=int, default=CLUSTER_STEPS, help="Measured steps per configuration."
+    )
     p.add_argument(
         "--task", action="append", default=None,
         help="A task the cluster's users train (train-policy's --task); repeat it. "

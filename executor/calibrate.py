@@ -35,6 +35,7 @@ from autotune.perf.fit import Parameter, fit_bounded, mape
 from autotune.perf.model import Coefficients, Shape, StepTime, step_time
 
 __all__ = [
+    "CLUSTER_STEPS",
     "COMPUTE_FREE",
     "GRID",
     "LARGE_BATCH",
@@ -129,9 +130,10 @@ achieved share of its bandwidth instead of the (unused) intra-node ones."""
 TP_LATENCY = Parameter(name="tp_latency_s", start=1e-3, low=1e-6, high=0.1)
 """A ring step of a tensor-parallel group's activation all-reduce across machines. It is
 not the data-parallel reduction's (``inter_latency_s``): that one is paid once a step,
-after the whole backward, and carries the wait for the slowest rank's step; these are
-paid 4 times a layer, between layers. On four 1 Gbit/s testbed machines: about 4 ms
-against 9 ms, where the wire's own is 0.35 ms."""
+after the whole backward, and carries what waiting for the other ranks costs there;
+these are paid 4 times a layer, between layers. On four testbed machines: 2.3-5.4 ms
+against 8.8-9.1 ms at 1 Gbit/s, 6.8 ms against 3.2 ms at 100 Mbit/s (the wire's own:
+0.35 ms)."""
 
 
 def link_free(rows: Sequence[Measurement]) -> tuple[Parameter, ...]:
@@ -310,6 +312,11 @@ def _shape_on(cluster: ClusterDescription, ray_nodes: Sequence[str]) -> Shape:
     )
 
 
+CLUSTER_STEPS = 60
+"""Measured steps per configuration of a cluster calibration (``autotune calibrate
+--cluster-file``'s default). Two 20-step calibrations of four testbed machines minutes
+apart measured one configuration up to 40% apart (dense: 164 and 117 ms), where the
+150-step runs of a benchmark agree within 3%; at 60 steps they were within 3-20%."""
 LARGE_BATCH: int = 4 * BATCH
 """The calibration's second batch: a step's compute grows with its samples, its fixed
 costs do not, and only two batches tell them apart."""

@@ -19,6 +19,7 @@ from autotune.core import (
     PrecisionMap,
 )
 from autotune.errors import InputError
+from autotune.executor.calibrate import CLUSTER_STEPS
 from autotune.interfaces import JobMetrics
 
 __all__ = ["calibrate_command", "parse_precision", "parse_shares", "run_command"]
@@ -249,8 +250,15 @@ def run_command(
 
 def calibrate_command(
     steps: Annotated[
-        int, typer.Option("--steps", help="Measured steps per configuration.", min=2)
-    ] = 20,
+        int | None,
+        typer.Option(
+            "--steps",
+            help="Measured steps per configuration (default: 20 on this machine, "
+            f"{CLUSTER_STEPS} with --cluster-file, where a short run's step on the network "
+            "varies more).",
+            min=2,
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and data.")] = 0,
     out: Annotated[
         Path | None,
@@ -318,12 +326,13 @@ def calibrate_command(
     fitter ``autotune model calibrate`` uses for the Pollux measurements), saves the
     profile, and reports the step-time error (target MAPE <= 15%).
 
-    With --cluster-file: trains gpt-char data parallel over the cluster's machines under 6
-    configurations (dense fp32 and bf16, top-k 1%, int8, PowerSGD rank 4, dense fp32 at
-    4x the batch), fits the device and the links' latency and achieved bandwidth to the
-    step times and the synchronisation no rank hid, and writes the calibration into the
-    cluster file: the simulated cluster of ``autotune train-policy --cluster-file`` and
-    the daemon then use it.
+    With --cluster-file: trains gpt-char over the cluster's machines under 6
+    configurations (data parallel dense in fp32 at the batch and at 4x it, under int8,
+    under PowerSGD rank 4 and under top-k 1% in bf16; a tensor-parallel pair across
+    machines), fits the device, the links' latency and achieved bandwidth and a
+    tensor-parallel collective's latency to the step times and the synchronisation no
+    rank hid, and writes the calibration into the cluster file: the simulated cluster of
+    ``autotune train-policy --cluster-file`` and the daemon then use it.
 
     With --compute TASK (and --cluster-file): also trains TASK with plain DDP over the
     machines at its batch and at 4x, and fits its own costs (speed on the calibrated
@@ -382,6 +391,8 @@ def calibrate_command(
     progress = progress_bar(
         "calibrating", "{task.completed}/{task.total} configurations {task.fields[note]}"
     )
+    if steps is None:
+        steps = 20 if cluster is None else CLUSTER_STEPS
     total = len(grid) + len(computed) * 2
     bar = progress.add_task("calibrate", total=total, note="")
     started = ensure_ray(ray_address, num_cpus=2)
