@@ -131,8 +131,8 @@ TP_LATENCY = Parameter(name="tp_latency_s", start=1e-3, low=1e-6, high=0.1)
 """A ring step of a tensor-parallel group's activation all-reduce across machines. It is
 not the data-parallel reduction's (``inter_latency_s``): that one is paid once a step,
 after the whole backward, and carries what waiting for the other ranks costs there;
-these are paid 4 times a layer, between layers. On four testbed machines: 2.3-5.4 ms
-against 8.8-9.1 ms at 1 Gbit/s, 6.8 ms against 3.2 ms at 100 Mbit/s (the wire's own:
+these are paid 4 times a layer, between layers. On four testbed machines: 2.3-5.7 ms
+against 8.8-11.3 ms at 1 Gbit/s, 6.8 ms against 3.2 ms at 100 Mbit/s (the wire's own:
 0.35 ms)."""
 
 
