@@ -32,7 +32,7 @@ from autotune.catalog.tasks import BUILTIN_TASKS, GPTConfig
 from autotune.core import CompressionSpec, JobConfig, Layout, ModelProfile, PrecisionMap
 from autotune.errors import InputError
 from autotune.perf.fit import Parameter, fit_bounded, mape
-from autotune.perf.model import Coefficients, Shape, StepTime, step_time
+from autotune.perf.model import Coefficients, Shape, StepTime, step_time, tp_spans_nodes
 
 __all__ = [
     "CLUSTER_STEPS",
@@ -139,13 +139,7 @@ against 8.8-11.3 ms at 1 Gbit/s, 6.8 ms against 3.2 ms at 100 Mbit/s (the wire's
 def link_free(rows: Sequence[Measurement]) -> tuple[Parameter, ...]:
     """``LINK_FREE``, and ``TP_LATENCY`` where a run of ``rows`` had a tensor-parallel
     group across machines (elsewhere nothing measures it)."""
-    spans = any(
-        m.shape is not None
-        and m.config.layout.tp > 1
-        and m.shape.nodes > 1
-        and min(m.shape.ranks_per_node) < m.config.layout.tp
-        for m in rows
-    )
+    spans = any(m.shape is not None and tp_spans_nodes(m.config.layout, m.shape) for m in rows)
     return (*LINK_FREE, TP_LATENCY) if spans else LINK_FREE
 
 
@@ -439,15 +433,17 @@ def calibrate(
         )
     if progress:
         progress(len(grid), len(grid), "fitting")
-    free = _FREE if cluster is None else link_free(rows)
-    spec, coeffs = fit_profile(profile, rows, base, free)
+
+    def fitted(rows: Sequence[Measurement]) -> tuple[DeviceSpec, Coefficients]:
+        return fit_profile(profile, rows, base, _FREE if cluster is None else link_free(rows))
+
+    spec, coeffs = fitted(rows)
     measured = np.array([m.step_time_s for m in rows])
     predicted = _predict(profile, rows, spec, coeffs)
     held_out = []
     for i in range(len(rows)):
         rest = [m for j, m in enumerate(rows) if j != i]
-        free_i = _FREE if cluster is None else link_free(rest)
-        spec_i, coeffs_i = fit_profile(profile, rest, base, free_i)
+        spec_i, coeffs_i = fitted(rest)
         held_out.append(float(_predict(profile, [rows[i]], spec_i, coeffs_i)[0]))
     held = np.array(held_out)
     return {

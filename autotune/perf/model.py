@@ -71,6 +71,7 @@ from autotune.core import (
     MILLI_PER_GPU,
     CompressionSpec,
     JobConfig,
+    Layout,
     ModelProfile,
     NodeInfo,
     Placement,
@@ -102,6 +103,7 @@ __all__ = [
     "shape_of",
     "statistical_efficiency",
     "step_time",
+    "tp_spans_nodes",
 ]
 
 # Model FLOPs utilisation of a well-tuned dense training step. Megatron-LM reaches 52% of
@@ -537,6 +539,14 @@ def _sync(
     return comm, 0.0, dense_sent, dense_sent
 
 
+def tp_spans_nodes(layout: Layout, shape: Shape) -> bool:
+    """Whether ``layout``'s tensor-parallel groups cross the network where it runs
+    (``shape``): they go over the GPUs' link inside a node, where the Planner keeps a
+    group, and over the network when a machine holds fewer ranks than the group, as
+    machines of one device each do."""
+    return layout.tp > 1 and shape.nodes > 1 and min(shape.ranks_per_node) < layout.tp
+
+
 def step_time(
     model: ModelProfile,
     config: JobConfig,
@@ -574,10 +584,7 @@ def step_time(
     message = micro * model.seq_len * max(model.hidden_size, 1) * act_width
     tp_comm = 0.0
     if layout.tp > 1 and model.hidden_size:
-        # Over the GPUs' link inside a node, where the Planner keeps a tensor-parallel
-        # group; over the network when the group spans machines (a machine holds fewer
-        # ranks than the group, as machines of one device each do).
-        spans = shape.nodes > 1 and min(shape.ranks_per_node) < layout.tp
+        spans = tp_spans_nodes(layout, shape)
         per = ring_allreduce_s(
             message,
             layout.tp,
