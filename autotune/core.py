@@ -49,10 +49,28 @@ __all__ = [
     "PrecisionMap",
     "RankSlot",
     "TenantSpec",
+    "fast_precisions",
 ]
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8"]
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+
+
+def fast_precisions(peaks: Mapping[str, float]) -> frozenset[Precision]:
+    """The precisions a device of these peak TFLOP/s (``NodeInfo.peak_tflops``) has a
+    fast path for: fp32, a 16-bit type whose peak is above fp32's, fp8 where its peak is
+    above every 16-bit one's and fp32's. A precision that is listed but not faster (a
+    calibrated CPU measured its bf16 matmuls slower than its fp32 ones, as CPUs without
+    bf16 matrix units do) runs, but is no reason to choose it for speed."""
+    fp32 = peaks.get("fp32", 0.0)
+    fast: set[Precision] = {"fp32"}
+    for sixteen in ("bf16", "fp16"):
+        if peaks.get(sixteen, 0.0) > fp32:
+            fast.add(sixteen)
+    if peaks.get("fp8", 0.0) > max(fp32, peaks.get("bf16", 0.0), peaks.get("fp16", 0.0)):
+        fast.add("fp8")
+    return frozenset(fast)
+
 
 CompressionKind = Literal["none", "topk", "int8", "fp8", "powersgd"]
 COMPRESSION_KINDS: tuple[CompressionKind, ...] = get_args(CompressionKind)

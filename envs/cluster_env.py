@@ -48,9 +48,9 @@ allocation).
 | 9+7m | gpu{m}.total | [0, 1] | its GPUs / the cluster's GPUs |
 | 10+7m | gpu{m}.free | [0, 1] | its free GPUs / the cluster's GPUs |
 | 11+7m | gpu{m}.memory | [0, 1] | memory of one GPU / 192 GiB |
-| 12+7m | gpu{m}.bf16 | [0, 1] | 1 if it has bf16 units |
-| 13+7m | gpu{m}.fp8 | [0, 1] | 1 if it has fp8 units |
-| 14+7m | gpu{m}.speed | [0, 1] | its 16-bit (else fp32) peak / the fastest model's |
+| 12+7m | gpu{m}.bf16 | [0, 1] | 1 if it has bf16 units faster than fp32 |
+| 13+7m | gpu{m}.fp8 | [0, 1] | 1 if it has fp8 units faster than its 16-bit ones |
+| 14+7m | gpu{m}.speed | [0, 1] | its fastest 16-bit (else fp32) peak / the fastest model's |
 | 36+20k | slot[k].occupied | [0, 1] | 1 if a job is in slot k |
 | 37+20k | slot[k].running | [0, 1] | 1 if it runs |
 | 38+20k | slot[k].waiting | [0, 1] | hours waiting since submission, log(1+h)/log(101), capped |

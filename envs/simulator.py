@@ -70,6 +70,7 @@ from autotune.core import (
     NodeInfo,
     PrecisionMap,
     TenantSpec,
+    fast_precisions,
 )
 from autotune.envs.presets import default_nodes
 from autotune.interfaces import (
@@ -865,7 +866,7 @@ class SimulatedCluster:
 
     def _safer(self, node_id: str) -> PrecisionMap:
         peaks = self._nodes[node_id].peak_tflops
-        return PrecisionMap.uniform("bf16" if "bf16" in peaks else "fp32")
+        return PrecisionMap.uniform("bf16" if "bf16" in fast_precisions(peaks) else "fp32")
 
     def _check_capacity(self) -> None:
         used: dict[tuple[str, int], int] = {}

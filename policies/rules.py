@@ -41,6 +41,7 @@ from autotune.core import (
     NodeInfo,
     Precision,
     PrecisionMap,
+    fast_precisions,
 )
 from autotune.interfaces import ClusterSnapshot, PolicyChoice, PolicyRound
 from autotune.perf.memory import fit_layout
@@ -166,8 +167,8 @@ def _precision(nodes: Sequence[NodeInfo]) -> tuple[PrecisionMap, str]:
     models = sorted({n.gpu_model for n in nodes})
     peaks = [n.peak_tflops for n in nodes]
     chosen: Precision
-    if all("bf16" in p for p in peaks):
-        chosen, why = "bf16", "all candidate GPUs have bf16 units"
+    if all("bf16" in fast_precisions(p) for p in peaks):
+        chosen, why = "bf16", "all candidate GPUs have bf16 units faster than fp32"
     elif all(p.get("fp16", 0) > 2 * p.get("fp32", 0) for p in peaks):
         chosen, why = "fp16", "fp16 with loss scaling: not every candidate GPU has bf16"
     else:

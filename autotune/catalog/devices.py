@@ -207,12 +207,15 @@ _ENTRIES: Final = (
         "CPU",
         memory_gib=64,
         memory_bandwidth_gbps=200,
-        tflops={"fp32": 2.0, "bf16": 4.0},
+        tflops={"fp32": 2.0},
         intra_node_bandwidth_gbps=50,
         tdp_watts=250,
         source=(
             "assumed: one server socket as a device; 32 cores x 2 AVX-512 FMA units x 16 "
-            "fp32 lanes x 2 FLOP x 2.0 GHz = 4.1 TFLOP/s peak, halved for sustained"
+            "fp32 lanes x 2 FLOP x 2.0 GHz = 4.1 TFLOP/s peak, halved for sustained; no "
+            "fast 16-bit path assumed (PyTorch's bf16 training measured 0.64x its fp32 on "
+            "an AMD EPYC with AVX-512 BF16; a CPU with bf16 matrix units, AMX, is faster: "
+            "autotune calibrate measures it)"
         ),
     ),
 )

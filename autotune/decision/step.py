@@ -50,6 +50,7 @@ from typing import Any, Final, Protocol
 from autotune.core import (
     ACTIVE_STATES,
     MILLI_PER_GPU,
+    MODULE_CLASSES,
     CompressionSpec,
     Decision,
     DecisionSource,
@@ -59,6 +60,7 @@ from autotune.core import (
     ModelProfile,
     NodeInfo,
     Placement,
+    Precision,
     node_table,
 )
 from autotune.decision.explain import explain_decision
@@ -67,6 +69,7 @@ from autotune.decision.payoff import Payoff, payoff, unproven_change
 from autotune.decision.quotas import enforce_quotas
 from autotune.interfaces import ClusterSnapshot, JobStatus, Policy, PolicyChoice
 from autotune.perf.memory import fit_layout, fit_memory, rank_memory
+from autotune.perf.model import dtype_tflops
 from autotune.perf.online import JobModel
 from autotune.planner import largest_gang, plan
 
@@ -319,6 +322,7 @@ def decide(
     active = _on_models(
         [j for j in active if j.spec.job_id not in preempted], decided, overrides, quota.models
     )
+    _precision_that_pays(decided, active, snapshot.nodes)
     choices = _fit_memory(decided, active, snapshot.nodes)
     waiting = {
         job_id: c.reason
@@ -701,6 +705,47 @@ def _compression_that_runs(choices: dict[str, PolicyChoice]) -> None:
             config=replace(c.config, compression=RUNNABLE_COMPRESSION),
             reason=f"{c.reason}; {RUNNABLE_COMPRESSION} instead of {c.config.compression}: "
             f"PowerSGD runs on data-parallel layouts only, not tp={layout.tp} pp={layout.pp}",
+        )
+
+
+def _precision_that_pays(
+    choices: dict[str, PolicyChoice], active: Sequence[JobStatus], nodes: Sequence[NodeInfo]
+) -> None:
+    """3. A module class chosen in a precision whose matmuls the performance model
+    prices slower than fp32's on every GPU model the job may run on (no fast path for it
+    there: ``autotune.perf.model.dtype_tflops``; a CPU that measured its bf16 slower than
+    its fp32) trains in fp32 instead, slower and less exact being no trade; the same in
+    the simulated cluster, so that a policy learns what it gets. A job on no known GPU
+    model keeps its choice."""
+    peaks = {n.gpu_model: n.peak_tflops for n in nodes if n.peak_tflops.get("fp32")}
+    specs = {j.spec.job_id: j.spec for j in active}
+    for job_id, c in choices.items():
+        spec = specs.get(job_id)
+        if c.config is None or spec is None:
+            continue
+        precision = c.config.precision
+        if precision.lowest() == "fp32":
+            continue
+        models = sorted(m for m in peaks if spec.allows(m))
+        if not models:
+            continue
+        slower = {
+            cls: p
+            for cls in MODULE_CLASSES
+            if cls != "optimizer_state"
+            and (p := getattr(precision, cls)) != "fp32"
+            and all(dtype_tflops(peaks[m], p) < peaks[m]["fp32"] for m in models)
+        }
+        if not slower:
+            continue
+        fp32: dict[str, Precision] = dict.fromkeys(slower, "fp32")
+        raised = replace(precision, **fp32)
+        kinds = sorted(set(slower.values()))
+        choices[job_id] = replace(
+            c,
+            config=replace(c.config, precision=raised),
+            reason=f"{c.reason}; fp32 instead of {'/'.join(kinds)} for "
+            f"{', '.join(sorted(slower))}: slower than fp32 on {', '.join(models)}",
         )
 
 

@@ -92,6 +92,7 @@ __all__ = [
     "compression_efficiency",
     "compute_bound_samples_per_s",
     "divergence_rate_per_hour",
+    "dtype_tflops",
     "effective_peak_tflops",
     "estimate",
     "expected_max_normal",
@@ -378,9 +379,9 @@ def compute_bound_samples_per_s(
     return flops_per_s / model.flops_per_sample
 
 
-def _dtype_tflops(spec: DeviceSpec, dtype: Precision) -> float:
-    """Dense TFLOP/s of ``spec`` for matmuls in ``dtype``, emulated where no fast path."""
-    peaks = spec.peak_tflops
+def dtype_tflops(peaks: Mapping[str, float], dtype: Precision) -> float:
+    """Dense TFLOP/s for matmuls in ``dtype`` of a device of these peaks
+    (``DeviceSpec.peak_tflops``, ``NodeInfo.peak_tflops``), emulated where no fast path."""
     fp32 = peaks["fp32"]
     if dtype == "fp32":
         return fp32
@@ -398,10 +399,10 @@ def class_time_factor(spec: DeviceSpec, model: ModelProfile, precision: Precisio
     sum over module classes of share_c / peak(dtype_c). Models without a transformer
     shape count all FLOPs at the feed-forward class's precision."""
     if model.hidden_size == 0:
-        return 1.0 / _dtype_tflops(spec, precision.ffn)
+        return 1.0 / dtype_tflops(spec.peak_tflops, precision.ffn)
     total_share = sum(PARAMETER_SHARE.values())
     return sum(
-        share / total_share / _dtype_tflops(spec, getattr(precision, cls))
+        share / total_share / dtype_tflops(spec.peak_tflops, getattr(precision, cls))
         for cls, share in PARAMETER_SHARE.items()
     )
 

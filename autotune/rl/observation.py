@@ -29,7 +29,7 @@ from typing import Final
 import numpy as np
 
 from autotune.catalog.devices import device
-from autotune.core import JobConfig, Layout, ModelProfile, NodeInfo, node_table
+from autotune.core import JobConfig, Layout, ModelProfile, NodeInfo, fast_precisions, node_table
 from autotune.demand import DemandForecast, DemandForecaster, DemandHistory, NoForecast
 from autotune.interfaces import ClusterSnapshot, JobStatus
 from autotune.perf.memory import rank_memory
@@ -91,9 +91,9 @@ GPU_MODEL: Final = (
     Feature("total", 0, 1, "its GPUs / the cluster's GPUs"),
     Feature("free", 0, 1, "its free GPUs / the cluster's GPUs"),
     Feature("memory", 0, 1, "memory of one GPU / 192 GiB"),
-    Feature("bf16", 0, 1, "1 if it has bf16 units"),
-    Feature("fp8", 0, 1, "1 if it has fp8 units"),
-    Feature("speed", 0, 1, "its 16-bit (else fp32) peak / the fastest model's"),
+    Feature("bf16", 0, 1, "1 if it has bf16 units faster than fp32"),
+    Feature("fp8", 0, 1, "1 if it has fp8 units faster than its 16-bit ones"),
+    Feature("speed", 0, 1, "its fastest 16-bit (else fp32) peak / the fastest model's"),
 )
 SLOT: Final = (
     Feature("occupied", 0, 1, "1 if a job is in the slot"),
@@ -159,7 +159,7 @@ def observation_bounds(slots: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _speed(gpu_model: str) -> float:
     peaks = device(gpu_model).peak_tflops
-    return float(peaks.get("bf16", peaks.get("fp16", peaks["fp32"])))
+    return max(peaks[p] for p in fast_precisions(peaks) if p != "fp8")
 
 
 def gpu_models(nodes: Sequence[NodeInfo]) -> list[str]:
@@ -260,6 +260,7 @@ class ObservationEncoder:
         fastest = _speed(models[0]) if models else 1.0
         for i, model in enumerate(models[:MAX_GPU_MODELS]):
             spec = device(model)
+            fast = fast_precisions(spec.peak_tflops)
             count = table.gpus_by_model[model]
             used = sum(
                 v for k, v in held.items() if (n := table.by_id.get(k)) and n.gpu_model == model
@@ -270,8 +271,8 @@ class ObservationEncoder:
                 count / total,
                 max(0.0, count - used) / total,
                 min(1.0, spec.memory_bytes / _LARGEST_GPU_BYTES),
-                float("bf16" in spec.peak_tflops),
-                float("fp8" in spec.peak_tflops),
+                float("bf16" in fast),
+                float("fp8" in fast),
                 _speed(model) / fastest,
             )
         for slot, job in enumerate(active[:slots]):

@@ -50,8 +50,8 @@ COEFFICIENTS = {
     "two_node_sync_factor": 1.0,
     "batch_exponent": 1.0,
 }
-# A CPU whose bf16 is a third of its fp32 (what this host measures), where the catalog's
-# CPU assumes bf16 twice as fast as fp32.
+# A CPU whose bf16 is a third of its fp32, where the catalog's CPU assumes no fast bf16
+# (emulated at half its fp32).
 REPORT = {
     "task": "gpt-char",
     "device": {"name": "CPU-calibrated", "base": "CPU",
@@ -143,7 +143,7 @@ def test_the_simulated_cluster_runs_jobs_on_the_calibrated_figures(tmp_path: Pat
         name: sim.estimate_for(job.spec.job_id, config, shape).step.step_s
         for name, config in (("fp32", fp32), ("bf16", bf16))
     }
-    # Measured here: bf16 slower than fp32; the catalog's CPU says the opposite.
+    # Measured: bf16 at a third of fp32; the catalog's CPU emulates it at half.
     assert step["bf16"] > step["fp32"]
     assert job.spec.model is not None
     catalog = {
@@ -152,7 +152,7 @@ def test_the_simulated_cluster_runs_jobs_on_the_calibrated_figures(tmp_path: Pat
         ).step.step_s
         for name, config in (("fp32", fp32), ("bf16", bf16))
     }
-    assert catalog["bf16"] < catalog["fp32"]
+    assert step["bf16"] / step["fp32"] > catalog["bf16"] / catalog["fp32"] > 1
 
 
 def test_a_task_mix_streams_the_users_tasks_at_their_own_batch() -> None:

@@ -20,6 +20,7 @@ from autotune.core import (
     Placement,
     PrecisionMap,
     RankSlot,
+    fast_precisions,
 )
 from autotune.serde import from_json, to_json
 
@@ -148,6 +149,16 @@ def test_uniform_precision_keeps_norms_and_optimizer_in_fp32() -> None:
     assert (fp8.norm, fp8.optimizer_state) == ("fp32", "fp32")
     assert fp8.lowest() == "fp8"
     assert PrecisionMap().lowest() == "fp32"
+
+
+def test_a_precision_is_a_fast_path_only_where_it_is_faster() -> None:
+    assert fast_precisions({"fp32": 19.5, "bf16": 312, "fp16": 312}) == {"fp32", "bf16", "fp16"}
+    assert fast_precisions({"fp32": 67, "bf16": 989, "fp8": 1979}) == {"fp32", "bf16", "fp8"}
+    assert fast_precisions({"fp32": 8.1, "fp16": 65}) == {"fp32", "fp16"}
+    # A calibrated CPU whose bf16 matmuls measured slower than its fp32 ones.
+    assert fast_precisions({"fp32": 0.029, "bf16": 0.019}) == {"fp32"}
+    # fp8 no faster than the 16-bit path is no fast path of its own.
+    assert fast_precisions({"fp32": 10, "bf16": 100, "fp8": 100}) == {"fp32", "bf16"}
 
 
 configs = st.builds(

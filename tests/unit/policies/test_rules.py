@@ -69,3 +69,33 @@ def test_a_job_held_to_one_node_is_never_given_more_gpus_than_a_node_has() -> No
     spread = replace(spec, max_nodes=None)
     free = replace(snapshot, jobs=[JobStatus(spec=spread, state="pending")])
     assert RulesPolicy().decide(free).choices["lone"].config.world_size == 16
+
+
+def test_rules_train_in_fp32_where_16_bit_is_no_faster() -> None:
+    """A CPU (the catalog's, and one calibrated to bf16 slower than its fp32) gets fp32,
+    an A100 bf16."""
+    from autotune.core import NodeInfo
+
+    def chosen(nodes: list[NodeInfo]) -> str:
+        spec = JobSpec(
+            job_id="j", model=MODEL_CATALOG["gpt-125m"], global_batch=16, min_gpus=2, max_gpus=2
+        )
+        snapshot = ClusterSnapshot(
+            time_s=0.0, nodes=nodes, jobs=[JobStatus(spec=spec, state="pending")], telemetry="t"
+        )
+        choice = RulesPolicy().decide(snapshot).choices["j"]
+        assert choice.config is not None
+        return choice.config.precision.lowest()
+
+    def nodes(model: str, **changes: object) -> list[NodeInfo]:
+        return [
+            replace(
+                node_info(f"n{i}", gpu_model=model, gpu_count=1, cpu_milli=800, memory_mib=1 << 16),
+                **changes,  # type: ignore[arg-type]
+            )
+            for i in range(2)
+        ]
+
+    assert chosen(nodes("A100")) == "bf16"
+    assert chosen(nodes("CPU")) == "fp32"
+    assert chosen(nodes("CPU", peak_tflops={"fp32": 0.029, "bf16": 0.019})) == "fp32"

@@ -380,3 +380,51 @@ def test_a_choice_the_executor_cannot_train_compresses_as_it_can() -> None:
             assert "PowerSGD runs on data-parallel layouts only" in decided[job_id].reason
         else:
             assert config.compression == powersgd
+
+
+def test_a_precision_slower_than_fp32_wherever_the_job_may_run_trains_in_fp32() -> None:
+    from autotune.catalog.devices import node_info
+    from autotune.catalog.profiles import MODEL_CATALOG
+    from autotune.core import JobConfig, JobSpec, Layout, PrecisionMap
+    from autotune.decision.step import decide
+    from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+
+    nodes = [
+        node_info(f"{m}-{i}", gpu_model=m, gpu_count=4, cpu_milli=32_000, memory_mib=1 << 18)
+        for m in ("T4", "A100")
+        for i in range(2)
+    ]
+    model = MODEL_CATALOG["gpt-125m"]
+
+    def job(job_id: str, models: tuple[str, ...] | None) -> JobStatus:
+        spec = JobSpec(
+            job_id=job_id, model=model, global_batch=32, min_gpus=2, max_gpus=2, gpu_types=models
+        )
+        return JobStatus(spec=spec, state="pending")
+
+    jobs = [job("t4-bf16", ("T4",)), job("t4-fp8", ("T4",)), job("any-bf16", None)]
+    jobs.append(job("pinned", ("T4",)))
+    snapshot = ClusterSnapshot(time_s=0.0, nodes=nodes, jobs=jobs, telemetry="sim")
+    bf16, fp8 = PrecisionMap.uniform("bf16"), PrecisionMap.uniform("fp8")
+    chosen = {"t4-bf16": bf16, "t4-fp8": fp8, "any-bf16": bf16, "pinned": bf16}
+    choices = {
+        job_id: PolicyChoice(
+            config=JobConfig(layout=Layout(world_size=2), precision=p), reason="the policy's"
+        )
+        for job_id, p in chosen.items()
+    }
+    overrides = {"pinned": _override("pinned", {"precision": {"ffn": "bf16"}})}
+    round_ = decide(snapshot, choices, overrides, honoured={}, policy_version="t")
+    decided = {d.job_id: d for d in round_.decisions}
+    assert set(decided) == set(chosen)
+    precision = {job_id: d.config.precision for job_id, d in decided.items() if d.config}
+    # A T4 has no bf16 units (emulated at half its fp32): fp32 instead, saying so.
+    assert precision["t4-bf16"] == PrecisionMap()
+    assert "fp32 instead of bf16" in decided["t4-bf16"].reason
+    assert "slower than fp32 on T4" in decided["t4-bf16"].reason
+    # fp8 runs through the T4's fp16 units, faster than its fp32: kept; its bf16 edges not.
+    assert precision["t4-fp8"] == PrecisionMap(attention_qkv="fp8", attention_out="fp8", ffn="fp8")
+    # A job that may run on an A100 keeps bf16; the user's override is the user's word.
+    assert precision["any-bf16"] == bf16
+    assert decided["pinned"].source == "override"
+    assert precision["pinned"].ffn == "bf16"
