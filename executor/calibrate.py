@@ -40,6 +40,7 @@ __all__ = [
     "GRID",
     "LARGE_BATCH",
     "LINK_FREE",
+    "LOCAL_STEPS",
     "TASK",
     "TP_LATENCY",
     "Measurement",
@@ -306,6 +307,9 @@ def _shape_on(cluster: ClusterDescription, ray_nodes: Sequence[str]) -> Shape:
     )
 
 
+LOCAL_STEPS = 20
+"""Measured steps per configuration of a calibration on one machine (``autotune
+calibrate``'s default there)."""
 CLUSTER_STEPS = 60
 """Measured steps per configuration of a cluster calibration (``autotune calibrate
 --cluster-file``'s default). Two 20-step calibrations of four testbed machines minutes
@@ -357,7 +361,7 @@ def calibrate_compute(
     report: Mapping[str, Any],
     *,
     cluster: ClusterDescription,
-    steps: int = 20,
+    steps: int = CLUSTER_STEPS,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
@@ -407,7 +411,7 @@ def calibrate_compute(
 
 def calibrate(
     *,
-    steps: int = 20,
+    steps: int | None = None,
     seed: int = 0,
     grid: Sequence[JobConfig] = GRID,
     progress: Callable[[int, int, str], None] | None = None,
@@ -415,7 +419,11 @@ def calibrate(
 ) -> dict[str, Any]:
     """Measure ``grid``, fit, and report (Ray must be connected). On a described
     ``cluster`` (its ranks on its machines) the fit is over ``LINK_FREE``: the links'
-    latency and achieved bandwidth instead of a node's."""
+    latency and achieved bandwidth instead of a node's. ``steps``: measured per
+    configuration (``None``: ``LOCAL_STEPS`` on one machine, ``CLUSTER_STEPS`` on a
+    cluster)."""
+    if steps is None:
+        steps = LOCAL_STEPS if cluster is None else CLUSTER_STEPS
     profile = BUILTIN_TASKS[TASK].profile
     base = device("CPU")
     rows = []

@@ -19,7 +19,7 @@ from autotune.core import (
     PrecisionMap,
 )
 from autotune.errors import InputError
-from autotune.executor.calibrate import CLUSTER_STEPS
+from autotune.executor.calibrate import CLUSTER_STEPS, LOCAL_STEPS
 from autotune.interfaces import JobMetrics
 
 __all__ = ["calibrate_command", "parse_precision", "parse_shares", "run_command"]
@@ -253,7 +253,7 @@ def calibrate_command(
         int | None,
         typer.Option(
             "--steps",
-            help="Measured steps per configuration (default: 20 on this machine, "
+            help=f"Measured steps per configuration (default: {LOCAL_STEPS} on this machine, "
             f"{CLUSTER_STEPS} with --cluster-file, where a short run's step on the network "
             "varies more).",
             min=2,
@@ -391,8 +391,6 @@ def calibrate_command(
     progress = progress_bar(
         "calibrating", "{task.completed}/{task.total} configurations {task.fields[note]}"
     )
-    if steps is None:
-        steps = 20 if cluster is None else CLUSTER_STEPS
     total = len(grid) + len(computed) * 2
     bar = progress.add_task("calibrate", total=total, note="")
     started = ensure_ray(ray_address, num_cpus=2)
@@ -411,7 +409,7 @@ def calibrate_command(
                     task,
                     report,
                     cluster=cluster,
-                    steps=steps,
+                    steps=report["steps"],
                     seed=seed,
                     progress=lambda what: progress.update(bar, advance=1, note=what),
                 )
