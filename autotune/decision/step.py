@@ -18,9 +18,11 @@ One round:
    gets GPUs others borrowed back (their jobs are preempted), a job beyond its tenant's
    quota waits unless it can borrow idle GPUs, and a job within GPUs promised to its
    tenant on a model is planned on that model;
-3. the memory rule (``autotune.perf.memory.fit_memory``) adds gradient accumulation,
-   then activation checkpointing, until a rank of each chosen configuration fits the
-   smallest GPU the job may run on;
+3. a module class the policy put in a precision the performance model prices slower
+   than fp32 on every GPU model the job may run on trains in fp32, saying so
+   (``_precision_that_pays``); the memory rule (``autotune.perf.memory.fit_memory``) adds
+   gradient accumulation, then activation checkpointing, until a rank of each chosen
+   configuration fits the smallest GPU the job may run on;
    where the backend measures what restarting a job costs, a running job's new
    configuration is taken only when it pays for its restart and the job's last change
    showed a measured gain (``autotune.decision.payoff``); otherwise the job keeps its
@@ -712,11 +714,13 @@ def _precision_that_pays(
     choices: dict[str, PolicyChoice], active: Sequence[JobStatus], nodes: Sequence[NodeInfo]
 ) -> None:
     """3. A module class chosen in a precision whose matmuls the performance model
-    prices slower than fp32's on every GPU model the job may run on (no fast path for it
-    there: ``autotune.perf.model.dtype_tflops``; a CPU that measured its bf16 slower than
-    its fp32) trains in fp32 instead, slower and less exact being no trade; the same in
-    the simulated cluster, so that a policy learns what it gets. A job on no known GPU
-    model keeps its choice."""
+    prices slower than fp32's on every GPU model the job may run on
+    (``autotune.perf.model.dtype_tflops``: a 16-bit type with no units there, emulated at
+    half fp32; a CPU that measured its bf16 slower than its fp32) trains in fp32 instead,
+    slower and less exact being no trade; the same in the simulated cluster, so that a
+    policy learns what it gets. Judged by the model's speed, not by
+    ``core.fast_precisions``: fp8 on a T4 runs through its fp16 units, faster than fp32,
+    and stays. A job on no known GPU model keeps its choice."""
     peaks = {n.gpu_model: n.peak_tflops for n in nodes if n.peak_tflops.get("fp32")}
     specs = {j.spec.job_id: j.spec for j in active}
     for job_id, c in choices.items():
