@@ -377,8 +377,21 @@ class RayBackend:
                             ),
                         )
                         job.rates = []
-                    job.runner.apply(decision.config, decision.placement)
+                    job.runner.apply(
+                        decision.config,
+                        decision.placement,
+                        batch_size=decision.config.batch(job.submission.spec),
+                    )
                     job.config, job.placement = decision.config, decision.placement
+
+    @staticmethod
+    def _noise_prior(job: _Job) -> float | None:
+        """The noise scale a job's learning rate at a larger batch starts from: what its
+        earlier runs measured, else its model's (``RunnerConfig.noise_prior``)."""
+        if job.metrics.noise_scale:
+            return job.metrics.noise_scale
+        model = job.submission.spec.model
+        return model.noise_scale if model is not None and model.noise_scale > 0 else None
 
     def _start(self, job: _Job, config: JobConfig, placement: Placement) -> None:
         job_id = job.submission.spec.job_id
@@ -432,6 +445,8 @@ class RayBackend:
             task=job.submission.task,
             steps=job.submission.steps,
             batch_size=config.batch(job.submission.spec),
+            lr_reference_batch=job.submission.spec.global_batch,
+            noise_prior=self._noise_prior(job),
             checkpoint_dir=self._root / job_id,
             checkpoint_every=self._every,
             device=self._device,

@@ -35,7 +35,7 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +209,15 @@ class RunnerConfig:
     learning_rate: float | None = None
     """Adam's learning rate; ``None``: the task's default."""
 
+    lr_reference_batch: int | None = None
+    """The global batch the learning rate is tuned for: trained at a larger
+    ``batch_size``, each step's rate is scaled by the batch's gain
+    (``WorkerSpec.lr_reference_batch``). ``None``: the rate as set."""
+
+    noise_prior: float | None = None
+    """The noise scale the gain rests on until the job has measured one
+    (``WorkerSpec.noise_prior``)."""
+
     max_restarts: int = 3
     """Times the job's ranks are restarted from the last checkpoint after a rank dies
     before the run gives up."""
@@ -319,7 +328,7 @@ class JobRunner:
         """The step the job started from (its newest checkpoint's; 0 for a fresh job)."""
         self.workers: list[Any] = []
         self._group: Any = None
-        self._pending: tuple[JobConfig, Placement | None] | None = None
+        self._pending: tuple[JobConfig, Placement | None, int | None] | None = None
         self._stopping = threading.Event()
         self._checkpoint_on_stop = False
         self._lock = threading.Lock()
@@ -383,13 +392,25 @@ class JobRunner:
 
     # ----------------------------------------------------------------- public
 
-    def apply(self, config: JobConfig, placement: Placement | None = None) -> None:
+    def apply(
+        self,
+        config: JobConfig,
+        placement: Placement | None = None,
+        *,
+        batch_size: int | None = None,
+    ) -> None:
         """Reconfigure the running job: checkpoint, tear down, start the new layout on
-        the new placement, restore, continue (before the next step)."""
+        the new placement, restore, continue (before the next step). ``batch_size``: the
+        job's new global batch (``None``: unchanged)."""
         check_config(config)
         self._check_placement(config, placement)
+        if batch_size is not None and batch_size < config.layout.dp:
+            raise ValueError(
+                f"batch_size {batch_size}: fewer samples than data-parallel ranks "
+                f"({config.layout.dp})"
+            )
         with self._lock:
-            self._pending = (config, placement)
+            self._pending = (config, placement, batch_size)
 
     def stop(self, *, checkpoint: bool = False) -> None:
         """End the job after the step in progress (from any thread); ``run`` returns the
@@ -449,7 +470,8 @@ class JobRunner:
                             f"a rank died {restarts} times; giving up at step {self.step}: {died}"
                         ) from None
                     if pending is not None:  # the ranks died while handing over their state
-                        self.config, self.placement = pending
+                        self.config, self.placement = pending[:2]
+                        self._take_batch(pending[2])
                     self._recover(died)
                     continue
                 if self.on_step is not None:
@@ -514,6 +536,9 @@ class JobRunner:
             device=run.device,
             kernel_backend="auto" if gpu else "reference",
             learning_rate=run.learning_rate,
+            lr_reference_batch=run.lr_reference_batch,
+            # After a restart the ranks start from what the job measured so far.
+            noise_prior=self._noise.reported or run.noise_prior,
             step_log=None if run.step_log_dir is None else str(run.step_log_dir),
             job=None if run.fence is None else run.fence.job_id,
             term=None if run.fence is None else run.fence.term,
@@ -727,23 +752,37 @@ class JobRunner:
         del self._result.step_times_s[resumed:]
         self._start(state)
 
-    def _reconfigure(self, config: JobConfig, placement: Placement | None) -> None:
+    def _reconfigure(
+        self, config: JobConfig, placement: Placement | None, batch_size: int | None
+    ) -> None:
         began = time.perf_counter()
         state = self._gather_state()
-        old = self.config
+        old, old_batch = self.config, self.run_config.batch_size
         self._stop()
         self.config, self.placement = config, placement
+        self._take_batch(batch_size)
         self._start(state)
         seconds = time.perf_counter() - began
         self._result.reconfigure_s.append(seconds)
-        self._result.events.append(
-            {
-                "step": self.step,
-                "kind": "reconfigured",
-                "from": _describe(old),
-                "to": _describe(config),
-                "seconds": round(seconds, 3),
-            }
+        event = {
+            "step": self.step,
+            "kind": "reconfigured",
+            "from": _describe(old),
+            "to": _describe(config),
+            "seconds": round(seconds, 3),
+        }
+        if self.run_config.batch_size != old_batch:
+            event["batch"] = {"from": old_batch, "to": self.run_config.batch_size}
+        self._result.events.append(event)
+
+    def _take_batch(self, batch_size: int | None) -> None:
+        """Train at global batch ``batch_size`` from the next start of the ranks on
+        (``None`` or the same: unchanged)."""
+        if batch_size is None or batch_size == self.run_config.batch_size:
+            return
+        self.run_config = replace(self.run_config, batch_size=batch_size)
+        self.samples_per_step = declared_samples(
+            load_task(self.run_config.task, batch_size=batch_size)
         )
 
     @property

@@ -65,6 +65,7 @@ from autotune.executor.placement import nvml_index
 from autotune.executor.precision import COMPUTE_CLASSES, LossScaler, PrecisionController
 from autotune.executor.quality import (
     GUARDED,
+    BatchScaling,
     NormGuard,
     Probe,
     Quality,
@@ -106,6 +107,15 @@ class WorkerSpec:
     """Which kernel implementation compression and fp8 use: ``reference`` on CPU (the
     Triton interpreter is for correctness tests), ``auto`` on GPUs."""
     learning_rate: float | None = None
+    lr_reference_batch: int | None = None
+    """The global batch the learning rate is tuned for (the job's submitted batch).
+    Trained at a larger batch, every step's learning rate is the rate times the batch's
+    gain from the measured noise scale (``autotune.executor.quality.BatchScaling``, each
+    change of more than 10% a ``learning_rate`` event). ``None``, or a batch at or below
+    it: the rate as set."""
+    noise_prior: float | None = None
+    """The noise scale (samples) the gain rests on until the ranks have measured one
+    (the job's model's); ``None``: the rate as set until then."""
     threads: int = 1
     step_log: str | None = None
     """A directory each rank appends one JSON line per step to (``RunnerConfig.
@@ -308,6 +318,10 @@ class RankWorker:
             else ReferenceSchedule()
         )
         self.optimizer = self._optimizer()
+        self.base_lr = [float(group["lr"]) for group in self.optimizer.param_groups]
+        self.lr_scaling = self._lr_scaling()
+        self.lr_gain = 1.0
+        """The gain the learning rate was last set at (reported as an event on a change)."""
         self.scaler = LossScaler() if self.precision.uses_fp16 else None
         if state is not None:
             self._restore(state)
@@ -685,6 +699,7 @@ class RankWorker:
                     )
                     events.extend(self._guard(quality))
                     events.extend(self._adapt(quality))
+                events.extend(self._scale_learning_rate(quality))
                 self.optimizer.step()
                 self.precision.round_optimizer_state(self.optimizer)
                 if self.scaler is not None:
@@ -756,6 +771,41 @@ class RankWorker:
         if probe.reference:
             self.references.done(self.step_count, quality)
         return quality
+
+    def _lr_scaling(self) -> BatchScaling | None:
+        """AdaScale's learning rate where the job trains above the batch its rate is
+        tuned for (``WorkerSpec.lr_reference_batch``)."""
+        reference = self.spec.lr_reference_batch
+        batch = declared_samples(self.task)
+        if reference is None or batch is None or batch <= reference:
+            return None
+        return BatchScaling(reference_batch=reference, batch=batch, prior=self.spec.noise_prior)
+
+    def _scale_learning_rate(self, quality: Quality | None) -> list[dict[str, Any]]:
+        """Set this step's learning rate from the batch's gain (``BatchScaling``); a
+        ``learning_rate`` event where the gain moved by more than 10% (or first left 1)."""
+        scaling = self.lr_scaling
+        if scaling is None:
+            return []
+        if quality is not None:
+            scaling.record(quality, self.dp, self.step_count)
+        gain = scaling.gain
+        for group, lr in zip(self.optimizer.param_groups, self.base_lr, strict=True):
+            group["lr"] = lr * gain
+        if abs(gain - self.lr_gain) <= 0.1 * self.lr_gain:
+            return []
+        self.lr_gain = gain
+        return [
+            {
+                "step": self.step_count,
+                "kind": "learning_rate",
+                "gain": round(gain, 4),
+                "batch": scaling.batch,
+                "reference_batch": scaling.reference_batch,
+                "noise_scale": scaling.noise_scale,
+                "measured": scaling.noise.reported is not None,
+            }
+        ]
 
     def _adapt(self, quality: Quality) -> list[dict[str, Any]]:
         """Adaptive top-k: the next step's kept share (a ``compression_ratio`` event when

@@ -89,6 +89,7 @@ __all__ = [
     "balance_gain",
     "balanced",
     "batch_efficiency",
+    "batch_gain",
     "compression_efficiency",
     "compute_bound_samples_per_s",
     "divergence_rate_per_hour",
@@ -633,14 +634,29 @@ def step_time(
     )
 
 
-def batch_efficiency(model: ModelProfile, global_batch: int) -> float:
-    """Progress per sample at batch M relative to M0 = ``reference_batch``:
-    (phi + M0) / (phi + M), phi the gradient noise scale in samples (Pollux, Qiao et al.
-    OSDI'21, eq. 5; McCandlish et al. 2018). 1 when phi is unknown (0)."""
-    phi = model.noise_scale
-    if phi <= 0:
+def _per_sample(noise_scale: float, reference_batch: int, batch: int) -> float:
+    """(phi + M0) / (phi + M): a sample's progress at batch M relative to M0 (Pollux,
+    Qiao et al. OSDI'21, eq. 5; McCandlish et al. 2018); 1 when phi is unknown (0)."""
+    if noise_scale <= 0:
         return 1.0
-    return (phi + model.reference_batch) / (phi + global_batch)
+    return (noise_scale + reference_batch) / (noise_scale + batch)
+
+
+def batch_gain(noise_scale: float, reference_batch: int, batch: int) -> float:
+    """Progress per step at ``batch`` (M) relative to a step at ``reference_batch`` (M0):
+    r = (M / M0) (phi + M0) / (phi + M), phi the gradient noise scale in samples; M / M0
+    when phi is unknown (0). The progress holds where the step's learning rate is scaled
+    by r, as AdaScale does (Johnson et al. 2020); the executor does so for a batch above
+    the one the job's learning rate was tuned for (``autotune.executor.quality.
+    BatchScaling``)."""
+    return batch / reference_batch * _per_sample(noise_scale, reference_batch, batch)
+
+
+def batch_efficiency(model: ModelProfile, global_batch: int) -> float:
+    """Progress per sample at batch M relative to M0 = ``reference_batch``: a step's gain
+    (``batch_gain``) over the samples it takes, (phi + M0) / (phi + M). 1 when phi is
+    unknown (0)."""
+    return _per_sample(model.noise_scale, model.reference_batch, global_batch)
 
 
 def compression_efficiency(spec: CompressionSpec, model: ModelProfile | None = None) -> float:

@@ -16,6 +16,7 @@ from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
 from autotune.executor.errors import ParallelError
 from autotune.executor.runner import JobRunner
 from autotune.interfaces import JobMetrics
+from autotune.perf.model import batch_gain
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("local_ray")]
 
@@ -110,6 +111,32 @@ def test_apply_reconfigures_without_losing_state() -> None:
     kinds = [e["kind"] for e in moved.events]
     assert kinds.count("reconfigured") == 2
     assert {p["rank"] for p in moved.placement} == {0, 1, 2, 3}
+
+
+def test_apply_changes_the_batch_and_its_learning_rate() -> None:
+    """A reconfiguration to twice the batch trains the new batch from the next step (its
+    ``reconfigured`` event says so) and, above the batch the job's rate is tuned for, at
+    the rate scaled by the batch's gain (a ``learning_rate`` event)."""
+
+    def grow(runner: JobRunner, step: int, metrics: JobMetrics) -> None:
+        if step == 3:
+            runner.apply(config(dp=2), batch_size=128)
+
+    result = train(
+        "mlp-synthetic",
+        config(dp=2),
+        6,
+        on_step=grow,
+        batch_size=64,
+        lr_reference_batch=64,
+        noise_prior=100.0,
+    )
+    assert result.samples == [64] * 3 + [128] * 3
+    (changed,) = [e for e in result.events if e["kind"] == "reconfigured"]
+    assert changed["batch"] == {"from": 64, "to": 128}
+    rates = [e for e in result.events if e["kind"] == "learning_rate"]
+    assert len(rates) == 1
+    assert rates[0]["gain"] == pytest.approx(batch_gain(100.0, 64, 128), abs=1e-4)
 
 
 def test_fp16_overflow_moves_the_class_to_bf16(tmp_path: Path) -> None:

@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from autotune.core import CompressionSpec, JobConfig, Layout
-from autotune.executor.local import run_local
+from autotune.executor.local import LocalRun, run_local
 from autotune.executor.quality import (
+    NOISE_MIN_MEASUREMENTS,
     SKETCH_SIZE,
+    BatchScaling,
     NoiseScale,
     NormGuard,
     Probe,
@@ -23,6 +25,7 @@ from autotune.executor.quality import (
     count_sketch,
 )
 from autotune.executor.worker import QUALITY_CLASSES, WorkerSpec
+from autotune.perf.model import batch_gain
 
 
 def heavy_tailed(n: int, seed: int) -> torch.Tensor:
@@ -215,3 +218,52 @@ def test_fp16_that_overflows_finishes_with_the_fall_back_and_the_guard() -> None
     assert health["loss_last20"] < 0.01
     assert {c["kind"] for c in health["changes"]} == {"grad_norm_growth"}
     assert all(c["from"] == "fp16" and c["to"] == "bf16" for c in health["changes"])
+
+
+def test_a_larger_batch_steps_at_adascales_gain_from_the_prior_then_the_measured_noise() -> None:
+    scaling = BatchScaling(reference_batch=64, batch=256, prior=400.0)
+    assert scaling.gain == pytest.approx(batch_gain(400.0, 64, 256))
+    # Two replicas of 128 samples whose gradients' squared norms are 1.5 against 1 for
+    # their average: |G|^2 = 0.5, tr(S) = 128, a noise scale of 256 samples. Once the job
+    # has measured enough steps, its own noise scale replaces the prior.
+    for step in range(NOISE_MIN_MEASUREMENTS):
+        scaling.record(
+            Quality(replica_sq=1.5, update_sq=1.0, class_norms={}, dense_sq=1.0),
+            replicas=2,
+            step=step,
+        )
+    measured = scaling.noise.reported
+    assert measured == pytest.approx(256.0)
+    assert scaling.noise_scale == measured
+    assert scaling.gain == pytest.approx(batch_gain(measured, 64, 256))
+    assert BatchScaling(reference_batch=64, batch=256).gain == 1.0  # nothing to go on
+    with pytest.raises(ValueError, match="must exceed"):
+        BatchScaling(reference_batch=64, batch=64)
+
+
+def test_a_job_above_its_tuned_batch_trains_at_the_scaled_learning_rate() -> None:
+    """mlp-synthetic at dp=2 and twice the batch its rate is tuned for: from the first
+    step its rate is scaled by the prior's gain (a ``learning_rate`` event says so), and
+    it trains otherwise than at the tuned rate; at or below the tuned batch nothing
+    changes."""
+    config = JobConfig(layout=Layout(world_size=2, dp=2))
+
+    def run(reference: int | None) -> LocalRun:
+        spec = WorkerSpec(
+            task="mlp-synthetic",
+            config=config,
+            batch_size=128,
+            lr_reference_batch=reference,
+            noise_prior=100.0,
+        )
+        return run_local(spec, 4, save=False)
+
+    scaled, plain, same = run(64), run(None), run(128)
+    events = [e for r in scaled.reports[0] for e in r.events if e["kind"] == "learning_rate"]
+    assert events[0]["step"] == 0
+    assert events[0]["gain"] == pytest.approx(batch_gain(100.0, 64, 128), abs=1e-4)
+    assert events[0]["measured"] is False
+    assert scaled.losses()[0] == plain.losses()[0]  # the first step's loss precedes it
+    assert scaled.losses()[1:] != plain.losses()[1:]
+    assert same.losses() == plain.losses()
+    assert not any(e["kind"] == "learning_rate" for r in same.reports[0] for e in r.events)

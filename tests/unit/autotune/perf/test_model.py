@@ -16,6 +16,7 @@ from autotune.perf.model import (
     Shape,
     StepTime,
     batch_efficiency,
+    batch_gain,
     compression_efficiency,
     estimate,
     expected_max_normal,
@@ -215,6 +216,15 @@ def test_low_precision_is_faster_where_the_device_has_it() -> None:
 def test_statistical_efficiency_terms() -> None:
     assert batch_efficiency(GPT, GPT.reference_batch) == 1.0
     assert batch_efficiency(GPT, 4 * GPT.reference_batch) < 1.0
+    # A step's gain (what the executor scales the learning rate by) is the batch's
+    # efficiency times the samples it takes: one formula for both.
+    m0 = GPT.reference_batch
+    assert batch_gain(GPT.noise_scale, m0, 4 * m0) == pytest.approx(
+        4 * batch_efficiency(GPT, 4 * m0)
+    )
+    assert batch_gain(400.0, 64, 256) == pytest.approx(4 * (400 + 64) / (400 + 256))
+    assert batch_gain(400.0, 64, 64) == 1.0
+    assert batch_gain(0.0, 64, 256) == 4.0  # noise unknown: every sample counts
     assert compression_efficiency(CompressionSpec()) == 1.0
     assert (
         compression_efficiency(CompressionSpec(kind="topk", ratio=0.001))
