@@ -31,9 +31,9 @@ from autotune.catalog.tasks import task_profile
 from autotune.core import JobConfig, Layout
 from autotune.executor.efficiency import WINDOW, reached, smoothed
 from autotune.executor.local import run_local
+from autotune.executor.quality import BatchScaling
 from autotune.executor.tasks import load_task
 from autotune.executor.worker import WorkerSpec
-from autotune.perf.model import batch_gain
 
 
 def _steps(spec: WorkerSpec, n: int, target: float) -> tuple[int | None, list[dict[str, Any]]]:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         m0, phi = profile.reference_batch, profile.noise_scale
         big = args.scale * m0
         rate = float(getattr(load_task(task), "learning_rate", 1e-3))  # as the ranks take it
-        gain = batch_gain(phi, m0, big) if phi > 0 else 1.0
+        gain = BatchScaling(reference_batch=m0, batch=big, prior=phi).gain  # the ranks' r
         for seed in args.seeds:
             began = time.time()
             spec = WorkerSpec(task=task, config=config, batch_size=m0, seed=seed)

@@ -321,7 +321,7 @@ class RankWorker:
         self.base_lr = [float(group["lr"]) for group in self.optimizer.param_groups]
         self.lr_scaling = self._lr_scaling()
         self.lr_gain = 1.0
-        """The gain the learning rate was last set at (reported as an event on a change)."""
+        """The gain last reported in a ``learning_rate`` event (1 before any)."""
         self.scaler = LossScaler() if self.precision.uses_fp16 else None
         if state is not None:
             self._restore(state)
