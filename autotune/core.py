@@ -34,6 +34,7 @@ __all__ = [
     "NODE_STATES",
     "PRECISIONS",
     "CompressionKind",
+    "CompressionSensitivity",
     "CompressionSpec",
     "Decision",
     "DecisionSource",
@@ -270,6 +271,25 @@ gain, and the measurement cannot tell them apart."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
+class CompressionSensitivity:
+    """What gradient compression costs a model's convergence, as two penalties on the
+    progress of a step (``autotune.perf.model.compression_efficiency`` prices with them):
+    top-k at ratio p loses ``topk`` x log10(1/p)^2, PowerSGD at rank r loses ``powersgd``
+    x 4/r. The catalog's are ``autotune.perf.model.CATALOG_SENSITIVITY``; what they are
+    over real jobs, fitted to the executor's measurements, is
+    ``autotune.perf.sensitivity``."""
+
+    topk: float
+    """0.04 in the catalog: 0.96 at 10%, 0.84 at 1%."""
+    powersgd: float
+    """The loss at rank 4 (rank 1 loses 4x it)."""
+
+    def __post_init__(self) -> None:
+        for name in ("topk", "powersgd"):
+            _check_number("CompressionSensitivity", name, getattr(self, name), positive=False)
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
 class ModelProfile:
     """What the Planner and the performance model need to know about a model."""
 
@@ -303,6 +323,10 @@ class ModelProfile:
     ``MAX_COMPRESSION_EFFICIENCY``]: above 1 where the compressed runs reached the target
     in fewer steps than dense SGD on every seed. A compression not in it is charged the
     catalog's constant (``autotune.perf.model.compression_efficiency``)."""
+    compression_sensitivity: CompressionSensitivity | None = None
+    """What a compression with no measured efficiency costs this model; ``None``: the
+    catalog's (``autotune.perf.model.CATALOG_SENSITIVITY``). The simulated cluster draws
+    one per job where asked to (``SimConfig.sensitivity``)."""
 
     def __post_init__(self) -> None:
         owner = "ModelProfile"

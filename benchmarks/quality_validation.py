@@ -6,12 +6,14 @@ compressed to its dense averaged gradient, ``autotune.executor.quality``).
 
     python bench/quality_validation.py [--task gpt-char:64] [--task mlp-synthetic]
         [--setting none --setting topk:0.01 ...] [--n-steps 150] [--seeds 0 1 2] [--dp 2]
+        [--limit 3]
 
 For each task and seed, plain fp32 DDP (``none``) trains ``--n-steps`` (N) steps; the
 target is its loss at step N (the mean of the 10 steps up to N, as every loss here), and
 the dense run's own steps to it are the first step whose 10-step mean is at or below it
 (before N where the loss has flattened). Every setting trains up to 3N steps and
-reaches the target likewise (none within 3N: failed). A setting is
+reaches the target likewise (none within 3N, ``--limit``: failed; its efficiency is then
+priced by the progress it made, as ``autotune calibrate --efficiency`` prices it). A setting is
 ``COMPRESSION`` (``topk:0.01``, ``int8``, ``powersgd:4``) or ``precision=P`` (``bf16``,
 ``fp16``, ``fp8``: the whole map). Predicted steps: the dense run's / efficiency. Ranks run as local
 processes over gloo (steps do not depend on the network). One JSON object on stdout and
@@ -29,7 +31,7 @@ from typing import Any
 
 from autotune.benchmarks import REPO, publish
 from autotune.core import CompressionSpec, JobConfig, Layout, PrecisionMap
-from autotune.executor.efficiency import WINDOW, reached, smoothed
+from autotune.executor.efficiency import WINDOW, efficiency_of, reached, smoothed
 from autotune.executor.local import run_local
 from autotune.executor.worker import WorkerSpec
 from autotune.perf.model import compression_efficiency, precision_efficiency
@@ -75,11 +77,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--dp", type=int, default=2)
     parser.add_argument(
+        "--limit", type=int, default=3, help="each setting trains up to LIMIT x N steps"
+    )
+    parser.add_argument(
         "--out", type=Path, default=REPO / "bench" / "out" / "quality_validation.json"
     )
     args = parser.parse_args(argv)
     if args.n_steps < 2 * WINDOW:
         parser.error(f"--n-steps must be >= {2 * WINDOW}")
+    if args.limit < 1:
+        parser.error("--limit must be >= 1")
     n = args.n_steps
     rows = []
     for item in args.task or ["gpt-char:64", "mlp-synthetic"]:
@@ -98,9 +105,12 @@ def main(argv: list[str] | None = None) -> int:
             assert base is not None
             for setting in args.setting or DEFAULT_SETTINGS:
                 config = _config(setting, args.dp)
-                run = _train(task, batch, config, 3 * n, seed)
+                run = _train(task, batch, config, args.limit * n, seed)
                 losses = smoothed(run.losses())
                 steps = reached(losses, target)
+                # The efficiency as ``autotune calibrate --efficiency`` prices it (an
+                # unreached target by the progress made).
+                measured = efficiency_of(setting, seed, dense[:n], losses)
                 catalog = compression_efficiency(config.compression) * precision_efficiency(
                     config.precision
                 )
@@ -114,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
                     "dense_steps": base,
                     "steps_measured": steps,
                     "steps_ratio": steps / base if steps else None,
+                    "efficiency": measured.efficiency,
                     "predicted_catalog": base / catalog,
                     "catalog_error": (base / catalog) / steps - 1 if steps else None,
                     "first10_cosine": cosine,
@@ -130,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         {
             "n_steps": n,
             "dp": args.dp,
+            "limit_steps": args.limit * n,
             "window": WINDOW,
             "rows": rows,
         },

@@ -123,6 +123,7 @@ from autotune.envs.simulator import Arrival, SimConfig, SimulatedCluster
 from autotune.envs.spaces import action_space, observation_space
 from autotune.envs.workloads import job_stream, synthetic_jobs
 from autotune.interfaces import ClusterSnapshot, PolicyChoice
+from autotune.perf.sensitivity import measured_spread
 from autotune.provisioning import Provisioner
 from autotune.rl.action import decode_action
 from autotune.rl.environment import EnvConfig
@@ -168,6 +169,7 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
             tenants=tuple(tenants),
             mix_models=config.mix_models,
             pack_jobs=config.pack_jobs,
+            sensitivity=measured_spread() if config.drawn_sensitivity else None,
         )
         self.provisioner = provisioner
         """Parks and wakes nodes every round (``autotune.provisioning``); with one, idle

@@ -16,7 +16,10 @@ at its goodput (samples/s x statistical efficiency) for its configuration and pl
 (``shape_of``: slowest GPU model, ranks per node, network) and finishes when it has done
 its work, counted in samples at statistical efficiency 1. Communication, compression,
 pipeline bubbles, stragglers (a coefficient of variation per job, drawn from the measured
-Alibaba distribution), memory and power all come from that model.
+Alibaba distribution), memory and power all come from that model. With
+``SimConfig.sensitivity``, what compression costs a job's convergence is drawn per job
+from the spread measured over real tasks (``autotune.perf.sensitivity``): the job trains
+at its draw (``SimJob.truth``) while its snapshots keep the profile the daemon knows.
 
 Events, all drawn from the generator given:
 
@@ -67,6 +70,7 @@ from autotune.core import (
     JobConfig,
     JobSpec,
     Layout,
+    ModelProfile,
     NodeInfo,
     PrecisionMap,
     TenantSpec,
@@ -91,6 +95,7 @@ from autotune.perf.model import (
     estimate,
     shape_of,
 )
+from autotune.perf.sensitivity import SensitivitySpread
 from autotune.perf.stragglers import median_cv, sample_cv
 from autotune.rl.reward import JobRound, RoundOutcome
 
@@ -251,6 +256,13 @@ class SimConfig:
     (``autotune.perf.model.balance_gain``). Jobs of measured physics (the Pollux and Sia
     modes) advance by measurements of one GPU model per placement, which a mixed
     placement has not: leave this off there."""
+    sensitivity: SensitivitySpread | None = None
+    """Where set, each job the performance model advances trains at a compression
+    sensitivity drawn from it (``autotune.perf.sensitivity``; the measured one is
+    ``measured_spread()``), unless its task's efficiencies were measured; the snapshots
+    keep the profile the daemon knows, so a policy prices compression as it would on a
+    real cluster, by the catalog or the calibration. ``None``: every job trains at what
+    its profile says."""
     pack_jobs: bool = False
     """Whether the Planner places every job that may span nodes on the nodes with the
     most free GPUs first, as many ranks on each as it has room for
@@ -296,6 +308,9 @@ class SimJob:
     nan_events: int = 0
     restarts: int = 0
     preemptions: int = 0
+    truth: ModelProfile | None = None
+    """The profile it trains at where that is not the one the daemon sees (a drawn
+    compression sensitivity, ``SimConfig.sensitivity``)."""
 
     @property
     def job_id(self) -> str:
@@ -321,6 +336,13 @@ class SimulatedCluster:
         seeds = getattr(self.rng.bit_generator, "seed_seq", None)
         self._measure = np.random.default_rng(
             seeds.spawn(1)[0] if seeds is not None else [self.config.seed, 1]
+        )
+        # The jobs' drawn sensitivities from a third, spawned only where they are drawn
+        # (a spawn moves the seed's later children: the other worlds stay as they were).
+        self._sensitivity = (
+            np.random.default_rng(seeds.spawn(1)[0] if seeds is not None else [self.config.seed, 2])
+            if self.config.sensitivity is not None
+            else None
         )
         self.nodes = [n for n in self.config.nodes if n.gpu_count > 0]
         self._nodes = {n.node_id: n for n in self.config.nodes}
@@ -391,6 +413,11 @@ class SimulatedCluster:
             straggler_cv=sample_cv(self.rng) if self.config.noise else median_cv(),
         )
         assert spec.model is not None
+        spread = self.config.sensitivity
+        if spread is not None and arrival.physics is None and not spec.model.compression_efficiency:
+            assert self._sensitivity is not None
+            drawn = spread.draw(self._sensitivity)
+            job.truth = replace(spec.model, compression_sensitivity=drawn)
         reference = JobConfig(layout=Layout(world_size=arrival.reference_gpus))
         shape = Shape(gpu_model=self.reference_gpu, ranks_per_node=(arrival.reference_gpus,))
         ref = self._estimate(job, reference, shape, cv=median_cv())
@@ -669,14 +696,15 @@ class SimulatedCluster:
         self, job: SimJob, config: JobConfig, shape: Shape, *, cv: float | None = None
     ) -> Estimate:
         spec = job.status.spec
-        assert spec.model is not None
+        model = job.truth or spec.model
+        assert model is not None
         straggler = job.straggler_cv if cv is None else cv
         batch = config.batch(spec)
-        key = (spec.model, id(job.arrival.coeffs), config, batch, shape, straggler)
+        key = (model, id(job.arrival.coeffs), config, batch, shape, straggler)
         hit = self._cache.get(key)
         if hit is None:
             hit = estimate(
-                spec.model,
+                model,
                 config,
                 shape,
                 batch,

@@ -135,6 +135,7 @@ def evaluate_policies(
     forecasts: Sequence[str] = ("lstm",),
     provisioning: Sequence[str] = (),
     tenants: Sequence[TenantSpec] = (),
+    on_round: RoundHook | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """The report of ``autotune eval``: every policy on the same jobs and seeds, each
@@ -173,7 +174,15 @@ def evaluate_policies(
             "seeds": seeds,
             **{
                 k: played[k]
-                for k in ("round_s", "restart_s", "start_s", "noise", "wake_s", "mix_models")
+                for k in (
+                    "round_s",
+                    "restart_s",
+                    "start_s",
+                    "noise",
+                    "wake_s",
+                    "mix_models",
+                    "drawn_sensitivity",
+                )
             },
             "forecasts": list(forecasts),
             "provisioning": list(provisioning),
@@ -211,8 +220,10 @@ def evaluate_policies(
                         )
                     policy = policy or make_policy(name, cluster, seed)
                     meter = TenantMeter(tenants) if tenants else None
-                    hook = meter.observe if meter is not None else None
-                    run: dict[str, Any] = dict(run_episode(policy, env, seed, on_round=hook))
+                    hooks = [h for h in (meter.observe if meter else None, on_round) if h]
+                    run: dict[str, Any] = dict(
+                        run_episode(policy, env, seed, on_round=_each(hooks) if hooks else None)
+                    )
                     if meter is not None:
                         assert env.sim is not None
                         run["tenants"] = meter.figures(
@@ -234,6 +245,14 @@ def evaluate_policies(
                 summary["per_seed"] = per_seed
                 report["policies"][row] = summary
     return report
+
+
+def _each(hooks: Sequence[RoundHook]) -> RoundHook:
+    def hook(snapshot: ClusterSnapshot, sim: SimulatedCluster) -> None:
+        for each in hooks:
+            each(snapshot, sim)
+
+    return hook
 
 
 def _takes_forecast(factory: Callable[..., Any]) -> bool:

@@ -266,6 +266,7 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
         "max_steps": settings.max_steps,
         "forecaster": forecaster,
         "energy_weight": settings.energy_weight,
+        "drawn_sensitivity": settings.drawn_sensitivity,
     }
     worker = int(getattr(config, "worker_index", 0)) * 1000 + int(
         getattr(config, "vector_index", 0)

@@ -114,6 +114,10 @@ class PPOSettings:
     """Rewards are multiplied by this before PPO sees them."""
     energy_weight: float = DEFAULT_ENERGY_WEIGHT
     """Normalized goodput the reward gives up per kWh (the daemon's ``energy_weight``)."""
+    drawn_sensitivity: bool = False
+    """Each job of the performance model trains at a compression sensitivity drawn from the
+    one measured over real tasks (``EnvConfig.drawn_sensitivity``), where the policy sees
+    the catalog's price, as on a real cluster; else every job at the catalog's."""
     warm_start: str | None = "oracle"
     """Teacher baseline for behaviour cloning before PPO (``None``: from scratch): a
     baseline of ``autotune.policies.baselines`` (``oracle``, ``rules``), or one of a

@@ -109,6 +109,15 @@ def eval_policies(
             "alone (batch shares by speed)."
         ),
     ] = _EVAL.mix_models,
+    drawn_sensitivity: Annotated[
+        bool,
+        typer.Option(
+            help="Each job trains at a compression sensitivity drawn from the one measured "
+            "over real tasks (autotune.perf.sensitivity) while the policies price "
+            "compression by the catalog, as on a real cluster; default: every job at the "
+            "catalog's."
+        ),
+    ] = _EVAL.drawn_sensitivity,
     as_json: JsonOption = False,
 ) -> None:
     """Replay a trace in the simulated cluster the daemon runs, through the daemon's
@@ -208,6 +217,7 @@ def eval_policies(
             provisioning=modes,
             wake_s=wake_s,
             mix_models=mix_gpu_models,
+            drawn_sensitivity=drawn_sensitivity,
             tenants=tenant_specs,
             progress=advance,
         )

@@ -52,6 +52,7 @@ EntropyOption = Annotated[float, typer.Option(min=0.0, help=_DOC.get("entropy_co
 TrainBatchOption = Annotated[int, typer.Option(min=16, help=_DOC.get("train_batch"))]
 HiddenOption = Annotated[int, typer.Option(min=4, help=_DOC.get("hidden"))]
 PooledOption = Annotated[bool, typer.Option(help=_DOC.get("pooled"))]
+DrawnSensitivityOption = Annotated[bool, typer.Option(help=_DOC.get("drawn_sensitivity"))]
 EnvRunnersOption = Annotated[int, typer.Option(min=0, help=_DOC.get("env_runners"))]
 EnvsPerRunnerOption = Annotated[int, typer.Option(min=1, help=_DOC.get("envs_per_runner"))]
 SeedOption = Annotated[int, typer.Option(help="Seed.")]
@@ -146,6 +147,7 @@ def train_policy(
     train_batch: TrainBatchOption = _PPO.train_batch,
     hidden: HiddenOption = _PPO.hidden,
     pooled: PooledOption = _PPO.pooled,
+    drawn_sensitivity: DrawnSensitivityOption = _PPO.drawn_sensitivity,
     checkpoint_every: CheckpointEveryOption = _PPO.checkpoint_every,
     env_runners: EnvRunnersOption = _PPO.env_runners,
     envs_per_runner: EnvsPerRunnerOption = _PPO.envs_per_runner,
@@ -226,6 +228,7 @@ def train_policy(
         entropy_coeff=entropy_coeff,
         hidden=hidden,
         pooled=pooled,
+        drawn_sensitivity=drawn_sensitivity,
         warm_start_episodes=warm_start_episodes,
         env_runners=env_runners,
         envs_per_runner=envs_per_runner,

@@ -69,6 +69,7 @@ from typing import Any, Final
 from autotune.catalog.devices import DEFAULT_INTER_NODE_GBPS, DeviceSpec, device
 from autotune.core import (
     MILLI_PER_GPU,
+    CompressionSensitivity,
     CompressionSpec,
     JobConfig,
     Layout,
@@ -81,7 +82,9 @@ from autotune.core import (
 from autotune.perf.memory import PARAMETER_SHARE, rank_memory
 
 __all__ = [
+    "CATALOG_SENSITIVITY",
     "MFU",
+    "MIN_COMPRESSION_EFFICIENCY",
     "Coefficients",
     "Estimate",
     "Shape",
@@ -148,12 +151,18 @@ IDLE_POWER_FRACTION: Final = 0.15
 
 # Quality cost of each compression kind, as a multiplier on progress per sample
 # (assumed, documented): int8/fp8 blockwise reductions are within noise of fp32
-# (Dettmers 2016, 8-bit approximations); PowerSGD at rank >= 4 matches SGD on ResNet and
-# LSTM tasks (Vogels et al. 2019, table 4) and degrades at rank 1-2; error-feedback top-k
-# converges at SGD's rate after a delay that grows with 1/ratio (Stich et al. 2018), so
-# extreme ratios cost more: 1 - 0.04 * log10(1/ratio)^2 (0.96 at 10%, 0.84 at 1%).
+# (Dettmers 2016, 8-bit approximations); PowerSGD at rank >= 4 about matches SGD on ResNet
+# and LSTM tasks (Vogels et al. 2019, table 4) and degrades at rank 1-2: 1 - 0.0075 * 4/rank
+# (0.9925 at rank 4, 0.97 at rank 1); error-feedback top-k converges at SGD's rate after
+# a delay that grows with 1/ratio (Stich et al. 2018), so extreme ratios cost more:
+# 1 - 0.04 * log10(1/ratio)^2 (0.96 at 10%, 0.84 at 1%). Real jobs differ from these by
+# an order of magnitude either way (``autotune.perf.sensitivity``).
 _QUANTIZED_EFFICIENCY: Final[dict[str, float]] = {"int8": 0.995, "fp8": 0.99}
-_TOPK_PENALTY: Final = 0.04
+CATALOG_SENSITIVITY: Final = CompressionSensitivity(topk=0.04, powersgd=0.0075)
+"""What a compression costs a model nothing was measured of (``ModelProfile.
+compression_sensitivity`` ``None``)."""
+MIN_COMPRESSION_EFFICIENCY: Final = 0.1
+"""The least progress per sample a priced compression keeps."""
 
 # Quality cost of low precision per unit of FLOP share: 16-bit mixed precision matches
 # fp32 (Micikevicius et al. 2018); fp8 with fine-grained scales stays within 0.25% of
@@ -662,7 +671,8 @@ def batch_efficiency(model: ModelProfile, global_batch: int) -> float:
 def compression_efficiency(spec: CompressionSpec, model: ModelProfile | None = None) -> float:
     """Progress per sample under gradient compression relative to dense SGD: what was
     measured of ``model`` under ``spec`` (``ModelProfile.compression_efficiency``), else
-    the catalog's constant for ``spec``."""
+    the price of ``model``'s sensitivity (``ModelProfile.compression_sensitivity``), else
+    the catalog's (``CATALOG_SENSITIVITY``; int8 and fp8 a constant)."""
     if spec.kind == "none":
         return 1.0
     if model is not None and model.compression_efficiency:
@@ -671,11 +681,16 @@ def compression_efficiency(spec: CompressionSpec, model: ModelProfile | None = N
             return measured
     if spec.kind in _QUANTIZED_EFFICIENCY:
         return _QUANTIZED_EFFICIENCY[spec.kind]
+    sensitivity = (model.compression_sensitivity if model is not None else None) or (
+        CATALOG_SENSITIVITY
+    )
     if spec.kind == "powersgd":
         assert spec.rank is not None
-        return 1.0 if spec.rank >= 4 else 0.97 + 0.01 * (spec.rank - 1)
-    assert spec.ratio is not None
-    return max(0.1, 1 - _TOPK_PENALTY * math.log10(1 / spec.ratio) ** 2)
+        penalty = sensitivity.powersgd * 4 / spec.rank
+    else:
+        assert spec.ratio is not None
+        penalty = sensitivity.topk * math.log10(1 / spec.ratio) ** 2
+    return max(MIN_COMPRESSION_EFFICIENCY, 1 - penalty)
 
 
 def _shares(precision: PrecisionMap) -> dict[Precision, float]:

@@ -54,6 +54,11 @@ class EnvConfig:
     pack_jobs: bool = False
     """Jobs that may span nodes take the nodes with the most free GPUs first
     (``SimConfig.pack_jobs``: a study's world that places jobs as its simulator does)."""
+    drawn_sensitivity: bool = False
+    """Each job of the performance model trains at a compression sensitivity drawn from
+    the one measured over real tasks (``SimConfig.sensitivity``,
+    ``autotune.perf.sensitivity``), where policies still price compression by the
+    catalog; else every job at the catalog's."""
     max_steps: int = 500
     """Rounds before an episode is truncated."""
     oom_penalty: float = OOM_PENALTY
