@@ -199,6 +199,8 @@ def test_the_fit_benchmark_recovers_the_tasks_and_writes_a_file_that_loads(
         assert found["powersgd"] == pytest.approx(truth.powersgd, abs=1e-4)
         assert report["tasks"][task]["held_out_cdf"] is not None
     assert report["spread"]["powersgd"]["pays_nothing"] == 0.5
+    assert report["absolute_error"]["shapes"]["mean"] < 1e-3  # the shapes are the truth
+    assert report["absolute_error"]["catalog"]["mean"] > 0.05
     spread, data = load(written)
     assert data["tasks"]["mlp-synthetic"]["precision_efficiency"] == {"bf16": 0.99}
     assert spread.topk.log_mean == pytest.approx(report["spread"]["topk"]["log_mean"], abs=1e-3)
