@@ -151,14 +151,15 @@ IDLE_POWER_FRACTION: Final = 0.15
 
 # Quality cost of each compression kind, as a multiplier on progress per sample
 # (assumed, documented): int8/fp8 blockwise reductions are within noise of fp32
-# (Dettmers 2016, 8-bit approximations); PowerSGD at rank >= 4 about matches SGD on ResNet
-# and LSTM tasks (Vogels et al. 2019, table 4) and degrades at rank 1-2: 1 - 0.0075 * 4/rank
-# (0.9925 at rank 4, 0.97 at rank 1); error-feedback top-k converges at SGD's rate after
-# a delay that grows with 1/ratio (Stich et al. 2018), so extreme ratios cost more:
-# 1 - 0.04 * log10(1/ratio)^2 (0.96 at 10%, 0.84 at 1%). Real jobs differ from these by
-# an order of magnitude either way (``autotune.perf.sensitivity``).
+# (Dettmers 2016, 8-bit approximations); PowerSGD at rank >= 4 matches SGD on ResNet and
+# LSTM tasks (Vogels et al. 2019, table 4), and the catalog charges it nothing (its one
+# shape, penalty x 4/rank, cannot charge rank 1 without rank 4); error-feedback top-k
+# converges at SGD's rate after a delay that grows with 1/ratio (Stich et al. 2018), so
+# extreme ratios cost more: 1 - 0.04 * log10(1/ratio)^2 (0.96 at 10%, 0.84 at 1%). Real
+# jobs differ from these by an order of magnitude either way: PowerSGD at rank 4 cost
+# three built-in tasks of four 11-18% (``autotune.perf.sensitivity``).
 _QUANTIZED_EFFICIENCY: Final[dict[str, float]] = {"int8": 0.995, "fp8": 0.99}
-CATALOG_SENSITIVITY: Final = CompressionSensitivity(topk=0.04, powersgd=0.0075)
+CATALOG_SENSITIVITY: Final = CompressionSensitivity(topk=0.04, powersgd=0.0)
 """What a compression costs a model nothing was measured of (``ModelProfile.
 compression_sensitivity`` ``None``)."""
 MIN_COMPRESSION_EFFICIENCY: Final = 0.1

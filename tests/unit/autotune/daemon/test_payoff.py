@@ -38,15 +38,6 @@ def _running() -> tuple[ClusterSnapshot, JobStatus]:
     return snapshot, job
 
 
-def _running_in_fp32() -> tuple[ClusterSnapshot, JobStatus]:
-    """``_running``'s job in fp32, on GPUs whose 16-bit units are faster: a 16-bit map is
-    predicted to pay."""
-    snapshot, job = _running()
-    assert job.config is not None
-    job = replace(job, config=replace(job.config, precision=PrecisionMap.uniform("fp32")))
-    return _with(snapshot, job), job
-
-
 def _with(snapshot: ClusterSnapshot, job: JobStatus, **changes: object) -> ClusterSnapshot:
     changed = replace(job, **changes)  # type: ignore[arg-type]
     return replace(
@@ -80,7 +71,7 @@ def test_a_change_that_does_not_pay_for_its_restart_is_declined_with_the_arithme
 
 
 def test_a_change_that_pays_is_decided_with_the_arithmetic_in_its_explanation() -> None:
-    snapshot, job = _running_in_fp32()
+    snapshot, job = _running()
     # Nearly all of a long job ahead, and a restart that costs nothing much.
     long_job = replace(job, progress=0.0, steps=10_000_000)
     snapshot = _with(replace(snapshot, restart_s=1e-6), job, progress=0.0, steps=10_000_000)
@@ -106,10 +97,10 @@ def test_a_change_that_pays_is_decided_with_the_arithmetic_in_its_explanation() 
 
 
 def test_a_job_is_not_changed_again_before_its_last_change_measured_a_gain() -> None:
-    snapshot, job = _running_in_fp32()
+    snapshot, job = _running()
     assert job.config is not None
-    before = replace(job.config, precision=PrecisionMap.uniform("bf16"))
-    new = _compressed(job.config)
+    before = _compressed(job.config)
+    new = replace(job.config, precision=PrecisionMap.uniform("bf16"))
     cheap = replace(snapshot, restart_s=1e-9)
     waiting = ConfigChange(previous=before, at_s=0.0, samples_per_s_before=100.0)
     round_ = _change(_with(cheap, job, last_change=waiting), job, new)
