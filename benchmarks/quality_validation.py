@@ -11,9 +11,9 @@ compressed to its dense averaged gradient, ``autotune.executor.quality``).
 For each task and seed, plain fp32 DDP (``none``) trains ``--n-steps`` (N) steps; the
 target is its loss at step N (the mean of the 10 steps up to N, as every loss here), and
 the dense run's own steps to it are the first step whose 10-step mean is at or below it
-(before N where the loss has flattened). Every setting trains up to 3N steps and
-reaches the target likewise (none within 3N, ``--limit``: failed; its efficiency is then
-priced by the progress it made, as ``autotune calibrate --efficiency`` prices it). A setting is
+(before N where the loss has flattened). Every setting trains up to 3N steps (``--limit``
+N's) and reaches the target likewise (none within them: failed, its efficiency priced by
+the progress it made, as ``autotune calibrate --efficiency`` prices it). A setting is
 ``COMPRESSION`` (``topk:0.01``, ``int8``, ``powersgd:4``) or ``precision=P`` (``bf16``,
 ``fp16``, ``fp8``: the whole map). Predicted steps: the dense run's / efficiency. Ranks run as local
 processes over gloo (steps do not depend on the network). One JSON object on stdout and
@@ -106,11 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             for setting in args.setting or DEFAULT_SETTINGS:
                 config = _config(setting, args.dp)
                 run = _train(task, batch, config, args.limit * n, seed)
+                # Steps to the target, and the efficiency as ``autotune calibrate
+                # --efficiency`` prices it (an unreached target by the progress made).
                 losses = smoothed(run.losses())
-                steps = reached(losses, target)
-                # The efficiency as ``autotune calibrate --efficiency`` prices it (an
-                # unreached target by the progress made).
                 measured = efficiency_of(setting, seed, dense[:n], losses)
+                steps = measured.steps
                 catalog = compression_efficiency(config.compression) * precision_efficiency(
                     config.precision
                 )

@@ -156,7 +156,7 @@ def evaluate_policies(
     ``tenants``: the cluster's tenants (the jobs name theirs in ``JobSpec.tenant``), whose
     quotas the decision step enforces; each run then reports every tenant's figures
     (``autotune.envs.tenants.TenantMeter``) under ``tenants``, their means over seeds in
-    the row."""
+    the row. ``on_round`` sees every round of every episode (``run_episode``'s)."""
     from autotune.policies.forecast import demand_forecaster
     from autotune.provisioning import PROVISIONING, Provisioner
 

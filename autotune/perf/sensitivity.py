@@ -112,8 +112,7 @@ class PenaltySpread:
         if self.log_sd == 0:
             paying = 1.0 if math.log(value) >= self.log_mean else 0.0
         else:
-            z = (math.log(value) - self.log_mean) / self.log_sd
-            paying = 0.5 * (1 + math.erf(z / math.sqrt(2)))
+            paying = statistics.NormalDist(self.log_mean, self.log_sd).cdf(math.log(value))
         return self.pays_nothing + (1 - self.pays_nothing) * paying
 
     @property
@@ -123,11 +122,7 @@ class PenaltySpread:
             return 0.0
         # The median of all jobs is the paying ones' quantile (0.5 - share) / (1 - share).
         q = (0.5 - self.pays_nothing) / (1 - self.pays_nothing)
-        return float(math.exp(self.log_mean + self.log_sd * _normal_quantile(q)))
-
-
-def _normal_quantile(q: float) -> float:
-    return statistics.NormalDist().inv_cdf(min(max(q, 1e-12), 1 - 1e-12))
+        return float(math.exp(self.log_mean + self.log_sd * statistics.NormalDist().inv_cdf(q)))
 
 
 @dataclass(frozen=True, slots=True)
