@@ -25,6 +25,7 @@ __all__ = [
     "COMPRESSION_KINDS",
     "DECISION_SOURCES",
     "DEFAULT_ENERGY_WEIGHT",
+    "DEFAULT_RESTART_S",
     "DEFAULT_ROUND_S",
     "DEFAULT_TENANT",
     "ELASTIC_FACTOR",
@@ -102,6 +103,10 @@ MILLI_PER_GPU = 1000
 DEFAULT_ROUND_S = 300.0
 """Seconds of cluster time between two decisions on the simulated cluster and in the
 training environment (the daemon's ``round_s`` setting)."""
+DEFAULT_RESTART_S = 30.0
+"""Seconds a reconfiguration of a running job costs on the simulated cluster (checkpoint,
+tear down, start, restore), and what the observation assumes of a backend that has not
+measured one yet."""
 ELASTIC_FACTOR = 2
 """A trace job may use up to this many times the GPUs it asked for (as Pollux lets its
 jobs do); a job that states no request asks for its maximum over this."""

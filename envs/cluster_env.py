@@ -31,7 +31,7 @@ allocation).
 
 ## Observation space
 
-``Box(0, 1, (36 + 20 * slots,), float32)``; every entry is bounded as listed
+``Box(0, 1, (38 + 20 * slots,), float32)``; every entry is bounded as listed
 (``autotune.rl.observation.FEATURES`` is the same table):
 
 | index | feature | range | meaning |
@@ -44,33 +44,35 @@ allocation).
 | 5 | arrival_15 | [0, 1] | probability that new GPU demand arrives within 15 minutes |
 | 6 | arrival_60 | [0, 1] | probability that new GPU demand arrives within 60 minutes |
 | 7 | headroom | [0, 1] | free GPU share if demand reaches its next-hour peak (95% quantile) |
-| 8+7m | gpu{m}.present | [0, 1] | 1 if the cluster has GPU model m (m = 0..3, fastest first) |
-| 9+7m | gpu{m}.total | [0, 1] | its GPUs / the cluster's GPUs |
-| 10+7m | gpu{m}.free | [0, 1] | its free GPUs / the cluster's GPUs |
-| 11+7m | gpu{m}.memory | [0, 1] | memory of one GPU / 192 GiB |
-| 12+7m | gpu{m}.bf16 | [0, 1] | 1 if it has bf16 units faster than fp32 |
-| 13+7m | gpu{m}.fp8 | [0, 1] | 1 if it has fp8 units faster than its 16-bit ones |
-| 14+7m | gpu{m}.speed | [0, 1] | its fastest 16-bit (else fp32) peak / the fastest model's |
-| 36+20k | slot[k].occupied | [0, 1] | 1 if a job is in slot k |
-| 37+20k | slot[k].running | [0, 1] | 1 if it runs |
-| 38+20k | slot[k].waiting | [0, 1] | hours waiting since submission, log(1+h)/log(101), capped |
-| 39+20k | slot[k].parameters | [0, 1] | log10(parameters)/12 |
-| 40+20k | slot[k].flops | [0, 1] | log10(FLOPs per sample)/16 |
-| 41+20k | slot[k].transformer | [0, 1] | 1 for a transformer (tensor parallelism possible) |
-| 42+20k | slot[k].min_gpus | [0, 1] | log2(min GPUs)/6 |
-| 43+20k | slot[k].max_gpus | [0, 1] | log2(max GPUs)/6 |
-| 44+20k | slot[k].memory_need | [0, 1] | one rank's bytes (1 GPU, bf16, job's batch) / 4x192 GiB |
-| 45+20k | slot[k].gpus | [0, 1] | log2(1 + GPUs held)/log2(65) |
-| 46+20k | slot[k].compression | [0, 1] | current compression option / 5 |
-| 47+20k | slot[k].precision | [0, 1] | current precision option / 4 |
-| 48+20k | slot[k].mode | [0, 1] | current layout mode / 2 |
-| 49+20k | slot[k].batch | [0, 1] | current batch-scale option / 3 |
-| 50+20k | slot[k].checkpointing | [0, 1] | 1 if activation checkpointing is on |
-| 51+20k | slot[k].accumulation | [0, 1] | log2(micro-batches)/6 |
-| 52+20k | slot[k].hardware_efficiency | [0, 1] | samples/s over the compute-bound rate |
-| 53+20k | slot[k].statistical_efficiency | [0, 1] | of the current batch, compression, precision |
-| 54+20k | slot[k].progress | [0, 1] | share of the job's work done |
-| 55+20k | slot[k].gpu_model | [0, 1] | (index of the GPU model it runs on + 1) / 4; 0 if none |
+| 8 | round | [0, 1] | the decision round period, log10(1 + s)/5, capped at 1 |
+| 9 | restart | [0, 1] | restart cost / round period r as (log10(r) + 2)/4, capped: r = 0.1 is .25 |
+| 10+7m | gpu{m}.present | [0, 1] | 1 if the cluster has GPU model m (m = 0..3, fastest first) |
+| 11+7m | gpu{m}.total | [0, 1] | its GPUs / the cluster's GPUs |
+| 12+7m | gpu{m}.free | [0, 1] | its free GPUs / the cluster's GPUs |
+| 13+7m | gpu{m}.memory | [0, 1] | memory of one GPU / 192 GiB |
+| 14+7m | gpu{m}.bf16 | [0, 1] | 1 if it has bf16 units faster than fp32 |
+| 15+7m | gpu{m}.fp8 | [0, 1] | 1 if it has fp8 units faster than its 16-bit ones |
+| 16+7m | gpu{m}.speed | [0, 1] | its fastest 16-bit (else fp32) peak / the fastest model's |
+| 38+20k | slot[k].occupied | [0, 1] | 1 if a job is in slot k |
+| 39+20k | slot[k].running | [0, 1] | 1 if it runs |
+| 40+20k | slot[k].waiting | [0, 1] | hours waiting since submission, log(1+h)/log(101), capped |
+| 41+20k | slot[k].parameters | [0, 1] | log10(parameters)/12 |
+| 42+20k | slot[k].flops | [0, 1] | log10(FLOPs per sample)/16 |
+| 43+20k | slot[k].transformer | [0, 1] | 1 for a transformer (tensor parallelism possible) |
+| 44+20k | slot[k].min_gpus | [0, 1] | log2(min GPUs)/6 |
+| 45+20k | slot[k].max_gpus | [0, 1] | log2(max GPUs)/6 |
+| 46+20k | slot[k].memory_need | [0, 1] | one rank's bytes (1 GPU, bf16, job's batch) / 4x192 GiB |
+| 47+20k | slot[k].gpus | [0, 1] | log2(1 + GPUs held)/log2(65) |
+| 48+20k | slot[k].compression | [0, 1] | current compression option / 5 |
+| 49+20k | slot[k].precision | [0, 1] | current precision option / 4 |
+| 50+20k | slot[k].mode | [0, 1] | current layout mode / 2 |
+| 51+20k | slot[k].batch | [0, 1] | current batch-scale option / 3 |
+| 52+20k | slot[k].checkpointing | [0, 1] | 1 if activation checkpointing is on |
+| 53+20k | slot[k].accumulation | [0, 1] | log2(micro-batches)/6 |
+| 54+20k | slot[k].hardware_efficiency | [0, 1] | samples/s over the compute-bound rate |
+| 55+20k | slot[k].statistical_efficiency | [0, 1] | of the current batch, compression, precision |
+| 56+20k | slot[k].progress | [0, 1] | share of the job's work done |
+| 57+20k | slot[k].gpu_model | [0, 1] | (index of the GPU model it runs on + 1) / 4; 0 if none |
 
 ## Rewards
 
@@ -87,6 +89,10 @@ An empty cluster; jobs from ``jobs`` (a trace), or drawn from ``self.np_random``
 ``stream=True`` the daemon's own built-in job stream (``initial_jobs`` waiting at the
 start, then Poisson arrivals every ``mean_interarrival_s``, ``n_jobs`` in all), else a
 trace-like synthetic workload with log-normal durations.
+
+``reset(options={"restart_s": s})`` makes a reconfiguration cost ``s`` seconds from
+that episode on (a training mixture draws one per episode, so that the policy learns
+what the observation's ``restart`` feature means).
 
 ## Episode end
 
@@ -176,7 +182,10 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         rounds are played (not skipped), so idle energy counts."""
         self.max_steps = config.max_steps
         self.encoder = ObservationEncoder(
-            config.slots, round_s=config.round_s, forecaster=forecaster
+            config.slots,
+            round_s=config.round_s,
+            restart_s=config.restart_s,
+            forecaster=forecaster,
         )
         self.action_space: Any = action_space(config.slots)
         self.observation_space = observation_space(config.slots)
@@ -198,6 +207,12 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
+        if options and "restart_s" in options:
+            restart_s = float(options["restart_s"])
+            if not restart_s >= 0:
+                raise ValueError(f"restart_s={restart_s!r}: must be >= 0")
+            self.sim_config = replace(self.sim_config, restart_s=restart_s)
+            self.encoder.restart_s = restart_s
         if callable(self._jobs):
             jobs = list(self._jobs())
         elif self._jobs is not None:

@@ -64,6 +64,7 @@ import numpy as np
 from autotune.catalog.devices import device
 from autotune.core import (
     ACTIVE_STATES,
+    DEFAULT_RESTART_S,
     MILLI_PER_GPU,
     MODULE_CLASSES,
     Decision,
@@ -221,7 +222,7 @@ class SimConfig:
     seed: int = 0
     round_s: float = 300.0
     """Simulated seconds between two decisions (one ``observe()``)."""
-    restart_s: float = 30.0
+    restart_s: float = DEFAULT_RESTART_S
     """Downtime of a job whose configuration or placement changes."""
     start_s: float = 0.0
     """Downtime of a job that starts: the first time, or again after a preemption

@@ -219,7 +219,8 @@ def _retimed(arrivals: Sequence[Arrival]) -> list[Arrival]:
 
 class _Mixture(gym.Env[np.ndarray, np.ndarray]):
     """Episodes from several environments with the same spaces, one drawn per reset;
-    rewards scaled by ``scale``."""
+    rewards scaled by ``scale``; with ``restarts`` (low, high), each episode's
+    reconfiguration cost drawn log-uniform between them."""
 
     def __init__(
         self,
@@ -228,6 +229,7 @@ class _Mixture(gym.Env[np.ndarray, np.ndarray]):
         scale: float,
         seed: int,
         world: World | None = None,
+        restarts: tuple[float, float] | None = None,
     ) -> None:
         self.envs = list(envs)
         self.weights = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
@@ -238,6 +240,7 @@ class _Mixture(gym.Env[np.ndarray, np.ndarray]):
         self.world = world
         """The study's world the environments play, ``None`` for the default world."""
         self._pick = np.random.default_rng(seed)
+        self.restarts = restarts
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -246,6 +249,9 @@ class _Mixture(gym.Env[np.ndarray, np.ndarray]):
         if seed is not None:
             self._pick = np.random.default_rng(seed)
         self.current = self.envs[int(self._pick.choice(len(self.envs), p=self.weights))]
+        if self.restarts is not None:
+            low, high = np.log(self.restarts)
+            options = {**(options or {}), "restart_s": float(np.exp(self._pick.uniform(low, high)))}
         obs, info = self.current.reset(seed=seed, options=options)
         return np.asarray(obs), dict(info)
 
@@ -267,13 +273,19 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
         "forecaster": forecaster,
         "energy_weight": settings.energy_weight,
         "drawn_sensitivity": settings.drawn_sensitivity,
+        "restart_s": settings.restart_s,
     }
+    restarts = (
+        None if settings.restart_s_max is None else (settings.restart_s, settings.restart_s_max)
+    )
     worker = int(getattr(config, "worker_index", 0)) * 1000 + int(
         getattr(config, "vector_index", 0)
     )
     if not settings.sources:
         env = ClusterEnv(n_jobs=60, round_s=settings.round_s, **common)
-        return _Mixture([env], [1.0], settings.reward_scale, settings.seed + worker)
+        return _Mixture(
+            [env], [1.0], settings.reward_scale, settings.seed + worker, restarts=restarts
+        )
     worlds = {source.kind: world(source.kind) for source in settings.sources}
     studied = {w.kind for w in worlds.values() if w is not None}
     if studied and len(worlds) > 1:
@@ -338,7 +350,7 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
             return _retimed(trace[first : first + source.window])
 
         envs.append(ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, **common))
-    return _Mixture(envs, weights, settings.reward_scale, settings.seed + worker)
+    return _Mixture(envs, weights, settings.reward_scale, settings.seed + worker, restarts=restarts)
 
 
 DRAWN_CLUSTERS: Final = 24

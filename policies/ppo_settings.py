@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 import numpy as np
 
-from autotune.core import DEFAULT_ENERGY_WEIGHT
+from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_RESTART_S
 
 if TYPE_CHECKING:
     import gymnasium as gym
@@ -90,6 +90,13 @@ class PPOSettings:
     policy with the same."""
     max_steps: int = 128
     """Rounds per episode at most."""
+    restart_s: float = DEFAULT_RESTART_S
+    """Seconds a reconfiguration costs a job in the training episodes (the observation's
+    ``restart`` feature)."""
+    restart_s_max: float | None = None
+    """With it, each episode's reconfiguration cost is drawn log-uniform between
+    ``restart_s`` and this, so that the policy learns to weigh a change against what it
+    costs on the cluster that serves it; ``None``: ``restart_s`` in every episode."""
     forecast: bool = True
     """The shipped demand LSTM fills the observation's forecast features (else none:
     no arrival expected, headroom from demand now)."""
@@ -167,6 +174,13 @@ class PPOSettings:
             raise ValueError(
                 f"PPOSettings.minibatch={self.minibatch} is more than train_batch="
                 f"{self.train_batch}"
+            )
+        if not self.restart_s >= 0:
+            raise ValueError(f"PPOSettings.restart_s={self.restart_s!r}: must be >= 0")
+        if self.restart_s_max is not None and not self.restart_s_max >= self.restart_s > 0:
+            raise ValueError(
+                f"PPOSettings.restart_s_max={self.restart_s_max!r}: must be >= restart_s="
+                f"{self.restart_s!r} > 0"
             )
         if not 0 < self.gamma <= 1:
             raise ValueError(f"PPOSettings.gamma={self.gamma!r}: must be in (0, 1]")

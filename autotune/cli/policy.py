@@ -130,6 +130,12 @@ def train_policy(
     slots: SlotsOption = _PPO.slots,
     round_s: RoundOption = _PPO.round_s,
     max_steps: MaxStepsOption = _PPO.max_steps,
+    restart_s: Annotated[
+        float, typer.Option("--restart-s", min=0.0, help=_DOC.get("restart_s"))
+    ] = _PPO.restart_s,
+    restart_s_max: Annotated[
+        float | None, typer.Option("--restart-s-max", min=0.0, help=_DOC.get("restart_s_max"))
+    ] = _PPO.restart_s_max,
     energy_weight: Annotated[
         float | None,
         typer.Option(
@@ -169,6 +175,8 @@ def train_policy(
         fail("--trace and --nodes go together")
     if warm_start not in ("oracle", "rules", "none"):
         fail(f"--warm-start {warm_start!r}: oracle, rules or none")
+    if restart_s_max is not None and not restart_s_max >= restart_s > 0:
+        fail(f"--restart-s-max {restart_s_max:g}: must be >= --restart-s ({restart_s:g}) > 0")
     if pollux_gpus % 4:
         fail(f"--pollux-gpus {pollux_gpus}: Pollux nodes have 4 GPUs each")
     for path in (trace, nodes, *(pollux_workload or [])):
@@ -222,6 +230,8 @@ def train_policy(
         slots=slots,
         round_s=round_s,
         max_steps=max_steps,
+        restart_s=restart_s,
+        restart_s_max=restart_s_max,
         energy_weight=energy_weight,
         forecast=forecast,
         lr=lr,

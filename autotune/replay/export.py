@@ -39,7 +39,7 @@ from autotune.db.tables import JobRow, NodeRow, TransitionRow
 from autotune.errors import InputError
 from autotune.replay.workload import WORKLOAD_FILE, workload_job, write_workload
 from autotune.rl.action import ACTION_DIMS
-from autotune.rl.observation import HEADER, SLOT
+from autotune.rl.observation import HEADER, SLOT, from_log
 from autotune.serde import from_json
 
 __all__ = ["FORMAT", "MAX_FILES", "ExportReport", "export"]
@@ -173,7 +173,7 @@ def _rounds(
                 step=r.step,
                 policy_version=r.policy_version,
                 epsilon=r.epsilon,
-                obs=repo.unpack_observation(r.observation, HEADER + len(SLOT) * max(n, 1)),
+                obs=from_log(repo.unpack_observation(r.observation), n),
                 slots=slots,
                 reward_parts=parts,
                 truncated=r.truncated,

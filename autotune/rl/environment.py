@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_ROUND_S
+from autotune.core import DEFAULT_ENERGY_WEIGHT, DEFAULT_RESTART_S, DEFAULT_ROUND_S
 from autotune.rl.reward import NAN_PENALTY, OOM_PENALTY, RESTART_PENALTY, RewardWeights
 
 __all__ = ["EVALUATION", "EnvConfig"]
@@ -40,7 +40,7 @@ class EnvConfig:
     """Jobs a policy decides each round (the first in queue order)."""
     round_s: float = DEFAULT_ROUND_S
     """Simulated seconds per decision round (per ``step``)."""
-    restart_s: float = 30.0
+    restart_s: float = DEFAULT_RESTART_S
     """Downtime of a job whose configuration or placement changes."""
     start_s: float = 0.0
     """Downtime of a job that starts (the first time or after a preemption)."""

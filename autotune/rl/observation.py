@@ -29,7 +29,15 @@ from typing import Final
 import numpy as np
 
 from autotune.catalog.devices import device
-from autotune.core import JobConfig, Layout, ModelProfile, NodeInfo, fast_precisions, node_table
+from autotune.core import (
+    DEFAULT_RESTART_S,
+    JobConfig,
+    Layout,
+    ModelProfile,
+    NodeInfo,
+    fast_precisions,
+    node_table,
+)
 from autotune.demand import DemandForecast, DemandForecaster, DemandHistory, NoForecast
 from autotune.interfaces import ClusterSnapshot, JobStatus
 from autotune.perf.memory import rank_memory
@@ -51,6 +59,7 @@ __all__ = [
     "SLOT",
     "Feature",
     "ObservationEncoder",
+    "from_log",
     "gpu_models",
     "observation_bounds",
     "observation_size",
@@ -84,6 +93,13 @@ GLOBAL: Final = (
         0,
         1,
         "free GPU share if demand reaches its next-hour peak (95% quantile)",
+    ),
+    Feature("round", 0, 1, "the decision round period, log10(1 + s)/5, capped at 1"),
+    Feature(
+        "restart",
+        0,
+        1,
+        "restart cost / round period r as (log10(r) + 2)/4, capped: r = 0.1 is .25",
     ),
 )
 GPU_MODEL: Final = (
@@ -145,6 +161,24 @@ def observation_size(slots: int) -> int:
     return HEADER + slots * len(SLOT)
 
 
+_LOGGED_BEFORE_RESTART: Final = len(GLOBAL) - 2
+"""Global features of an observation logged before the ``round`` and ``restart``
+features were added (they come last among the global features)."""
+
+
+def from_log(stored: np.ndarray, jobs: int) -> np.ndarray:
+    """A logged observation of ``jobs`` slots (its stored head) in today's layout, padded
+    to at least one slot. One logged before the ``round`` and ``restart`` features
+    existed (two global features fewer) gets them as 0: not known."""
+    stored = np.asarray(stored, dtype=np.float32)
+    old = _LOGGED_BEFORE_RESTART + MAX_GPU_MODELS * len(GPU_MODEL) + jobs * len(SLOT)
+    if len(stored) == old:
+        stored = np.insert(stored, _LOGGED_BEFORE_RESTART, np.zeros(2, np.float32))
+    out = np.zeros(observation_size(max(jobs, 1)), dtype=np.float32)
+    out[: len(stored)] = stored[: len(out)]
+    return out
+
+
 def observation_bounds(slots: int) -> tuple[np.ndarray, np.ndarray]:
     """Lower and upper bound of every entry of an observation for ``slots`` slots (the
     environment's ``Box``)."""
@@ -178,6 +212,12 @@ def round_slots(snapshot: ClusterSnapshot, slots: int, *, every_job: bool) -> in
     return max(slots, len(snapshot.queue_order())) if every_job else slots
 
 
+def _restart_feature(restart_s: float, round_s: float) -> float:
+    if restart_s <= 0:
+        return 0.0
+    return min(1.0, max(0.0, (math.log10(restart_s / round_s) + 2) / 4))
+
+
 def _log_share(n: int) -> float:
     return min(1.0, math.log1p(n) / math.log(1001))
 
@@ -196,6 +236,10 @@ class ObservationEncoder:
     probabilities and the headroom from the demand of every round so far, put on real
     minutes whatever the round period. ``None``: no forecast (``NoForecast``: no arrival
     expected, headroom from demand now).
+
+    ``restart_s`` is what a reconfiguration costs where the snapshot does not say
+    (``ClusterSnapshot.restart_s``, which a backend that measures its restarts fills): the
+    simulated cluster's charge, which it knows without measuring.
     """
 
     def __init__(
@@ -203,12 +247,16 @@ class ObservationEncoder:
         slots: int,
         *,
         round_s: float,
+        restart_s: float = DEFAULT_RESTART_S,
         forecaster: DemandForecaster | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots={slots!r}: must be >= 1")
+        if not round_s > 0:
+            raise ValueError(f"round_s={round_s!r}: must be > 0")
         self.slots = slots
         self.round_s = round_s
+        self.restart_s = restart_s
         self.forecaster = forecaster
         self._busy: list[float] = []
         self.demand = DemandHistory()
@@ -256,6 +304,11 @@ class ObservationEncoder:
             min(1.0, max(0.0, self.forecast.p_arrival[15])),
             min(1.0, max(0.0, self.forecast.p_arrival[60])),
             self.forecast.headroom(60, 0.95),
+            min(1.0, math.log10(1 + self.round_s) / 5),
+            _restart_feature(
+                self.restart_s if snapshot.restart_s is None else snapshot.restart_s,
+                self.round_s,
+            ),
         )
         fastest = _speed(models[0]) if models else 1.0
         for i, model in enumerate(models[:MAX_GPU_MODELS]):

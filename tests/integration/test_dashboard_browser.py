@@ -433,13 +433,25 @@ def test_clicking_a_decision_opens_its_explanation(live: Live, browser: str) -> 
             )
             tools = DevTools(pages[0]["webSocketDebuggerUrl"])
             tools.wait("the timeline", "document.querySelectorAll('#decisions .point').length")
-            # A dot of the timeline, where Plotly drew it.
+            # A dot of the timeline, where Plotly drew it: the one nearest the middle
+            # that no other dot overlaps (the shadow policy's decision of a job in the
+            # same round draws in the same place, and a click takes the nearest).
             dot = tools.evaluate(
                 """(() => {
                 const plot = document.getElementById("decisions");
                 plot.scrollIntoView({block: "center"});
                 const layout = plot._fullLayout, trace = plot._fullData[0];
-                const i = Math.floor(trace.x.length / 2), box = plot.getBoundingClientRect();
+                const at = (t, k) => [layout.xaxis.d2p(t.x[k]), layout.yaxis.d2p(t.y[k])];
+                const every = plot._fullData.flatMap(t => t.x.map((_, k) => at(t, k)));
+                const alone = k => {
+                  const [x, y] = at(trace, k);
+                  return every.filter(([u, v]) => Math.hypot(u - x, v - y) < 12).length === 1;
+                };
+                const mid = Math.floor(trace.x.length / 2);
+                const order = [...trace.x.keys()]
+                  .sort((a, b) => Math.abs(a - mid) - Math.abs(b - mid));
+                const found = order.find(alone);
+                const i = found === undefined ? mid : found, box = plot.getBoundingClientRect();
                 return {x: box.left + layout._size.l + layout.xaxis.d2p(trace.x[i]),
                         y: box.top + layout._size.t + layout.yaxis.d2p(trace.y[i]),
                         id: String(trace.customdata[i])};

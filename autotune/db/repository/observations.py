@@ -18,9 +18,12 @@ def pack_observation(observation: np.ndarray, used: int) -> bytes:
     return zlib.compress(head.tobytes(), 1)
 
 
-def unpack_observation(blob: bytes, size: int) -> np.ndarray:
-    """The observation ``pack_observation`` stored, zero-padded to ``size`` entries."""
+def unpack_observation(blob: bytes, size: int | None = None) -> np.ndarray:
+    """The observation ``pack_observation`` stored, zero-padded to ``size`` entries
+    (``None``: the stored entries only)."""
     head = np.frombuffer(zlib.decompress(blob), dtype=np.float32)
+    if size is None:
+        return head.copy()
     out = np.zeros(size, dtype=np.float32)
     out[: len(head)] = head[:size]
     return out
