@@ -79,6 +79,7 @@ METRICS = (
     "idle_energy_kwh",
     "n_jobs_done",
     "n_jobs_failed",
+    "restarts_per_job",
 )
 
 
@@ -118,6 +119,8 @@ def run_episode(
         "idle_energy_kwh": idle,
         "n_jobs_done": float(len(done)),
         "n_jobs_failed": float(len(sim.failed_jobs())),
+        # Reconfigurations of running jobs (each a restart), per job of the trace.
+        "restarts_per_job": sum(j.restarts for j in sim.jobs.values()) / max(1, len(sim.jobs)),
     }
 
 

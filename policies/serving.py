@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from autotune import __version__
-from autotune.core import DEFAULT_ROUND_S
+from autotune.core import DEFAULT_RESTART_S, DEFAULT_ROUND_S
 from autotune.daemon.log import event
 from autotune.decision.fallback import fallback_choices
 from autotune.errors import InputError
@@ -219,6 +219,7 @@ class LearnedPolicy:
         *,
         slots: int = 32,
         round_s: float = DEFAULT_ROUND_S,
+        restart_s: float = DEFAULT_RESTART_S,
         forecast: bool | str = True,
         server: PolicyServer | None = None,
         epsilon: float = 0.0,
@@ -238,6 +239,9 @@ class LearnedPolicy:
         action is known and never 0 or 1; 0 acts deterministically. ``seed`` seeds those
         draws. ``kind`` names the policy family in its version: ``<kind>-<first 12 hex
         digits of the checkpoint's content hash>``.
+
+        ``restart_s``: what a reconfiguration costs where the snapshot does not say (a
+        simulated cluster's charge; ``ObservationEncoder``'s).
 
         ``every_job``: a round with more active jobs than ``slots`` is encoded with a
         slot for each, so the policy (shared across slots) decides every job; otherwise
@@ -274,7 +278,9 @@ class LearnedPolicy:
         kind = forecast if isinstance(forecast, str) else "lstm" if forecast else "none"
         self.forecast_kind = kind
         forecaster = demand_forecaster(kind) if self.server is not None else None
-        self.encoder = ObservationEncoder(slots, round_s=round_s, forecaster=forecaster)
+        self.encoder = ObservationEncoder(
+            slots, round_s=round_s, restart_s=restart_s, forecaster=forecaster
+        )
 
     def _fallback(
         self, snapshot: ClusterSnapshot, why: str, job_ids: set[str] | None = None

@@ -79,6 +79,9 @@ def eval_policies(
     round_s: Annotated[
         float, typer.Option("--round-s", min=1.0, help=_DOC.get("round_s"))
     ] = _EVAL.round_s,
+    restart_s: Annotated[
+        float, typer.Option("--restart-s", min=0.0, help=_DOC.get("restart_s"))
+    ] = _EVAL.restart_s,
     trace_seed: Annotated[
         int, typer.Option(help="Seed of model assignment to trace jobs and of --tenants' draw.")
     ] = 0,
@@ -211,6 +214,7 @@ def eval_policies(
             seeds=seeds,
             slots=slots,
             round_s=round_s,
+            restart_s=restart_s,
             trace=info,
             extra=extra,
             forecasts=forecasts,

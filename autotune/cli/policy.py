@@ -334,7 +334,15 @@ def learned_policies(
         server = PolicyServer(checkpoint, slots=slots)  # raises if it does not fit
 
         def ppo(env: Any, seed: int, forecast: str = "lstm") -> Any:
-            return LearnedPolicy(slots=slots, round_s=round_s, server=server, forecast=forecast)
+            # The encoder reads the restart cost the simulated cluster charges, as the
+            # training environment's does.
+            return LearnedPolicy(
+                slots=slots,
+                round_s=round_s,
+                restart_s=env.sim_config.restart_s,
+                server=server,
+                forecast=forecast,
+            )
 
         factories["ppo"] = ppo
     if "tune" in names:

@@ -161,6 +161,9 @@ def test_every_baseline_finishes_the_small_workload(name: str) -> None:
     result = run_episode(make_policy(name, env, 0), env, seed=0)
     assert set(result) == set(METRICS)
     assert result["n_jobs_done"] + result["n_jobs_failed"] == 10
+    # Every reconfiguration of a running job is a restart the simulator charged.
+    assert env.sim is not None
+    assert result["restarts_per_job"] == sum(j.restarts for j in env.sim.jobs.values()) / 10
     assert result["energy_kwh"] > 0
     assert 0 < result["gpu_util"] <= 1
 
@@ -195,6 +198,8 @@ def test_eval_command_on_a_philly_style_trace(tmp_path: Path) -> None:
             "static,rules,oracle",
             "--seeds",
             "2",
+            "--restart-s",
+            "90",
             "--json",
         ],
         capture_output=True,
@@ -207,6 +212,8 @@ def test_eval_command_on_a_philly_style_trace(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     assert report["trace"]["jobs"] == 4
     assert report["trace"]["gpus"] == 16
+    assert report["trace"]["restart_s"] == 90.0
+    assert report["policies"]["static"]["restarts_per_job"] == 0.0  # never changes a job
     for row in report["policies"].values():
         assert set(METRICS) <= set(row)
         assert len(row["per_seed"]) == 2
