@@ -208,11 +208,9 @@ class ClusterEnv(gym.Env[np.ndarray, np.ndarray]):
     ) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)
         if options and "restart_s" in options:
-            restart_s = float(options["restart_s"])
-            if not restart_s >= 0:
-                raise ValueError(f"restart_s={restart_s!r}: must be >= 0")
-            self.sim_config = replace(self.sim_config, restart_s=restart_s)
-            self.encoder.restart_s = restart_s
+            # SimConfig refuses a negative cost.
+            self.sim_config = replace(self.sim_config, restart_s=float(options["restart_s"]))
+            self.encoder.restart_s = self.sim_config.restart_s
         if callable(self._jobs):
             jobs = list(self._jobs())
         elif self._jobs is not None:
