@@ -264,6 +264,15 @@ class ClusterSnapshot:
         pending = sum(j.spec.gpu_request() for j in self.by_state("pending"))
         return float(held + pending)
 
+    def tenant_gpus(self) -> dict[str, float]:
+        """GPUs the running jobs hold per tenant, in whole-GPU equivalents."""
+        held: dict[str, float] = {}
+        for job in self.by_state("running"):
+            if job.placement is not None:
+                gpus = sum(slot.gpu_milli for slot in job.placement.ranks) / MILLI_PER_GPU
+                held[job.spec.tenant] = held.get(job.spec.tenant, 0.0) + gpus
+        return held
+
     def held_gpus(self) -> dict[str, float]:
         """GPUs the running jobs hold per node, in whole-GPU equivalents."""
         held: dict[str, float] = {}

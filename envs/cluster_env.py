@@ -31,7 +31,7 @@ allocation).
 
 ## Observation space
 
-``Box(0, 1, (38 + 20 * slots,), float32)``; every entry is bounded as listed
+``Box(0, 1, (38 + 22 * slots,), float32)``; every entry is bounded as listed
 (``autotune.rl.observation.FEATURES`` is the same table):
 
 | index | feature | range | meaning |
@@ -53,26 +53,28 @@ allocation).
 | 14+7m | gpu{m}.bf16 | [0, 1] | 1 if it has bf16 units faster than fp32 |
 | 15+7m | gpu{m}.fp8 | [0, 1] | 1 if it has fp8 units faster than its 16-bit ones |
 | 16+7m | gpu{m}.speed | [0, 1] | its fastest 16-bit (else fp32) peak / the fastest model's |
-| 38+20k | slot[k].occupied | [0, 1] | 1 if a job is in slot k |
-| 39+20k | slot[k].running | [0, 1] | 1 if it runs |
-| 40+20k | slot[k].waiting | [0, 1] | hours waiting since submission, log(1+h)/log(101), capped |
-| 41+20k | slot[k].parameters | [0, 1] | log10(parameters)/12 |
-| 42+20k | slot[k].flops | [0, 1] | log10(FLOPs per sample)/16 |
-| 43+20k | slot[k].transformer | [0, 1] | 1 for a transformer (tensor parallelism possible) |
-| 44+20k | slot[k].min_gpus | [0, 1] | log2(min GPUs)/6 |
-| 45+20k | slot[k].max_gpus | [0, 1] | log2(max GPUs)/6 |
-| 46+20k | slot[k].memory_need | [0, 1] | one rank's bytes (1 GPU, bf16, job's batch) / 4x192 GiB |
-| 47+20k | slot[k].gpus | [0, 1] | log2(1 + GPUs held)/log2(65) |
-| 48+20k | slot[k].compression | [0, 1] | current compression option / 5 |
-| 49+20k | slot[k].precision | [0, 1] | current precision option / 4 |
-| 50+20k | slot[k].mode | [0, 1] | current layout mode / 2 |
-| 51+20k | slot[k].batch | [0, 1] | current batch-scale option / 3 |
-| 52+20k | slot[k].checkpointing | [0, 1] | 1 if activation checkpointing is on |
-| 53+20k | slot[k].accumulation | [0, 1] | log2(micro-batches)/6 |
-| 54+20k | slot[k].hardware_efficiency | [0, 1] | samples/s over the compute-bound rate |
-| 55+20k | slot[k].statistical_efficiency | [0, 1] | of the current batch, compression, precision |
-| 56+20k | slot[k].progress | [0, 1] | share of the job's work done |
-| 57+20k | slot[k].gpu_model | [0, 1] | (index of the GPU model it runs on + 1) / 4; 0 if none |
+| 38+22k | slot[k].occupied | [0, 1] | 1 if a job is in slot k |
+| 39+22k | slot[k].running | [0, 1] | 1 if it runs |
+| 40+22k | slot[k].waiting | [0, 1] | hours waiting since submission, log(1+h)/log(101), capped |
+| 41+22k | slot[k].parameters | [0, 1] | log10(parameters)/12 |
+| 42+22k | slot[k].flops | [0, 1] | log10(FLOPs per sample)/16 |
+| 43+22k | slot[k].transformer | [0, 1] | 1 for a transformer (tensor parallelism possible) |
+| 44+22k | slot[k].min_gpus | [0, 1] | log2(min GPUs)/6 |
+| 45+22k | slot[k].max_gpus | [0, 1] | log2(max GPUs)/6 |
+| 46+22k | slot[k].memory_need | [0, 1] | one rank's bytes (1 GPU, bf16, job's batch) / 4x192 GiB |
+| 47+22k | slot[k].gpus | [0, 1] | log2(1 + GPUs held)/log2(65) |
+| 48+22k | slot[k].compression | [0, 1] | current compression option / 5 |
+| 49+22k | slot[k].precision | [0, 1] | current precision option / 4 |
+| 50+22k | slot[k].mode | [0, 1] | current layout mode / 2 |
+| 51+22k | slot[k].batch | [0, 1] | current batch-scale option / 3 |
+| 52+22k | slot[k].checkpointing | [0, 1] | 1 if activation checkpointing is on |
+| 53+22k | slot[k].accumulation | [0, 1] | log2(micro-batches)/6 |
+| 54+22k | slot[k].hardware_efficiency | [0, 1] | samples/s over the compute-bound rate |
+| 55+22k | slot[k].statistical_efficiency | [0, 1] | of the current batch, compression, precision |
+| 56+22k | slot[k].progress | [0, 1] | share of the job's work done |
+| 57+22k | slot[k].gpu_model | [0, 1] | (index of the GPU model it runs on + 1) / 4; 0 if none |
+| 58+22k | slot[k].tenant_quota | [0, 1] | its tenant's GPU quota / the cluster's GPUs; 0 if none |
+| 59+22k | slot[k].tenant_headroom | [0, 1] | 0.5 + (its tenant's quota - GPUs held) / 2 / GPUs |
 
 ## Rewards
 

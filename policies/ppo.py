@@ -35,8 +35,10 @@ from ray.rllib.core.rl_module.apis import ValueFunctionAPI
 from ray.rllib.core.rl_module.torch import TorchRLModule
 from torch import nn
 
+from autotune.core import TenantSpec
 from autotune.envs.cluster_env import ClusterEnv
 from autotune.envs.simulator import Arrival
+from autotune.envs.tenants import draw_tenants, parse_tenant_shares, quota_tenants
 from autotune.interfaces import ClusterSnapshot, Policy, PolicyChoice
 from autotune.policies.ppo_settings import (
     DEFAULT_WORLD_KINDS,
@@ -339,17 +341,39 @@ def make_train_env(config: dict[str, Any]) -> _Mixture:
                     f"{source.jobs}: no window of {source.window} jobs from job {source.start}"
                 )
         rng = np.random.default_rng([settings.seed, worker, k])
+        shares = parse_tenant_shares(source.tenants) if source.tenants else None
 
         def jobs(
+            shares: dict[str, float] | None,
             trace: list[Arrival] = trace,
             rng: np.random.Generator = rng,
             source: TraceSource = source,
             stop: int = stop,
         ) -> Sequence[Arrival]:
             first = int(rng.integers(source.start, stop))
-            return _retimed(trace[first : first + source.window])
+            window = _retimed(trace[first : first + source.window])
+            if shares is None:
+                return window
+            return draw_tenants(window, shares, seed=int(rng.integers(2**31)))
 
-        envs.append(ClusterEnv(nodes=nodes, jobs=jobs, round_s=source.round_s, **common))
+        # With tenants, half the source's episodes share the cluster between them and
+        # half have no quotas (the daemon's default), so the policy knows both.
+        variants: list[tuple[dict[str, float] | None, tuple[TenantSpec, ...]]] = [(None, ())]
+        if shares is not None:
+            gpus = sum(n.gpu_count for n in nodes)
+            variants.insert(0, (shares, tuple(quota_tenants(shares, gpus))))
+        weights[-1] = source.weight / len(variants)
+        weights.extend([weights[-1]] * (len(variants) - 1))
+        for episode_shares, tenants in variants:
+            envs.append(
+                ClusterEnv(
+                    nodes=nodes,
+                    jobs=partial(jobs, episode_shares),
+                    round_s=source.round_s,
+                    tenants=tenants,
+                    **common,
+                )
+            )
     return _Mixture(envs, weights, settings.reward_scale, settings.seed + worker, restarts=restarts)
 
 

@@ -71,6 +71,13 @@ class TraceSource:
     world's traces folder)."""
     weight: float = 1.0
     """Share of episodes drawn from this source, relative to the others."""
+    tenants: str | None = None
+    """Tenants sharing the cluster (an ``alibaba``, ``pollux`` or ``replay`` source):
+    their shares as ``autotune eval --tenants`` reads them (``vision=50,nlp=30``), each
+    a quota of its share of the GPUs (``autotune.envs.tenants``). Half the source's
+    episodes share the cluster, each one's jobs drawn to the tenants afresh, the decision
+    step enforcing the quotas; the other half have no quotas, as the daemon's default
+    cluster, so that the policy knows both."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,16 @@ def train_policy(
         ),
     ] = None,
     pollux_gpus: Annotated[int, typer.Option(min=4, help="T4 GPUs for Pollux episodes.")] = 64,
+    tenants: Annotated[
+        str | None,
+        typer.Option(
+            help="Tenants sharing the cluster in the --trace and --pollux-workload "
+            "episodes, as NAME=PERCENT,... (e.g. vision=50,nlp=30,speech=20): each a quota "
+            "of its share of the GPUs. Half of those episodes share the cluster, each "
+            "one's jobs drawn to the tenants afresh, half have no quotas; the policy sees "
+            "each job's tenant's quota and headroom."
+        ),
+    ] = None,
     stream: Annotated[
         bool,
         typer.Option(
@@ -179,6 +189,15 @@ def train_policy(
         fail(f"--restart-s-max {restart_s_max:g}: must be >= --restart-s ({restart_s:g}) > 0")
     if pollux_gpus % 4:
         fail(f"--pollux-gpus {pollux_gpus}: Pollux nodes have 4 GPUs each")
+    if tenants is not None:
+        from autotune.envs.tenants import parse_tenant_shares
+
+        try:
+            parse_tenant_shares(tenants)
+        except InputError as exc:
+            fail(str(exc))
+        if trace is None and not pollux_workload:
+            fail("--tenants shares the --trace and --pollux-workload episodes: give one")
     for path in (trace, nodes, *(pollux_workload or [])):
         if path is not None and not path.is_file():
             fail(f"{path}: no such file")
@@ -194,6 +213,7 @@ def train_policy(
                 stop=stop,
                 window=window,
                 round_s=round_s,
+                tenants=tenants,
             )
         )
     for workload in pollux_workload or []:
@@ -205,6 +225,7 @@ def train_policy(
                 window=window,
                 round_s=round_s,
                 weight=1.0 / len(pollux_workload or [1]),
+                tenants=tenants,
             )
         )
     if stream:

@@ -16,6 +16,13 @@ its queue position (``autotune.rl.action.wait_choices``), a running one keeps it
 configuration, and each moves into the window as jobs ahead of it finish.
 ``encode(snapshot, slots=n)`` encodes with ``n`` slots instead: a policy shared across
 slots serves every active job with a slot each.
+
+**Tenants.** A slot's ``tenant_quota`` and ``tenant_headroom`` read the job's tenant
+(``ClusterSnapshot.tenants``): its quota, and how far the GPUs its running jobs hold are
+below it (over 0.5: it may start within its quota, and the decision step will reclaim
+borrowed GPUs for it) or above it (under 0.5: it borrows, and its jobs are the first
+preempted when a quota's owner has work). On a cluster without quotas both are neutral:
+0 and 0.5.
 """
 
 from __future__ import annotations
@@ -132,6 +139,8 @@ SLOT: Final = (
     Feature("statistical_efficiency", 0, 1, "of the current batch, compression, precision"),
     Feature("progress", 0, 1, "share of the job's work done"),
     Feature("gpu_model", 0, 1, "(index of the GPU model it runs on + 1) / 4; 0 if none"),
+    Feature("tenant_quota", 0, 1, "its tenant's GPU quota / the cluster's GPUs; 0 if none"),
+    Feature("tenant_headroom", 0, 1, "0.5 + (its tenant's quota - GPUs held) / 2 / GPUs"),
 )
 
 
@@ -161,19 +170,33 @@ def observation_size(slots: int) -> int:
     return HEADER + slots * len(SLOT)
 
 
-_LOGGED_BEFORE_RESTART: Final = len(GLOBAL) - 2
-"""Global features of an observation logged before the ``round`` and ``restart``
-features were added (they come last among the global features)."""
+_LOGGED_LAYOUTS: Final = (
+    (len(GLOBAL), len(SLOT)),
+    (len(GLOBAL), len(SLOT) - 2),
+    (len(GLOBAL) - 2, len(SLOT) - 2),
+)
+"""(global features, features per slot) of the layouts an observation may have been
+logged in, newest first: today's; before the ``tenant_quota`` and ``tenant_headroom``
+slot features (they come last in a slot); before the ``round`` and ``restart`` global
+features as well (they come last among the global features)."""
 
 
 def from_log(stored: np.ndarray, jobs: int) -> np.ndarray:
     """A logged observation of ``jobs`` slots (its stored head) in today's layout, padded
-    to at least one slot. One logged before the ``round`` and ``restart`` features
-    existed (two global features fewer) gets them as 0: not known."""
+    to at least one slot. One logged before a feature existed gets it as not known: the
+    ``round`` and ``restart`` global features as 0, a slot's tenant features as on a
+    cluster without quotas (0 and 0.5). The layout is told by the length."""
     stored = np.asarray(stored, dtype=np.float32)
-    old = _LOGGED_BEFORE_RESTART + MAX_GPU_MODELS * len(GPU_MODEL) + jobs * len(SLOT)
-    if len(stored) == old:
-        stored = np.insert(stored, _LOGGED_BEFORE_RESTART, np.zeros(2, np.float32))
+    models = MAX_GPU_MODELS * len(GPU_MODEL)
+    layout = next(
+        ((g, w) for g, w in _LOGGED_LAYOUTS if len(stored) == g + models + jobs * w), None
+    )
+    if layout is not None and layout != _LOGGED_LAYOUTS[0]:
+        g, w = layout
+        head = (stored[:g], np.zeros(len(GLOBAL) - g, np.float32), stored[g : g + models])
+        missing = np.tile(np.array([0.0, 0.5], np.float32)[: len(SLOT) - w], (jobs, 1))
+        slots = np.hstack([stored[g + models :].reshape(jobs, w), missing])
+        stored = np.concatenate([*head, slots.ravel()])
     out = np.zeros(observation_size(max(jobs, 1)), dtype=np.float32)
     out[: len(stored)] = stored[: len(out)]
     return out
@@ -328,9 +351,20 @@ class ObservationEncoder:
                 float("fp8" in fast),
                 _speed(model) / fastest,
             )
+        quotas = {name: t.nominal_gpus for name, t in snapshot.tenants.items()}
+        tenant_held = snapshot.tenant_gpus() if any(quotas.values()) else None
         for slot, job in enumerate(active[:slots]):
             base = HEADER + slot * len(SLOT)
-            obs[base : base + len(SLOT)] = self._slot(snapshot, job, table.by_id, models)
+            quota = quotas.get(job.spec.tenant, 0)
+            headroom = 0.5
+            if tenant_held is not None:
+                room = (quota - tenant_held.get(job.spec.tenant, 0.0)) / total
+                headroom = min(1.0, max(0.0, 0.5 + room / 2))
+            obs[base : base + len(SLOT)] = (
+                *self._slot(snapshot, job, table.by_id, models),
+                min(1.0, quota / total),
+                headroom,
+            )
         return obs
 
     @staticmethod

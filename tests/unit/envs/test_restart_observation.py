@@ -92,11 +92,21 @@ def test_training_draws_each_episodes_restart_cost_within_its_range() -> None:
 def test_a_log_written_before_the_features_reads_in_todays_layout() -> None:
     today = np.arange(observation_size(3), dtype=np.float32)
     assert np.array_equal(from_log(today, 3), today)
-    # Two global features fewer: the round and the restart cost come back as 0.
-    old = np.delete(today, [ROUND, RESTART])
+    # Before the tenant features: each slot two features short, read as no quota.
+    width = len(SLOT)
+    tenant = [HEADER + k * width + i for k in range(3) for i in (width - 2, width - 1)]
+    no_tenants = np.delete(today, tenant)
+    upgraded = from_log(no_tenants, 3)
+    assert np.array_equal(np.delete(upgraded, tenant), no_tenants)
+    assert upgraded[tenant].reshape(3, 2).tolist() == [[0.0, 0.5]] * 3
+    assert [f.name for f in SLOT[-2:]] == ["tenant_quota", "tenant_headroom"]
+    # Before the restart features too: the round and the restart cost come back as 0.
+    old = np.delete(no_tenants, [ROUND, RESTART])
     upgraded = from_log(old, 3)
     assert upgraded[ROUND] == upgraded[RESTART] == 0.0
-    assert np.array_equal(np.delete(upgraded, [ROUND, RESTART]), old)
+    assert np.array_equal(np.delete(upgraded, [ROUND, RESTART, *tenant]), old)
+    assert upgraded[tenant].reshape(3, 2).tolist() == [[0.0, 0.5]] * 3
     assert (len(GLOBAL) - 2, len(GLOBAL) - 1) == (ROUND, RESTART)
     # A round with no job in its slots is padded to one slot.
     assert len(from_log(today[:HEADER], 0)) == HEADER + len(SLOT)
+    assert from_log(np.delete(today[:HEADER], [ROUND, RESTART]), 0)[ROUND] == 0.0

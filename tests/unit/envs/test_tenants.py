@@ -160,7 +160,12 @@ def test_bad_tenant_shares_fail_in_one_line(text: str, says: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "command", [["eval", "--pollux-workload"], ["pollux", "eval", "--workload"]]
+    "command",
+    [
+        ["eval", "--pollux-workload"],
+        ["pollux", "eval", "--workload"],
+        ["train-policy", "--out", "runs/x", "--pollux-workload"],
+    ],
 )
 def test_eval_commands_reject_bad_tenants_with_exit_code_2(command: list[str]) -> None:
     result = cli(*command, "x.csv", "--tenants", "vision=60,nlp=50")
@@ -300,3 +305,69 @@ def test_eval_command_prints_and_reports_the_tenants(tmp_path: Path) -> None:
     tenants = report["policies"]["rules"]["tenants"]
     assert sum(f["jobs"] for f in tenants.values()) == 4
     assert np.isclose(tenants["vision"]["quota_share"], 0.5)
+
+
+# -- training with tenants, and what the policy sees --------------------------------------
+
+
+def _tenant_features(obs: np.ndarray, snapshot: ClusterSnapshot, slots: int) -> list[tuple]:
+    """(tenant, quota feature, headroom feature) of each occupied slot."""
+    from autotune.rl.observation import HEADER, SLOT, slot_jobs
+
+    names = [f.name for f in SLOT]
+    quota, headroom = names.index("tenant_quota"), names.index("tenant_headroom")
+    rows = []
+    for k, job in enumerate(slot_jobs(snapshot, slots)):
+        base = HEADER + k * len(SLOT)
+        rows.append((job.spec.tenant, float(obs[base + quota]), float(obs[base + headroom])))
+    return rows
+
+
+def test_training_draws_tenants_each_episode_and_the_policy_sees_their_headroom(
+    pollux_dir: Path,
+) -> None:
+    """``train-policy --tenants``: half the Pollux episodes share the cluster, each one's
+    jobs drawn afresh to the tenants (quotas of 32, 19 and 13 of 64 GPUs), and every slot
+    shows its job's tenant's quota and headroom (0.5 + (quota - GPUs the tenant holds) /
+    2 / 64); the other half have no quotas and the same features are neutral (0 and
+    0.5), as on the daemon's default cluster."""
+    from dataclasses import asdict
+
+    from autotune.policies.ppo import make_train_env
+    from autotune.policies.ppo_settings import PPOSettings, TraceSource
+
+    source = TraceSource(
+        kind="pollux", jobs=str(pollux_dir / "workloads" / "workload-1.csv"), window=20
+    )
+    shared = replace(source, tenants="vision=50,nlp=30,speech=20")
+    env = make_train_env(asdict(PPOSettings(forecast=False, sources=(shared,))))
+    quotas = {"vision": 32, "nlp": 19, "speech": 13}
+    draws, without = [], 0
+    for seed in range(10):
+        obs, _ = env.reset(seed=seed)
+        for _ in range(4):
+            obs, *_ = env.step(env.action_space.sample())
+        snapshot = env.current.snapshot
+        rows = _tenant_features(obs, snapshot, env.current.config.slots)
+        assert rows
+        if not snapshot.tenants:
+            without += 1
+            assert {(q, h) for _, q, h in rows} == {(0.0, 0.5)}
+            continue
+        assert {n: t.nominal_gpus for n, t in snapshot.tenants.items()} == quotas
+        held = snapshot.tenant_gpus()
+        assert held  # some jobs run, so some headroom is not the quota's
+        for tenant, quota, headroom in rows:
+            assert quota == pytest.approx(quotas[tenant] / 64)
+            want = 0.5 + (quotas[tenant] - held.get(tenant, 0.0)) / 128
+            assert headroom == pytest.approx(min(1.0, max(0.0, want)))
+        draws.append([j.spec.tenant for j in sorted(snapshot.jobs, key=lambda j: j.spec.job_id)])
+    assert 3 <= len(draws) <= 7  # about half the episodes each
+    assert without == 10 - len(draws)
+    assert draws[0] != draws[1]  # drawn afresh
+    plain = make_train_env(asdict(PPOSettings(forecast=False, sources=(source,))))
+    obs, _ = plain.reset(seed=1)
+    obs, *_ = plain.step(plain.action_space.sample())
+    rows = _tenant_features(obs, plain.current.snapshot, plain.current.config.slots)
+    assert rows
+    assert {(q, h) for _, q, h in rows} == {(0.0, 0.5)}
