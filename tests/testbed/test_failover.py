@@ -18,6 +18,11 @@ from autotune.benchmarks import REPO, postgres_bin
 
 pytestmark = [pytest.mark.testbed, pytest.mark.usefixtures("testbed_host")]
 
+STEPS = 100
+"""Steps of each job: enough that none finishes before its fault. The faults come 15
+steps in, after a takeover's 5-10 s (the cut) or 5 s of API load (the kill), at about 5
+steps/s; at 60 steps a job sometimes finished first, and its new term had nothing to do."""
+
 
 def test_no_job_trains_on_two_placements_and_a_new_leader_resumes_each_once(
     tmp_path: Path,
@@ -27,7 +32,7 @@ def test_no_job_trains_on_two_placements_and_a_new_leader_resumes_each_once(
     out = tmp_path / "failover.json"
     argv = [
         sys.executable, str(REPO / "bench" / "testbed_failover.py"),
-        "--steps", "60", "--partition-s", "15", "--rate", "50", "--load-s", "15",
+        "--steps", str(STEPS), "--partition-s", "15", "--rate", "50", "--load-s", "15",
         "--head-watch-s", "15", "--json", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=1200)
@@ -46,7 +51,7 @@ def test_no_job_trains_on_two_placements_and_a_new_leader_resumes_each_once(
         assert job["concurrent_step_pairs"] == 0
         assert min(job["handover_gaps_s"]) > 0
         assert job["old_term_steps_after_mend"] == 0
-        assert job["steps_logged_max"] == 60
+        assert job["steps_logged_max"] == STEPS
         # The takeover stops the old ranks at once, not when the cut heals.
         assert job["old_term_last_step_after_cut_s"] < cut["takeover_s"] + 3
     # SIGKILLed under load: the survivor leads within 10 s, answers no 5xx but 503, and
