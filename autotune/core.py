@@ -825,6 +825,11 @@ class Placement:
         return len(self.ranks)
 
     @property
+    def gpus(self) -> float:
+        """The GPUs its ranks hold, in whole-GPU equivalents."""
+        return sum(slot.gpu_milli for slot in self.ranks) / MILLI_PER_GPU
+
+    @property
     def nodes(self) -> tuple[str, ...]:
         """Distinct nodes in rank order."""
         return tuple(dict.fromkeys(s.node_id for s in self.ranks))

@@ -269,8 +269,7 @@ class ClusterSnapshot:
         held: dict[str, float] = {}
         for job in self.by_state("running"):
             if job.placement is not None:
-                gpus = sum(slot.gpu_milli for slot in job.placement.ranks) / MILLI_PER_GPU
-                held[job.spec.tenant] = held.get(job.spec.tenant, 0.0) + gpus
+                held[job.spec.tenant] = held.get(job.spec.tenant, 0.0) + job.placement.gpus
         return held
 
     def held_gpus(self) -> dict[str, float]:

@@ -211,7 +211,8 @@ def _configs(session: Session, placements: dict[str, Placement]) -> dict[str, Da
     for job_id, record in repo.latest_decision_records(session=session, job_ids=job_ids).items():
         decision = record.decision
         assert decision.decision_id is not None
-        ranks = () if decision.placement is None else decision.placement.ranks
+        placement = decision.placement
+        ranks = () if placement is None else placement.ranks
         configs[job_id] = DashboardJobConfig(
             decision_id=decision.decision_id,
             source=decision.source,
@@ -219,7 +220,7 @@ def _configs(session: Session, placements: dict[str, Placement]) -> dict[str, Da
             override_id=record.override_id,
             decided_at=decision.decided_at,
             preempt=decision.preempt,
-            gpus=sum(slot.gpu_milli for slot in ranks) / MILLI_PER_GPU,
+            gpus=0.0 if placement is None else placement.gpus,
             nodes=sorted({slot.node_id for slot in ranks}),
             config=to_json(decision.config),
         )

@@ -60,7 +60,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from autotune.core import MILLI_PER_GPU, JobConfig, JobSpec, Placement, TenantSpec
+from autotune.core import MILLI_PER_GPU, JobConfig, JobSpec, TenantSpec
 from autotune.decision.overrides import pinned_config
 from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
 
@@ -98,10 +98,6 @@ class QuotaRound:
 def gpus_of(spec: JobSpec, world_size: int) -> float:
     """GPUs a job of ``world_size`` ranks holds: whole GPUs, or its share of one."""
     return world_size * spec.gpu_milli / MILLI_PER_GPU
-
-
-def _held(placement: Placement) -> float:
-    return sum(slot.gpu_milli for slot in placement.ranks) / MILLI_PER_GPU
 
 
 def _asked(job: JobStatus, choice: PolicyChoice, pin: Mapping[str, Any] | None) -> JobConfig:
@@ -166,7 +162,7 @@ def enforce_quotas(
     for job in view.by_state("running"):
         if job.placement is None or job.spec.job_id in preempted:
             continue
-        gpus = _held(job.placement)
+        gpus = job.placement.gpus
         held[job.spec.tenant] += gpus
         running.append((job, gpus))
         models: dict[str, float] = defaultdict(float)
@@ -188,7 +184,7 @@ def enforce_quotas(
         if job.state == "running":
             if job.placement is None or job.spec.job_id in preempted:
                 continue
-            gpus -= _held(job.placement)  # its growth; a shrink frees GPUs this round
+            gpus -= job.placement.gpus  # its growth; a shrink frees GPUs this round
             if gpus < 0:
                 free -= gpus
                 continue
