@@ -19,7 +19,8 @@ One round:
    quota waits unless it can borrow idle GPUs, and a job within GPUs promised to its
    tenant on a model is planned on that model;
 3. a module class the policy put in a precision the performance model prices slower
-   than fp32 on every GPU model the job may run on trains in fp32, saying so
+   than fp32 on every GPU model the job may run on trains in the other 16-bit type
+   where that one pays there, else in fp32, saying so
    (``_precision_that_pays``); the memory rule (``autotune.perf.memory.fit_memory``) adds
    gradient accumulation, then activation checkpointing, until a rank of each chosen
    configuration fits the smallest GPU the job may run on;
@@ -716,9 +717,11 @@ def _precision_that_pays(
     """3. A module class chosen in a precision whose matmuls the performance model
     prices slower than fp32's on every GPU model the job may run on
     (``autotune.perf.model.dtype_tflops``: a 16-bit type with no units there, emulated at
-    half fp32; a CPU that measured its bf16 slower than its fp32) trains in fp32 instead,
-    slower and less exact being no trade; the same in the simulated cluster, so that a
-    policy learns what it gets. Judged by the model's speed, not by
+    half fp32; a CPU that measured its bf16 slower than its fp32) trains in the other
+    16-bit type where that one is faster than fp32 on every such model (bf16 chosen for
+    a job held to V100s or T4s trains in fp16, as ``rules`` would run it there), else in
+    fp32, slower and less exact being no trade; the same in the simulated cluster, so
+    that a policy learns what it gets. Judged by the model's speed, not by
     ``core.fast_precisions``: fp8 on a T4 runs through its fp16 units, faster than fp32,
     and stays. A job on no known GPU model keeps its choice."""
     peaks = {n.gpu_model: n.peak_tflops for n in nodes if n.peak_tflops.get("fp32")}
@@ -742,15 +745,34 @@ def _precision_that_pays(
         }
         if not slower:
             continue
-        fp32: dict[str, Precision] = dict.fromkeys(slower, "fp32")
-        raised = replace(precision, **fp32)
-        kinds = sorted(set(slower.values()))
+        instead = {cls: _paying_substitute(p, models, peaks) for cls, p in slower.items()}
+        raised = replace(precision, **instead)
+        said = [
+            f"{to} instead of {'/'.join(sorted({slower[c] for c in classes}))} for "
+            f"{', '.join(classes)}"
+            for to in sorted(set(instead.values()))
+            if (classes := sorted(c for c, t in instead.items() if t == to))
+        ]
         choices[job_id] = replace(
             c,
             config=replace(c.config, precision=raised),
-            reason=f"{c.reason}; fp32 instead of {'/'.join(kinds)} for "
-            f"{', '.join(sorted(slower))}: slower than fp32 on {', '.join(models)}",
+            reason=f"{c.reason}; {'; '.join(said)}: slower than fp32 on {', '.join(models)}",
         )
+
+
+def _paying_substitute(
+    chosen: Precision, models: Sequence[str], peaks: Mapping[str, Mapping[str, float]]
+) -> Precision:
+    """What a class chosen in ``chosen`` (slower than fp32 on every one of ``models``)
+    trains in: a 16-bit type that is faster than fp32 on every one of them (none of fewer
+    bits than the choice: an fp8 choice may get fp16 or bf16, a 16-bit one the other),
+    else fp32."""
+    for other in ("fp16", "bf16"):
+        if other != chosen and all(
+            dtype_tflops(peaks[m], other) > peaks[m]["fp32"] for m in models
+        ):
+            return other
+    return "fp32"
 
 
 @lru_cache(maxsize=65_536)

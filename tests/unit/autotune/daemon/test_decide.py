@@ -382,7 +382,7 @@ def test_a_choice_the_executor_cannot_train_compresses_as_it_can() -> None:
             assert config.compression == powersgd
 
 
-def test_a_precision_slower_than_fp32_wherever_the_job_may_run_trains_in_fp32() -> None:
+def test_a_precision_slower_than_fp32_wherever_the_job_may_run_trains_in_one_that_pays() -> None:
     from autotune.catalog.devices import node_info
     from autotune.catalog.profiles import MODEL_CATALOG
     from autotune.core import JobConfig, JobSpec, Layout, PrecisionMap
@@ -391,7 +391,7 @@ def test_a_precision_slower_than_fp32_wherever_the_job_may_run_trains_in_fp32() 
 
     nodes = [
         node_info(f"{m}-{i}", gpu_model=m, gpu_count=4, cpu_milli=32_000, memory_mib=1 << 18)
-        for m in ("T4", "A100")
+        for m in ("T4", "A100", "CPU")
         for i in range(2)
     ]
     model = MODEL_CATALOG["gpt-125m"]
@@ -403,10 +403,10 @@ def test_a_precision_slower_than_fp32_wherever_the_job_may_run_trains_in_fp32() 
         return JobStatus(spec=spec, state="pending")
 
     jobs = [job("t4-bf16", ("T4",)), job("t4-fp8", ("T4",)), job("any-bf16", None)]
-    jobs.append(job("pinned", ("T4",)))
+    jobs += [job("pinned", ("T4",)), job("cpu-bf16", ("CPU",))]
     snapshot = ClusterSnapshot(time_s=0.0, nodes=nodes, jobs=jobs, telemetry="sim")
     bf16, fp8 = PrecisionMap.uniform("bf16"), PrecisionMap.uniform("fp8")
-    chosen = {"t4-bf16": bf16, "t4-fp8": fp8, "any-bf16": bf16, "pinned": bf16}
+    chosen = {"t4-bf16": bf16, "t4-fp8": fp8, "any-bf16": bf16, "pinned": bf16, "cpu-bf16": bf16}
     choices = {
         job_id: PolicyChoice(
             config=JobConfig(layout=Layout(world_size=2), precision=p), reason="the policy's"
@@ -418,12 +418,22 @@ def test_a_precision_slower_than_fp32_wherever_the_job_may_run_trains_in_fp32() 
     decided = {d.job_id: d for d in round_.decisions}
     assert set(decided) == set(chosen)
     precision = {job_id: d.config.precision for job_id, d in decided.items() if d.config}
-    # A T4 has no bf16 units (emulated at half its fp32): fp32 instead, saying so.
-    assert precision["t4-bf16"] == PrecisionMap()
-    assert "fp32 instead of bf16" in decided["t4-bf16"].reason
+    # A T4 has no bf16 units (emulated at half its fp32) but fp16 units: fp16 instead, as
+    # rules would run it there, saying so.
+    assert precision["t4-bf16"] == PrecisionMap.uniform("fp16")
+    assert "fp16 instead of bf16 for attention_out, attention_qkv, embedding, ffn, head" in (
+        decided["t4-bf16"].reason
+    )
     assert "slower than fp32 on T4" in decided["t4-bf16"].reason
-    # fp8 runs through the T4's fp16 units, faster than its fp32: kept; its bf16 edges not.
-    assert precision["t4-fp8"] == PrecisionMap(attention_qkv="fp8", attention_out="fp8", ffn="fp8")
+    # fp8 runs through the T4's fp16 units, faster than its fp32: kept; its bf16 edges in
+    # fp16.
+    assert precision["t4-fp8"] == PrecisionMap(
+        embedding="fp16", attention_qkv="fp8", attention_out="fp8", ffn="fp8", head="fp16"
+    )
+    # A CPU has neither (its fp32 only): fp32 instead.
+    assert precision["cpu-bf16"] == PrecisionMap()
+    assert "fp32 instead of bf16" in decided["cpu-bf16"].reason
+    assert "slower than fp32 on CPU" in decided["cpu-bf16"].reason
     # A job that may run on an A100 keeps bf16; the user's override is the user's word.
     assert precision["any-bf16"] == bf16
     assert decided["pinned"].source == "override"
