@@ -747,11 +747,13 @@ def _precision_that_pays(
             continue
         instead = {cls: _paying_substitute(p, models, peaks) for cls, p in slower.items()}
         raised = replace(precision, **instead)
+        by_target: dict[Precision, list[str]] = {}
+        for cls in sorted(instead):
+            by_target.setdefault(instead[cls], []).append(cls)
         said = [
             f"{to} instead of {'/'.join(sorted({slower[c] for c in classes}))} for "
             f"{', '.join(classes)}"
-            for to in sorted(set(instead.values()))
-            if (classes := sorted(c for c, t in instead.items() if t == to))
+            for to, classes in sorted(by_target.items())
         ]
         choices[job_id] = replace(
             c,
