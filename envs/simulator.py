@@ -21,7 +21,13 @@ Alibaba distribution), memory and power all come from that model. With
 from the spread measured over real tasks (``autotune.perf.sensitivity``): the job trains
 at its draw (``SimJob.truth``) while its snapshots keep the profile the daemon knows.
 
-Events, all drawn from the generator given:
+Randomness comes from the generator given, in streams of its own for what the policy
+can change: the job stream and each job's straggler spread from the generator itself,
+divergence events, measurement noise and drawn sensitivities each from a stream spawned
+from its seed. So whatever a policy runs, the same seed brings the same jobs at the same
+times.
+
+Events:
 
 - **reconfiguration**: a running job whose configuration or placement changes pays
   ``restart_s`` of downtime (checkpoint, tear down, restore and the steps lost since the
@@ -344,6 +350,13 @@ class SimulatedCluster:
             np.random.default_rng(seeds.spawn(1)[0] if seeds is not None else [self.config.seed, 2])
             if self.config.sensitivity is not None
             else None
+        )
+        # The jobs' divergence events from a stream of their own: how many draws they take
+        # depends on what the policy runs, and from the shared generator they moved every
+        # later arrival of the built-in stream, so that two policies given the same seed
+        # were scheduling different jobs.
+        self._divergence = np.random.default_rng(
+            seeds.spawn(1)[0] if seeds is not None else [self.config.seed, 3]
         )
         self.nodes = [n for n in self.config.nodes if n.gpu_count > 0]
         self._nodes = {n.node_id: n for n in self.config.nodes}
@@ -768,7 +781,7 @@ class SimulatedCluster:
                 )
                 continue
             rate = est.divergence_per_hour * run_s / 3600
-            events = int(self.rng.poisson(rate)) if self.config.noise and rate > 0 else 0
+            events = int(self._divergence.poisson(rate)) if self.config.noise and rate > 0 else 0
             config = status.config
             if events:
                 nans += events
