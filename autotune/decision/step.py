@@ -21,9 +21,11 @@ One round:
 3. a module class the policy put in a precision the performance model prices slower
    than fp32 on every GPU model the job may run on trains in the other 16-bit type
    where that one pays there, else in fp32, saying so
-   (``_precision_that_pays``); the memory rule (``autotune.perf.memory.fit_memory``) adds
-   gradient accumulation, then activation checkpointing, until a rank of each chosen
-   configuration fits the smallest GPU the job may run on;
+   (``_precision_that_pays``; a running job is judged on the GPUs it runs on too, and
+   every job the Planner places on the GPUs it lands on: ``_on_placement``); the memory
+   rule (``autotune.perf.memory.fit_memory``) adds gradient accumulation, then
+   activation checkpointing, until a rank of each chosen configuration fits the
+   smallest GPU the job may run on;
    where the backend measures what restarting a job costs, a running job's new
    configuration is taken only when it pays for its restart and the job's last change
    showed a measured gain (``autotune.decision.payoff``); otherwise the job keeps its
@@ -64,6 +66,7 @@ from autotune.core import (
     NodeInfo,
     Placement,
     Precision,
+    PrecisionMap,
     node_table,
 )
 from autotune.decision.explain import explain_decision
@@ -426,6 +429,7 @@ def decide(
         reserved.update(displaced)
         if not lost and not stuck and not displaced:
             break
+    _on_placement(configs, choices, overrides, result.placements, snapshot.nodes)
     # 5. A decision for every job placed anew, and for every job preempted.
     nodes = node_table(snapshot.nodes).by_id
     decisions: list[Decision] = []
@@ -723,43 +727,100 @@ def _precision_that_pays(
     fp32, slower and less exact being no trade; the same in the simulated cluster, so
     that a policy learns what it gets. Judged by the model's speed, not by
     ``core.fast_precisions``: fp8 on a T4 runs through its fp16 units, faster than fp32,
-    and stays. A job on no known GPU model keeps its choice."""
-    peaks = {n.gpu_model: n.peak_tflops for n in nodes if n.peak_tflops.get("fp32")}
-    specs = {j.spec.job_id: j.spec for j in active}
-    for job_id, c in choices.items():
-        spec = specs.get(job_id)
-        if c.config is None or spec is None:
+    and stays. A job on no known GPU model keeps its choice.
+
+    A running job is judged on the GPUs it runs on as well: bf16 chosen for a job that
+    runs in fp16 on T4s is no change (it would restart the job to run slower), while the
+    Planner re-places only jobs whose configuration changes (``_on_placement`` judges
+    those where they land)."""
+    peaks = _peaks(nodes)
+    models_of = {n.node_id: n.gpu_model for n in nodes}
+    for job in active:
+        c = choices.get(job.spec.job_id)
+        if c is None or c.config is None:
             continue
-        precision = c.config.precision
-        if precision.lowest() == "fp32":
+        models = sorted(m for m in peaks if job.spec.allows(m))
+        raised = _paying_precision(c.config.precision, models, peaks)
+        if raised is None and job.state == "running" and job.placement is not None:
+            models = sorted({models_of.get(r.node_id, "") for r in job.placement.ranks} & {*peaks})
+            raised = _paying_precision(c.config.precision, models, peaks, same_width=True)
+        if raised is not None:
+            precision, said = raised
+            choices[job.spec.job_id] = replace(
+                c,
+                config=replace(c.config, precision=precision),
+                reason=f"{c.reason}; {said}: slower than fp32 on {', '.join(models)}",
+            )
+
+
+def _on_placement(
+    configs: dict[str, JobConfig],
+    choices: dict[str, PolicyChoice],
+    overrides: Mapping[str, OverrideRecord],
+    placements: Mapping[str, Placement],
+    nodes: Sequence[NodeInfo],
+) -> None:
+    """5a. A 16-bit type the policy chose for a job the Planner placed on GPUs that run it
+    slower than fp32 (bf16 on T4s or V100s, for a job that may also run on A100s) trains
+    in the other 16-bit type where that one pays there: the same bytes, so the placement
+    holds. Overrides are the user's word and keep theirs."""
+    peaks = _peaks(nodes)
+    models_of = {n.node_id: n.gpu_model for n in nodes}
+    for job_id, placement in placements.items():
+        c = choices.get(job_id)
+        if c is None or c.config is None or job_id in overrides or job_id not in configs:
             continue
-        models = sorted(m for m in peaks if spec.allows(m))
-        if not models:
-            continue
-        slower = {
-            cls: p
-            for cls in MODULE_CLASSES
-            if cls != "optimizer_state"
-            and (p := getattr(precision, cls)) != "fp32"
-            and all(dtype_tflops(peaks[m], p) < peaks[m]["fp32"] for m in models)
-        }
-        if not slower:
-            continue
-        instead = {cls: _paying_substitute(p, models, peaks) for cls, p in slower.items()}
-        raised = replace(precision, **instead)
-        by_target: dict[Precision, list[str]] = {}
-        for cls in sorted(instead):
-            by_target.setdefault(instead[cls], []).append(cls)
-        said = [
-            f"{to} instead of {'/'.join(sorted({slower[c] for c in classes}))} for "
-            f"{', '.join(classes)}"
-            for to, classes in sorted(by_target.items())
-        ]
-        choices[job_id] = replace(
-            c,
-            config=replace(c.config, precision=raised),
-            reason=f"{c.reason}; {'; '.join(said)}: slower than fp32 on {', '.join(models)}",
-        )
+        models = sorted({models_of.get(r.node_id, "") for r in placement.ranks} & {*peaks})
+        raised = _paying_precision(configs[job_id].precision, models, peaks, same_width=True)
+        if raised is not None:
+            precision, said = raised
+            configs[job_id] = replace(configs[job_id], precision=precision)
+            choices[job_id] = replace(
+                c,
+                config=configs[job_id],
+                reason=f"{c.reason}; {said}: slower than fp32 on the {', '.join(models)} "
+                "it was placed on",
+            )
+
+
+def _peaks(nodes: Sequence[NodeInfo]) -> dict[str, Mapping[str, float]]:
+    """Each GPU model's peak TFLOPS by data type, for the models whose fp32 is known."""
+    return {n.gpu_model: n.peak_tflops for n in nodes if n.peak_tflops.get("fp32")}
+
+
+def _paying_precision(
+    precision: PrecisionMap,
+    models: Sequence[str],
+    peaks: Mapping[str, Mapping[str, float]],
+    *,
+    same_width: bool = False,
+) -> tuple[PrecisionMap, str] | None:
+    """``precision`` with each class that runs slower than fp32 on every one of
+    ``models`` in what pays there (``_paying_substitute``), and what changed; ``None``
+    where nothing does (or ``models`` is empty). ``same_width``: only a 16-bit class that
+    the other 16-bit type pays for is changed (the memory it needs stays)."""
+    if not models or precision.lowest() == "fp32":
+        return None
+    slower = {
+        cls: p
+        for cls in MODULE_CLASSES
+        if cls != "optimizer_state"
+        and (p := getattr(precision, cls)) != "fp32"
+        and all(dtype_tflops(peaks[m], p) < peaks[m]["fp32"] for m in models)
+    }
+    instead = {cls: _paying_substitute(p, models, peaks) for cls, p in slower.items()}
+    if same_width:
+        instead = {cls: to for cls, to in instead.items() if to != "fp32" and slower[cls] != "fp8"}
+    if not instead:
+        return None
+    by_target: dict[Precision, list[str]] = {}
+    for cls in sorted(instead):
+        by_target.setdefault(instead[cls], []).append(cls)
+    said = [
+        f"{to} instead of {'/'.join(sorted({slower[c] for c in classes}))} for {', '.join(classes)}"
+        for to, classes in sorted(by_target.items())
+    ]
+    return replace(precision, **instead), "; ".join(said)
 
 
 def _paying_substitute(

@@ -438,3 +438,63 @@ def test_a_precision_slower_than_fp32_wherever_the_job_may_run_trains_in_one_tha
     assert precision["any-bf16"] == bf16
     assert decided["pinned"].source == "override"
     assert precision["pinned"].ffn == "bf16"
+
+
+def test_a_16_bit_type_is_judged_on_the_gpus_the_job_lands_on() -> None:
+    """bf16 chosen for a job that may run on A100s but lands on T4s (no bf16 units)
+    trains in fp16 there, saying so; and a job running in fp16 on T4s that the policy
+    asks for bf16 keeps running as it is: no restart to run slower (such flip-flops cost
+    the daemon's default stream a restart per job every few rounds)."""
+    from autotune.catalog.devices import node_info
+    from autotune.catalog.profiles import MODEL_CATALOG
+    from autotune.core import JobConfig, JobSpec, Layout, Placement, PrecisionMap, RankSlot
+    from autotune.decision.step import decide
+    from autotune.interfaces import ClusterSnapshot, JobStatus, PolicyChoice
+
+    nodes = [
+        node_info(f"{m}-0", gpu_model=m, gpu_count=4, cpu_milli=32_000, memory_mib=1 << 18)
+        for m in ("T4", "A100")
+    ]
+    model = MODEL_CATALOG["gpt-125m"]
+    fp16, bf16 = PrecisionMap.uniform("fp16"), PrecisionMap.uniform("bf16")
+
+    def job(job_id: str, node: str | None = None, gpus: tuple[int, ...] = ()) -> JobStatus:
+        spec = JobSpec(job_id=job_id, model=model, global_batch=32, min_gpus=1, max_gpus=4)
+        if node is None:
+            return JobStatus(spec=spec, state="pending")
+        ranks = tuple(RankSlot(rank=r, node_id=node, gpu_index=g) for r, g in enumerate(gpus))
+        config = JobConfig(layout=Layout(world_size=len(gpus)), precision=fp16)
+        placement = Placement(job_id=job_id, ranks=ranks)
+        return JobStatus(
+            spec=spec, state="running", config=config, placement=placement, progress=0.1
+        )
+
+    jobs = [job("on-a100", "A100-0", (0, 1, 2, 3)), job("on-t4", "T4-0", (0, 1)), job("new")]
+    snapshot = ClusterSnapshot(time_s=0.0, nodes=nodes, jobs=jobs, telemetry="sim")
+
+    def bf16_for(*job_ids: str) -> dict[str, PolicyChoice]:
+        return {
+            j: PolicyChoice(
+                config=JobConfig(layout=Layout(world_size=2), precision=bf16), reason="policy"
+            )
+            for j in job_ids
+        }
+
+    round_ = decide(snapshot, bf16_for("on-t4", "new"), {}, honoured={}, policy_version="t")
+    decided = {d.job_id: d for d in round_.decisions}
+    # Only T4s are free: the new job lands there, in fp16.
+    assert set(decided) == {"new"}, [d.reason for d in round_.decisions]
+    new = decided["new"]
+    assert new.placement is not None
+    assert {r.node_id for r in new.placement.ranks} == {"T4-0"}
+    assert new.config.precision == fp16
+    assert "fp16 instead of bf16" in new.reason
+    assert "slower than fp32 on the T4 it was placed on" in new.reason
+    # The running job's bf16 on its T4s is no change: it keeps its fp16 and its GPUs.
+    assert "on-t4" not in decided
+    # Where it lands on A100s, the new job keeps bf16.
+    free = ClusterSnapshot(time_s=0.0, nodes=nodes[1:], jobs=[job("new")], telemetry="sim")
+    (placed,) = decide(free, bf16_for("new"), {}, honoured={}, policy_version="t").decisions
+    assert placed.placement is not None
+    assert {r.node_id for r in placed.placement.ranks} == {"A100-0"}
+    assert placed.config.precision == bf16
