@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -72,6 +73,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with database.session() as session:
             records = repo.list_jobs(session=session, limit=1_000_000).rows
         database.dispose()
+        if args.keep_db is not None:
+            args.keep_db.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(tmp) / "autotune.db", args.keep_db)
     jct = np.array([r.jct_s for r in records if r.state == "finished" and r.jct_s is not None])
     total = sum(sources.values())
     return {
@@ -108,6 +112,12 @@ def main() -> None:
     parser.add_argument("--max-jobs", type=int, default=300)
     parser.add_argument("--max-ticks", type=int, default=5000)
     parser.add_argument("--out", type=Path, default=None, help="Also write the JSON here.")
+    parser.add_argument(
+        "--keep-db",
+        type=Path,
+        default=None,
+        help="Copy the run's SQLite database (jobs, every decision with its reason) here.",
+    )
     args = parser.parse_args()
     result = run(args)
     text = json.dumps(result)
