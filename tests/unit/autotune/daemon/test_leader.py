@@ -269,7 +269,10 @@ def test_a_leader_cut_off_from_the_database_is_replaced_and_steps_down_when_back
         monkeypatch.setattr(a.leadership.db, "session", refuse)
         wait_for("b leads", lambda: b.term == 2, timeout_s=LEASE_S + 10)
         assert time.monotonic() - cut < LEASE_S + 4
-        wait_for("a pauses", lambda: a.health.paused is not None)
+        # It pauses; or a tick it began before the cut met the new term at its fenced
+        # write, and it stepped down at once (the pause then lasts until its next turn,
+        # too short to be seen on a loaded machine).
+        wait_for("a pauses", lambda: a.health.paused is not None or a.term is None)
         monkeypatch.undo()  # a reaches the database again
         wait_for("a steps down", lambda: a.term is None and not a.leadership.leading)
         wait_for("decisions of term 2", lambda: _terms(b.db).get(2))
