@@ -734,7 +734,6 @@ def _precision_that_pays(
     Planner re-places only jobs whose configuration changes (``_on_placement`` judges
     those where they land)."""
     peaks = _peaks(nodes)
-    models_of = {n.node_id: n.gpu_model for n in nodes}
     for job in active:
         c = choices.get(job.spec.job_id)
         if c is None or c.config is None:
@@ -742,7 +741,7 @@ def _precision_that_pays(
         models = sorted(m for m in peaks if job.spec.allows(m))
         raised = _paying_precision(c.config.precision, models, peaks)
         if raised is None and job.state == "running" and job.placement is not None:
-            models = sorted({models_of.get(r.node_id, "") for r in job.placement.ranks} & {*peaks})
+            models = _placed_models(job.placement, nodes, peaks)
             raised = _paying_precision(c.config.precision, models, peaks, same_width=True)
         if raised is not None:
             precision, said = raised
@@ -765,12 +764,11 @@ def _on_placement(
     in the other 16-bit type where that one pays there: the same bytes, so the placement
     holds. Overrides are the user's word and keep theirs."""
     peaks = _peaks(nodes)
-    models_of = {n.node_id: n.gpu_model for n in nodes}
     for job_id, placement in placements.items():
         c = choices.get(job_id)
         if c is None or c.config is None or job_id in overrides or job_id not in configs:
             continue
-        models = sorted({models_of.get(r.node_id, "") for r in placement.ranks} & {*peaks})
+        models = _placed_models(placement, nodes, peaks)
         raised = _paying_precision(configs[job_id].precision, models, peaks, same_width=True)
         if raised is not None:
             precision, said = raised
@@ -786,6 +784,16 @@ def _on_placement(
 def _peaks(nodes: Sequence[NodeInfo]) -> dict[str, Mapping[str, float]]:
     """Each GPU model's peak TFLOPS by data type, for the models whose fp32 is known."""
     return {n.gpu_model: n.peak_tflops for n in nodes if n.peak_tflops.get("fp32")}
+
+
+def _placed_models(
+    placement: Placement, nodes: Sequence[NodeInfo], peaks: Mapping[str, Mapping[str, float]]
+) -> list[str]:
+    """The GPU models ``placement``'s ranks run on, of those in ``peaks``, sorted."""
+    by_id = node_table(nodes).by_id
+    return sorted(
+        {by_id[r.node_id].gpu_model for r in placement.ranks if r.node_id in by_id} & {*peaks}
+    )
 
 
 def _paying_precision(
